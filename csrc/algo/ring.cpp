@@ -1,0 +1,193 @@
+#include "algo/ring.h"
+
+#include <algorithm>
+
+namespace pycoll {
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+BufRef in(size_t off) { return BufRef{Buf::Input, off}; }
+BufRef out(size_t off) { return BufRef{Buf::Output, off}; }
+
+Step send(int to, BufRef src, size_t n, Wire w) {
+  Step s{StepKind::Send};
+  s.to = to;
+  s.src = src;
+  s.count = n;
+  s.send_wire = w;
+  return s;
+}
+
+Step recv(int from, BufRef dst, size_t n) {
+  Step s{StepKind::Recv};
+  s.from = from;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+Step recv_reduce_send(int from, BufRef src, int to, size_t n) {
+  Step s{StepKind::RecvReduceSend, Wire::Acc, Wire::Acc};
+  s.from = from;
+  s.to = to;
+  s.src = src;
+  s.count = n;
+  return s;
+}
+
+Step recv_reduce_copy(int from, BufRef src, BufRef dst, size_t n) {
+  Step s{StepKind::RecvReduceCopy, Wire::Acc};
+  s.from = from;
+  s.src = src;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+Step recv_reduce_copy_send(int from, BufRef src, BufRef dst, int to, size_t n) {
+  Step s{StepKind::RecvReduceCopySend, Wire::Acc, Wire::Elem};
+  s.from = from;
+  s.to = to;
+  s.src = src;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+Step recv_copy_send(int from, BufRef dst, int to, size_t n) {
+  Step s{StepKind::RecvCopySend};
+  s.from = from;
+  s.to = to;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+Step copy(BufRef src, BufRef dst, size_t n) {
+  Step s{StepKind::Copy};
+  s.src = src;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+// Emits a step unless it moves nothing; both ends of a message compute the same length, so
+// they skip it alike.
+void emit(StepSink& sink, const Step& s) {
+  if (s.count != 0) sink.step(s);
+}
+
+}  // namespace
+
+size_t ring_shard_size(size_t count, int size) {
+  return (count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
+}
+
+void ring_allreduce(const RingParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  if (n == 1) {
+    emit(sink, copy(in(0), out(0), p.count));
+    return;
+  }
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  const size_t ss = ring_shard_size(p.count, n);
+  for (size_t o = 0; o < ss; o += p.piece) {
+    // Piece `o` of shard k: its offset and length (0 past the end of a short last shard).
+    auto off = [&](int k) { return static_cast<size_t>(k) * ss + o; };
+    auto len = [&](int k) {
+      const size_t b = off(k), e = std::min(static_cast<size_t>(k) * ss + ss, p.count);
+      return b < e ? std::min(p.piece, e - b) : size_t{0};
+    };
+    // Reduce-scatter: at step s we send shard r-s-1; shard k's partial sum starts at rank k+1
+    // and ends, complete, at rank k.
+    int k = mod(r - 1, n);
+    emit(sink, send(next, in(off(k)), len(k), Wire::Acc));
+    for (int s = 1; s < n - 1; ++s) {
+      k = mod(r - s - 1, n);
+      emit(sink, recv_reduce_send(prev, in(off(k)), next, len(k)));
+    }
+    emit(sink, recv_reduce_copy_send(prev, in(off(r)), out(off(r)), next, len(r)));
+    // All-gather: at step t we receive finished shard r-t and pass it on.
+    for (int t = 1; t < n - 1; ++t) {
+      k = mod(r - t, n);
+      emit(sink, recv_copy_send(prev, out(off(k)), next, len(k)));
+    }
+    k = mod(r + 1, n);
+    emit(sink, recv(prev, out(off(k)), len(k)));
+  }
+}
+
+void ring_reduce_scatter(const RingParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  const size_t m = p.count;
+  if (n == 1) {
+    emit(sink, copy(in(0), out(0), m));
+    return;
+  }
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  for (size_t o = 0; o < m; o += p.piece) {
+    const size_t len = std::min(p.piece, m - o);
+    auto off = [&](int k) { return static_cast<size_t>(k) * m + o; };
+    emit(sink, send(next, in(off(mod(r - 1, n))), len, Wire::Acc));
+    for (int s = 1; s < n - 1; ++s)
+      emit(sink, recv_reduce_send(prev, in(off(mod(r - s - 1, n))), next, len));
+    emit(sink, recv_reduce_copy(prev, in(off(r)), out(o), len));
+  }
+}
+
+void ring_allgather(const RingParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  const size_t m = p.count;
+  if (n == 1) {
+    emit(sink, copy(in(0), out(0), m));
+    return;
+  }
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  for (size_t o = 0; o < m; o += p.piece) {
+    const size_t len = std::min(p.piece, m - o);
+    auto off = [&](int k) { return static_cast<size_t>(k) * m + o; };
+    emit(sink, copy(in(o), out(off(r)), len));
+    emit(sink, send(next, in(o), len, Wire::Elem));
+    for (int t = 1; t < n - 1; ++t) emit(sink, recv_copy_send(prev, out(off(mod(r - t, n))), next, len));
+    emit(sink, recv(prev, out(off(mod(r + 1, n))), len));
+  }
+}
+
+void ring_broadcast(const RingParams& p, StepSink& sink) {
+  const int n = p.size;
+  if (n == 1) return;
+  const int pos = mod(p.rank - p.root, n);
+  const int next = mod(p.rank + 1, n), prev = mod(p.rank - 1, n);
+  for (size_t o = 0; o < p.count; o += p.piece) {
+    const size_t len = std::min(p.piece, p.count - o);
+    if (pos == 0)
+      emit(sink, send(next, out(o), len, Wire::Elem));
+    else if (pos < n - 1)
+      emit(sink, recv_copy_send(prev, out(o), next, len));
+    else
+      emit(sink, recv(prev, out(o), len));
+  }
+}
+
+void ring_reduce(const RingParams& p, StepSink& sink) {
+  const int n = p.size;
+  if (n == 1) {
+    emit(sink, copy(in(0), out(0), p.count));
+    return;
+  }
+  // The chain starts after the root and ends at it.
+  const int pos = mod(p.rank - p.root - 1, n);
+  const int next = mod(p.rank + 1, n), prev = mod(p.rank - 1, n);
+  for (size_t o = 0; o < p.count; o += p.piece) {
+    const size_t len = std::min(p.piece, p.count - o);
+    if (pos == 0)
+      emit(sink, send(next, in(o), len, Wire::Acc));
+    else if (pos < n - 1)
+      emit(sink, recv_reduce_send(prev, in(o), next, len));
+    else
+      emit(sink, recv_reduce_copy(prev, in(o), out(o), len));
+  }
+}
+
+}  // namespace pycoll

@@ -1,0 +1,262 @@
+// pybind11 module pycollectives._C: argument checks at the edge, then C++ with the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "algo/ring.h"
+#include "common/errors.h"
+#include "host/host_comm.h"
+
+namespace py = pybind11;
+using namespace pycoll;
+
+namespace {
+
+// A validated host array: where it is, how many elements, of what type.
+struct ArrayArg {
+  uint8_t* ptr = nullptr;
+  size_t count = 0;
+  DType dtype = DType::Float32;
+  size_t bytes() const { return count * dtype_size(dtype); }
+};
+
+int dtype_code(const py::dtype& dt) {
+  if (dt.byteorder() == '>') return -1;  // not native on the little-endian hosts we run on
+  const auto size = dt.itemsize();
+  switch (dt.kind()) {
+    case 'i':
+      return size == 1 ? 0 : size == 4 ? 2 : size == 8 ? 3 : -1;
+    case 'u':
+      return size == 1 ? 1 : -1;
+    case 'f':
+      return size == 2 ? 4 : size == 4 ? 6 : size == 8 ? 7 : -1;
+    default:
+      // bfloat16 comes from extension dtypes (ml_dtypes).
+      if (size == 2 && py::str(dt.attr("name")).cast<std::string>() == "bfloat16") return 5;
+      return -1;
+  }
+}
+
+ArrayArg array_arg(py::handle obj, const char* fn, const char* name, bool writable) {
+  if (!py::isinstance<py::array>(obj))
+    throw InvalidType(str_cat(fn, ": ", name, " must be a numpy.ndarray, got ",
+                              py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  const int code = dtype_code(a.dtype());
+  if (code < 0)
+    throw InvalidType(str_cat(fn, ": ", name, " has unsupported dtype ",
+                              py::str(a.dtype()).cast<std::string>(),
+                              " (supported: int8, uint8, int32, int64, float16, bfloat16, "
+                              "float32, float64 in native byte order)"));
+  if (!(a.flags() & py::array::c_style))
+    throw InvalidArgument(str_cat(fn, ": ", name, " must be C-contiguous"));
+  if (writable && !a.writeable()) throw InvalidArgument(str_cat(fn, ": ", name, " is read-only"));
+  ArrayArg r;
+  r.ptr = static_cast<uint8_t*>(const_cast<void*>(a.data()));
+  r.count = static_cast<size_t>(a.size());
+  r.dtype = static_cast<DType>(code);
+  return r;
+}
+
+void check_same_dtype(const char* fn, const ArrayArg& x, const ArrayArg& out) {
+  if (x.dtype != out.dtype)
+    throw InvalidType(str_cat(fn, ": out has dtype ", dtype_name(out.dtype), ", expected ",
+                              dtype_name(x.dtype), " (the dtype of x)"));
+}
+
+void check_count(const char* fn, const char* name, size_t got, size_t want, const char* why) {
+  if (got != want)
+    throw InvalidArgument(str_cat(fn, ": ", name, " has ", got, " elements, expected ", want, " (",
+                                  why, ")"));
+}
+
+bool overlap(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
+  return an != 0 && bn != 0 && a < b + bn && b < a + an;
+}
+
+// `out` and `x` must be the same buffer (`in_place` says where x may sit inside out) or disjoint.
+void check_aliasing(const char* fn, const ArrayArg& x, const ArrayArg& out, const uint8_t* in_place,
+                    size_t in_place_bytes) {
+  const bool same_region = x.ptr == in_place && x.bytes() == in_place_bytes;
+  const bool out_is_part_of_x = (out.ptr == in_place && out.bytes() == in_place_bytes);
+  if (!same_region && !out_is_part_of_x && overlap(x.ptr, x.bytes(), out.ptr, out.bytes()))
+    throw InvalidArgument(str_cat(fn, ": x and out overlap without being the same buffer"));
+}
+
+RedOp op_arg(const char* fn, int op, DType t) {
+  if (!valid_redop(op)) throw InvalidArgument(str_cat(fn, ": unknown op ", op));
+  const RedOp r = static_cast<RedOp>(op);
+  if (r == RedOp::Avg && !is_floating(t))
+    throw InvalidArgument(str_cat(fn, ": op avg is not supported for integer dtype ",
+                                  dtype_name(t), " (use sum and divide)"));
+  return r;
+}
+
+int root_arg(const char* fn, int root, int size) {
+  if (root < 0 || root >= size)
+    throw InvalidArgument(str_cat(fn, ": root ", root, " is out of range for ", size, " ranks"));
+  return root;
+}
+
+Algo algo_arg(const char* fn, int algo) {
+  if (algo != static_cast<int>(Algo::Auto) && algo != static_cast<int>(Algo::Ring))
+    throw InvalidArgument(str_cat(fn, ": unknown algorithm code ", algo));
+  return static_cast<Algo>(algo);
+}
+
+void bind_host_comm(py::module_& m) {
+  py::class_<HostCommOptions>(m, "HostCommOptions")
+      .def(py::init<>())
+      .def_readwrite("slot_bytes", &HostCommOptions::slot_bytes)
+      .def_readwrite("nslots", &HostCommOptions::nslots)
+      .def_readwrite("timeout", &HostCommOptions::timeout_s);
+
+  py::class_<HostComm>(m, "HostComm")
+      .def(py::init<int, int, const HostCommOptions&>(), py::arg("rank"), py::arg("size"),
+           py::arg("options"))
+      .def_property_readonly("segment_name", &HostComm::segment_name)
+      .def("attach", &HostComm::attach, py::arg("names"))
+      .def("unlink", &HostComm::unlink)
+      .def_property_readonly("rank", &HostComm::rank)
+      .def_property_readonly("size", &HostComm::size)
+      .def_property_readonly("seq", &HostComm::seq)
+      .def_property("timeout", &HostComm::timeout, &HostComm::set_timeout)
+      .def_property_readonly("slot_bytes", [](const HostComm& c) { return c.options().slot_bytes; })
+      .def_property_readonly("nslots", [](const HostComm& c) { return c.options().nslots; })
+      .def_property_readonly("poisoned", &HostComm::poisoned)
+      .def_property_readonly("poison_reason", &HostComm::poison_reason)
+      .def("abort", &HostComm::abort, py::arg("reason"))
+      .def(
+          "all_reduce",
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo) {
+            const char* fn = "all_reduce";
+            const bool in_place = out_obj.is_none();
+            ArrayArg x = array_arg(x_obj, fn, "x", in_place);
+            ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
+            check_same_dtype(fn, x, out);
+            check_count(fn, "out", out.count, x.count, "the size of x");
+            check_aliasing(fn, x, out, out.ptr, out.bytes());
+            const RedOp op = op_arg(fn, op_code, x.dtype);
+            const Algo a = algo_arg(fn, algo);
+            py::gil_scoped_release nogil;
+            c.all_reduce(x.ptr, out.ptr, x.count, x.dtype, op, a);
+          },
+          py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"))
+      .def(
+          "reduce_scatter",
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo) {
+            const char* fn = "reduce_scatter";
+            ArrayArg x = array_arg(x_obj, fn, "x", false);
+            ArrayArg out = array_arg(out_obj, fn, "out", true);
+            check_same_dtype(fn, x, out);
+            check_count(fn, "x", x.count, out.count * c.size(), "size * out.size");
+            check_aliasing(fn, x, out, x.ptr + c.rank() * out.bytes(), out.bytes());
+            const RedOp op = op_arg(fn, op_code, x.dtype);
+            const Algo a = algo_arg(fn, algo);
+            py::gil_scoped_release nogil;
+            c.reduce_scatter(x.ptr, out.ptr, out.count, x.dtype, op, a);
+          },
+          py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"))
+      .def(
+          "all_gather",
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int algo) {
+            const char* fn = "all_gather";
+            ArrayArg x = array_arg(x_obj, fn, "x", false);
+            ArrayArg out = array_arg(out_obj, fn, "out", true);
+            check_same_dtype(fn, x, out);
+            check_count(fn, "out", out.count, x.count * c.size(), "size * x.size");
+            check_aliasing(fn, x, out, out.ptr + c.rank() * x.bytes(), x.bytes());
+            const Algo a = algo_arg(fn, algo);
+            py::gil_scoped_release nogil;
+            c.all_gather(x.ptr, out.ptr, x.count, x.dtype, a);
+          },
+          py::arg("x"), py::arg("out"), py::arg("algorithm"))
+      .def(
+          "broadcast",
+          [](HostComm& c, py::handle x_obj, int root, int algo) {
+            const char* fn = "broadcast";
+            ArrayArg x = array_arg(x_obj, fn, "x", true);
+            root_arg(fn, root, c.size());
+            const Algo a = algo_arg(fn, algo);
+            py::gil_scoped_release nogil;
+            c.broadcast(x.ptr, x.count, x.dtype, root, a);
+          },
+          py::arg("x"), py::arg("root"), py::arg("algorithm"))
+      .def(
+          "reduce",
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int root, int op_code, int algo) {
+            const char* fn = "reduce";
+            const bool in_place = out_obj.is_none();
+            ArrayArg x = array_arg(x_obj, fn, "x", in_place);
+            ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
+            check_same_dtype(fn, x, out);
+            check_count(fn, "out", out.count, x.count, "the size of x");
+            check_aliasing(fn, x, out, out.ptr, out.bytes());
+            root_arg(fn, root, c.size());
+            const RedOp op = op_arg(fn, op_code, x.dtype);
+            const Algo a = algo_arg(fn, algo);
+            py::gil_scoped_release nogil;
+            c.reduce(x.ptr, out.ptr, x.count, x.dtype, op, root, a);
+          },
+          py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"))
+      .def(
+          "barrier",
+          [](HostComm& c) {
+            py::gil_scoped_release nogil;
+            c.barrier();
+          });
+}
+
+// Schedules as plain tuples, for tests that check them without processes.
+void bind_schedules(py::module_& m) {
+  m.def(
+      "ring_schedule",
+      [](const std::string& collective, int rank, int size, size_t count, int root, size_t piece) {
+        if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0)
+          throw InvalidArgument("ring_schedule: bad rank, size, root or piece");
+        RingParams p{rank, size, count, root, piece};
+        StepRecorder rec;
+        if (collective == "all_reduce")
+          ring_allreduce(p, rec);
+        else if (collective == "reduce_scatter")
+          ring_reduce_scatter(p, rec);
+        else if (collective == "all_gather")
+          ring_allgather(p, rec);
+        else if (collective == "broadcast")
+          ring_broadcast(p, rec);
+        else if (collective == "reduce")
+          ring_reduce(p, rec);
+        else
+          throw InvalidArgument(str_cat("ring_schedule: unknown collective ", collective));
+        py::list steps;
+        auto buf = [](Buf b) { return b == Buf::Input ? "in" : b == Buf::Output ? "out" : ""; };
+        for (const Step& s : rec.steps)
+          steps.append(py::make_tuple(step_kind_name(s.kind), s.from, s.to, buf(s.src.buf),
+                                      s.src.offset, buf(s.dst.buf), s.dst.offset, s.count,
+                                      s.recv_wire == Wire::Acc, s.send_wire == Wire::Acc));
+        return steps;
+      },
+      py::arg("collective"), py::arg("rank"), py::arg("size"), py::arg("count"),
+      py::arg("root") = 0, py::arg("piece"));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "pycollectives native core (private; use the pycollectives package)";
+  // Translators run newest first, so the subclasses are registered after their base.
+  auto& base = py::register_exception<CollectiveError>(m, "CollectiveError", PyExc_RuntimeError);
+  py::register_exception<CollectiveTimeout>(m, "CollectiveTimeout", base.ptr());
+  py::register_exception<CollectiveMismatch>(m, "CollectiveMismatch", base.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidType& e) {
+      py::set_error(PyExc_TypeError, e.what());
+    }
+  });
+  bind_host_comm(m);
+  bind_schedules(m);
+}

@@ -1,0 +1,189 @@
+#include "common/reduce.h"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/half.h"
+
+namespace pycoll {
+namespace {
+
+// How an element type is accumulated.
+template <class T>
+struct Acc {
+  using type = T;
+  static T load(T v) { return v; }
+  static T store(T v) { return v; }
+};
+template <>
+struct Acc<Half> {
+  using type = float;
+  static float load(Half v) { return to_float(v); }
+  static Half store(float v) { return to_half(v); }
+};
+template <>
+struct Acc<BFloat16> {
+  using type = float;
+  static float load(BFloat16 v) { return to_float(v); }
+  static BFloat16 store(float v) { return to_bfloat16(v); }
+};
+
+// Signed overflow wraps (as numpy's does) by computing in the unsigned type.
+template <class A>
+A wrap_add(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+template <class A>
+A wrap_mul(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    // Promote to a wide unsigned type so no intermediate is signed.
+    using W = std::conditional_t<(sizeof(A) < sizeof(unsigned)), unsigned,
+                                 std::make_unsigned_t<A>>;
+    return static_cast<A>(static_cast<W>(static_cast<W>(a) * static_cast<W>(b)));
+  } else {
+    return a * b;
+  }
+}
+
+struct OpSum {
+  template <class A>
+  static A apply(A a, A b) { return wrap_add(a, b); }
+};
+struct OpProd {
+  template <class A>
+  static A apply(A a, A b) { return wrap_mul(a, b); }
+};
+// min and max propagate NaN like numpy.minimum / numpy.maximum.
+struct OpMin {
+  template <class A>
+  static A apply(A a, A b) { return (a < b || a != a) ? a : b; }
+};
+struct OpMax {
+  template <class A>
+  static A apply(A a, A b) { return (a > b || a != a) ? a : b; }
+};
+
+template <class T, class Op, bool kAvg>
+struct Kernels {
+  using A = typename Acc<T>::type;
+
+  static void load(void* dst, const void* src, size_t n) {
+    if constexpr (std::is_same_v<A, T>) {
+      std::memcpy(dst, src, n * sizeof(T));
+    } else {
+      A* __restrict d = static_cast<A*>(dst);
+      const T* __restrict s = static_cast<const T*>(src);
+      for (size_t i = 0; i < n; ++i) d[i] = Acc<T>::load(s[i]);
+    }
+  }
+
+  static void reduce(void* dst, const void* a, const void* b, size_t n) {
+    A* __restrict d = static_cast<A*>(dst);
+    const A* __restrict pa = static_cast<const A*>(a);
+    const T* __restrict pb = static_cast<const T*>(b);
+    for (size_t i = 0; i < n; ++i) d[i] = Op::apply(pa[i], Acc<T>::load(pb[i]));
+  }
+
+  // dst may alias b (in-place output), never a.
+  static void reduce_final(void* dst, void* dst2, const void* a, const void* b, size_t n,
+                           int divisor) {
+    T* d = static_cast<T*>(dst);
+    const A* __restrict pa = static_cast<const A*>(a);
+    const T* pb = static_cast<const T*>(b);
+    if constexpr (kAvg) {
+      const A div = static_cast<A>(divisor);
+      if (dst2 == nullptr) {
+        for (size_t i = 0; i < n; ++i) d[i] = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])) / div);
+      } else {
+        T* __restrict d2 = static_cast<T*>(dst2);
+        for (size_t i = 0; i < n; ++i) {
+          T v = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])) / div);
+          d[i] = v;
+          d2[i] = v;
+        }
+      }
+    } else {
+      if (dst2 == nullptr) {
+        for (size_t i = 0; i < n; ++i) d[i] = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])));
+      } else {
+        T* __restrict d2 = static_cast<T*>(dst2);
+        for (size_t i = 0; i < n; ++i) {
+          T v = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])));
+          d[i] = v;
+          d2[i] = v;
+        }
+      }
+    }
+  }
+
+  static constexpr ReduceKernels table{&load, &reduce, &reduce_final};
+};
+
+template <class T>
+constexpr ReduceKernels kernels_for(RedOp op) {
+  switch (op) {
+    case RedOp::Sum:
+      return Kernels<T, OpSum, false>::table;
+    case RedOp::Prod:
+      return Kernels<T, OpProd, false>::table;
+    case RedOp::Min:
+      return Kernels<T, OpMin, false>::table;
+    case RedOp::Max:
+      return Kernels<T, OpMax, false>::table;
+    case RedOp::Avg:
+      return Kernels<T, OpSum, true>::table;
+  }
+  return Kernels<T, OpSum, false>::table;
+}
+
+template <class T>
+struct Row {
+  ReduceKernels k[kNumRedOps] = {kernels_for<T>(RedOp::Sum), kernels_for<T>(RedOp::Prod),
+                                 kernels_for<T>(RedOp::Min), kernels_for<T>(RedOp::Max),
+                                 kernels_for<T>(RedOp::Avg)};
+};
+
+}  // namespace
+
+const ReduceKernels& reduce_kernels(DType t, RedOp op) {
+  static const Row<int8_t> i8;
+  static const Row<uint8_t> u8;
+  static const Row<int32_t> i32;
+  static const Row<int64_t> i64;
+  static const Row<Half> f16;
+  static const Row<BFloat16> bf16;
+  static const Row<float> f32;
+  static const Row<double> f64;
+  const int o = static_cast<int>(op);
+  switch (t) {
+    case DType::Int8:
+      return i8.k[o];
+    case DType::UInt8:
+      return u8.k[o];
+    case DType::Int32:
+      return i32.k[o];
+    case DType::Int64:
+      return i64.k[o];
+    case DType::Float16:
+      return f16.k[o];
+    case DType::BFloat16:
+      return bf16.k[o];
+    case DType::Float32:
+      return f32.k[o];
+    case DType::Float64:
+      return f64.k[o];
+  }
+  return f32.k[o];
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes != 0) std::memmove(dst, src, bytes);
+}
+
+}  // namespace pycoll

@@ -1,0 +1,30 @@
+// Element-wise reduction kernels, type-erased per (dtype, op).
+//
+// Partial results travel in the accumulation type (float32 for float16/bfloat16, the element
+// type otherwise), so a chain of n ranks rounds to 16 bits once, at the end.
+#pragma once
+
+#include <cstddef>
+
+#include "common/dtypes.h"
+
+namespace pycoll {
+
+struct ReduceKernels {
+  // dst_acc[i] = acc(src[i])
+  void (*load)(void* dst_acc, const void* src, size_t n);
+  // dst_acc[i] = op(a_acc[i], acc(b[i]))
+  void (*reduce)(void* dst_acc, const void* a_acc, const void* b, size_t n);
+  // v = op(a_acc[i], acc(b[i])), divided by `divisor` for avg; dst[i] = v, and dst2[i] = v when
+  // dst2 is not null (both in the element type).
+  void (*reduce_final)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,
+                       int divisor);
+};
+
+// Kernels for a (dtype, op) pair; the caller has validated the pair (avg needs a float type).
+const ReduceKernels& reduce_kernels(DType t, RedOp op);
+
+// Copy that may bypass the cache for large destinations that will not be read soon.
+void copy_bytes(void* dst, const void* src, size_t bytes);
+
+}  // namespace pycoll

@@ -1,0 +1,94 @@
+#include "host/shm_transport.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <new>
+
+#include "common/errors.h"
+
+namespace pycoll {
+namespace {
+
+constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
+constexpr uint32_t kVersion = 1;
+constexpr size_t kPage = 4096;
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
+    : rank_(rank), size_(size), nslots_(nslots), slot_bytes_(slot_bytes) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw InvalidArgument(str_cat("rank ", rank, " out of range for size ", size));
+  if (slot_bytes < kCacheLine || slot_bytes % kCacheLine != 0)
+    throw InvalidArgument(str_cat("staging slot size must be a positive multiple of ", kCacheLine,
+                                  " bytes, got ", slot_bytes));
+  if (nslots < 1 || nslots > 64)
+    throw InvalidArgument(str_cat("staging slot count must be in [1, 64], got ", nslots));
+  flags_offset_ = kPage;
+  data_offset_ = round_up(flags_offset_ + static_cast<size_t>(2 * size + 1) * kCacheLine, kPage);
+  // One channel per peer (none to ourselves).
+  total_bytes_ = data_offset_ + static_cast<size_t>(size - 1) * nslots * slot_bytes;
+
+  own_ = ShmSegment::create("pycoll", total_bytes_);
+  uint8_t* b = own_.data();
+  auto* h = reinterpret_cast<SegmentHeader*>(b);
+  std::memset(b, 0, data_offset_);
+  for (int i = 0; i < 2 * size + 1; ++i)
+    new (b + flags_offset_ + static_cast<size_t>(i) * kCacheLine) FlagLine{{0}, {}};
+  h->version = kVersion;
+  h->nranks = static_cast<uint32_t>(size);
+  h->rank = static_cast<uint32_t>(rank);
+  h->nslots = static_cast<uint32_t>(nslots);
+  h->slot_bytes = slot_bytes;
+  h->total_bytes = total_bytes_;
+  h->pid = static_cast<int64_t>(getpid());
+  std::atomic_thread_fence(std::memory_order_release);
+  h->magic = kMagic;
+
+  base_.assign(size, nullptr);
+  base_[rank] = b;
+  pids_.assign(size, 0);
+  pids_[rank] = h->pid;
+}
+
+void ShmTransport::attach(const std::vector<std::string>& names) {
+  if (static_cast<int>(names.size()) != size_)
+    throw InvalidArgument(str_cat("expected ", size_, " segment names, got ", names.size()));
+  peers_.clear();
+  peers_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    ShmSegment seg = ShmSegment::open(names[r], total_bytes_);
+    const auto* h = reinterpret_cast<const SegmentHeader*>(seg.data());
+    // Never trust a peer's header: everything must match what we computed ourselves.
+    if (h->magic != kMagic || h->version != kVersion || h->nranks != static_cast<uint32_t>(size_) ||
+        h->rank != static_cast<uint32_t>(r) || h->nslots != static_cast<uint32_t>(nslots_) ||
+        h->slot_bytes != slot_bytes_ || h->total_bytes != total_bytes_)
+      throw CollectiveError(str_cat("shared memory ", names[r], " of rank ", r,
+                                    " has an unexpected header (version, rank or staging sizes "
+                                    "differ from this rank's)"));
+    base_[r] = seg.data();
+    pids_[r] = h->pid;
+    peers_[r] = std::move(seg);
+  }
+}
+
+size_t ShmTransport::channel_offset(int owner, int to) const {
+  const int c = to < owner ? to : to - 1;
+  return data_offset_ + static_cast<size_t>(c) * nslots_ * slot_bytes_;
+}
+
+uint8_t* ShmTransport::slot(int from, int to, uint64_t m) const {
+  return base_[from] + channel_offset(from, to) +
+         static_cast<size_t>((m - 1) % static_cast<uint64_t>(nslots_)) * slot_bytes_;
+}
+
+std::atomic<uint64_t>& ShmTransport::flag(int owner, int index) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(base_[owner] + flags_offset_ +
+                                                   static_cast<size_t>(index) * kCacheLine);
+}
+
+}  // namespace pycoll

@@ -1,0 +1,77 @@
+// Shared-memory transport: one segment per rank, every rank maps every segment.
+//
+// A rank's segment holds, for each peer p, a channel of `nslots` staging slots that carries
+// messages to p, and the flags of the channels it takes part in. Every rank writes only its
+// own segment:
+//   posted[p]   messages this rank has put in its channel to p      (written by us, read by p)
+//   consumed[p] messages this rank has taken from p's channel to us (written by us, read by p)
+// Counters are monotonic (never reset, so no ABA) and each sits in its own cache line. Message
+// m (1-based) on a channel uses slot (m-1) % nslots; it may be written once consumed >= m-nslots.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "host/shm_segment.h"
+
+namespace pycoll {
+
+constexpr size_t kCacheLine = 64;
+
+struct alignas(kCacheLine) FlagLine {
+  std::atomic<uint64_t> value;
+  char pad[kCacheLine - sizeof(std::atomic<uint64_t>)];
+};
+static_assert(sizeof(FlagLine) == kCacheLine, "flag line");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters need lock-free atomics");
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t nranks;
+  uint32_t rank;
+  uint32_t nslots;
+  uint64_t slot_bytes;
+  uint64_t total_bytes;
+  int64_t pid;
+};
+
+class ShmTransport {
+ public:
+  ShmTransport(int rank, int size, size_t slot_bytes, int nslots);
+
+  const std::string& name() const { return own_.name(); }
+  // Maps every peer's segment (names indexed by rank) and validates its header.
+  void attach(const std::vector<std::string>& names);
+  // Removes our segment's name; call once every peer has attached.
+  void unlink() { own_.unlink(); }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int nslots() const { return nslots_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  int64_t pid_of(int r) const { return pids_[r]; }
+
+  // Slot of message `m` (1-based) on the channel from -> to.
+  uint8_t* slot(int from, int to, uint64_t m) const;
+  std::atomic<uint64_t>& posted(int owner, int peer) const { return flag(owner, peer * 2); }
+  std::atomic<uint64_t>& consumed(int owner, int peer) const { return flag(owner, peer * 2 + 1); }
+  std::atomic<uint64_t>& barrier(int owner) const { return flag(owner, size_ * 2); }
+
+ private:
+  std::atomic<uint64_t>& flag(int owner, int index) const;
+  size_t channel_offset(int owner, int to) const;
+
+  int rank_, size_, nslots_;
+  size_t slot_bytes_;
+  size_t flags_offset_, data_offset_, total_bytes_;
+  ShmSegment own_;
+  std::vector<ShmSegment> peers_;  // by rank; our own slot stays empty
+  std::vector<uint8_t*> base_;     // every rank's mapping, ours included
+  std::vector<int64_t> pids_;
+};
+
+}  // namespace pycoll

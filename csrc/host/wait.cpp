@@ -1,0 +1,32 @@
+#include "host/wait.h"
+
+#include <signal.h>
+
+#include <cerrno>
+
+#include "common/errors.h"
+#include "host/shm_transport.h"
+
+namespace pycoll {
+
+void check_wait(const WaitContext& ctx, int peer) {
+  if (ctx.abort != nullptr && ctx.abort->load(std::memory_order_relaxed))
+    throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": communicator was aborted"));
+  if (ctx.transport != nullptr && peer >= 0) {
+    const int64_t pid = ctx.transport->pid_of(peer);
+    if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ", peer, " (pid ", pid,
+                                    ") is no longer running"));
+  }
+}
+
+void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
+  const char* why = what == WaitFor::Data    ? "waiting for data from it"
+                    : what == WaitFor::Space ? "waiting for it to drain a staging slot"
+                                             : "waiting for it at the barrier";
+  throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ",
+                                  ctx.timeout_s, " s: rank ", peer, " did not arrive (", why,
+                                  ")"));
+}
+
+}  // namespace pycoll

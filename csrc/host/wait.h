@@ -1,0 +1,77 @@
+// Bounded waiting with back-off: spin briefly, then yield, then sleep.
+//
+// Ranks may outnumber cores (5 ranks on 2 cores in CI), so a waiter must give its core away
+// quickly; but two ranks on two idle cores should see each other within a few hundred ns.
+#pragma once
+
+#include <sched.h>
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PYCOLL_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define PYCOLL_CPU_RELAX() asm volatile("yield" ::: "memory")
+#else
+#define PYCOLL_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace pycoll {
+
+class ShmTransport;
+using Clock = std::chrono::steady_clock;
+
+// Why we wait (for the error message if the wait fails).
+enum class WaitFor { Data, Space, Barrier };
+
+// Everything a wait needs to know to give up properly.
+struct WaitContext {
+  const char* collective = "";
+  uint64_t seq = 0;
+  Clock::time_point deadline;
+  double timeout_s = 0;
+  const ShmTransport* transport = nullptr;
+  const std::atomic<bool>* abort = nullptr;
+};
+
+// Throws if waiting on `peer` no longer makes sense: it died, or the communicator was aborted.
+void check_wait(const WaitContext& ctx, int peer);
+[[noreturn]] void throw_timeout(const WaitContext& ctx, int peer, WaitFor what);
+
+// Waits until `ready()` is true; `peer` is the rank being waited on.
+template <class Ready>
+inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor what) {
+  constexpr int kSpins = 512;
+  constexpr int kYields = 128;
+  for (int i = 0; i < kSpins; ++i) {
+    if (ready()) return;
+    PYCOLL_CPU_RELAX();
+  }
+  for (int i = 0; i < kYields; ++i) {
+    if (ready()) return;
+    sched_yield();
+  }
+  long sleep_ns = 1000;
+  auto next_check = Clock::time_point::min();
+  for (;;) {
+    if (ready()) return;
+    const auto now = Clock::now();
+    if (now >= next_check) {
+      check_wait(ctx, peer);
+      if (now >= ctx.deadline) {
+        if (ready()) return;
+        throw_timeout(ctx, peer, what);
+      }
+      next_check = now + std::chrono::milliseconds(10);
+    }
+    struct timespec ts {0, sleep_ns};
+    nanosleep(&ts, nullptr);
+    if (sleep_ns < 64000) sleep_ns *= 2;
+  }
+}
+
+}  // namespace pycoll

@@ -1,0 +1,30 @@
+"""pycollectives: collective communication for numpy arrays between MPI-launched processes.
+
+Example (run with ``mpiexec -n 2 python example.py``)::
+
+    import numpy as np
+    import pycollectives as pc
+
+    with pc.Communicator() as comm:
+        x = np.full(4, comm.rank, dtype=np.float32)
+        comm.all_reduce(x, op=pc.SUM)   # in place: every rank now holds 0 + 1 + ...
+"""
+
+from pycollectives.communicator import Communicator
+from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+from pycollectives.ops import AVG, MAX, MIN, PROD, SUM, ReduceOp
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AVG",
+    "MAX",
+    "MIN",
+    "PROD",
+    "SUM",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
+    "Communicator",
+    "ReduceOp",
+]

@@ -1,0 +1,213 @@
+"""The communicator: rendezvous over MPI, then collectives over shared memory."""
+
+from __future__ import annotations
+
+import os
+
+from pycollectives import _C
+from pycollectives.errors import CollectiveError
+from pycollectives.ops import SUM, algo_code, op_code
+
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_STAGING_BYTES = 256 * 1024
+DEFAULT_STAGING_SLOTS = 4
+
+
+def _env_number(name, default, kind):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Built from an MPI communicator (``MPI.COMM_WORLD`` by default), whose ranks must share one
+    machine. Creating it is collective: every rank exchanges the name of its shared-memory
+    segment with one MPI all-gather; after that, collectives never call MPI.
+
+    Args:
+        mpi_comm: an ``mpi4py.MPI.Comm``; defaults to ``MPI.COMM_WORLD``.
+        timeout: seconds any collective may wait for a peer before raising
+            ``CollectiveTimeout`` (env ``PYCOLL_TIMEOUT``, default 300).
+        staging_bytes: size of one staging slot; messages are pipelined through slots of this
+            size (env ``PYCOLL_STAGING_BYTES``, default 256 KiB).
+        staging_slots: slots per peer channel (env ``PYCOLL_STAGING_SLOTS``, default 4).
+
+    Every rank must call the same collectives in the same order, with matching sizes, dtype,
+    op and root. Example::
+
+        comm = pc.Communicator()
+        x = np.arange(8, dtype=np.float32)
+        comm.all_reduce(x, op="sum")              # in place
+        out = np.empty(8 * comm.size, np.float32)
+        comm.all_gather(x, out)                   # rank-major
+        comm.close()
+    """
+
+    def __init__(self, mpi_comm=None, *, timeout=None, staging_bytes=None, staging_slots=None):
+        from mpi4py import MPI
+
+        base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        opts = _C.HostCommOptions()
+        opts.timeout = float(
+            timeout if timeout is not None else _env_number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT, float)
+        )
+        opts.slot_bytes = int(
+            staging_bytes
+            if staging_bytes is not None
+            else _env_number("PYCOLL_STAGING_BYTES", DEFAULT_STAGING_BYTES, int)
+        )
+        opts.nslots = int(
+            staging_slots
+            if staging_slots is not None
+            else _env_number("PYCOLL_STAGING_SLOTS", DEFAULT_STAGING_SLOTS, int)
+        )
+        if opts.timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {opts.timeout}")
+        self._c = None
+        self._mpi = base.Dup()
+        try:
+            self._rendezvous(MPI, opts)
+        except BaseException:
+            self._c = None
+            self._mpi.Free()
+            raise
+        self.rank = self._mpi.Get_rank()
+        self.size = self._mpi.Get_size()
+        self._default_algo = algo_code(os.environ.get("PYCOLL_ALGO") or None)
+
+    def _rendezvous(self, MPI, opts):
+        comm = self._mpi
+        rank, size = comm.Get_rank(), comm.Get_size()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        node_size = node.Get_size()
+        node.Free()
+        if node_size != size:
+            raise CollectiveError(
+                f"the communicator spans several machines ({node_size} of its {size} ranks share "
+                "this one); pycollectives needs all ranks on one machine"
+            )
+        # Every rank reports its configuration and segment (or why it has none) in one exchange,
+        # so a failure on one rank is an error on all ranks, never a hang.
+        config = (opts.slot_bytes, opts.nslots)
+        host, error = None, None
+        try:
+            host = _C.HostComm(rank, size, opts)
+        except (CollectiveError, ValueError) as e:
+            error = str(e)
+        reports = comm.allgather((config, None if host is None else host.segment_name, error))
+        failed = [(r, rep[2]) for r, rep in enumerate(reports) if rep[2] is not None]
+        if failed:
+            raise CollectiveError(
+                "cannot set up shared memory: "
+                + "; ".join(f"rank {r}: {msg}" for r, msg in failed)
+            )
+        configs = {rep[0] for rep in reports}
+        if len(configs) != 1:
+            raise ValueError(
+                "ranks disagree on the staging configuration (staging_bytes, staging_slots): "
+                + ", ".join(f"rank {r}: {rep[0]}" for r, rep in enumerate(reports))
+            )
+        error = None
+        try:
+            host.attach([rep[1] for rep in reports])
+        except CollectiveError as e:
+            error = str(e)
+        errors = comm.allgather(error)
+        # Every peer has mapped our segment (or given up): its name is no longer needed.
+        host.unlink()
+        failed = [(r, msg) for r, msg in enumerate(errors) if msg is not None]
+        if failed:
+            raise CollectiveError(
+                "cannot attach shared memory: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
+            )
+        self._c = host
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self):
+        """Releases the shared memory. Not collective; later calls raise CollectiveError."""
+        if self._c is not None:
+            self._c = None
+            self._mpi.Free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # Interpreter shutdown may have torn down MPI already; the mapping goes with the process.
+        self._c = None
+
+    def _host(self):
+        c = self._c
+        if c is None:
+            raise CollectiveError("the communicator is closed")
+        return c
+
+    def _algo(self, algorithm):
+        return self._default_algo if algorithm is None else algo_code(algorithm)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a collective may wait for a peer."""
+        return self._host().timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float):
+        if seconds <= 0:
+            raise ValueError(f"timeout must be positive, got {seconds}")
+        self._host().timeout = float(seconds)
+
+    @property
+    def staging_bytes(self) -> int:
+        return self._host().slot_bytes
+
+    @property
+    def seq(self) -> int:
+        """Number of collectives this rank has started."""
+        return self._host().seq
+
+    # -- collectives --------------------------------------------------------------------------
+
+    def all_reduce(self, x, out=None, op=SUM, algorithm=None):
+        """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`).
+
+        Every rank ends with a bitwise identical result. Returns the output array.
+        """
+        self._host().all_reduce(x, out, op_code(op), self._algo(algorithm))
+        return x if out is None else out
+
+    def reduce_scatter(self, x, out, op=SUM, algorithm=None):
+        """Reduces `x` (``size * out.size`` elements) over all ranks; rank r gets block r."""
+        self._host().reduce_scatter(x, out, op_code(op), self._algo(algorithm))
+        return out
+
+    def all_gather(self, x, out, algorithm=None):
+        """Gathers every rank's `x` into `out` (``size * x.size`` elements, rank-major)."""
+        self._host().all_gather(x, out, self._algo(algorithm))
+        return out
+
+    def broadcast(self, x, root=0, algorithm=None):
+        """Copies the root's `x` into `x` on every rank."""
+        self._host().broadcast(x, root, self._algo(algorithm))
+        return x
+
+    def reduce(self, x, out=None, root=0, op=SUM, algorithm=None):
+        """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
+
+        Elsewhere `out` is checked but not written. Returns the output array.
+        """
+        self._host().reduce(x, out, root, op_code(op), self._algo(algorithm))
+        return x if out is None else out
+
+    def barrier(self):
+        """Returns once every rank has entered the barrier."""
+        self._host().barrier()
