@@ -76,13 +76,11 @@ bool overlap(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
   return an != 0 && bn != 0 && a < b + bn && b < a + an;
 }
 
-// `out` and `x` must be the same buffer (`in_place` says where x may sit inside out) or disjoint.
-void check_aliasing(const char* fn, const ArrayArg& x, const ArrayArg& out, const uint8_t* in_place,
-                    size_t in_place_bytes) {
-  const bool same_region = x.ptr == in_place && x.bytes() == in_place_bytes;
-  const bool out_is_part_of_x = (out.ptr == in_place && out.bytes() == in_place_bytes);
-  if (!same_region && !out_is_part_of_x && overlap(x.ptr, x.bytes(), out.ptr, out.bytes()))
-    throw InvalidArgument(str_cat(fn, ": x and out overlap without being the same buffer"));
+// `x` and `out` must either sit exactly where the collective's in-place form puts them
+// (`in_place`) or not overlap at all.
+void check_aliasing(const char* fn, const ArrayArg& x, const ArrayArg& out, bool in_place) {
+  if (!in_place && overlap(x.ptr, x.bytes(), out.ptr, out.bytes()))
+    throw InvalidArgument(str_cat(fn, ": x and out overlap without being the in-place layout"));
 }
 
 RedOp op_arg(const char* fn, int op, DType t) {
@@ -137,7 +135,7 @@ void bind_host_comm(py::module_& m) {
             ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
             check_same_dtype(fn, x, out);
             check_count(fn, "out", out.count, x.count, "the size of x");
-            check_aliasing(fn, x, out, out.ptr, out.bytes());
+            check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
             const RedOp op = op_arg(fn, op_code, x.dtype);
             const Algo a = algo_arg(fn, algo);
             py::gil_scoped_release nogil;
@@ -152,7 +150,7 @@ void bind_host_comm(py::module_& m) {
             ArrayArg out = array_arg(out_obj, fn, "out", true);
             check_same_dtype(fn, x, out);
             check_count(fn, "x", x.count, out.count * c.size(), "size * out.size");
-            check_aliasing(fn, x, out, x.ptr + c.rank() * out.bytes(), out.bytes());
+            check_aliasing(fn, x, out, out.ptr == x.ptr + c.rank() * out.bytes());
             const RedOp op = op_arg(fn, op_code, x.dtype);
             const Algo a = algo_arg(fn, algo);
             py::gil_scoped_release nogil;
@@ -167,7 +165,7 @@ void bind_host_comm(py::module_& m) {
             ArrayArg out = array_arg(out_obj, fn, "out", true);
             check_same_dtype(fn, x, out);
             check_count(fn, "out", out.count, x.count * c.size(), "size * x.size");
-            check_aliasing(fn, x, out, out.ptr + c.rank() * x.bytes(), x.bytes());
+            check_aliasing(fn, x, out, x.ptr == out.ptr + c.rank() * x.bytes());
             const Algo a = algo_arg(fn, algo);
             py::gil_scoped_release nogil;
             c.all_gather(x.ptr, out.ptr, x.count, x.dtype, a);
@@ -193,7 +191,7 @@ void bind_host_comm(py::module_& m) {
             ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
             check_same_dtype(fn, x, out);
             check_count(fn, "out", out.count, x.count, "the size of x");
-            check_aliasing(fn, x, out, out.ptr, out.bytes());
+            check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
             root_arg(fn, root, c.size());
             const RedOp op = op_arg(fn, op_code, x.dtype);
             const Algo a = algo_arg(fn, algo);

@@ -1,0 +1,53 @@
+# Two commands on a fresh machine: `make run` and `make test`. Each creates or refreshes the
+# local virtualenv (.venv) with MPI (mpich, mpi4py) from the package index, builds the native
+# module, then runs the training job or the test suite.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+NP     ?= 4
+DEPS   := mpich mpi4py numpy pytest ml_dtypes scikit-build-core pybind11 ninja cmake
+LINT_DEPS := ruff clang-format
+
+.PHONY: run test gpu-test lint format bench install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.deps: $(BIN)/python Makefile pyproject.toml
+	$(BIN)/pip install -q --disable-pip-version-check $(DEPS)
+	touch $@
+
+# Editable install: the package imports from this tree; the native module is rebuilt
+# incrementally (build/) whenever csrc/ changes.
+install: $(VENV)/.deps
+	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e .
+
+run: install
+	$(BIN)/mpiexec -n $(NP) $(BIN)/python -m pycollectives.examples.train
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+gpu-test: install
+	$(BIN)/python -m pytest -q -m gpu tests
+
+bench: install
+	$(BIN)/python benchmarks/allreduce_vs_mpi.py
+
+$(VENV)/.lint-deps: $(BIN)/python
+	$(BIN)/pip install -q --disable-pip-version-check $(LINT_DEPS)
+	touch $@
+
+lint: $(VENV)/.lint-deps
+	$(BIN)/ruff check pycollectives tests benchmarks
+	$(BIN)/ruff format --check pycollectives tests benchmarks
+	$(BIN)/clang-format --dry-run -Werror $$(find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh')
+
+format: $(VENV)/.lint-deps
+	$(BIN)/ruff format pycollectives tests benchmarks
+	$(BIN)/ruff check --fix pycollectives tests benchmarks
+	$(BIN)/clang-format -i $$(find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh')
+
+clean:
+	rm -rf build $(VENV) .pytest_cache

@@ -1,0 +1,43 @@
+"""Runs a worker script under mpiexec and turns a failure into a readable pytest failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.skip("mpiexec not found (make test installs mpich into .venv)")
+    return found
+
+
+def run_mpi(nprocs: int, worker: str, *args: str, timeout: float = 300, env: dict | None = None):
+    """Runs tests/workers/<worker> on `nprocs` ranks; returns its stdout. Fails on non-zero exit."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYCOLL_TIMEOUT", "60")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    if env:
+        full_env.update(env)
+    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(WORKERS / worker), *args]
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=full_env, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\n{e.stdout}\n{e.stderr}")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"{' '.join(cmd)} exited with {proc.returncode}\n"
+            f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc.stdout

@@ -1,0 +1,9 @@
+"""Bad input is rejected before any byte moves, on every rank, and the communicator stays usable."""
+
+import pytest
+from mpi_harness import run_mpi
+
+
+@pytest.mark.parametrize("nranks", [1, 3])
+def test_bad_input(nranks):
+    assert "PASS bad_input" in run_mpi(nranks, "bad_input.py")
