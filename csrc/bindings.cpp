@@ -109,7 +109,8 @@ void bind_host_comm(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("slot_bytes", &HostCommOptions::slot_bytes)
       .def_readwrite("nslots", &HostCommOptions::nslots)
-      .def_readwrite("timeout", &HostCommOptions::timeout_s);
+      .def_readwrite("timeout", &HostCommOptions::timeout_s)
+      .def_readwrite("stream_bytes", &HostCommOptions::stream_bytes);
 
   py::class_<HostComm>(m, "HostComm")
       .def(py::init<int, int, const HostCommOptions&>(), py::arg("rank"), py::arg("size"),

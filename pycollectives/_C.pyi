@@ -10,6 +10,7 @@ class HostCommOptions:
     slot_bytes: int
     nslots: int
     timeout: float
+    stream_bytes: int
     def __init__(self) -> None: ...
 
 class HostComm:

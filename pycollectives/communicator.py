@@ -67,6 +67,8 @@ class Communicator:
             if staging_slots is not None
             else _env_number("PYCOLL_STAGING_SLOTS", DEFAULT_STAGING_SLOTS, int)
         )
+        # Outputs this large bypass the cache; a tuning knob, not part of the API.
+        opts.stream_bytes = _env_number("PYCOLL_STREAM_BYTES", opts.stream_bytes, int)
         if opts.timeout <= 0:
             raise ValueError(f"timeout must be positive, got {opts.timeout}")
         self._c = None

@@ -24,7 +24,13 @@ struct ReduceKernels {
 // Kernels for a (dtype, op) pair; the caller has validated the pair (avg needs a float type).
 const ReduceKernels& reduce_kernels(DType t, RedOp op);
 
-// Copy that may bypass the cache for large destinations that will not be read soon.
+// dst = src; they may be the same buffer (then nothing moves).
 void copy_bytes(void* dst, const void* src, size_t bytes);
+
+// dst = src with non-temporal stores: for large outputs that will not be read again soon, this
+// saves the read-for-ownership of every destination line. Falls back to memcpy where the
+// target has no streaming stores. Call stream_fence() before another core may read dst.
+void stream_copy(void* dst, const void* src, size_t bytes);
+void stream_fence();
 
 }  // namespace pycoll

@@ -1,5 +1,6 @@
 #include "host/executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/errors.h"
@@ -16,7 +17,36 @@ HostExecutor::HostExecutor(const ShmTransport& t, std::vector<uint64_t>& sent,
       call_(call),
       kernels_(&reduce_kernels(call.dtype, call.op)),
       elem_size_(dtype_size(call.dtype)),
-      acc_size_(acc_size(call.dtype)) {}
+      acc_size_(acc_size(call.dtype)),
+      streaming_(call.output_count * dtype_size(call.dtype) >= call.stream_bytes) {}
+
+void HostExecutor::finish() {
+  if (streaming_) stream_fence();
+}
+
+void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {
+  if (streaming_)
+    stream_copy(dst, src, n * elem_size_);
+  else
+    std::memcpy(dst, src, n * elem_size_);
+}
+
+void HostExecutor::reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* a, const uint8_t* b,
+                              size_t n) {
+  if (!streaming_) {
+    kernels_->reduce_final(dst, dst2, a, b, n, call_.divisor);
+    return;
+  }
+  // Reduce a cache-resident block at a time, then stream it out.
+  alignas(64) uint8_t block[8192];
+  const size_t per = sizeof(block) / elem_size_;
+  for (size_t i = 0; i < n; i += per) {
+    const size_t m = std::min(per, n - i);
+    kernels_->reduce_final(block, dst2 ? dst2 + i * elem_size_ : nullptr, a + i * acc_size_,
+                           b + i * elem_size_, m, call_.divisor);
+    stream_copy(dst + i * elem_size_, block, m * elem_size_);
+  }
+}
 
 const uint8_t* HostExecutor::src_ptr(const Step& s) const {
   if (s.src.buf == Buf::Input) {
@@ -85,7 +115,7 @@ void HostExecutor::step(const Step& s) {
     }
     case StepKind::Recv: {
       const uint8_t* in = begin_recv(s);
-      std::memcpy(dst_ptr(s), in, n * elem_size_);
+      write_out(dst_ptr(s), in, n);
       end_recv(s.from);
       break;
     }
@@ -99,14 +129,14 @@ void HostExecutor::step(const Step& s) {
     }
     case StepKind::RecvReduceCopy: {
       const uint8_t* in = begin_recv(s);
-      kernels_->reduce_final(dst_ptr(s), nullptr, in, src_ptr(s), n, call_.divisor);
+      reduce_out(dst_ptr(s), nullptr, in, src_ptr(s), n);
       end_recv(s.from);
       break;
     }
     case StepKind::RecvReduceCopySend: {
       const uint8_t* in = begin_recv(s);
       uint8_t* slot = begin_send(s);
-      kernels_->reduce_final(dst_ptr(s), slot, in, src_ptr(s), n, call_.divisor);
+      reduce_out(dst_ptr(s), slot, in, src_ptr(s), n);
       end_send(s.to);
       end_recv(s.from);
       break;
@@ -116,13 +146,20 @@ void HostExecutor::step(const Step& s) {
       uint8_t* slot = begin_send(s);
       std::memcpy(slot, in, n * elem_size_);
       end_send(s.to);
-      std::memcpy(dst_ptr(s), in, n * elem_size_);
+      write_out(dst_ptr(s), in, n);
       end_recv(s.from);
       break;
     }
-    case StepKind::Copy:
-      copy_bytes(dst_ptr(s), src_ptr(s), n * elem_size_);
+    case StepKind::Copy: {
+      uint8_t* dst = dst_ptr(s);
+      const uint8_t* src = src_ptr(s);
+      if (dst == src) break;
+      if (streaming_ && (dst + n * elem_size_ <= src || src + n * elem_size_ <= dst))
+        stream_copy(dst, src, n * elem_size_);
+      else
+        copy_bytes(dst, src, n * elem_size_);
       break;
+    }
   }
 }
 

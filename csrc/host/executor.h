@@ -21,6 +21,8 @@ struct CallBuffers {
   DType dtype = DType::Float32;
   RedOp op = RedOp::Sum;
   int divisor = 1;  // avg divides by this when a reduction completes
+  // Outputs of at least this many bytes are written with non-temporal stores.
+  size_t stream_bytes = size_t{256} << 10;
 };
 
 class HostExecutor final : public StepSink {
@@ -30,8 +32,15 @@ class HostExecutor final : public StepSink {
                const WaitContext& wait, const CallBuffers& call);
 
   void step(const Step& s) override;
+  // Makes streamed stores visible to other cores; call once the schedule has run.
+  void finish();
 
  private:
+  // dst = incoming (elements) ; streamed for large outputs.
+  void write_out(uint8_t* dst, const uint8_t* src, size_t n);
+  // dst = finalised op(a_acc, b); also into dst2 when not null.
+  void reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* a, const uint8_t* b, size_t n);
+
   const uint8_t* src_ptr(const Step& s) const;
   uint8_t* dst_ptr(const Step& s) const;
   const uint8_t* begin_recv(const Step& s);
@@ -46,6 +55,7 @@ class HostExecutor final : public StepSink {
   const CallBuffers& call_;
   const ReduceKernels* kernels_;
   size_t elem_size_, acc_size_;
+  bool streaming_;
 };
 
 }  // namespace pycoll

@@ -45,12 +45,14 @@ size_t HostComm::piece_elems(DType t, bool acc_wire) const {
 }
 
 template <class Schedule>
-void HostComm::run(const char* name, const CallBuffers& call, Schedule&& schedule) {
+void HostComm::run(const char* name, CallBuffers call, Schedule&& schedule) {
   std::lock_guard<std::mutex> g(mu_);
+  call.stream_bytes = opts_.stream_bytes;
   const WaitContext w = begin(name);
   try {
     HostExecutor exec(transport_, sent_, received_, w, call);
     schedule(exec);
+    exec.finish();
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
     throw;

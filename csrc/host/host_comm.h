@@ -22,6 +22,8 @@ struct HostCommOptions {
   size_t slot_bytes = 256 * 1024;
   int nslots = 4;
   double timeout_s = 300.0;
+  // Outputs of at least this many bytes bypass the cache (non-temporal stores).
+  size_t stream_bytes = size_t{256} << 10;
 };
 
 class HostComm {
@@ -53,7 +55,7 @@ class HostComm {
 
  private:
   template <class Schedule>
-  void run(const char* name, const CallBuffers& call, Schedule&& schedule);
+  void run(const char* name, CallBuffers call, Schedule&& schedule);
   WaitContext begin(const char* name);
   size_t piece_elems(DType t, bool acc_wire) const;
 

@@ -1,6 +1,7 @@
 #include "host/wait.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <cerrno>
 
@@ -8,6 +9,20 @@
 #include "host/shm_transport.h"
 
 namespace pycoll {
+
+Sleeper::~Sleeper() {
+  if (saved_slack_ >= 0) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(saved_slack_), 0, 0, 0);
+}
+
+void Sleeper::sleep() {
+  if (saved_slack_ < 0) {
+    saved_slack_ = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  }
+  struct timespec ts {0, ns_};
+  nanosleep(&ts, nullptr);
+  if (ns_ < 200000) ns_ *= 2;
+}
 
 void check_wait(const WaitContext& ctx, int peer) {
   if (ctx.abort != nullptr && ctx.abort->load(std::memory_order_relaxed))

@@ -42,23 +42,40 @@ struct WaitContext {
 void check_wait(const WaitContext& ctx, int peer);
 [[noreturn]] void throw_timeout(const WaitContext& ctx, int peer, WaitFor what);
 
+// Sleeps for a short, exponentially growing time with a tight timer slack (the default 50 us
+// slack would otherwise dominate).
+class Sleeper {
+ public:
+  ~Sleeper();
+  void sleep();
+
+ private:
+  long ns_ = 2000;
+  long saved_slack_ = -1;
+};
+
 // Waits until `ready()` is true; `peer` is the rank being waited on.
+//
+// Spinning costs a core, so it lasts ~1 us; yielding lets an oversubscribed core run a peer
+// and, on an idle machine, still answers within a microsecond, so it lasts up to 1 ms of
+// waiting; only then do we sleep. The deadline and peer liveness are checked every 10 ms.
 template <class Ready>
 inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor what) {
-  constexpr int kSpins = 512;
-  constexpr int kYields = 128;
+  constexpr int kSpins = 256;
   for (int i = 0; i < kSpins; ++i) {
     if (ready()) return;
     PYCOLL_CPU_RELAX();
   }
-  for (int i = 0; i < kYields; ++i) {
+  const auto start = Clock::now();
+  const auto yield_until = start + std::chrono::milliseconds(1);
+  auto next_check = start + std::chrono::milliseconds(10);
+  Sleeper sleeper;
+  for (unsigned i = 0;; ++i) {
     if (ready()) return;
-    sched_yield();
-  }
-  long sleep_ns = 1000;
-  auto next_check = Clock::time_point::min();
-  for (;;) {
-    if (ready()) return;
+    if ((i & 15) != 0) {
+      sched_yield();
+      continue;
+    }
     const auto now = Clock::now();
     if (now >= next_check) {
       check_wait(ctx, peer);
@@ -68,9 +85,10 @@ inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor 
       }
       next_check = now + std::chrono::milliseconds(10);
     }
-    struct timespec ts {0, sleep_ns};
-    nanosleep(&ts, nullptr);
-    if (sleep_ns < 64000) sleep_ns *= 2;
+    if (now < yield_until)
+      sched_yield();
+    else
+      sleeper.sleep();
   }
 }
 
