@@ -43,10 +43,14 @@ def main():
     factor = 2 * (n - 1) / n if n > 1 else 1.0
     rows = []
     if comm.rank == 0:
-        print(f"# all_reduce float32 sum, {n} ranks, {platform.processor() or platform.machine()}, "
-              f"{MPI.Get_library_version().splitlines()[0].strip()}")
-        print(f"# {'bytes':>10} {'ours us':>10} {'mpi us':>10} {'ours busbw':>11} "
-              f"{'mpi busbw':>10} {'speedup':>8}")
+        print(
+            f"# all_reduce float32 sum, {n} ranks, {platform.processor() or platform.machine()}, "
+            f"{MPI.Get_library_version().splitlines()[0].strip()}"
+        )
+        print(
+            f"# {'bytes':>10} {'ours us':>10} {'mpi us':>10} {'ours busbw':>11} "
+            f"{'mpi busbw':>10} {'speedup':>8}"
+        )
     nbytes = args.min_bytes
     while nbytes <= args.max_bytes:
         count = nbytes // 4
@@ -54,10 +58,10 @@ def main():
         out = np.empty_like(x)
         iters = int(min(20000, max(5, (256 << 20) // max(nbytes, 1) // 4)))
 
-        def ours():
+        def ours(x=x, out=out):
             comm.all_reduce(x, out)
 
-        def theirs():
+        def theirs(x=x, out=out):
             mpi.Allreduce(x, out)
 
         for f in (ours, theirs):  # warm up (page faults, caches)
@@ -77,9 +81,12 @@ def main():
         }
         rows.append(row)
         if comm.rank == 0:
-            print(f"  {nbytes:>10} {row['ours_us']:>10.2f} {row['mpi_us']:>10.2f} "
-                  f"{row['ours_busbw_GBs']:>11.2f} {row['mpi_busbw_GBs']:>10.2f} "
-                  f"{row['speedup']:>7.2f}x", flush=True)
+            print(
+                f"  {nbytes:>10} {row['ours_us']:>10.2f} {row['mpi_us']:>10.2f} "
+                f"{row['ours_busbw_GBs']:>11.2f} {row['mpi_busbw_GBs']:>10.2f} "
+                f"{row['speedup']:>7.2f}x",
+                flush=True,
+            )
         nbytes *= 2
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:

@@ -68,8 +68,8 @@ void check_same_dtype(const char* fn, const ArrayArg& x, const ArrayArg& out) {
 
 void check_count(const char* fn, const char* name, size_t got, size_t want, const char* why) {
   if (got != want)
-    throw InvalidArgument(str_cat(fn, ": ", name, " has ", got, " elements, expected ", want, " (",
-                                  why, ")"));
+    throw InvalidArgument(
+        str_cat(fn, ": ", name, " has ", got, " elements, expected ", want, " (", why, ")"));
 }
 
 bool overlap(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
@@ -87,8 +87,8 @@ RedOp op_arg(const char* fn, int op, DType t) {
   if (!valid_redop(op)) throw InvalidArgument(str_cat(fn, ": unknown op ", op));
   const RedOp r = static_cast<RedOp>(op);
   if (r == RedOp::Avg && !is_floating(t))
-    throw InvalidArgument(str_cat(fn, ": op avg is not supported for integer dtype ",
-                                  dtype_name(t), " (use sum and divide)"));
+    throw InvalidArgument(str_cat(fn, ": op avg is not supported for integer dtype ", dtype_name(t),
+                                  " (use sum and divide)"));
   return r;
 }
 
@@ -200,12 +200,10 @@ void bind_host_comm(py::module_& m) {
             c.reduce(x.ptr, out.ptr, x.count, x.dtype, op, root, a);
           },
           py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"))
-      .def(
-          "barrier",
-          [](HostComm& c) {
-            py::gil_scoped_release nogil;
-            c.barrier();
-          });
+      .def("barrier", [](HostComm& c) {
+        py::gil_scoped_release nogil;
+        c.barrier();
+      });
 }
 
 // Schedules as plain tuples, for tests that check them without processes.

@@ -55,7 +55,9 @@ class Communicator:
         base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         opts = _C.HostCommOptions()
         opts.timeout = float(
-            timeout if timeout is not None else _env_number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT, float)
+            timeout
+            if timeout is not None
+            else _env_number("PYCOLL_TIMEOUT", DEFAULT_TIMEOUT, float)
         )
         opts.slot_bytes = int(
             staging_bytes
@@ -106,8 +108,7 @@ class Communicator:
         failed = [(r, rep[2]) for r, rep in enumerate(reports) if rep[2] is not None]
         if failed:
             raise CollectiveError(
-                "cannot set up shared memory: "
-                + "; ".join(f"rank {r}: {msg}" for r, msg in failed)
+                "cannot set up shared memory: " + "; ".join(f"rank {r}: {msg}" for r, msg in failed)
             )
         configs = {rep[0] for rep in reports}
         if len(configs) != 1:

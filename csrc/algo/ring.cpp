@@ -149,7 +149,8 @@ void ring_allgather(const RingParams& p, StepSink& sink) {
     auto off = [&](int k) { return static_cast<size_t>(k) * m + o; };
     emit(sink, copy(in(o), out(off(r)), len));
     emit(sink, send(next, in(o), len, Wire::Elem));
-    for (int t = 1; t < n - 1; ++t) emit(sink, recv_copy_send(prev, out(off(mod(r - t, n))), next, len));
+    for (int t = 1; t < n - 1; ++t)
+      emit(sink, recv_copy_send(prev, out(off(mod(r - t, n))), next, len));
     emit(sink, recv(prev, out(off(mod(r + 1, n))), len));
   }
 }

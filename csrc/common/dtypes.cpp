@@ -25,13 +25,12 @@ size_t acc_size(DType t) {
 }
 
 bool is_floating(DType t) {
-  return t == DType::Float16 || t == DType::BFloat16 || t == DType::Float32 ||
-         t == DType::Float64;
+  return t == DType::Float16 || t == DType::BFloat16 || t == DType::Float32 || t == DType::Float64;
 }
 
 const char* dtype_name(DType t) {
-  static const char* names[] = {"int8",     "uint8",    "int32",   "int64",
-                                "float16",  "bfloat16", "float32", "float64"};
+  static const char* names[] = {"int8",    "uint8",    "int32",   "int64",
+                                "float16", "bfloat16", "float32", "float64"};
   int i = static_cast<int>(t);
   return (i >= 0 && i < kNumDTypes) ? names[i] : "?";
 }

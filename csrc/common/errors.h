@@ -38,9 +38,9 @@ std::string str_cat(const Args&... args) {
 }  // namespace pycoll
 
 // Internal invariant check that carries file:line.
-#define PYCOLL_CHECK(cond, ...)                                                  \
-  do {                                                                           \
-    if (!(cond))                                                                 \
-      throw ::pycoll::CollectiveError(::pycoll::str_cat(                         \
+#define PYCOLL_CHECK(cond, ...)                                                   \
+  do {                                                                            \
+    if (!(cond))                                                                  \
+      throw ::pycoll::CollectiveError(::pycoll::str_cat(                          \
           __FILE__, ":", __LINE__, ": check failed: " #cond " ", ##__VA_ARGS__)); \
   } while (0)

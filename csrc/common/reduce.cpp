@@ -1,7 +1,7 @@
 #include "common/reduce.h"
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -48,8 +48,7 @@ template <class A>
 A wrap_mul(A a, A b) {
   if constexpr (std::is_integral_v<A>) {
     // Promote to a wide unsigned type so no intermediate is signed.
-    using W = std::conditional_t<(sizeof(A) < sizeof(unsigned)), unsigned,
-                                 std::make_unsigned_t<A>>;
+    using W = std::conditional_t<(sizeof(A) < sizeof(unsigned)), unsigned, std::make_unsigned_t<A>>;
     return static_cast<A>(static_cast<W>(static_cast<W>(a) * static_cast<W>(b)));
   } else {
     return a * b;
@@ -58,20 +57,28 @@ A wrap_mul(A a, A b) {
 
 struct OpSum {
   template <class A>
-  static A apply(A a, A b) { return wrap_add(a, b); }
+  static A apply(A a, A b) {
+    return wrap_add(a, b);
+  }
 };
 struct OpProd {
   template <class A>
-  static A apply(A a, A b) { return wrap_mul(a, b); }
+  static A apply(A a, A b) {
+    return wrap_mul(a, b);
+  }
 };
 // min and max propagate NaN like numpy.minimum / numpy.maximum.
 struct OpMin {
   template <class A>
-  static A apply(A a, A b) { return (a < b || a != a) ? a : b; }
+  static A apply(A a, A b) {
+    return (a < b || a != a) ? a : b;
+  }
 };
 struct OpMax {
   template <class A>
-  static A apply(A a, A b) { return (a > b || a != a) ? a : b; }
+  static A apply(A a, A b) {
+    return (a > b || a != a) ? a : b;
+  }
 };
 
 template <class T, class Op, bool kAvg>
@@ -104,7 +111,8 @@ struct Kernels {
     if constexpr (kAvg) {
       const A div = static_cast<A>(divisor);
       if (dst2 == nullptr) {
-        for (size_t i = 0; i < n; ++i) d[i] = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])) / div);
+        for (size_t i = 0; i < n; ++i)
+          d[i] = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])) / div);
       } else {
         T* __restrict d2 = static_cast<T*>(dst2);
         for (size_t i = 0; i < n; ++i) {

@@ -27,8 +27,8 @@ std::string HostComm::poison_reason() const {
 
 WaitContext HostComm::begin(const char* name) {
   if (aborted_.load())
-    throw CollectiveError(str_cat(name, ": communicator is unusable after an earlier error: ",
-                                  poison_reason()));
+    throw CollectiveError(
+        str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason()));
   WaitContext w;
   w.collective = name;
   w.seq = ++seq_;
@@ -60,38 +60,52 @@ void HostComm::run(const char* name, CallBuffers call, Schedule&& schedule) {
 }
 
 void HostComm::all_reduce(const void* in, void* out, size_t count, DType t, RedOp op, Algo) {
-  CallBuffers c{static_cast<const uint8_t*>(in), count, static_cast<uint8_t*>(out), count, t, op,
-                size()};
+  CallBuffers c{
+      static_cast<const uint8_t*>(in), count, static_cast<uint8_t*>(out), count, t, op, size()};
   RingParams p{rank(), size(), count, 0, piece_elems(t, true)};
   run("all_reduce", c, [&](StepSink& s) { ring_allreduce(p, s); });
 }
 
 void HostComm::reduce_scatter(const void* in, void* out, size_t count, DType t, RedOp op, Algo) {
-  CallBuffers c{static_cast<const uint8_t*>(in), count * size(), static_cast<uint8_t*>(out),
-                count, t, op, size()};
+  CallBuffers c{static_cast<const uint8_t*>(in),
+                count * size(),
+                static_cast<uint8_t*>(out),
+                count,
+                t,
+                op,
+                size()};
   RingParams p{rank(), size(), count, 0, piece_elems(t, true)};
   run("reduce_scatter", c, [&](StepSink& s) { ring_reduce_scatter(p, s); });
 }
 
 void HostComm::all_gather(const void* in, void* out, size_t count, DType t, Algo) {
-  CallBuffers c{static_cast<const uint8_t*>(in), count, static_cast<uint8_t*>(out),
-                count * size(), t, RedOp::Sum, 1};
+  CallBuffers c{static_cast<const uint8_t*>(in),
+                count,
+                static_cast<uint8_t*>(out),
+                count * size(),
+                t,
+                RedOp::Sum,
+                1};
   RingParams p{rank(), size(), count, 0, piece_elems(t, false)};
   run("all_gather", c, [&](StepSink& s) { ring_allgather(p, s); });
 }
 
 void HostComm::broadcast(void* buf, size_t count, DType t, int root, Algo) {
-  CallBuffers c{static_cast<const uint8_t*>(buf), count, static_cast<uint8_t*>(buf), count, t,
-                RedOp::Sum, 1};
+  CallBuffers c{
+      static_cast<const uint8_t*>(buf), count, static_cast<uint8_t*>(buf), count, t, RedOp::Sum, 1};
   RingParams p{rank(), size(), count, root, piece_elems(t, false)};
   run("broadcast", c, [&](StepSink& s) { ring_broadcast(p, s); });
 }
 
-void HostComm::reduce(const void* in, void* out, size_t count, DType t, RedOp op, int root,
-                      Algo) {
+void HostComm::reduce(const void* in, void* out, size_t count, DType t, RedOp op, int root, Algo) {
   // Only the root writes its output; elsewhere `out` may be null.
-  CallBuffers c{static_cast<const uint8_t*>(in), count, static_cast<uint8_t*>(out),
-                rank() == root ? count : 0, t, op, size()};
+  CallBuffers c{static_cast<const uint8_t*>(in),
+                count,
+                static_cast<uint8_t*>(out),
+                rank() == root ? count : 0,
+                t,
+                op,
+                size()};
   RingParams p{rank(), size(), count, root, piece_elems(t, true)};
   run("reduce", c, [&](StepSink& s) { ring_reduce(p, s); });
 }

@@ -66,7 +66,7 @@ class HostComm {
   uint64_t barrier_epoch_ = 0;
   double timeout_s_;
   std::atomic<bool> aborted_{false};
-  std::mutex mu_;                  // one collective at a time
+  std::mutex mu_;                 // one collective at a time
   mutable std::mutex reason_mu_;  // guards poison_reason_
   std::string poison_reason_;
 };

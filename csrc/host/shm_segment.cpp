@@ -34,10 +34,10 @@ std::string os_error(const char* what, const std::string& name) {
 
 // Reserves the pages so that running out of /dev/shm shows up now, with numbers.
 void reserve(int fd, const std::string& name, size_t bytes) {
-  struct statvfs vfs {};
+  struct statvfs vfs{};
   if (fstatvfs(fd, &vfs) == 0) {
-    const unsigned long long avail =
-        static_cast<unsigned long long>(vfs.f_bavail) * static_cast<unsigned long long>(vfs.f_frsize);
+    const unsigned long long avail = static_cast<unsigned long long>(vfs.f_bavail) *
+                                     static_cast<unsigned long long>(vfs.f_frsize);
     if (avail < bytes)
       throw CollectiveError(str_cat("not enough shared memory for ", name, ": need ", bytes,
                                     " bytes, /dev/shm has ", avail, " bytes available"));
@@ -46,10 +46,11 @@ void reserve(int fd, const std::string& name, size_t bytes) {
   if (rc != 0) {
     unsigned long long avail = 0;
     if (fstatvfs(fd, &vfs) == 0)
-      avail = static_cast<unsigned long long>(vfs.f_bavail) * static_cast<unsigned long long>(vfs.f_frsize);
+      avail = static_cast<unsigned long long>(vfs.f_bavail) *
+              static_cast<unsigned long long>(vfs.f_frsize);
     throw CollectiveError(str_cat("cannot reserve shared memory for ", name, ": need ", bytes,
-                                  " bytes, /dev/shm has ", avail,
-                                  " bytes available (", std::strerror(rc), ")"));
+                                  " bytes, /dev/shm has ", avail, " bytes available (",
+                                  std::strerror(rc), ")"));
   }
 }
 
@@ -112,7 +113,7 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) throw CollectiveError(os_error("cannot open shared memory", name));
   try {
-    struct stat st {};
+    struct stat st{};
     if (fstat(fd, &st) != 0) throw CollectiveError(os_error("cannot stat shared memory", name));
     if (static_cast<size_t>(st.st_size) != bytes)
       throw CollectiveError(str_cat("shared memory ", name, " has ", st.st_size,

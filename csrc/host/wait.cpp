@@ -11,7 +11,8 @@
 namespace pycoll {
 
 Sleeper::~Sleeper() {
-  if (saved_slack_ >= 0) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(saved_slack_), 0, 0, 0);
+  if (saved_slack_ >= 0)
+    prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(saved_slack_), 0, 0, 0);
 }
 
 void Sleeper::sleep() {
@@ -19,7 +20,7 @@ void Sleeper::sleep() {
     saved_slack_ = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   }
-  struct timespec ts {0, ns_};
+  struct timespec ts{0, ns_};
   nanosleep(&ts, nullptr);
   if (ns_ < 200000) ns_ *= 2;
 }
@@ -39,9 +40,8 @@ void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
   const char* why = what == WaitFor::Data    ? "waiting for data from it"
                     : what == WaitFor::Space ? "waiting for it to drain a staging slot"
                                              : "waiting for it at the barrier";
-  throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ",
-                                  ctx.timeout_s, " s: rank ", peer, " did not arrive (", why,
-                                  ")"));
+  throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s,
+                                  " s: rank ", peer, " did not arrive (", why, ")"));
 }
 
 }  // namespace pycoll

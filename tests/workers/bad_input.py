@@ -35,8 +35,13 @@ def main():
             (TypeError, ["x", "dtype"], comm.all_reduce, (np.ones(4, np.complex64),), {}),
             (TypeError, ["x", "dtype"], comm.all_reduce, (np.ones(4, bool),), {}),
             (TypeError, ["x", "dtype"], comm.all_reduce, (np.ones(4, ">f4"),), {}),
-            (TypeError, ["out", "dtype", "float64"], comm.all_reduce,
-             (f32, np.empty(8, np.float64)), {}),
+            (
+                TypeError,
+                ["out", "dtype", "float64"],
+                comm.all_reduce,
+                (f32, np.empty(8, np.float64)),
+                {},
+            ),
             (ValueError, ["out", "elements"], comm.all_reduce, (f32, np.empty(9, np.float32)), {}),
             (ValueError, ["op"], comm.all_reduce, (f32,), {"op": "median"}),
             (ValueError, ["op"], comm.all_reduce, (f32,), {"op": 17}),
@@ -44,8 +49,20 @@ def main():
             (ValueError, ["algorithm"], comm.all_reduce, (f32,), {"algorithm": "carrier-pigeon"}),
             (ValueError, ["root", "range"], comm.broadcast, (f32,), {"root": n}),
             (ValueError, ["root", "range"], comm.reduce, (f32,), {"root": -1}),
-            (ValueError, ["out", "elements"], comm.all_gather, (f32, np.empty(8 * n + 1, np.float32)), {}),
-            (ValueError, ["x", "elements"], comm.reduce_scatter, (np.ones(8 * n + 1, np.float32), np.empty(8, np.float32)), {}),
+            (
+                ValueError,
+                ["out", "elements"],
+                comm.all_gather,
+                (f32, np.empty(8 * n + 1, np.float32)),
+                {},
+            ),
+            (
+                ValueError,
+                ["x", "elements"],
+                comm.reduce_scatter,
+                (np.ones(8 * n + 1, np.float32), np.empty(8, np.float32)),
+                {},
+            ),
             (ValueError, ["overlap"], comm.all_reduce, (f32[:6], f32[2:]), {}),
         ]
         ro = np.ones(8, np.float32)

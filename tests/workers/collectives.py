@@ -72,8 +72,14 @@ class Checker:
                     if self.mpi_ok(dt, op) and count:
                         ref = np.empty_like(inputs[self.rank])
                         self.mpi.Allreduce(inputs[self.rank], ref, op=MPI_OPS[op])
-                        check_close(out, ref.astype(np.float64) if is_float(dt) else ref, dt,
-                                    self.size, f"all_reduce vs MPI {dt} {op} {count}", op)
+                        check_close(
+                            out,
+                            ref.astype(np.float64) if is_float(dt) else ref,
+                            dt,
+                            self.size,
+                            f"all_reduce vs MPI {dt} {op} {count}",
+                            op,
+                        )
 
     def reduce_scatter(self, staging):
         r, n = self.rank, self.size
@@ -94,8 +100,14 @@ class Checker:
                     if self.mpi_ok(dt, op) and count:
                         ref = np.empty(count, dt)
                         self.mpi.Reduce_scatter_block(inputs[r], ref, op=MPI_OPS[op])
-                        check_close(out, ref.astype(np.float64) if is_float(dt) else ref, dt,
-                                    n, f"reduce_scatter vs MPI {dt} {op} {count}", op)
+                        check_close(
+                            out,
+                            ref.astype(np.float64) if is_float(dt) else ref,
+                            dt,
+                            n,
+                            f"reduce_scatter vs MPI {dt} {op} {count}",
+                            op,
+                        )
 
     def all_gather(self, staging):
         r, n = self.rank, self.size
@@ -156,7 +168,9 @@ class Checker:
                             elif in_place:
                                 assert np.array_equal(x, inputs[r]), f"{what}: non-root x changed"
                             else:
-                                assert np.array_equal(out, sentinel), f"{what}: non-root out written"
+                                assert np.array_equal(out, sentinel), (
+                                    f"{what}: non-root out written"
+                                )
                             if not in_place:
                                 assert np.array_equal(x, inputs[r]), f"{what}: x modified"
                             self.checks += 1
@@ -164,8 +178,14 @@ class Checker:
                             ref = np.empty_like(inputs[r])
                             self.mpi.Reduce(inputs[r], ref, op=MPI_OPS[op], root=root)
                             if r == root:
-                                check_close(res, ref.astype(np.float64) if is_float(dt) else ref,
-                                            dt, n, f"reduce vs MPI {dt} {op} {count}", op)
+                                check_close(
+                                    res,
+                                    ref.astype(np.float64) if is_float(dt) else ref,
+                                    dt,
+                                    n,
+                                    f"reduce vs MPI {dt} {op} {count}",
+                                    op,
+                                )
 
 
 def main():

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import zlib
 import sys
 import traceback
+import zlib
 
 import numpy as np
 
@@ -80,7 +80,9 @@ def check_close(got: np.ndarray, want: np.ndarray, dt, nranks: int, what: str, o
         w = want.astype(dt).astype(np.float64) if is_float(dt) else want
         if not np.array_equal(g, w):
             bad = np.flatnonzero(g != w)
-            raise AssertionError(f"{what}: {bad.size} wrong, first at {bad[0]}: {g[bad[0]]} != {w[bad[0]]}")
+            raise AssertionError(
+                f"{what}: {bad.size} wrong, first at {bad[0]}: {g[bad[0]]} != {w[bad[0]]}"
+            )
         return
     g = got.astype(np.float64)
     tol = 4 * nranks * eps(dt)
