@@ -21,14 +21,22 @@ def mpiexec() -> str:
     return found
 
 
-def run_mpi(nprocs: int, worker: str, *args: str, timeout: float = 300, env: dict | None = None):
+def run_mpi(
+    nprocs: int,
+    worker: str,
+    *args: str,
+    timeout: float = 300,
+    env: dict | None = None,
+    mpiexec_args: tuple = (),
+):
     """Runs tests/workers/<worker> on `nprocs` ranks; returns its stdout. Fails on non-zero exit."""
     full_env = dict(os.environ)
     full_env.setdefault("PYCOLL_TIMEOUT", "60")
     full_env["PYTHONUNBUFFERED"] = "1"
     if env:
         full_env.update(env)
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(WORKERS / worker), *args]
+    cmd = [mpiexec(), *mpiexec_args, "-n", str(nprocs), sys.executable, str(WORKERS / worker)]
+    cmd += args
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout, env=full_env, check=False

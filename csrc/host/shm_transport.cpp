@@ -1,7 +1,11 @@
 #include "host/shm_transport.h"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <new>
 
@@ -16,7 +20,31 @@ constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// A file descriptor that becomes readable when `pid` exits, or -1.
+int open_pidfd(int64_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
 }  // namespace
+
+ShmTransport::~ShmTransport() {
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
+}
+
+bool ShmTransport::peer_alive(int r) const {
+  if (r < 0 || r >= size_ || r == rank_ || pids_[r] <= 0) return true;
+  if (pidfds_[r] >= 0) {
+    struct pollfd p{pidfds_[r], POLLIN, 0};
+    return poll(&p, 1, 0) == 0;
+  }
+  return !(kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH);
+}
 
 ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
     : rank_(rank), size_(size), nslots_(nslots), slot_bytes_(slot_bytes) {
@@ -52,6 +80,7 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
   base_[rank] = b;
   pids_.assign(size, 0);
   pids_[rank] = h->pid;
+  pidfds_.assign(size, -1);
 }
 
 void ShmTransport::attach(const std::vector<std::string>& names) {
@@ -72,6 +101,7 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
                                     "differ from this rank's)"));
     base_[r] = seg.data();
     pids_[r] = h->pid;
+    pidfds_[r] = open_pidfd(h->pid);
     peers_[r] = std::move(seg);
   }
 }

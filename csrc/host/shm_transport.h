@@ -42,6 +42,9 @@ struct SegmentHeader {
 class ShmTransport {
  public:
   ShmTransport(int rank, int size, size_t slot_bytes, int nslots);
+  ~ShmTransport();
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
 
   const std::string& name() const { return own_.name(); }
   // Maps every peer's segment (names indexed by rank) and validates its header.
@@ -54,6 +57,8 @@ class ShmTransport {
   int nslots() const { return nslots_; }
   size_t slot_bytes() const { return slot_bytes_; }
   int64_t pid_of(int r) const { return pids_[r]; }
+  // False once rank r's process has exited (zombies included).
+  bool peer_alive(int r) const;
 
   // Slot of message `m` (1-based) on the channel from -> to.
   uint8_t* slot(int from, int to, uint64_t m) const;
@@ -72,6 +77,7 @@ class ShmTransport {
   std::vector<ShmSegment> peers_;  // by rank; our own slot stays empty
   std::vector<uint8_t*> base_;     // every rank's mapping, ours included
   std::vector<int64_t> pids_;
+  std::vector<int> pidfds_;  // -1 where the kernel has no pidfd_open
 };
 
 }  // namespace pycoll

@@ -29,10 +29,9 @@ void check_wait(const WaitContext& ctx, int peer) {
   if (ctx.abort != nullptr && ctx.abort->load(std::memory_order_relaxed))
     throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": communicator was aborted"));
   if (ctx.transport != nullptr && peer >= 0) {
-    const int64_t pid = ctx.transport->pid_of(peer);
-    if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-      throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ", peer, " (pid ", pid,
-                                    ") is no longer running"));
+    if (!ctx.transport->peer_alive(peer))
+      throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ", peer, " (pid ",
+                                    ctx.transport->pid_of(peer), ") is no longer running"));
   }
 }
 

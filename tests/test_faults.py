@@ -1,0 +1,24 @@
+"""No wait is unbounded: a skipped collective times out, a dead peer is noticed, and neither
+leaves anything of ours in /dev/shm."""
+
+import os
+
+from mpi_harness import run_mpi
+
+
+def our_segments():
+    return {f for f in os.listdir("/dev/shm") if f.startswith(f"pycoll-{os.getuid()}-")}
+
+
+def test_skipped_collective_times_out_and_poisons():
+    before = our_segments()
+    assert "PASS skip" in run_mpi(2, "faults.py", "skip", timeout=60)
+    assert our_segments() == before
+
+
+def test_dead_peer_is_reported_quickly():
+    before = our_segments()
+    # Keep mpiexec from killing the survivor when the other rank exits early.
+    out = run_mpi(2, "faults.py", "die", timeout=60, mpiexec_args=("-disable-auto-cleanup",))
+    assert "PASS die" in out
+    assert our_segments() == before

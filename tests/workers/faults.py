@@ -1,0 +1,68 @@
+"""Faults: a rank that skips a collective, and a rank that dies mid-collective.
+
+Usage: mpiexec -n 2 python faults.py skip|die
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+from common import run_main
+from mpi4py import MPI
+
+import pycollectives as pc
+
+
+def skip():
+    comm = pc.Communicator(timeout=1.0)
+    x = np.ones(1000, np.float32)
+    comm.all_reduce(x)  # collective #1: everyone
+    if comm.rank == 0:
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(x)  # #2: rank 1 never comes
+        except pc.CollectiveTimeout as e:
+            took = time.monotonic() - t0
+            msg = str(e)
+            assert "all_reduce #2" in msg and "rank 1" in msg, msg
+            assert 0.9 < took < 5, took
+        else:
+            raise AssertionError("no timeout")
+        # Poisoned: the next call fails at once, naming the earlier error.
+        t0 = time.monotonic()
+        try:
+            comm.broadcast(x)
+        except pc.CollectiveError as e:
+            assert "earlier error" in str(e) and time.monotonic() - t0 < 0.1, str(e)
+        else:
+            raise AssertionError("poisoned communicator accepted a call")
+        print("PASS skip")
+    MPI.COMM_WORLD.Barrier()
+    comm.close()
+
+
+def die():
+    comm = pc.Communicator(timeout=60.0)
+    x = np.ones(1 << 20, np.float32)
+    comm.all_reduce(x)
+    if comm.rank == 1:
+        sys.stdout.flush()
+        os._exit(0)  # gone without a word, while rank 0 enters the next collective
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x)
+    except pc.CollectiveError as e:
+        took = time.monotonic() - t0
+        assert "rank 1" in str(e) and "no longer running" in str(e), str(e)
+        assert took < 5, took
+        print(f"PASS die detected in {took:.2f} s", flush=True)
+    else:
+        raise AssertionError("dead peer not detected")
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    run_main({"skip": skip, "die": die}[sys.argv[1]])
