@@ -4,8 +4,10 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
+#include <tuple>
 
-#include "algo/ring.h"
+#include "algo/schedule.h"
 #include "common/errors.h"
 #include "host/host_comm.h"
 
@@ -98,10 +100,54 @@ int root_arg(const char* fn, int root, int size) {
   return root;
 }
 
-Algo algo_arg(const char* fn, int algo) {
-  if (algo != static_cast<int>(Algo::Auto) && algo != static_cast<int>(Algo::Ring))
+Algo algo_arg(Collective c, int algo) {
+  const char* fn = collective_name(c);
+  if (algo < 0 || algo >= kNumAlgos)
     throw InvalidArgument(str_cat(fn, ": unknown algorithm code ", algo));
-  return static_cast<Algo>(algo);
+  const Algo a = static_cast<Algo>(algo);
+  if (a != Algo::Auto && !algo_supports(a, c)) {
+    std::string avail;
+    for (int k = 1; k < kNumAlgos; ++k)
+      if (algo_supports(static_cast<Algo>(k), c))
+        avail += str_cat(avail.empty() ? "" : ", ", algo_name(static_cast<Algo>(k)));
+    throw InvalidArgument(str_cat(fn, ": algorithm ", algo_name(a), " is not available for ", fn,
+                                  " (available: ", avail, ")"));
+  }
+  return a;
+}
+
+Collective collective_arg(const std::string& name) {
+  for (int k = 0; k < kNumCollectives; ++k)
+    if (name == collective_name(static_cast<Collective>(k))) return static_cast<Collective>(k);
+  throw InvalidArgument(str_cat("unknown collective ", name));
+}
+
+Algo algo_by_name(const std::string& name) {
+  for (int k = 0; k < kNumAlgos; ++k)
+    if (name == algo_name(static_cast<Algo>(k))) return static_cast<Algo>(k);
+  throw InvalidArgument(str_cat("unknown algorithm ", name));
+}
+
+// Runs `call` now with the GIL released, or queues it and returns its Work.
+py::object dispatch(HostComm& c, const CollectiveCall& call, bool async_op) {
+  if (async_op) return py::cast(c.submit(call));
+  {
+    py::gil_scoped_release nogil;
+    c.run(call);
+  }
+  return py::none();
+}
+
+CollectiveCall make_call(Collective coll, const ArrayArg& x, const ArrayArg& out, int algo,
+                         size_t count) {
+  CollectiveCall call;
+  call.collective = coll;
+  call.algo = algo_arg(coll, algo);
+  call.in = x.ptr;
+  call.out = out.ptr;
+  call.count = count;
+  call.dtype = x.dtype;
+  return call;
 }
 
 void bind_host_comm(py::module_& m) {
@@ -110,7 +156,27 @@ void bind_host_comm(py::module_& m) {
       .def_readwrite("slot_bytes", &HostCommOptions::slot_bytes)
       .def_readwrite("nslots", &HostCommOptions::nslots)
       .def_readwrite("timeout", &HostCommOptions::timeout_s)
-      .def_readwrite("stream_bytes", &HostCommOptions::stream_bytes);
+      .def_readwrite("stream_bytes", &HostCommOptions::stream_bytes)
+      .def_readwrite("debug", &HostCommOptions::debug)
+      .def_readwrite("oneshot_max_bytes", &HostCommOptions::oneshot_max_bytes);
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def(
+          "wait",
+          [](Work& w, std::optional<double> timeout) {
+            bool done;
+            {
+              py::gil_scoped_release nogil;
+              done = w.wait(timeout ? *timeout : -1.0);
+            }
+            if (!done)
+              throw CollectiveTimeout(str_cat("Work.wait: collective #", w.seq(),
+                                              " not complete after ", *timeout, " s"));
+            return true;
+          },
+          py::arg("timeout") = py::none())
+      .def("is_completed", &Work::is_completed)
+      .def_property_readonly("seq", &Work::seq);
 
   py::class_<HostComm>(m, "HostComm")
       .def(py::init<int, int, const HostCommOptions&>(), py::arg("rank"), py::arg("size"),
@@ -128,8 +194,29 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("poison_reason", &HostComm::poison_reason)
       .def("abort", &HostComm::abort, py::arg("reason"))
       .def(
+          "set_tuning",
+          [](HostComm& c,
+             const std::vector<std::tuple<std::string, int, int, size_t, std::string>>& rules) {
+            std::vector<TuningRule> out;
+            for (const auto& [coll, lo, hi, max_bytes, algo] : rules)
+              out.push_back({collective_arg(coll), lo, hi, max_bytes, algo_by_name(algo)});
+            c.set_tuning(std::move(out));
+          },
+          py::arg("rules"))
+      .def(
+          "set_forced",
+          [](HostComm& c, const std::string& algo) { c.set_forced(algo_by_name(algo)); },
+          py::arg("algorithm"))
+      .def(
+          "choose",
+          [](const HostComm& c, const std::string& coll, size_t bytes) {
+            return std::string(algo_name(c.choose(collective_arg(coll), bytes)));
+          },
+          py::arg("collective"), py::arg("bytes"))
+      .def(
           "all_reduce",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo) {
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo,
+             bool async_op) {
             const char* fn = "all_reduce";
             const bool in_place = out_obj.is_none();
             ArrayArg x = array_arg(x_obj, fn, "x", in_place);
@@ -137,55 +224,54 @@ void bind_host_comm(py::module_& m) {
             check_same_dtype(fn, x, out);
             check_count(fn, "out", out.count, x.count, "the size of x");
             check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
-            const RedOp op = op_arg(fn, op_code, x.dtype);
-            const Algo a = algo_arg(fn, algo);
-            py::gil_scoped_release nogil;
-            c.all_reduce(x.ptr, out.ptr, x.count, x.dtype, op, a);
+            CollectiveCall call = make_call(Collective::AllReduce, x, out, algo, x.count);
+            call.op = op_arg(fn, op_code, x.dtype);
+            return dispatch(c, call, async_op);
           },
-          py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"))
+          py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"),
+          py::arg("async_op") = false)
       .def(
           "reduce_scatter",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo) {
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo,
+             bool async_op) {
             const char* fn = "reduce_scatter";
             ArrayArg x = array_arg(x_obj, fn, "x", false);
             ArrayArg out = array_arg(out_obj, fn, "out", true);
             check_same_dtype(fn, x, out);
             check_count(fn, "x", x.count, out.count * c.size(), "size * out.size");
             check_aliasing(fn, x, out, out.ptr == x.ptr + c.rank() * out.bytes());
-            const RedOp op = op_arg(fn, op_code, x.dtype);
-            const Algo a = algo_arg(fn, algo);
-            py::gil_scoped_release nogil;
-            c.reduce_scatter(x.ptr, out.ptr, out.count, x.dtype, op, a);
+            CollectiveCall call = make_call(Collective::ReduceScatter, x, out, algo, out.count);
+            call.op = op_arg(fn, op_code, x.dtype);
+            return dispatch(c, call, async_op);
           },
-          py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"))
+          py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"),
+          py::arg("async_op") = false)
       .def(
           "all_gather",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int algo) {
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int algo, bool async_op) {
             const char* fn = "all_gather";
             ArrayArg x = array_arg(x_obj, fn, "x", false);
             ArrayArg out = array_arg(out_obj, fn, "out", true);
             check_same_dtype(fn, x, out);
             check_count(fn, "out", out.count, x.count * c.size(), "size * x.size");
             check_aliasing(fn, x, out, x.ptr == out.ptr + c.rank() * x.bytes());
-            const Algo a = algo_arg(fn, algo);
-            py::gil_scoped_release nogil;
-            c.all_gather(x.ptr, out.ptr, x.count, x.dtype, a);
+            return dispatch(c, make_call(Collective::AllGather, x, out, algo, x.count), async_op);
           },
-          py::arg("x"), py::arg("out"), py::arg("algorithm"))
+          py::arg("x"), py::arg("out"), py::arg("algorithm"), py::arg("async_op") = false)
       .def(
           "broadcast",
-          [](HostComm& c, py::handle x_obj, int root, int algo) {
+          [](HostComm& c, py::handle x_obj, int root, int algo, bool async_op) {
             const char* fn = "broadcast";
             ArrayArg x = array_arg(x_obj, fn, "x", true);
-            root_arg(fn, root, c.size());
-            const Algo a = algo_arg(fn, algo);
-            py::gil_scoped_release nogil;
-            c.broadcast(x.ptr, x.count, x.dtype, root, a);
+            CollectiveCall call = make_call(Collective::Broadcast, x, x, algo, x.count);
+            call.root = root_arg(fn, root, c.size());
+            return dispatch(c, call, async_op);
           },
-          py::arg("x"), py::arg("root"), py::arg("algorithm"))
+          py::arg("x"), py::arg("root"), py::arg("algorithm"), py::arg("async_op") = false)
       .def(
           "reduce",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int root, int op_code, int algo) {
+          [](HostComm& c, py::handle x_obj, py::handle out_obj, int root, int op_code, int algo,
+             bool async_op) {
             const char* fn = "reduce";
             const bool in_place = out_obj.is_none();
             ArrayArg x = array_arg(x_obj, fn, "x", in_place);
@@ -193,40 +279,71 @@ void bind_host_comm(py::module_& m) {
             check_same_dtype(fn, x, out);
             check_count(fn, "out", out.count, x.count, "the size of x");
             check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
-            root_arg(fn, root, c.size());
-            const RedOp op = op_arg(fn, op_code, x.dtype);
-            const Algo a = algo_arg(fn, algo);
-            py::gil_scoped_release nogil;
-            c.reduce(x.ptr, out.ptr, x.count, x.dtype, op, root, a);
+            CollectiveCall call = make_call(Collective::Reduce, x, out, algo, x.count);
+            call.root = root_arg(fn, root, c.size());
+            call.op = op_arg(fn, op_code, x.dtype);
+            return dispatch(c, call, async_op);
           },
-          py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"))
-      .def("barrier", [](HostComm& c) {
-        py::gil_scoped_release nogil;
-        c.barrier();
-      });
+          py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"),
+          py::arg("async_op") = false)
+      .def(
+          "barrier",
+          [](HostComm& c, bool async_op) {
+            CollectiveCall call;
+            call.barrier = true;
+            return dispatch(c, call, async_op);
+          },
+          py::arg("async_op") = false);
 }
 
 // Schedules as plain tuples, for tests that check them without processes.
 void bind_schedules(py::module_& m) {
   m.def(
+      "schedule",
+      [](const std::string& algorithm, const std::string& collective, int rank, int size,
+         size_t count, int root, size_t piece, size_t acc_bytes, size_t oneshot_max_bytes) {
+        if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0)
+          throw InvalidArgument("schedule: bad rank, size, root or piece");
+        const Collective c = collective_arg(collective);
+        const Algo a = algo_by_name(algorithm);
+        if (a == Algo::Auto || !algo_supports(a, c))
+          throw InvalidArgument(str_cat("schedule: ", algorithm, " has no ", collective));
+        ScheduleParams p{rank, size, count, root, piece, acc_bytes, oneshot_max_bytes};
+        StepRecorder rec;
+        make_schedule(a, c, p, rec);
+        py::list steps;
+        auto buf = [](Buf b) { return b == Buf::Input ? "in" : b == Buf::Output ? "out" : ""; };
+        for (const Step& s : rec.steps) {
+          py::dict d;
+          d["kind"] = step_kind_name(s.kind);
+          d["from"] = s.from;
+          d["from2"] = s.from2;
+          d["to"] = s.to;
+          d["to2"] = s.to2;
+          d["bcast"] = s.recv_bcast;
+          d["src"] = py::make_tuple(buf(s.src.buf), s.src.offset);
+          d["dst"] = py::make_tuple(buf(s.dst.buf), s.dst.offset);
+          d["count"] = s.count;
+          d["recv_acc"] = s.recv_wire == Wire::Acc;
+          d["send_acc"] = s.send_wire == Wire::Acc;
+          steps.append(d);
+        }
+        return steps;
+      },
+      py::arg("algorithm"), py::arg("collective"), py::arg("rank"), py::arg("size"),
+      py::arg("count"), py::arg("root") = 0, py::arg("piece"), py::arg("acc_bytes") = 4,
+      py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes);
+  m.attr("ALL_PEERS") = kAllPeers;
+  m.attr("NO_PEER") = kNoPeer;
+  // The ring schedule in the older flat form.
+  m.def(
       "ring_schedule",
       [](const std::string& collective, int rank, int size, size_t count, int root, size_t piece) {
         if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0)
           throw InvalidArgument("ring_schedule: bad rank, size, root or piece");
-        RingParams p{rank, size, count, root, piece};
+        ScheduleParams p{rank, size, count, root, piece};
         StepRecorder rec;
-        if (collective == "all_reduce")
-          ring_allreduce(p, rec);
-        else if (collective == "reduce_scatter")
-          ring_reduce_scatter(p, rec);
-        else if (collective == "all_gather")
-          ring_allgather(p, rec);
-        else if (collective == "broadcast")
-          ring_broadcast(p, rec);
-        else if (collective == "reduce")
-          ring_reduce(p, rec);
-        else
-          throw InvalidArgument(str_cat("ring_schedule: unknown collective ", collective));
+        make_schedule(Algo::Ring, collective_arg(collective), p, rec);
         py::list steps;
         auto buf = [](Buf b) { return b == Buf::Input ? "in" : b == Buf::Output ? "out" : ""; };
         for (const Step& s : rec.steps)

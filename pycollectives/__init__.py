@@ -12,11 +12,13 @@ Example (run with ``mpiexec -n 2 python example.py``)::
 
 from pycollectives.communicator import Communicator
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
-from pycollectives.ops import AVG, MAX, MIN, PROD, SUM, ReduceOp
+from pycollectives.ops import ALGORITHMS, AVG, MAX, MIN, PROD, SUM, ReduceOp
+from pycollectives.work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALGORITHMS",
     "AVG",
     "MAX",
     "MIN",
@@ -27,4 +29,5 @@ __all__ = [
     "CollectiveTimeout",
     "Communicator",
     "ReduceOp",
+    "Work",
 ]

@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 from pycollectives import _C
 from pycollectives.errors import CollectiveError
-from pycollectives.ops import SUM, algo_code, op_code
+from pycollectives.ops import ALGORITHMS, SUM, algo_code, op_code
+from pycollectives.work import InFlight, Work
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_STAGING_BYTES = 256 * 1024
 DEFAULT_STAGING_SLOTS = 4
+
+
+TUNING_FILE = Path(__file__).with_name("tuning.json")
+
+
+def load_tuning(path=TUNING_FILE) -> list:
+    """Rules (collective, min_ranks, max_ranks, max_bytes, algorithm) from a tuning file
+    written by benchmarks/tune.py; the first matching rule wins, ring when none does."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        return []
+    return [
+        (
+            r["collective"],
+            int(r["min_ranks"]),
+            int(r["max_ranks"]),
+            int(r["max_bytes"]),
+            r["algorithm"],
+        )
+        for r in table.get("rules", [])
+    ]
 
 
 def _env_number(name, default, kind):
@@ -71,6 +97,11 @@ class Communicator:
         )
         # Outputs this large bypass the cache; a tuning knob, not part of the API.
         opts.stream_bytes = _env_number("PYCOLL_STREAM_BYTES", opts.stream_bytes, int)
+        opts.oneshot_max_bytes = _env_number("PYCOLL_ONESHOT_BYTES", opts.oneshot_max_bytes, int)
+        opts.debug = os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
+        forced = (os.environ.get("PYCOLL_ALGO") or "").lower() or None
+        if forced is not None and forced not in ALGORITHMS:
+            raise ValueError(f"PYCOLL_ALGO={forced!r}: expected one of {', '.join(ALGORITHMS)}")
         if opts.timeout <= 0:
             raise ValueError(f"timeout must be positive, got {opts.timeout}")
         self._c = None
@@ -83,7 +114,10 @@ class Communicator:
             raise
         self.rank = self._mpi.Get_rank()
         self.size = self._mpi.Get_size()
-        self._default_algo = algo_code(os.environ.get("PYCOLL_ALGO") or None)
+        self._inflight = InFlight()
+        self._c.set_tuning(load_tuning())
+        if forced is not None:
+            self._c.set_forced(forced)
 
     def _rendezvous(self, MPI, opts):
         comm = self._mpi
@@ -134,10 +168,14 @@ class Communicator:
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self):
-        """Releases the shared memory. Not collective; later calls raise CollectiveError."""
+        """Waits for asynchronous work, then releases the shared memory. Later calls raise
+        CollectiveError."""
         if self._c is not None:
-            self._c = None
-            self._mpi.Free()
+            try:
+                self._inflight.wait_all()
+            finally:
+                self._c = None
+                self._mpi.Free()
 
     def __enter__(self):
         return self
@@ -155,8 +193,16 @@ class Communicator:
             raise CollectiveError("the communicator is closed")
         return c
 
-    def _algo(self, algorithm):
-        return self._default_algo if algorithm is None else algo_code(algorithm)
+    def _finish(self, native, arrays, result):
+        if native is None:
+            return result
+        work = Work(native, arrays, result)
+        self._inflight.add(work)
+        return work
+
+    def algorithm_for(self, collective: str, nbytes: int) -> str:
+        """The algorithm ``algorithm=None`` picks for `collective` on `nbytes` of input."""
+        return self._host().choose(collective, nbytes)
 
     @property
     def timeout(self) -> float:
@@ -179,38 +225,42 @@ class Communicator:
         return self._host().seq
 
     # -- collectives --------------------------------------------------------------------------
+    # Each takes algorithm= ("ring", "tree", "direct"; None: automatic) and async_op=: with
+    # async_op=True it returns a Work instead of the output array.
 
-    def all_reduce(self, x, out=None, op=SUM, algorithm=None):
+    def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False):
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`).
 
         Every rank ends with a bitwise identical result. Returns the output array.
         """
-        self._host().all_reduce(x, out, op_code(op), self._algo(algorithm))
-        return x if out is None else out
+        res = x if out is None else out
+        w = self._host().all_reduce(x, out, op_code(op), algo_code(algorithm), async_op)
+        return self._finish(w, (x, out), res)
 
-    def reduce_scatter(self, x, out, op=SUM, algorithm=None):
+    def reduce_scatter(self, x, out, op=SUM, algorithm=None, async_op=False):
         """Reduces `x` (``size * out.size`` elements) over all ranks; rank r gets block r."""
-        self._host().reduce_scatter(x, out, op_code(op), self._algo(algorithm))
-        return out
+        w = self._host().reduce_scatter(x, out, op_code(op), algo_code(algorithm), async_op)
+        return self._finish(w, (x, out), out)
 
-    def all_gather(self, x, out, algorithm=None):
+    def all_gather(self, x, out, algorithm=None, async_op=False):
         """Gathers every rank's `x` into `out` (``size * x.size`` elements, rank-major)."""
-        self._host().all_gather(x, out, self._algo(algorithm))
-        return out
+        w = self._host().all_gather(x, out, algo_code(algorithm), async_op)
+        return self._finish(w, (x, out), out)
 
-    def broadcast(self, x, root=0, algorithm=None):
+    def broadcast(self, x, root=0, algorithm=None, async_op=False):
         """Copies the root's `x` into `x` on every rank."""
-        self._host().broadcast(x, root, self._algo(algorithm))
-        return x
+        w = self._host().broadcast(x, root, algo_code(algorithm), async_op)
+        return self._finish(w, (x,), x)
 
-    def reduce(self, x, out=None, root=0, op=SUM, algorithm=None):
+    def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False):
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
 
         Elsewhere `out` is checked but not written. Returns the output array.
         """
-        self._host().reduce(x, out, root, op_code(op), self._algo(algorithm))
-        return x if out is None else out
+        res = x if out is None else out
+        w = self._host().reduce(x, out, root, op_code(op), algo_code(algorithm), async_op)
+        return self._finish(w, (x, out), res)
 
-    def barrier(self):
-        """Returns once every rank has entered the barrier."""
-        self._host().barrier()
+    def barrier(self, async_op=False):
+        """Returns once every rank has entered the barrier (after this rank's earlier work)."""
+        return self._finish(self._host().barrier(async_op), (), None)

@@ -29,8 +29,8 @@ for _op in ReduceOp:
     _OP_CODES[_op.name.lower()] = int(_op)
 
 # Algorithm names and their native codes; None means "choose automatically".
-ALGORITHMS = ("ring",)
-_ALGO_CODES = {None: 0, "auto": 0, "ring": 1}
+ALGORITHMS = ("ring", "tree", "direct")
+_ALGO_CODES = {None: 0, "auto": 0, "ring": 1, "tree": 2, "direct": 3}
 
 
 def op_code(op) -> int:

@@ -1,14 +1,27 @@
-"""Every collective on 1-5 ranks against numpy and MPI references (see workers/collectives.py)."""
+"""Every collective x algorithm on 1-5 ranks against numpy and MPI references
+(see workers/collectives.py)."""
 
 import pytest
 from mpi_harness import run_mpi
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
+RANKS = [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("staging", ["small", "default"])
 @pytest.mark.parametrize("collective", COLLECTIVES)
-@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("nranks", RANKS)
 def test_collective_matrix(nranks, collective, staging):
     out = run_mpi(nranks, "collectives.py", collective, staging)
-    assert f"PASS {collective} ranks={nranks}" in out
+    assert f"PASS {collective} ring ranks={nranks}" in out
+    assert f"PASS {collective} direct ranks={nranks}" in out
+    assert f"PASS {collective} auto ranks={nranks}" in out
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 5])
+def test_twoshot_all_reduce(nranks):
+    # Direct all-reduce switches to two-shot above a size; a zero limit makes every size use it.
+    out = run_mpi(
+        nranks, "collectives.py", "all_reduce", "small", "direct", env={"PYCOLL_ONESHOT_BYTES": "0"}
+    )
+    assert f"PASS all_reduce direct ranks={nranks}" in out

@@ -19,15 +19,21 @@ struct BufRef {
   size_t offset = 0;  // in elements
 };
 
+// `to` peers: `to` and, if set, `to2`. Incoming: from `from` and, if set, `from2`; a reduction
+// over them is op(op(from, src), from2). With from == kAllPeers a reduction covers every rank
+// in rank order, this rank's own contribution being `src`: the same order on every rank.
 enum class StepKind : uint8_t {
-  Send,                // send src to `to`
+  Send,                // send src to the `to` peers
   Recv,                // dst = incoming
-  RecvReduceSend,      // send op(incoming, src) to `to`
-  RecvReduceCopy,      // dst = op(incoming, src), finalised (avg divides)
-  RecvReduceCopySend,  // dst = op(incoming, src), finalised; send dst to `to`
-  RecvCopySend,        // dst = incoming; send it on to `to`
+  RecvReduceSend,      // send op(incoming..., src) to the `to` peers
+  RecvReduceCopy,      // dst = op(incoming..., src), finalised (avg divides)
+  RecvReduceCopySend,  // dst = op(incoming..., src), finalised; send dst to the `to` peers
+  RecvCopySend,        // dst = incoming; send it on to the `to` peers
   Copy,                // dst = src (local)
 };
+
+constexpr int kNoPeer = -1;
+constexpr int kAllPeers = -2;
 
 // What travels on the wire: partial reductions in the accumulation type, or finished elements.
 enum class Wire : uint8_t { Elem = 0, Acc = 1 };
@@ -36,14 +42,30 @@ struct Step {
   StepKind kind;
   Wire recv_wire = Wire::Elem;  // format of the incoming message (if any)
   Wire send_wire = Wire::Elem;  // format of the outgoing message (if any)
-  int from = -1;                // peer we receive from
-  int to = -1;                  // peer we send to
+  int from = kNoPeer;           // peer we receive from, or kAllPeers
+  int from2 = kNoPeer;          // second peer we receive from (tree nodes with two children)
+  int to = kNoPeer;             // peer we send to, or kAllPeers (our broadcast channel)
+  int to2 = kNoPeer;            // second peer we send to
+  bool recv_bcast = false;      // incoming messages come from the senders' broadcast channels
   BufRef src;                   // local operand
   BufRef dst;                   // local result
   size_t count = 0;             // elements
 };
 
 const char* step_kind_name(StepKind k);
+
+// What every schedule is a function of.
+struct ScheduleParams {
+  int rank = 0;
+  int size = 1;
+  size_t count = 0;      // elements: of the whole vector (all-reduce, broadcast, reduce), of one
+                         // rank's shard (all-gather, reduce-scatter)
+  int root = 0;          // broadcast / reduce
+  size_t piece = 1;      // max elements per message
+  size_t acc_bytes = 4;  // bytes per element in the accumulation type
+  // Direct all-reduce: one-shot up to this many bytes (accumulation type), two-shot above.
+  size_t oneshot_max_bytes = 64 * 1024;
+};
 
 // Receives a schedule's steps one at a time (the executor runs them; tests record them).
 class StepSink {

@@ -2,89 +2,16 @@
 
 #include <algorithm>
 
+#include "algo/steps.h"
+
 namespace pycoll {
-namespace {
-
-int mod(int a, int n) { return ((a % n) + n) % n; }
-
-BufRef in(size_t off) { return BufRef{Buf::Input, off}; }
-BufRef out(size_t off) { return BufRef{Buf::Output, off}; }
-
-Step send(int to, BufRef src, size_t n, Wire w) {
-  Step s{StepKind::Send};
-  s.to = to;
-  s.src = src;
-  s.count = n;
-  s.send_wire = w;
-  return s;
-}
-
-Step recv(int from, BufRef dst, size_t n) {
-  Step s{StepKind::Recv};
-  s.from = from;
-  s.dst = dst;
-  s.count = n;
-  return s;
-}
-
-Step recv_reduce_send(int from, BufRef src, int to, size_t n) {
-  Step s{StepKind::RecvReduceSend, Wire::Acc, Wire::Acc};
-  s.from = from;
-  s.to = to;
-  s.src = src;
-  s.count = n;
-  return s;
-}
-
-Step recv_reduce_copy(int from, BufRef src, BufRef dst, size_t n) {
-  Step s{StepKind::RecvReduceCopy, Wire::Acc};
-  s.from = from;
-  s.src = src;
-  s.dst = dst;
-  s.count = n;
-  return s;
-}
-
-Step recv_reduce_copy_send(int from, BufRef src, BufRef dst, int to, size_t n) {
-  Step s{StepKind::RecvReduceCopySend, Wire::Acc, Wire::Elem};
-  s.from = from;
-  s.to = to;
-  s.src = src;
-  s.dst = dst;
-  s.count = n;
-  return s;
-}
-
-Step recv_copy_send(int from, BufRef dst, int to, size_t n) {
-  Step s{StepKind::RecvCopySend};
-  s.from = from;
-  s.to = to;
-  s.dst = dst;
-  s.count = n;
-  return s;
-}
-
-Step copy(BufRef src, BufRef dst, size_t n) {
-  Step s{StepKind::Copy};
-  s.src = src;
-  s.dst = dst;
-  s.count = n;
-  return s;
-}
-
-// Emits a step unless it moves nothing; both ends of a message compute the same length, so
-// they skip it alike.
-void emit(StepSink& sink, const Step& s) {
-  if (s.count != 0) sink.step(s);
-}
-
-}  // namespace
+using namespace steps;
 
 size_t ring_shard_size(size_t count, int size) {
   return (count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
 }
 
-void ring_allreduce(const RingParams& p, StepSink& sink) {
+void ring_allreduce(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
   if (n == 1) {
     emit(sink, copy(in(0), out(0), p.count));
@@ -118,7 +45,7 @@ void ring_allreduce(const RingParams& p, StepSink& sink) {
   }
 }
 
-void ring_reduce_scatter(const RingParams& p, StepSink& sink) {
+void ring_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
   const size_t m = p.count;
   if (n == 1) {
@@ -136,7 +63,7 @@ void ring_reduce_scatter(const RingParams& p, StepSink& sink) {
   }
 }
 
-void ring_allgather(const RingParams& p, StepSink& sink) {
+void ring_allgather(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
   const size_t m = p.count;
   if (n == 1) {
@@ -155,7 +82,7 @@ void ring_allgather(const RingParams& p, StepSink& sink) {
   }
 }
 
-void ring_broadcast(const RingParams& p, StepSink& sink) {
+void ring_broadcast(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size;
   if (n == 1) return;
   const int pos = mod(p.rank - p.root, n);
@@ -171,7 +98,7 @@ void ring_broadcast(const RingParams& p, StepSink& sink) {
   }
 }
 
-void ring_reduce(const RingParams& p, StepSink& sink) {
+void ring_reduce(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size;
   if (n == 1) {
     emit(sink, copy(in(0), out(0), p.count));

@@ -10,27 +10,18 @@
 
 namespace pycoll {
 
-struct RingParams {
-  int rank = 0;
-  int size = 1;
-  size_t count = 0;  // elements: of the whole vector (all-reduce, broadcast, reduce), of one
-                     // rank's shard (all-gather, reduce-scatter)
-  int root = 0;      // broadcast / reduce
-  size_t piece = 1;  // max elements per message
-};
-
 // Shards of an all-reduce: shard i holds [i*ceil(count/size), ...), clipped to count.
 size_t ring_shard_size(size_t count, int size);
 
 // all-reduce = reduce-scatter + all-gather. Input -> Output (they may alias).
-void ring_allreduce(const RingParams& p, StepSink& sink);
+void ring_allreduce(const ScheduleParams& p, StepSink& sink);
 // Input holds size*count elements; rank r ends with shard r reduced in Output[0, count).
-void ring_reduce_scatter(const RingParams& p, StepSink& sink);
+void ring_reduce_scatter(const ScheduleParams& p, StepSink& sink);
 // Input holds count elements; Output holds size*count, rank-major.
-void ring_allgather(const RingParams& p, StepSink& sink);
+void ring_allgather(const ScheduleParams& p, StepSink& sink);
 // Pipelined chain root -> root+1 -> ... -> root-1 over Output (in place).
-void ring_broadcast(const RingParams& p, StepSink& sink);
+void ring_broadcast(const ScheduleParams& p, StepSink& sink);
 // Pipelined chain root+1 -> ... -> root; the root's Output gets op over all Inputs.
-void ring_reduce(const RingParams& p, StepSink& sink);
+void ring_reduce(const ScheduleParams& p, StepSink& sink);
 
 }  // namespace pycoll

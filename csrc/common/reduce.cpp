@@ -96,10 +96,32 @@ struct Kernels {
   }
 
   static void reduce(void* dst, const void* a, const void* b, size_t n) {
-    A* __restrict d = static_cast<A*>(dst);
-    const A* __restrict pa = static_cast<const A*>(a);
+    A* d = static_cast<A*>(dst);
+    const A* pa = static_cast<const A*>(a);
     const T* __restrict pb = static_cast<const T*>(b);
     for (size_t i = 0; i < n; ++i) d[i] = Op::apply(pa[i], Acc<T>::load(pb[i]));
+  }
+
+  static void combine(void* dst, const void* a, const void* b, size_t n) {
+    A* d = static_cast<A*>(dst);
+    const A* pa = static_cast<const A*>(a);
+    const A* __restrict pb = static_cast<const A*>(b);
+    for (size_t i = 0; i < n; ++i) d[i] = Op::apply(pa[i], pb[i]);
+  }
+
+  static void finalize(void* dst, void* dst2, const void* a, size_t n, int divisor) {
+    T* __restrict d = static_cast<T*>(dst);
+    T* d2 = static_cast<T*>(dst2);
+    const A* __restrict pa = static_cast<const A*>(a);
+    for (size_t i = 0; i < n; ++i) {
+      T v;
+      if constexpr (kAvg)
+        v = Acc<T>::store(pa[i] / static_cast<A>(divisor));
+      else
+        v = Acc<T>::store(pa[i]);
+      d[i] = v;
+      if (d2 != nullptr) d2[i] = v;
+    }
   }
 
   // dst may alias b (in-place output), never a.
@@ -135,7 +157,7 @@ struct Kernels {
     }
   }
 
-  static constexpr ReduceKernels table{&load, &reduce, &reduce_final};
+  static constexpr ReduceKernels table{&load, &reduce, &combine, &finalize, &reduce_final};
 };
 
 template <class T>

@@ -13,8 +13,12 @@ namespace pycoll {
 struct ReduceKernels {
   // dst_acc[i] = acc(src[i])
   void (*load)(void* dst_acc, const void* src, size_t n);
-  // dst_acc[i] = op(a_acc[i], acc(b[i]))
+  // dst_acc[i] = op(a_acc[i], acc(b[i])); dst_acc may be a_acc.
   void (*reduce)(void* dst_acc, const void* a_acc, const void* b, size_t n);
+  // dst_acc[i] = op(a_acc[i], b_acc[i]); dst_acc may be a_acc.
+  void (*combine)(void* dst_acc, const void* a_acc, const void* b_acc, size_t n);
+  // dst[i] = a_acc[i] (divided by `divisor` for avg), in the element type; also dst2 if set.
+  void (*finalize)(void* dst, void* dst2, const void* a_acc, size_t n, int divisor);
   // v = op(a_acc[i], acc(b[i])), divided by `divisor` for avg; dst[i] = v, and dst2[i] = v when
   // dst2 is not null (both in the element type).
   void (*reduce_final)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,

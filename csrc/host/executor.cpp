@@ -7,12 +7,11 @@
 
 namespace pycoll {
 
-HostExecutor::HostExecutor(const ShmTransport& t, std::vector<uint64_t>& sent,
-                           std::vector<uint64_t>& received, const WaitContext& wait,
-                           const CallBuffers& call)
+HostExecutor::HostExecutor(const ShmTransport& t, ChannelCounters& counters, uint8_t* scratch,
+                           const WaitContext& wait, const CallBuffers& call)
     : t_(t),
-      sent_(sent),
-      received_(received),
+      c_(counters),
+      scratch_(scratch),
       wait_(wait),
       call_(call),
       kernels_(&reduce_kernels(call.dtype, call.op)),
@@ -22,30 +21,6 @@ HostExecutor::HostExecutor(const ShmTransport& t, std::vector<uint64_t>& sent,
 
 void HostExecutor::finish() {
   if (streaming_) stream_fence();
-}
-
-void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {
-  if (streaming_)
-    stream_copy(dst, src, n * elem_size_);
-  else
-    std::memcpy(dst, src, n * elem_size_);
-}
-
-void HostExecutor::reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* a, const uint8_t* b,
-                              size_t n) {
-  if (!streaming_) {
-    kernels_->reduce_final(dst, dst2, a, b, n, call_.divisor);
-    return;
-  }
-  // Reduce a cache-resident block at a time, then stream it out.
-  alignas(64) uint8_t block[8192];
-  const size_t per = sizeof(block) / elem_size_;
-  for (size_t i = 0; i < n; i += per) {
-    const size_t m = std::min(per, n - i);
-    kernels_->reduce_final(block, dst2 ? dst2 + i * elem_size_ : nullptr, a + i * acc_size_,
-                           b + i * elem_size_, m, call_.divisor);
-    stream_copy(dst + i * elem_size_, block, m * elem_size_);
-  }
 }
 
 const uint8_t* HostExecutor::src_ptr(const Step& s) const {
@@ -64,30 +39,52 @@ uint8_t* HostExecutor::dst_ptr(const Step& s) const {
   return call_.output + s.dst.offset * elem_size_;
 }
 
-// Waits for the next message from `s.from` and returns its slot.
-const uint8_t* HostExecutor::begin_recv(const Step& s) {
-  const int from = s.from, me = t_.rank();
-  const uint64_t m = received_[from] + 1;
-  PYCOLL_CHECK(s.count * (s.recv_wire == Wire::Acc ? acc_size_ : elem_size_) <= t_.slot_bytes(),
-               "message larger than a staging slot");
+// Waits for the next message from `from` (its channel to us, or its broadcast channel).
+const uint8_t* HostExecutor::wait_recv(int from, bool bcast, size_t bytes) {
+  PYCOLL_CHECK(from >= 0 && from < t_.size() && from != t_.rank(), "bad source peer ", from);
+  PYCOLL_CHECK(bytes <= t_.slot_bytes(), "message larger than a staging slot");
+  const int me = t_.rank();
+  if (bcast) {
+    const uint64_t m = c_.bcast_received[from] + 1;
+    auto& posted = t_.bcast_posted(from);
+    wait_until([&] { return posted.load(std::memory_order_acquire) >= m; }, wait_, from,
+               WaitFor::Data);
+    return t_.bcast_slot(from, m);
+  }
+  const uint64_t m = c_.received[from] + 1;
   auto& posted = t_.posted(from, me);
   wait_until([&] { return posted.load(std::memory_order_acquire) >= m; }, wait_, from,
              WaitFor::Data);
   return t_.slot(from, me, m);
 }
 
-void HostExecutor::end_recv(int from) {
-  const uint64_t m = ++received_[from];
-  t_.consumed(t_.rank(), from).store(m, std::memory_order_release);
+void HostExecutor::release_recv(int from, bool bcast) {
+  const int me = t_.rank();
+  if (bcast)
+    t_.bcast_consumed(me, from).store(++c_.bcast_received[from], std::memory_order_release);
+  else
+    t_.consumed(me, from).store(++c_.received[from], std::memory_order_release);
 }
 
-// Waits until our next slot towards `s.to` is free and returns it.
-uint8_t* HostExecutor::begin_send(const Step& s) {
-  const int to = s.to, me = t_.rank();
-  const uint64_t m = sent_[to] + 1;
-  PYCOLL_CHECK(s.count * (s.send_wire == Wire::Acc ? acc_size_ : elem_size_) <= t_.slot_bytes(),
-               "message larger than a staging slot");
+// Waits until our next slot towards `to` (or our broadcast channel) is free and returns it.
+uint8_t* HostExecutor::wait_send(int to, size_t bytes) {
+  PYCOLL_CHECK(bytes <= t_.slot_bytes(), "message larger than a staging slot");
+  const int me = t_.rank();
   const uint64_t k = static_cast<uint64_t>(t_.nslots());
+  if (to == kAllPeers) {
+    const uint64_t m = c_.bcast_sent + 1;
+    if (m > k) {
+      for (int p = 0; p < t_.size(); ++p) {
+        if (p == me) continue;
+        auto& consumed = t_.bcast_consumed(p, me);
+        wait_until([&] { return consumed.load(std::memory_order_acquire) >= m - k; }, wait_, p,
+                   WaitFor::Space);
+      }
+    }
+    return t_.bcast_slot(me, m);
+  }
+  PYCOLL_CHECK(to >= 0 && to < t_.size() && to != me, "bad destination peer ", to);
+  const uint64_t m = c_.sent[to] + 1;
   if (m > k) {
     auto& consumed = t_.consumed(to, me);
     wait_until([&] { return consumed.load(std::memory_order_acquire) >= m - k; }, wait_, to,
@@ -96,68 +93,167 @@ uint8_t* HostExecutor::begin_send(const Step& s) {
   return t_.slot(me, to, m);
 }
 
-void HostExecutor::end_send(int to) {
-  const uint64_t m = ++sent_[to];
-  t_.posted(t_.rank(), to).store(m, std::memory_order_release);
+void HostExecutor::post_send(int to) {
+  const int me = t_.rank();
+  if (to == kAllPeers)
+    t_.bcast_posted(me).store(++c_.bcast_sent, std::memory_order_release);
+  else
+    t_.posted(me, to).store(++c_.sent[to], std::memory_order_release);
+}
+
+void HostExecutor::send_to_all(const Step& s, uint8_t* first, size_t bytes) {
+  if (s.to2 != kNoPeer) std::memcpy(wait_send(s.to2, bytes), first, bytes);
+  post_send(s.to);
+  if (s.to2 != kNoPeer) post_send(s.to2);
+}
+
+void HostExecutor::reduce_into(uint8_t* acc, const Step& s) {
+  const size_t n = s.count, in_bytes = wire_bytes(s.recv_wire, n);
+  const uint8_t* local = src_ptr(s);
+  if (s.from == kAllPeers) {
+    // Every rank's contribution in rank order, ours from `src`: identical on every rank.
+    for (int q = 0; q < t_.size(); ++q) {
+      if (q == t_.rank()) {
+        if (q == 0)
+          kernels_->load(acc, local, n);
+        else
+          kernels_->reduce(acc, acc, local, n);
+        continue;
+      }
+      const uint8_t* in = wait_recv(q, s.recv_bcast, in_bytes);
+      if (q == 0)
+        std::memcpy(acc, in, n * acc_size_);
+      else
+        kernels_->combine(acc, acc, in, n);
+      release_recv(q, s.recv_bcast);
+    }
+    return;
+  }
+  const uint8_t* in = wait_recv(s.from, s.recv_bcast, in_bytes);
+  kernels_->reduce(acc, in, local, n);
+  release_recv(s.from, s.recv_bcast);
+  if (s.from2 != kNoPeer) {
+    in = wait_recv(s.from2, s.recv_bcast, in_bytes);
+    kernels_->combine(acc, acc, in, n);
+    release_recv(s.from2, s.recv_bcast);
+  }
+}
+
+void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {
+  if (streaming_)
+    stream_copy(dst, src, n * elem_size_);
+  else
+    std::memcpy(dst, src, n * elem_size_);
+}
+
+// Streaming outputs are produced a cache-resident block at a time, then streamed out.
+constexpr size_t kBlockBytes = 8192;
+
+void HostExecutor::finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc, size_t n) {
+  if (!streaming_) {
+    kernels_->finalize(dst, dst2, acc, n, call_.divisor);
+    return;
+  }
+  alignas(64) uint8_t block[kBlockBytes];
+  const size_t per = kBlockBytes / elem_size_;
+  for (size_t i = 0; i < n; i += per) {
+    const size_t m = std::min(per, n - i);
+    kernels_->finalize(block, dst2 ? dst2 + i * elem_size_ : nullptr, acc + i * acc_size_, m,
+                       call_.divisor);
+    stream_copy(dst + i * elem_size_, block, m * elem_size_);
+  }
+}
+
+void HostExecutor::reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b,
+                              size_t n) {
+  if (!streaming_) {
+    kernels_->reduce_final(dst, dst2, in, b, n, call_.divisor);
+    return;
+  }
+  alignas(64) uint8_t block[kBlockBytes];
+  const size_t per = kBlockBytes / elem_size_;
+  for (size_t i = 0; i < n; i += per) {
+    const size_t m = std::min(per, n - i);
+    kernels_->reduce_final(block, dst2 ? dst2 + i * elem_size_ : nullptr, in + i * acc_size_,
+                           b + i * elem_size_, m, call_.divisor);
+    stream_copy(dst + i * elem_size_, block, m * elem_size_);
+  }
 }
 
 void HostExecutor::step(const Step& s) {
   const size_t n = s.count;
+  const bool one_input = s.from != kAllPeers && s.from2 == kNoPeer;
   switch (s.kind) {
     case StepKind::Send: {
-      uint8_t* slot = begin_send(s);
+      const size_t bytes = wire_bytes(s.send_wire, n);
+      uint8_t* slot = wait_send(s.to, bytes);
       if (s.send_wire == Wire::Acc)
         kernels_->load(slot, src_ptr(s), n);
       else
-        std::memcpy(slot, src_ptr(s), n * elem_size_);
-      end_send(s.to);
+        std::memcpy(slot, src_ptr(s), bytes);
+      send_to_all(s, slot, bytes);
       break;
     }
     case StepKind::Recv: {
-      const uint8_t* in = begin_recv(s);
+      const uint8_t* in = wait_recv(s.from, s.recv_bcast, wire_bytes(Wire::Elem, n));
       write_out(dst_ptr(s), in, n);
-      end_recv(s.from);
-      break;
-    }
-    case StepKind::RecvReduceSend: {
-      const uint8_t* in = begin_recv(s);
-      uint8_t* slot = begin_send(s);
-      kernels_->reduce(slot, in, src_ptr(s), n);
-      end_send(s.to);
-      end_recv(s.from);
-      break;
-    }
-    case StepKind::RecvReduceCopy: {
-      const uint8_t* in = begin_recv(s);
-      reduce_out(dst_ptr(s), nullptr, in, src_ptr(s), n);
-      end_recv(s.from);
-      break;
-    }
-    case StepKind::RecvReduceCopySend: {
-      const uint8_t* in = begin_recv(s);
-      uint8_t* slot = begin_send(s);
-      reduce_out(dst_ptr(s), slot, in, src_ptr(s), n);
-      end_send(s.to);
-      end_recv(s.from);
+      release_recv(s.from, s.recv_bcast);
       break;
     }
     case StepKind::RecvCopySend: {
-      const uint8_t* in = begin_recv(s);
-      uint8_t* slot = begin_send(s);
-      std::memcpy(slot, in, n * elem_size_);
-      end_send(s.to);
+      const size_t bytes = wire_bytes(Wire::Elem, n);
+      const uint8_t* in = wait_recv(s.from, s.recv_bcast, bytes);
+      uint8_t* slot = wait_send(s.to, bytes);
+      std::memcpy(slot, in, bytes);
+      send_to_all(s, slot, bytes);
       write_out(dst_ptr(s), in, n);
-      end_recv(s.from);
+      release_recv(s.from, s.recv_bcast);
+      break;
+    }
+    case StepKind::RecvReduceSend: {
+      const size_t bytes = wire_bytes(Wire::Acc, n);
+      uint8_t* slot = wait_send(s.to, bytes);
+      reduce_into(slot, s);  // the slot itself accumulates
+      send_to_all(s, slot, bytes);
+      break;
+    }
+    case StepKind::RecvReduceCopy: {
+      if (one_input) {
+        const uint8_t* in = wait_recv(s.from, s.recv_bcast, wire_bytes(Wire::Acc, n));
+        reduce_out(dst_ptr(s), nullptr, in, src_ptr(s), n);
+        release_recv(s.from, s.recv_bcast);
+      } else {
+        reduce_into(scratch_, s);
+        finalize_out(dst_ptr(s), nullptr, scratch_, n);
+      }
+      break;
+    }
+    case StepKind::RecvReduceCopySend: {
+      const size_t bytes = wire_bytes(s.send_wire, n);
+      PYCOLL_CHECK(s.send_wire == Wire::Elem, "finished results travel as elements");
+      if (one_input) {
+        const uint8_t* in = wait_recv(s.from, s.recv_bcast, wire_bytes(Wire::Acc, n));
+        uint8_t* slot = wait_send(s.to, bytes);
+        reduce_out(dst_ptr(s), slot, in, src_ptr(s), n);
+        send_to_all(s, slot, bytes);
+        release_recv(s.from, s.recv_bcast);
+      } else {
+        reduce_into(scratch_, s);
+        uint8_t* slot = wait_send(s.to, bytes);
+        finalize_out(dst_ptr(s), slot, scratch_, n);
+        send_to_all(s, slot, bytes);
+      }
       break;
     }
     case StepKind::Copy: {
       uint8_t* dst = dst_ptr(s);
       const uint8_t* src = src_ptr(s);
+      const size_t bytes = n * elem_size_;
       if (dst == src) break;
-      if (streaming_ && (dst + n * elem_size_ <= src || src + n * elem_size_ <= dst))
-        stream_copy(dst, src, n * elem_size_);
+      if (streaming_ && (dst + bytes <= src || src + bytes <= dst))
+        stream_copy(dst, src, bytes);
       else
-        copy_bytes(dst, src, n * elem_size_);
+        copy_bytes(dst, src, bytes);
       break;
     }
   }

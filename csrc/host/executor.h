@@ -25,10 +25,17 @@ struct CallBuffers {
   size_t stream_bytes = size_t{256} << 10;
 };
 
+// Messages moved on each channel over the communicator's lifetime.
+struct ChannelCounters {
+  explicit ChannelCounters(int size) : sent(size, 0), received(size, 0), bcast_received(size, 0) {}
+  std::vector<uint64_t> sent, received, bcast_received;
+  uint64_t bcast_sent = 0;
+};
+
 class HostExecutor final : public StepSink {
  public:
-  // `sent` / `received` count messages per peer over the communicator's lifetime.
-  HostExecutor(const ShmTransport& t, std::vector<uint64_t>& sent, std::vector<uint64_t>& received,
+  // `scratch` holds at least one staging slot's worth of bytes.
+  HostExecutor(const ShmTransport& t, ChannelCounters& counters, uint8_t* scratch,
                const WaitContext& wait, const CallBuffers& call);
 
   void step(const Step& s) override;
@@ -36,21 +43,30 @@ class HostExecutor final : public StepSink {
   void finish();
 
  private:
-  // dst = incoming (elements) ; streamed for large outputs.
-  void write_out(uint8_t* dst, const uint8_t* src, size_t n);
-  // dst = finalised op(a_acc, b); also into dst2 when not null.
-  void reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* a, const uint8_t* b, size_t n);
-
   const uint8_t* src_ptr(const Step& s) const;
   uint8_t* dst_ptr(const Step& s) const;
-  const uint8_t* begin_recv(const Step& s);
-  void end_recv(int from);
-  uint8_t* begin_send(const Step& s);
-  void end_send(int to);
+  size_t wire_bytes(Wire w, size_t n) const {
+    return n * (w == Wire::Acc ? acc_size_ : elem_size_);
+  }
+
+  const uint8_t* wait_recv(int from, bool bcast, size_t bytes);
+  void release_recv(int from, bool bcast);
+  uint8_t* wait_send(int to, size_t bytes);
+  void post_send(int to);
+  // Fills the `to` slots with `bytes` already in `first` (the slot of `to`), then posts.
+  void send_to_all(const Step& s, uint8_t* first, size_t bytes);
+
+  // acc = op over the step's incoming messages and src, in the step's order.
+  void reduce_into(uint8_t* acc, const Step& s);
+  // dst (and dst2) = finalised acc; streamed for large outputs.
+  void finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc, size_t n);
+  // dst (and dst2) = finalised op(in_acc, b): the one-input fast path.
+  void reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b, size_t n);
+  void write_out(uint8_t* dst, const uint8_t* src, size_t n);
 
   const ShmTransport& t_;
-  std::vector<uint64_t>& sent_;
-  std::vector<uint64_t>& received_;
+  ChannelCounters& c_;
+  uint8_t* scratch_;
   const WaitContext& wait_;
   const CallBuffers& call_;
   const ReduceKernels* kernels_;

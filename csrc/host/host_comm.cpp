@@ -1,16 +1,56 @@
 #include "host/host_comm.h"
 
-#include "algo/ring.h"
+#include <cstdio>
+
 #include "common/errors.h"
 
 namespace pycoll {
 
+// ---- Work ------------------------------------------------------------------------------------
+
+bool Work::wait(double timeout_s) {
+  std::unique_lock<std::mutex> g(mu_);
+  if (timeout_s < 0) {
+    cv_.wait(g, [&] { return done_; });
+  } else if (!cv_.wait_for(g, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
+    return false;
+  }
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return done_;
+}
+
+void Work::complete(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    done_ = true;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+// ---- HostComm --------------------------------------------------------------------------------
+
 HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
     : opts_(opts),
       transport_(rank, size, opts.slot_bytes, opts.nslots),
-      sent_(size, 0),
-      received_(size, 0),
+      counters_(size),
+      scratch_(opts.slot_bytes),
       timeout_s_(opts.timeout_s) {}
+
+HostComm::~HostComm() {
+  {
+    std::lock_guard<std::mutex> g(queue_mu_);
+    stopping_ = true;
+    if (pending_ != 0) abort("communicator closed with collectives in flight");
+  }
+  queue_cv_.notify_all();
+  if (progress_.joinable()) progress_.join();
+}
 
 void HostComm::abort(const std::string& reason) {
   {
@@ -25,33 +65,85 @@ std::string HostComm::poison_reason() const {
   return poison_reason_;
 }
 
-WaitContext HostComm::begin(const char* name) {
+void HostComm::check_usable(const char* name) const {
   if (aborted_.load())
     throw CollectiveError(
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason()));
+}
+
+Algo HostComm::choose(Collective c, size_t bytes) const {
+  if (forced_ != Algo::Auto && algo_supports(forced_, c)) return forced_;
+  for (const TuningRule& r : tuning_)
+    if (r.collective == c && size() >= r.min_ranks && size() <= r.max_ranks &&
+        bytes <= r.max_bytes && algo_supports(r.algo, c))
+      return r.algo;
+  return Algo::Ring;
+}
+
+WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
   WaitContext w;
   w.collective = name;
-  w.seq = ++seq_;
-  w.timeout_s = timeout_s_;
+  w.seq = seq;
+  w.timeout_s = timeout_s_.load();
   w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(timeout_s_));
+                                  std::chrono::duration<double>(w.timeout_s));
   w.transport = &transport_;
   w.abort = &aborted_;
   return w;
 }
 
-size_t HostComm::piece_elems(DType t, bool acc_wire) const {
-  return opts_.slot_bytes / (acc_wire ? acc_size(t) : dtype_size(t));
-}
+void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
+  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
+  check_usable(name);
+  if (call.barrier) {
+    const WaitContext w = wait_context(name, seq);
+    try {
+      barrier_steps(w);
+    } catch (const CollectiveError& e) {
+      abort(e.what());
+      throw;
+    }
+    return;
+  }
+  const int n = size();
+  const size_t esize = dtype_size(call.dtype);
+  // Sizes of the input and output arrays, in elements.
+  size_t in_count = call.count, out_count = call.count;
+  if (call.collective == Collective::ReduceScatter) in_count = call.count * n;
+  if (call.collective == Collective::AllGather) out_count = call.count * n;
+  if (call.collective == Collective::Reduce && rank() != call.root) out_count = 0;
+  const Algo algo = call.algo == Algo::Auto ? choose(call.collective, in_count * esize) : call.algo;
+  if (opts_.debug)
+    std::fprintf(
+        stderr, "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s\n",
+        rank(), n, name, static_cast<unsigned long long>(seq), call.count, dtype_name(call.dtype),
+        redop_name(call.op), call.root, algo_name(algo), call.algo == Algo::Auto ? " (auto)" : "");
 
-template <class Schedule>
-void HostComm::run(const char* name, CallBuffers call, Schedule&& schedule) {
-  std::lock_guard<std::mutex> g(mu_);
-  call.stream_bytes = opts_.stream_bytes;
-  const WaitContext w = begin(name);
+  CallBuffers buf;
+  buf.input = static_cast<const uint8_t*>(call.in);
+  buf.input_count = in_count;
+  buf.output = static_cast<uint8_t*>(call.out);
+  buf.output_count = out_count;
+  buf.dtype = call.dtype;
+  buf.op = call.op;
+  buf.divisor = n;
+  buf.stream_bytes = opts_.stream_bytes;
+  if (call.collective == Collective::Broadcast) buf.input_count = 0;  // in place on the output
+
+  const bool partials = carries_partials(call.collective);
+  ScheduleParams p;
+  p.rank = rank();
+  p.size = n;
+  p.count = call.count;
+  p.root = call.root;
+  p.piece = opts_.slot_bytes / (partials ? acc_size(call.dtype) : esize);
+  p.acc_bytes = acc_size(call.dtype);
+  p.oneshot_max_bytes = opts_.oneshot_max_bytes;
+
+  const WaitContext w = wait_context(name, seq);
   try {
-    HostExecutor exec(transport_, sent_, received_, w, call);
-    schedule(exec);
+    HostExecutor exec(transport_, counters_, scratch_.data(), w, buf);
+    make_schedule(algo, call.collective, p, exec);
     exec.finish();
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
@@ -59,72 +151,67 @@ void HostComm::run(const char* name, CallBuffers call, Schedule&& schedule) {
   }
 }
 
-void HostComm::all_reduce(const void* in, void* out, size_t count, DType t, RedOp op, Algo) {
-  CallBuffers c{
-      static_cast<const uint8_t*>(in), count, static_cast<uint8_t*>(out), count, t, op, size()};
-  RingParams p{rank(), size(), count, 0, piece_elems(t, true)};
-  run("all_reduce", c, [&](StepSink& s) { ring_allreduce(p, s); });
-}
-
-void HostComm::reduce_scatter(const void* in, void* out, size_t count, DType t, RedOp op, Algo) {
-  CallBuffers c{static_cast<const uint8_t*>(in),
-                count * size(),
-                static_cast<uint8_t*>(out),
-                count,
-                t,
-                op,
-                size()};
-  RingParams p{rank(), size(), count, 0, piece_elems(t, true)};
-  run("reduce_scatter", c, [&](StepSink& s) { ring_reduce_scatter(p, s); });
-}
-
-void HostComm::all_gather(const void* in, void* out, size_t count, DType t, Algo) {
-  CallBuffers c{static_cast<const uint8_t*>(in),
-                count,
-                static_cast<uint8_t*>(out),
-                count * size(),
-                t,
-                RedOp::Sum,
-                1};
-  RingParams p{rank(), size(), count, 0, piece_elems(t, false)};
-  run("all_gather", c, [&](StepSink& s) { ring_allgather(p, s); });
-}
-
-void HostComm::broadcast(void* buf, size_t count, DType t, int root, Algo) {
-  CallBuffers c{
-      static_cast<const uint8_t*>(buf), count, static_cast<uint8_t*>(buf), count, t, RedOp::Sum, 1};
-  RingParams p{rank(), size(), count, root, piece_elems(t, false)};
-  run("broadcast", c, [&](StepSink& s) { ring_broadcast(p, s); });
-}
-
-void HostComm::reduce(const void* in, void* out, size_t count, DType t, RedOp op, int root, Algo) {
-  // Only the root writes its output; elsewhere `out` may be null.
-  CallBuffers c{static_cast<const uint8_t*>(in),
-                count,
-                static_cast<uint8_t*>(out),
-                rank() == root ? count : 0,
-                t,
-                op,
-                size()};
-  RingParams p{rank(), size(), count, root, piece_elems(t, true)};
-  run("reduce", c, [&](StepSink& s) { ring_reduce(p, s); });
-}
-
-void HostComm::barrier() {
-  std::lock_guard<std::mutex> g(mu_);
-  const WaitContext w = begin("barrier");
-  try {
-    const uint64_t epoch = ++barrier_epoch_;
-    transport_.barrier(rank()).store(epoch, std::memory_order_release);
-    for (int r = 0; r < size(); ++r) {
-      if (r == rank()) continue;
-      auto& flag = transport_.barrier(r);
-      wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
-                 WaitFor::Barrier);
+void HostComm::run(const CollectiveCall& call) {
+  {
+    std::unique_lock<std::mutex> g(queue_mu_);
+    if (pending_ != 0) {  // keep issue order: queue behind the asynchronous work
+      g.unlock();
+      submit(call)->wait(-1);
+      return;
     }
-  } catch (const CollectiveError& e) {
-    abort(e.what());
-    throw;
+  }
+  std::lock_guard<std::mutex> g(exec_mu_);
+  execute(call, ++seq_);
+}
+
+std::shared_ptr<Work> HostComm::submit(const CollectiveCall& call) {
+  check_usable(call.barrier ? "barrier" : collective_name(call.collective));
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> g(queue_mu_);
+    if (stopping_) throw CollectiveError("communicator is closing");
+    work->seq_ = ++seq_;
+    queue_.emplace_back(call, work);
+    ++pending_;
+    if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
+  }
+  queue_cv_.notify_one();
+  return work;
+}
+
+void HostComm::progress_loop() {
+  for (;;) {
+    std::pair<CollectiveCall, std::shared_ptr<Work>> item;
+    {
+      std::unique_lock<std::mutex> g(queue_mu_);
+      queue_cv_.wait(g, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      std::lock_guard<std::mutex> g(exec_mu_);
+      execute(item.first, item.second->seq());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> g(queue_mu_);
+      --pending_;
+    }
+    item.second->complete(error);
+  }
+}
+
+void HostComm::barrier_steps(const WaitContext& w) {
+  const uint64_t epoch = ++barrier_epoch_;
+  transport_.barrier(rank()).store(epoch, std::memory_order_release);
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    auto& flag = transport_.barrier(r);
+    wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
+               WaitFor::Barrier);
   }
 }
 

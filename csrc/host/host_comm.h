@@ -1,22 +1,29 @@
 // The host communicator: collectives on host memory over the shared-memory transport.
 //
 // Arguments are validated by the caller (the bindings); this layer checks only invariants.
+// Collectives run on the calling thread, or, when submitted asynchronously, on a progress
+// thread that runs them one at a time in submission order; a blocking call made while
+// asynchronous work is pending queues behind it.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "algo/ops.h"
+#include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
 
 namespace pycoll {
-
-enum class Algo : int { Auto = 0, Ring = 1 };
 
 struct HostCommOptions {
   size_t slot_bytes = 256 * 1024;
@@ -24,11 +31,55 @@ struct HostCommOptions {
   double timeout_s = 300.0;
   // Outputs of at least this many bytes bypass the cache (non-temporal stores).
   size_t stream_bytes = size_t{256} << 10;
+  bool debug = false;                    // log every collective and the algorithm chosen to stderr
+  size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
+};
+
+// One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of
+// at most `max_bytes` use `algo`. The first matching rule wins; ring when none matches.
+struct TuningRule {
+  Collective collective;
+  int min_ranks, max_ranks;
+  size_t max_bytes;
+  Algo algo;
+};
+
+// One collective call, everything needed to run it later.
+struct CollectiveCall {
+  bool barrier = false;  // a barrier, not a data collective
+  Collective collective = Collective::AllReduce;
+  Algo algo = Algo::Auto;  // Auto: forced algorithm if set and available, else the tuning table
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;  // as in ScheduleParams
+  DType dtype = DType::Float32;
+  RedOp op = RedOp::Sum;
+  int root = 0;
+};
+
+// Completion of an asynchronous collective.
+class Work {
+ public:
+  // Waits up to `timeout_s` (< 0: forever); true when done. Rethrows the collective's error.
+  bool wait(double timeout_s);
+  bool is_completed() const;
+  uint64_t seq() const { return seq_; }
+
+ private:
+  friend class HostComm;
+  void complete(std::exception_ptr error);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  uint64_t seq_ = 0;
 };
 
 class HostComm {
  public:
   HostComm(int rank, int size, const HostCommOptions& opts);
+  ~HostComm();
 
   const std::string& segment_name() const { return transport_.name(); }
   void attach(const std::vector<std::string>& names) { transport_.attach(names); }
@@ -36,39 +87,54 @@ class HostComm {
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
-  uint64_t seq() const { return seq_; }
-  double timeout() const { return timeout_s_; }
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  uint64_t seq() const { return seq_.load(); }
+  double timeout() const { return timeout_s_.load(); }
+  void set_timeout(double seconds) { timeout_s_.store(seconds); }
   const HostCommOptions& options() const { return opts_; }
+  void set_tuning(std::vector<TuningRule> rules) { tuning_ = std::move(rules); }
+  // An algorithm Auto uses wherever it exists (PYCOLL_ALGO); Auto to clear.
+  void set_forced(Algo a) { forced_ = a; }
+  // The algorithm Auto picks for this collective and size (bytes of the element type).
+  Algo choose(Collective c, size_t bytes) const;
 
   // Poisons the communicator: waits in progress stop, later calls fail at once.
   void abort(const std::string& reason);
   bool poisoned() const { return aborted_.load(); }
   std::string poison_reason() const;
 
-  void all_reduce(const void* in, void* out, size_t count, DType t, RedOp op, Algo a);
-  void reduce_scatter(const void* in, void* out, size_t count, DType t, RedOp op, Algo a);
-  void all_gather(const void* in, void* out, size_t count, DType t, Algo a);
-  void broadcast(void* buf, size_t count, DType t, int root, Algo a);
-  void reduce(const void* in, void* out, size_t count, DType t, RedOp op, int root, Algo a);
-  void barrier();
+  // Runs `call` now (after any pending asynchronous work).
+  void run(const CollectiveCall& call);
+  // Queues `call` on the progress thread.
+  std::shared_ptr<Work> submit(const CollectiveCall& call);
 
  private:
-  template <class Schedule>
-  void run(const char* name, CallBuffers call, Schedule&& schedule);
-  WaitContext begin(const char* name);
-  size_t piece_elems(DType t, bool acc_wire) const;
+  void execute(const CollectiveCall& call, uint64_t seq);
+  WaitContext wait_context(const char* name, uint64_t seq) const;
+  void check_usable(const char* name) const;
+  void progress_loop();
+  void barrier_steps(const WaitContext& w);
 
   HostCommOptions opts_;
   ShmTransport transport_;
-  std::vector<uint64_t> sent_, received_;
-  uint64_t seq_ = 0;
+  ChannelCounters counters_;
+  std::vector<uint8_t> scratch_;
+  std::vector<TuningRule> tuning_;
+  Algo forced_ = Algo::Auto;
+  std::atomic<uint64_t> seq_{0};
   uint64_t barrier_epoch_ = 0;
-  double timeout_s_;
+  std::atomic<double> timeout_s_;
   std::atomic<bool> aborted_{false};
-  std::mutex mu_;                 // one collective at a time
-  mutable std::mutex reason_mu_;  // guards poison_reason_
+  mutable std::mutex reason_mu_;
   std::string poison_reason_;
+
+  std::mutex exec_mu_;  // one collective runs at a time
+  // Progress thread, started by the first asynchronous call.
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::pair<CollectiveCall, std::shared_ptr<Work>>> queue_;
+  size_t pending_ = 0;  // queued or running asynchronous calls
+  bool stopping_ = false;
+  std::thread progress_;
 };
 
 }  // namespace pycoll

@@ -15,10 +15,13 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer.
+int flag_lines(int size) { return 3 * size + 2; }
 
 // A file descriptor that becomes readable when `pid` exits, or -1.
 int open_pidfd(int64_t pid) {
@@ -56,15 +59,16 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
   if (nslots < 1 || nslots > 64)
     throw InvalidArgument(str_cat("staging slot count must be in [1, 64], got ", nslots));
   flags_offset_ = kPage;
-  data_offset_ = round_up(flags_offset_ + static_cast<size_t>(2 * size + 1) * kCacheLine, kPage);
-  // One channel per peer (none to ourselves).
-  total_bytes_ = data_offset_ + static_cast<size_t>(size - 1) * nslots * slot_bytes;
+  data_offset_ =
+      round_up(flags_offset_ + static_cast<size_t>(flag_lines(size)) * kCacheLine, kPage);
+  // One channel per peer (none to ourselves), then the broadcast channel.
+  total_bytes_ = data_offset_ + static_cast<size_t>(size) * nslots * slot_bytes;
 
   own_ = ShmSegment::create("pycoll", total_bytes_);
   uint8_t* b = own_.data();
   auto* h = reinterpret_cast<SegmentHeader*>(b);
   std::memset(b, 0, data_offset_);
-  for (int i = 0; i < 2 * size + 1; ++i)
+  for (int i = 0; i < flag_lines(size); ++i)
     new (b + flags_offset_ + static_cast<size_t>(i) * kCacheLine) FlagLine{{0}, {}};
   h->version = kVersion;
   h->nranks = static_cast<uint32_t>(size);
@@ -113,6 +117,11 @@ size_t ShmTransport::channel_offset(int owner, int to) const {
 
 uint8_t* ShmTransport::slot(int from, int to, uint64_t m) const {
   return base_[from] + channel_offset(from, to) +
+         static_cast<size_t>((m - 1) % static_cast<uint64_t>(nslots_)) * slot_bytes_;
+}
+
+uint8_t* ShmTransport::bcast_slot(int from, uint64_t m) const {
+  return base_[from] + data_offset_ + static_cast<size_t>(size_ - 1) * nslots_ * slot_bytes_ +
          static_cast<size_t>((m - 1) % static_cast<uint64_t>(nslots_)) * slot_bytes_;
 }
 

@@ -5,8 +5,12 @@
 // own segment:
 //   posted[p]   messages this rank has put in its channel to p      (written by us, read by p)
 //   consumed[p] messages this rank has taken from p's channel to us (written by us, read by p)
+// It also holds a broadcast channel that every peer reads:
+//   bcast_posted     messages put in our broadcast channel         (written by us, read by all)
+//   bcast_consumed[p] messages taken from p's broadcast channel     (written by us, read by p)
 // Counters are monotonic (never reset, so no ABA) and each sits in its own cache line. Message
-// m (1-based) on a channel uses slot (m-1) % nslots; it may be written once consumed >= m-nslots.
+// m (1-based) on a channel uses slot (m-1) % nslots; it may be written once consumed >= m-nslots
+// (for the broadcast channel: once every peer's bcast_consumed >= m-nslots).
 #pragma once
 
 #include <atomic>
@@ -62,9 +66,15 @@ class ShmTransport {
 
   // Slot of message `m` (1-based) on the channel from -> to.
   uint8_t* slot(int from, int to, uint64_t m) const;
+  // Slot of message `m` on `from`'s broadcast channel.
+  uint8_t* bcast_slot(int from, uint64_t m) const;
   std::atomic<uint64_t>& posted(int owner, int peer) const { return flag(owner, peer * 2); }
   std::atomic<uint64_t>& consumed(int owner, int peer) const { return flag(owner, peer * 2 + 1); }
   std::atomic<uint64_t>& barrier(int owner) const { return flag(owner, size_ * 2); }
+  std::atomic<uint64_t>& bcast_posted(int owner) const { return flag(owner, size_ * 2 + 1); }
+  std::atomic<uint64_t>& bcast_consumed(int owner, int peer) const {
+    return flag(owner, size_ * 2 + 2 + peer);
+  }
 
  private:
   std::atomic<uint64_t>& flag(int owner, int index) const;

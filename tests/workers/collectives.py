@@ -1,7 +1,8 @@
 """Every collective x dtype x op x root x count x in-place against numpy and MPI.
 
-Usage: mpiexec -n N python collectives.py COLLECTIVE [small|default]
+Usage: mpiexec -n N python collectives.py COLLECTIVE [small|default] [ALGO,ALGO,...]
 `small` uses tiny staging slots so that even short vectors stream through many pieces.
+ALGO: ring, tree, direct or auto (default: all of them that have the collective).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
 
 class Checker:
-    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm):
-        self.comm, self.mpi = comm, mpi
+    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm, algorithm):
+        self.comm, self.mpi, self.algorithm = comm, mpi, algorithm
         self.rank, self.size = comm.rank, comm.size
         self.checks = 0
 
@@ -61,10 +62,10 @@ class Checker:
                         what = f"all_reduce {dt} {op} count={count} in_place={in_place}"
                         x = inputs[self.rank].copy()
                         if in_place:
-                            out = self.comm.all_reduce(x, op=op)
+                            out = self.comm.all_reduce(x, op=op, algorithm=self.algorithm)
                         else:
                             out = np.zeros_like(x)
-                            self.comm.all_reduce(x, out, op=op)
+                            self.comm.all_reduce(x, out, op=op, algorithm=self.algorithm)
                             assert np.array_equal(x, inputs[self.rank]), f"{what}: x modified"
                         check_close(out, want, dt, self.size, what, op)
                         self.same_everywhere(out, what)
@@ -94,7 +95,7 @@ class Checker:
                         what = f"reduce_scatter {dt} {op} count={count} in_place={in_place}"
                         x = inputs[r].copy()
                         out = x[r * count : (r + 1) * count] if in_place else np.zeros(count, dt)
-                        self.comm.reduce_scatter(x, out, op=op)
+                        self.comm.reduce_scatter(x, out, op=op, algorithm=self.algorithm)
                         check_close(out, want, dt, n, what, op)
                         self.checks += 1
                     if self.mpi_ok(dt, op) and count:
@@ -123,7 +124,7 @@ class Checker:
                         x[...] = inputs[r]
                     else:
                         x = inputs[r].copy()
-                    self.comm.all_gather(x, out)
+                    self.comm.all_gather(x, out, algorithm=self.algorithm)
                     assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), what
                     self.checks += 1
                 if count and dt.kind in "iuf" and dt.itemsize != 2:
@@ -139,7 +140,7 @@ class Checker:
                 for root in range(n):
                     what = f"broadcast {dt} count={count} root={root}"
                     x = inputs[r].copy()
-                    self.comm.broadcast(x, root=root)
+                    self.comm.broadcast(x, root=root, algorithm=self.algorithm)
                     assert np.array_equal(x.view(np.uint8), inputs[root].view(np.uint8)), what
                     self.checks += 1
                     if count and dt.kind in "iuf" and dt.itemsize != 2:
@@ -162,7 +163,9 @@ class Checker:
                             x = inputs[r].copy()
                             sentinel = make_input(r + 100, count, dt, op)
                             out = None if in_place else sentinel.copy()
-                            res = self.comm.reduce(x, out, root=root, op=op)
+                            res = self.comm.reduce(
+                                x, out, root=root, op=op, algorithm=self.algorithm
+                            )
                             if r == root:
                                 check_close(res, want, dt, n, what, op)
                             elif in_place:
@@ -188,17 +191,26 @@ class Checker:
                                 )
 
 
+TREE_COLLECTIVES = ("all_reduce", "broadcast", "reduce")
+
+
 def main():
     collective = sys.argv[1]
     staging = sys.argv[2] if len(sys.argv) > 2 else "default"
+    algos = (sys.argv[3] if len(sys.argv) > 3 else "ring,tree,direct,auto").split(",")
+    algos = [a for a in algos if a != "tree" or collective in TREE_COLLECTIVES]
     kwargs = {"staging_bytes": 256, "staging_slots": 2} if staging == "small" else {}
     mpi = MPI.COMM_WORLD
     with pc.Communicator(mpi, **kwargs) as comm:
-        checker = Checker(comm, mpi)
-        getattr(checker, collective)(staging)
-        comm.barrier()
-        if comm.rank == 0:
-            print(f"PASS {collective} ranks={comm.size} staging={staging} checks={checker.checks}")
+        for algo in algos:
+            checker = Checker(comm, mpi, None if algo == "auto" else algo)
+            getattr(checker, collective)(staging)
+            comm.barrier()
+            if comm.rank == 0:
+                print(
+                    f"PASS {collective} {algo} ranks={comm.size} staging={staging} "
+                    f"checks={checker.checks}"
+                )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+#include "algo/direct.h"
+
+#include "algo/steps.h"
+
+namespace pycoll {
+using namespace steps;
+
+void oneshot_allreduce(const ScheduleParams& p, StepSink& sink) {
+  if (p.size == 1) {
+    emit(sink, copy(in(0), out(0), p.count));
+    return;
+  }
+  for (size_t o = 0; o < p.count; o += p.piece) {
+    const size_t len = piece_len(p.count, o, p.piece);
+    emit(sink, send(kAllPeers, in(o), len, Wire::Acc));
+    emit(sink, recv_reduce_copy(kAllPeers, in(o), out(o), len, kNoPeer, /*bcast=*/true));
+  }
+}
+
+void twoshot_allreduce(const ScheduleParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  if (n == 1) {
+    emit(sink, copy(in(0), out(0), p.count));
+    return;
+  }
+  const size_t ss = (p.count + n - 1) / n;
+  auto shard_len = [&](int k) {
+    const size_t b = static_cast<size_t>(k) * ss;
+    return b < p.count ? std::min(ss, p.count - b) : size_t{0};
+  };
+  for (size_t o = 0; o < ss; o += p.piece) {
+    auto off = [&](int k) { return static_cast<size_t>(k) * ss + o; };
+    // Peers in a rotated order, so that not every rank starts with rank 0.
+    for (int d = 1; d < n; ++d) {
+      const int q = mod(r + d, n);
+      emit(sink, send(q, in(off(q)), piece_len(shard_len(q), o, p.piece), Wire::Acc));
+    }
+    emit(sink, recv_reduce_copy_send(kAllPeers, in(off(r)), out(off(r)), kAllPeers,
+                                     piece_len(shard_len(r), o, p.piece)));
+    for (int d = 1; d < n; ++d) {
+      const int q = mod(r - d, n);
+      emit(sink, recv(q, out(off(q)), piece_len(shard_len(q), o, p.piece), /*bcast=*/true));
+    }
+  }
+}
+
+void direct_allreduce(const ScheduleParams& p, StepSink& sink) {
+  if (p.count * p.acc_bytes <= p.oneshot_max_bytes)
+    oneshot_allreduce(p, sink);
+  else
+    twoshot_allreduce(p, sink);
+}
+
+void direct_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  const size_t m = p.count;
+  if (n == 1) {
+    emit(sink, copy(in(0), out(0), m));
+    return;
+  }
+  for (size_t o = 0; o < m; o += p.piece) {
+    const size_t len = piece_len(m, o, p.piece);
+    for (int d = 1; d < n; ++d) {
+      const int q = mod(r + d, n);
+      emit(sink, send(q, in(static_cast<size_t>(q) * m + o), len, Wire::Acc));
+    }
+    emit(sink, recv_reduce_copy(kAllPeers, in(static_cast<size_t>(r) * m + o), out(o), len));
+  }
+}
+
+void direct_allgather(const ScheduleParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  const size_t m = p.count;
+  for (size_t o = 0; o < m; o += p.piece) {
+    const size_t len = piece_len(m, o, p.piece);
+    emit(sink, copy(in(o), out(static_cast<size_t>(r) * m + o), len));
+    if (n == 1) continue;
+    emit(sink, send(kAllPeers, in(o), len, Wire::Elem));
+    for (int d = 1; d < n; ++d) {
+      const int q = mod(r - d, n);
+      emit(sink, recv(q, out(static_cast<size_t>(q) * m + o), len, /*bcast=*/true));
+    }
+  }
+}
+
+void direct_broadcast(const ScheduleParams& p, StepSink& sink) {
+  if (p.size == 1) return;
+  for (size_t o = 0; o < p.count; o += p.piece) {
+    const size_t len = piece_len(p.count, o, p.piece);
+    if (p.rank == p.root)
+      emit(sink, send(kAllPeers, out(o), len, Wire::Elem));
+    else
+      emit(sink, recv(p.root, out(o), len, /*bcast=*/true));
+  }
+}
+
+void direct_reduce(const ScheduleParams& p, StepSink& sink) {
+  if (p.size == 1) {
+    emit(sink, copy(in(0), out(0), p.count));
+    return;
+  }
+  for (size_t o = 0; o < p.count; o += p.piece) {
+    const size_t len = piece_len(p.count, o, p.piece);
+    if (p.rank == p.root)
+      emit(sink, recv_reduce_copy(kAllPeers, in(o), out(o), len));
+    else
+      emit(sink, send(p.root, in(o), len, Wire::Acc));
+  }
+}
+
+}  // namespace pycoll

@@ -1,0 +1,72 @@
+#include "algo/schedule.h"
+
+#include "algo/direct.h"
+#include "algo/ring.h"
+#include "algo/tree.h"
+#include "common/errors.h"
+
+namespace pycoll {
+
+const char* collective_name(Collective c) {
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                "reduce"};
+  return names[static_cast<int>(c)];
+}
+
+const char* algo_name(Algo a) {
+  static const char* names[] = {"auto", "ring", "tree", "direct"};
+  return names[static_cast<int>(a)];
+}
+
+bool algo_supports(Algo a, Collective c) {
+  if (a == Algo::Tree)
+    return c == Collective::AllReduce || c == Collective::Broadcast || c == Collective::Reduce;
+  return a == Algo::Ring || a == Algo::Direct;
+}
+
+bool carries_partials(Collective c) {
+  return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
+}
+
+void make_schedule(Algo a, Collective c, const ScheduleParams& p, StepSink& sink) {
+  PYCOLL_CHECK(algo_supports(a, c), algo_name(a), " has no ", collective_name(c));
+  switch (a) {
+    case Algo::Ring:
+      switch (c) {
+        case Collective::AllReduce:
+          return ring_allreduce(p, sink);
+        case Collective::ReduceScatter:
+          return ring_reduce_scatter(p, sink);
+        case Collective::AllGather:
+          return ring_allgather(p, sink);
+        case Collective::Broadcast:
+          return ring_broadcast(p, sink);
+        case Collective::Reduce:
+          return ring_reduce(p, sink);
+      }
+      break;
+    case Algo::Tree:
+      if (c == Collective::AllReduce) return tree_allreduce(p, sink);
+      if (c == Collective::Broadcast) return tree_broadcast(p, sink);
+      return tree_reduce(p, sink);
+    case Algo::Direct:
+      switch (c) {
+        case Collective::AllReduce:
+          return direct_allreduce(p, sink);
+        case Collective::ReduceScatter:
+          return direct_reduce_scatter(p, sink);
+        case Collective::AllGather:
+          return direct_allgather(p, sink);
+        case Collective::Broadcast:
+          return direct_broadcast(p, sink);
+        case Collective::Reduce:
+          return direct_reduce(p, sink);
+      }
+      break;
+    case Algo::Auto:
+      break;
+  }
+  PYCOLL_CHECK(false, "no schedule chosen");
+}
+
+}  // namespace pycoll

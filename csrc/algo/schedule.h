@@ -1,0 +1,25 @@
+// One entry point for every (algorithm, collective) schedule.
+#pragma once
+
+#include <cstddef>
+
+#include "algo/ops.h"
+
+namespace pycoll {
+
+enum class Collective : int { AllReduce = 0, ReduceScatter, AllGather, Broadcast, Reduce };
+enum class Algo : int { Auto = 0, Ring = 1, Tree = 2, Direct = 3 };
+constexpr int kNumAlgos = 4;
+constexpr int kNumCollectives = 5;
+
+const char* collective_name(Collective c);
+const char* algo_name(Algo a);
+// Whether `a` has a schedule for `c` (tree covers all-reduce, broadcast and reduce).
+bool algo_supports(Algo a, Collective c);
+// Whether messages of `c` carry partial reductions (and so travel in the accumulation type).
+bool carries_partials(Collective c);
+
+// Emits rank p.rank's steps.
+void make_schedule(Algo a, Collective c, const ScheduleParams& p, StepSink& sink);
+
+}  // namespace pycoll

@@ -1,0 +1,100 @@
+// Builders for Steps, shared by the schedule files.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "algo/ops.h"
+
+namespace pycoll {
+namespace steps {
+
+inline int mod(int a, int n) { return ((a % n) + n) % n; }
+inline BufRef in(size_t off) { return BufRef{Buf::Input, off}; }
+inline BufRef out(size_t off) { return BufRef{Buf::Output, off}; }
+
+// Elements of piece `o` of a range of `len` elements, `piece` at a time (0 past its end).
+inline size_t piece_len(size_t len, size_t o, size_t piece) {
+  return o < len ? std::min(piece, len - o) : size_t{0};
+}
+
+inline Step send(int to, BufRef src, size_t n, Wire w, int to2 = kNoPeer) {
+  Step s{StepKind::Send};
+  s.to = to;
+  s.to2 = to2;
+  s.src = src;
+  s.count = n;
+  s.send_wire = w;
+  return s;
+}
+
+inline Step recv(int from, BufRef dst, size_t n, bool bcast = false) {
+  Step s{StepKind::Recv};
+  s.from = from;
+  s.recv_bcast = bcast;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+inline Step recv_reduce_send(int from, BufRef src, int to, size_t n, int from2 = kNoPeer) {
+  Step s{StepKind::RecvReduceSend, Wire::Acc, Wire::Acc};
+  s.from = from;
+  s.from2 = from2;
+  s.to = to;
+  s.src = src;
+  s.count = n;
+  return s;
+}
+
+inline Step recv_reduce_copy(int from, BufRef src, BufRef dst, size_t n, int from2 = kNoPeer,
+                             bool bcast = false) {
+  Step s{StepKind::RecvReduceCopy, Wire::Acc};
+  s.from = from;
+  s.from2 = from2;
+  s.recv_bcast = bcast;
+  s.src = src;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+inline Step recv_reduce_copy_send(int from, BufRef src, BufRef dst, int to, size_t n,
+                                  int from2 = kNoPeer, int to2 = kNoPeer) {
+  Step s{StepKind::RecvReduceCopySend, Wire::Acc, Wire::Elem};
+  s.from = from;
+  s.from2 = from2;
+  s.to = to;
+  s.to2 = to2;
+  s.src = src;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+inline Step recv_copy_send(int from, BufRef dst, int to, size_t n, int to2 = kNoPeer) {
+  Step s{StepKind::RecvCopySend};
+  s.from = from;
+  s.to = to;
+  s.to2 = to2;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+inline Step copy(BufRef src, BufRef dst, size_t n) {
+  Step s{StepKind::Copy};
+  s.src = src;
+  s.dst = dst;
+  s.count = n;
+  return s;
+}
+
+// Emits a step unless it moves nothing; both ends of a message compute the same length, so
+// they skip it alike.
+inline void emit(StepSink& sink, const Step& s) {
+  if (s.count != 0) sink.step(s);
+}
+
+}  // namespace steps
+}  // namespace pycoll
