@@ -1,0 +1,9 @@
+"""Asynchronous collectives and GIL release (see workers/async_ops.py)."""
+
+import pytest
+from mpi_harness import run_mpi
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_async_collectives(nranks):
+    assert "PASS async" in run_mpi(nranks, "async_ops.py", timeout=120)
