@@ -1,7 +1,8 @@
 """Ring vs tree vs direct vs auto vs MPI, per size, in one run; optionally writes tuning rules.
 
     mpiexec -n 2 python benchmarks/algorithms.py [--collective all_reduce] [--json FILE]
-    python benchmarks/algorithms.py --merge r2.json r3.json r4.json --write pycollectives/tuning.json
+    python benchmarks/algorithms.py --merge r2.json r3.json r4.json \
+        --write pycollectives/tuning.json
 
 Latency sizes (8 B - 64 KiB) report microseconds, bandwidth sizes (to 64 MiB) busbw in GB/s
 as nccl-tests defines it. Each algorithm's batch alternates with the others' and MPI's, best
@@ -146,7 +147,7 @@ def merge(args):
             runs.append(json.load(f))
     runs.sort(key=lambda r: (r["collective"], r["ranks"]))
     rules = []
-    for i, run in enumerate(runs):
+    for run in runs:
         same = [r["ranks"] for r in runs if r["collective"] == run["collective"]]
         # The largest measured rank count also covers everything above it.
         hi = run["ranks"] if run["ranks"] != max(same) else 1 << 20
