@@ -104,6 +104,13 @@ class Communicator:
             raise ValueError(f"PYCOLL_ALGO={forced!r}: expected one of {', '.join(ALGORITHMS)}")
         if opts.timeout <= 0:
             raise ValueError(f"timeout must be positive, got {opts.timeout}")
+        if opts.slot_bytes < 64 or opts.slot_bytes % 64:
+            raise ValueError(
+                f"staging_bytes must be a positive multiple of 64, got {opts.slot_bytes}"
+            )
+        if not 2 <= opts.nslots <= 64:
+            # A step may hold an incoming slot while it waits for an outgoing one.
+            raise ValueError(f"staging_slots must be in [2, 64], got {opts.nslots}")
         self._c = None
         self._mpi = base.Dup()
         try:

@@ -56,8 +56,10 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
   if (slot_bytes < kCacheLine || slot_bytes % kCacheLine != 0)
     throw InvalidArgument(str_cat("staging slot size must be a positive multiple of ", kCacheLine,
                                   " bytes, got ", slot_bytes));
-  if (nslots < 1 || nslots > 64)
-    throw InvalidArgument(str_cat("staging slot count must be in [1, 64], got ", nslots));
+  // A step may hold an incoming slot while it waits for an outgoing one; with a single slot
+  // per channel two neighbours doing that wait for each other forever.
+  if (nslots < 2 || nslots > 64)
+    throw InvalidArgument(str_cat("staging slot count must be in [2, 64], got ", nslots));
   flags_offset_ = kPage;
   data_offset_ =
       round_up(flags_offset_ + static_cast<size_t>(flag_lines(size)) * kCacheLine, kPage);

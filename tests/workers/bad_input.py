@@ -25,6 +25,10 @@ def expect(exc, words, fn, *args, **kwargs):
 
 
 def main():
+    # Configuration errors surface before any rendezvous, on every rank alike.
+    expect(ValueError, ["staging_slots", "[2, 64]"], pc.Communicator, staging_slots=1)
+    expect(ValueError, ["staging_bytes", "64"], pc.Communicator, staging_bytes=100)
+    expect(ValueError, ["timeout"], pc.Communicator, timeout=0)
     with pc.Communicator() as comm:
         n, r = comm.size, comm.rank
         f32 = np.ones(8, np.float32)
