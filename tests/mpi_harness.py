@@ -28,8 +28,10 @@ def run_mpi(
     timeout: float = 300,
     env: dict | None = None,
     mpiexec_args: tuple = (),
+    with_stderr: bool = False,
 ):
-    """Runs tests/workers/<worker> on `nprocs` ranks; returns its stdout. Fails on non-zero exit."""
+    """Runs tests/workers/<worker> on `nprocs` ranks; returns its stdout (and stderr if asked).
+    Fails on non-zero exit."""
     full_env = dict(os.environ)
     full_env.setdefault("PYCOLL_TIMEOUT", "60")
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -48,4 +50,4 @@ def run_mpi(
             f"{' '.join(cmd)} exited with {proc.returncode}\n"
             f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
-    return proc.stdout
+    return (proc.stdout, proc.stderr) if with_stderr else proc.stdout
