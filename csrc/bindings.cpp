@@ -158,7 +158,8 @@ void bind_host_comm(py::module_& m) {
       .def_readwrite("timeout", &HostCommOptions::timeout_s)
       .def_readwrite("stream_bytes", &HostCommOptions::stream_bytes)
       .def_readwrite("debug", &HostCommOptions::debug)
-      .def_readwrite("oneshot_max_bytes", &HostCommOptions::oneshot_max_bytes);
+      .def_readwrite("oneshot_max_bytes", &HostCommOptions::oneshot_max_bytes)
+      .def_readwrite("check_mismatch", &HostCommOptions::check_mismatch);
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def(

@@ -16,6 +16,7 @@ class HostCommOptions:
     stream_bytes: int
     debug: bool
     oneshot_max_bytes: int
+    check_mismatch: bool
     def __init__(self) -> None: ...
 
 class Work:

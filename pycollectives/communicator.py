@@ -99,6 +99,8 @@ class Communicator:
         opts.stream_bytes = _env_number("PYCOLL_STREAM_BYTES", opts.stream_bytes, int)
         opts.oneshot_max_bytes = _env_number("PYCOLL_ONESHOT_BYTES", opts.oneshot_max_bytes, int)
         opts.debug = os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
+        # Mismatch detection is always on; PYCOLL_CHECK_MISMATCH=0 exists to measure its cost.
+        opts.check_mismatch = os.environ.get("PYCOLL_CHECK_MISMATCH", "1") != "0"
         forced = (os.environ.get("PYCOLL_ALGO") or "").lower() or None
         if forced is not None and forced not in ALGORITHMS:
             raise ValueError(f"PYCOLL_ALGO={forced!r}: expected one of {', '.join(ALGORITHMS)}")

@@ -49,12 +49,15 @@ const uint8_t* HostExecutor::wait_recv(int from, bool bcast, size_t bytes) {
     auto& posted = t_.bcast_posted(from);
     wait_until([&] { return posted.load(std::memory_order_acquire) >= m; }, wait_, from,
                WaitFor::Data);
+    if (wait_.fingerprints != nullptr) wait_.fingerprints->check(from);
     return t_.bcast_slot(from, m);
   }
   const uint64_t m = c_.received[from] + 1;
   auto& posted = t_.posted(from, me);
   wait_until([&] { return posted.load(std::memory_order_acquire) >= m; }, wait_, from,
              WaitFor::Data);
+  // The sender published its fingerprint before this message: check it before using the data.
+  if (wait_.fingerprints != nullptr) wait_.fingerprints->check(from);
   return t_.slot(from, me, m);
 }
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/errors.h"
+#include "host/fingerprint.h"
 
 namespace pycoll {
 
@@ -95,10 +96,17 @@ WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
 void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const char* name = call.barrier ? "barrier" : collective_name(call.collective);
   check_usable(name);
+  Fingerprint mine;
+  mine.seq = seq;
   if (call.barrier) {
-    const WaitContext w = wait_context(name, seq);
+    mine.kind = kBarrierKind;
+    FingerprintGuard guard(transport_, mine);
+    WaitContext w = wait_context(name, seq);
+    w.fingerprints = &guard;
     try {
+      guard.publish();
       barrier_steps(w);
+      guard.finish(w);
     } catch (const CollectiveError& e) {
       abort(e.what());
       throw;
@@ -140,11 +148,23 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   p.acc_bytes = acc_size(call.dtype);
   p.oneshot_max_bytes = opts_.oneshot_max_bytes;
 
-  const WaitContext w = wait_context(name, seq);
+  mine.kind = static_cast<int>(call.collective);
+  mine.algo = static_cast<int>(algo);
+  mine.count = call.count;
+  mine.dtype = static_cast<int>(call.dtype);
+  mine.op = carries_partials(call.collective) ? static_cast<int>(call.op) : 0;
+  mine.root = (call.collective == Collective::Broadcast || call.collective == Collective::Reduce)
+                  ? call.root
+                  : 0;
+  FingerprintGuard guard(transport_, mine);
+  WaitContext w = wait_context(name, seq);
+  if (opts_.check_mismatch) w.fingerprints = &guard;
   try {
+    if (w.fingerprints) guard.publish();
     HostExecutor exec(transport_, counters_, scratch_.data(), w, buf);
     make_schedule(algo, call.collective, p, exec);
     exec.finish();
+    if (w.fingerprints) guard.finish(w);
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
     throw;

@@ -33,6 +33,7 @@ struct HostCommOptions {
   size_t stream_bytes = size_t{256} << 10;
   bool debug = false;                    // log every collective and the algorithm chosen to stderr
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
+  bool check_mismatch = true;            // publish and check fingerprints (off only to measure)
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of

@@ -15,13 +15,16 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer.
 int flag_lines(int size) { return 3 * size + 2; }
+
+// The fingerprint ring follows the flag lines.
+size_t fingerprint_bytes() { return kFingerprintHistory * sizeof(FingerprintSlot); }
 
 // A file descriptor that becomes readable when `pid` exits, or -1.
 int open_pidfd(int64_t pid) {
@@ -61,8 +64,8 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
   if (nslots < 2 || nslots > 64)
     throw InvalidArgument(str_cat("staging slot count must be in [2, 64], got ", nslots));
   flags_offset_ = kPage;
-  data_offset_ =
-      round_up(flags_offset_ + static_cast<size_t>(flag_lines(size)) * kCacheLine, kPage);
+  fingerprints_offset_ = flags_offset_ + static_cast<size_t>(flag_lines(size)) * kCacheLine;
+  data_offset_ = round_up(fingerprints_offset_ + fingerprint_bytes(), kPage);
   // One channel per peer (none to ourselves), then the broadcast channel.
   total_bytes_ = data_offset_ + static_cast<size_t>(size) * nslots * slot_bytes;
 
@@ -125,6 +128,11 @@ uint8_t* ShmTransport::slot(int from, int to, uint64_t m) const {
 uint8_t* ShmTransport::bcast_slot(int from, uint64_t m) const {
   return base_[from] + data_offset_ + static_cast<size_t>(size_ - 1) * nslots_ * slot_bytes_ +
          static_cast<size_t>((m - 1) % static_cast<uint64_t>(nslots_)) * slot_bytes_;
+}
+
+FingerprintSlot& ShmTransport::fingerprint(int owner, uint64_t seq) const {
+  return reinterpret_cast<FingerprintSlot*>(base_[owner] +
+                                            fingerprints_offset_)[seq % kFingerprintHistory];
 }
 
 std::atomic<uint64_t>& ShmTransport::flag(int owner, int index) const {

@@ -8,6 +8,7 @@
 // It also holds a broadcast channel that every peer reads:
 //   bcast_posted     messages put in our broadcast channel         (written by us, read by all)
 //   bcast_consumed[p] messages taken from p's broadcast channel     (written by us, read by p)
+// and a ring of fingerprints of its recent collectives (see fingerprint.h).
 // Counters are monotonic (never reset, so no ABA) and each sits in its own cache line. Message
 // m (1-based) on a channel uses slot (m-1) % nslots; it may be written once consumed >= m-nslots
 // (for the broadcast channel: once every peer's bcast_consumed >= m-nslots).
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "host/fingerprint.h"
 #include "host/shm_segment.h"
 
 namespace pycoll {
@@ -75,6 +77,8 @@ class ShmTransport {
   std::atomic<uint64_t>& bcast_consumed(int owner, int peer) const {
     return flag(owner, size_ * 2 + 2 + peer);
   }
+  // `owner`'s fingerprint entry for collective #seq (a ring of recent entries).
+  FingerprintSlot& fingerprint(int owner, uint64_t seq) const;
 
  private:
   std::atomic<uint64_t>& flag(int owner, int index) const;
@@ -82,7 +86,7 @@ class ShmTransport {
 
   int rank_, size_, nslots_;
   size_t slot_bytes_;
-  size_t flags_offset_, data_offset_, total_bytes_;
+  size_t flags_offset_, fingerprints_offset_, data_offset_, total_bytes_;
   ShmSegment own_;
   std::vector<ShmSegment> peers_;  // by rank; our own slot stays empty
   std::vector<uint8_t*> base_;     // every rank's mapping, ours included

@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "common/errors.h"
+#include "host/fingerprint.h"
 #include "host/shm_transport.h"
 
 namespace pycoll {
@@ -28,6 +29,7 @@ void Sleeper::sleep() {
 void check_wait(const WaitContext& ctx, int peer) {
   if (ctx.abort != nullptr && ctx.abort->load(std::memory_order_relaxed))
     throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": communicator was aborted"));
+  if (ctx.fingerprints != nullptr) ctx.fingerprints->check_arrived();
   if (ctx.transport != nullptr && peer >= 0) {
     if (!ctx.transport->peer_alive(peer))
       throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ", peer, " (pid ",
@@ -36,9 +38,10 @@ void check_wait(const WaitContext& ctx, int peer) {
 }
 
 void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
-  const char* why = what == WaitFor::Data    ? "waiting for data from it"
-                    : what == WaitFor::Space ? "waiting for it to drain a staging slot"
-                                             : "waiting for it at the barrier";
+  const char* why = what == WaitFor::Data      ? "waiting for data from it"
+                    : what == WaitFor::Space   ? "waiting for it to drain a staging slot"
+                    : what == WaitFor::Arrival ? "waiting for it to start the collective"
+                                               : "waiting for it at the barrier";
   throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s,
                                   " s: rank ", peer, " did not arrive (", why, ")"));
 }

@@ -23,10 +23,11 @@
 namespace pycoll {
 
 class ShmTransport;
+class FingerprintGuard;
 using Clock = std::chrono::steady_clock;
 
 // Why we wait (for the error message if the wait fails).
-enum class WaitFor { Data, Space, Barrier };
+enum class WaitFor { Data, Space, Barrier, Arrival };
 
 // Everything a wait needs to know to give up properly.
 struct WaitContext {
@@ -36,9 +37,11 @@ struct WaitContext {
   double timeout_s = 0;
   const ShmTransport* transport = nullptr;
   const std::atomic<bool>* abort = nullptr;
+  FingerprintGuard* fingerprints = nullptr;  // checked while a wait drags on
 };
 
-// Throws if waiting on `peer` no longer makes sense: it died, or the communicator was aborted.
+// Throws if waiting on `peer` no longer makes sense: it died, the communicator was aborted, or
+// a peer turned out to run a different collective.
 void check_wait(const WaitContext& ctx, int peer);
 [[noreturn]] void throw_timeout(const WaitContext& ctx, int peer, WaitFor what);
 

@@ -1,0 +1,122 @@
+#include "host/fingerprint.h"
+
+#include "common/errors.h"
+#include "host/shm_transport.h"
+#include "host/wait.h"
+
+namespace pycoll {
+
+uint64_t Fingerprint::packed() const {
+  return static_cast<uint64_t>(kind & 0xff) | static_cast<uint64_t>(algo & 0xff) << 8 |
+         static_cast<uint64_t>(dtype & 0xff) << 16 | static_cast<uint64_t>(op & 0xff) << 24 |
+         static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
+}
+
+Fingerprint Fingerprint::unpack(uint64_t seq, uint64_t count, uint64_t packed) {
+  Fingerprint f;
+  f.seq = seq;
+  f.count = count;
+  f.kind = static_cast<int>(packed & 0xff);
+  f.algo = static_cast<int>(packed >> 8 & 0xff);
+  f.dtype = static_cast<int>(packed >> 16 & 0xff);
+  f.op = static_cast<int>(packed >> 24 & 0xff);
+  f.root = static_cast<int32_t>(static_cast<uint32_t>(packed >> 32));
+  return f;
+}
+
+std::string Fingerprint::describe() const {
+  if (kind == kBarrierKind) return "barrier";
+  if (kind < 0 || kind >= kNumCollectives) return str_cat("unknown collective ", kind);
+  const auto c = static_cast<Collective>(kind);
+  std::string s =
+      str_cat(collective_name(c), " count=", count,
+              " dtype=", valid_dtype(dtype) ? dtype_name(static_cast<DType>(dtype)) : "?");
+  if (carries_partials(c))
+    s += str_cat(" op=", valid_redop(op) ? redop_name(static_cast<RedOp>(op)) : "?");
+  if (c == Collective::Broadcast || c == Collective::Reduce) s += str_cat(" root=", root);
+  s += str_cat(" algorithm=",
+               algo >= 0 && algo < kNumAlgos ? algo_name(static_cast<Algo>(algo)) : "?");
+  return s;
+}
+
+std::string Fingerprint::differences(const Fingerprint& o) const {
+  std::string d;
+  auto add = [&](bool differs, const char* name) {
+    if (differs) d += str_cat(d.empty() ? "" : ", ", name);
+  };
+  add(kind != o.kind, "collective");
+  add(count != o.count, "count");
+  add(dtype != o.dtype, "dtype");
+  add(op != o.op, "op");
+  add(root != o.root, "root");
+  add(algo != o.algo, "algorithm");
+  return d;
+}
+
+FingerprintGuard::FingerprintGuard(const ShmTransport& t, const Fingerprint& mine)
+    : t_(t), mine_(mine), checked_(t.size(), 0), unchecked_(t.size() - 1) {
+  checked_[t.rank()] = 1;
+}
+
+void FingerprintGuard::publish() {
+  FingerprintSlot& e = t_.fingerprint(t_.rank(), mine_.seq);
+  e.seq.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  e.count.store(mine_.count, std::memory_order_relaxed);
+  e.packed.store(mine_.packed(), std::memory_order_relaxed);
+  e.seq.store(mine_.seq, std::memory_order_release);
+}
+
+FingerprintGuard::Seen FingerprintGuard::read(int peer, Fingerprint* out) const {
+  const FingerprintSlot& e = t_.fingerprint(peer, mine_.seq);
+  const uint64_t s1 = e.seq.load(std::memory_order_acquire);
+  if (s1 == 0 || s1 < mine_.seq) return Seen::NotYet;
+  if (s1 > mine_.seq) return Seen::Gone;  // already reused for a later collective
+  const uint64_t count = e.count.load(std::memory_order_relaxed);
+  const uint64_t packed = e.packed.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (e.seq.load(std::memory_order_relaxed) != s1) return Seen::NotYet;  // torn: look again
+  *out = Fingerprint::unpack(s1, count, packed);
+  return out->same_call(mine_) ? Seen::Match : Seen::Mismatch;
+}
+
+void FingerprintGuard::check(int peer) {
+  if (checked_[peer]) return;
+  Fingerprint theirs;
+  const Seen s = read(peer, &theirs);
+  if (s == Seen::Mismatch) raise_mismatch(peer, theirs);
+  if (s != Seen::NotYet) {
+    checked_[peer] = 1;
+    --unchecked_;
+  }
+}
+
+void FingerprintGuard::check_arrived() {
+  for (int p = 0; p < t_.size() && unchecked_ > 0; ++p) check(p);
+}
+
+void FingerprintGuard::finish(const WaitContext& w) {
+  for (int p = 0; p < t_.size() && unchecked_ > 0; ++p) {
+    if (checked_[p]) continue;
+    Fingerprint theirs;
+    wait_until([&] { return read(p, &theirs) != Seen::NotYet; }, w, p, WaitFor::Arrival);
+    check(p);
+  }
+}
+
+void FingerprintGuard::raise_mismatch(int first_peer, const Fingerprint& theirs) const {
+  const char* name =
+      mine_.kind == kBarrierKind ? "barrier" : collective_name(static_cast<Collective>(mine_.kind));
+  std::string msg = str_cat(name, " #", mine_.seq, ": ranks disagree on the collective (",
+                            theirs.differences(mine_), "): rank ", t_.rank(), " runs ",
+                            mine_.describe(), "; rank ", first_peer, " runs ", theirs.describe());
+  // Name every other rank that has published something different too.
+  for (int p = 0; p < t_.size(); ++p) {
+    if (p == t_.rank() || p == first_peer) continue;
+    Fingerprint f;
+    if (read(p, &f) == Seen::Mismatch) msg += str_cat("; rank ", p, " runs ", f.describe());
+  }
+  throw CollectiveMismatch(msg);
+}
+
+}  // namespace pycoll

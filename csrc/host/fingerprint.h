@@ -1,0 +1,76 @@
+// Mismatch detection: every rank publishes what it is about to run, and checks its peers'.
+//
+// Before any data moves, a rank writes the fingerprint of collective #seq (collective,
+// algorithm, count, dtype, op, root) into its segment, in a ring of recent entries guarded
+// seqlock-style. A rank checks a peer's entry the first time data arrives from that peer,
+// whenever a wait drags on, and, for peers it never heard from, at the end of the collective.
+// So a disagreement raises CollectiveMismatch on every rank instead of a silent wrong answer
+// or a hang.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "algo/schedule.h"
+#include "common/dtypes.h"
+
+namespace pycoll {
+
+class ShmTransport;
+struct WaitContext;
+
+struct Fingerprint {
+  uint64_t seq = 0;
+  int kind = 0;  // a Collective, or kBarrierKind
+  int algo = 0;
+  uint64_t count = 0;
+  int dtype = 0;
+  int op = 0;
+  int root = 0;
+
+  uint64_t packed() const;
+  static Fingerprint unpack(uint64_t seq, uint64_t count, uint64_t packed);
+  std::string describe() const;
+  // Names of the fields that differ from `o` ("count, dtype").
+  std::string differences(const Fingerprint& o) const;
+  bool same_call(const Fingerprint& o) const { return packed() == o.packed() && count == o.count; }
+};
+
+constexpr int kBarrierKind = kNumCollectives;
+constexpr int kFingerprintHistory = 8;
+
+// One entry of a segment's fingerprint ring (written only by the segment's owner).
+struct alignas(32) FingerprintSlot {
+  std::atomic<uint64_t> seq;  // 0 while being written
+  std::atomic<uint64_t> count;
+  std::atomic<uint64_t> packed;
+  uint64_t pad;
+};
+
+class FingerprintGuard {
+ public:
+  FingerprintGuard(const ShmTransport& t, const Fingerprint& mine);
+
+  // Writes our fingerprint; call before any data moves.
+  void publish();
+  // Checks `peer` if not yet done and it has published (throws CollectiveMismatch).
+  void check(int peer);
+  // Checks every peer that has published.
+  void check_arrived();
+  // Waits for every unchecked peer to publish, and checks it.
+  void finish(const WaitContext& w);
+
+ private:
+  enum class Seen { NotYet, Match, Mismatch, Gone };
+  Seen read(int peer, Fingerprint* out) const;
+  [[noreturn]] void raise_mismatch(int first_peer, const Fingerprint& theirs) const;
+
+  const ShmTransport& t_;
+  Fingerprint mine_;
+  std::vector<char> checked_;
+  int unchecked_;
+};
+
+}  // namespace pycoll
