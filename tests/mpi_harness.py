@@ -29,6 +29,7 @@ def run_mpi(
     env: dict | None = None,
     mpiexec_args: tuple = (),
     with_stderr: bool = False,
+    returncodes: tuple = (0,),
 ):
     """Runs tests/workers/<worker> on `nprocs` ranks; returns its stdout (and stderr if asked).
     Fails on non-zero exit."""
@@ -45,7 +46,7 @@ def run_mpi(
         )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\n{e.stdout}\n{e.stderr}")
-    if proc.returncode != 0:
+    if proc.returncode not in returncodes:
         pytest.fail(
             f"{' '.join(cmd)} exited with {proc.returncode}\n"
             f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"

@@ -104,6 +104,15 @@ void FingerprintGuard::finish(const WaitContext& w) {
   }
 }
 
+std::vector<int> FingerprintGuard::missing() const {
+  std::vector<int> m;
+  for (int p = 0; p < t_.size(); ++p) {
+    Fingerprint f;
+    if (p != t_.rank() && !checked_[p] && read(p, &f) == Seen::NotYet) m.push_back(p);
+  }
+  return m;
+}
+
 void FingerprintGuard::raise_mismatch(int first_peer, const Fingerprint& theirs) const {
   const char* name =
       mine_.kind == kBarrierKind ? "barrier" : collective_name(static_cast<Collective>(mine_.kind));

@@ -61,6 +61,8 @@ class FingerprintGuard {
   void check_arrived();
   // Waits for every unchecked peer to publish, and checks it.
   void finish(const WaitContext& w);
+  // Ranks that have not yet started this collective.
+  std::vector<int> missing() const;
 
  private:
   enum class Seen { NotYet, Match, Mismatch, Gone };

@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 
 #include <cerrno>
+#include <string>
 
 #include "common/errors.h"
 #include "host/fingerprint.h"
@@ -42,8 +43,13 @@ void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
                     : what == WaitFor::Space   ? "waiting for it to drain a staging slot"
                     : what == WaitFor::Arrival ? "waiting for it to start the collective"
                                                : "waiting for it at the barrier";
-  throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s,
-                                  " s: rank ", peer, " did not arrive (", why, ")"));
+  std::string missing;
+  if (ctx.fingerprints != nullptr)
+    for (int r : ctx.fingerprints->missing()) missing += str_cat(missing.empty() ? "" : ", ", r);
+  throw CollectiveTimeout(
+      str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s, " s: rank ", peer,
+              " did not arrive (", why, ")",
+              missing.empty() ? "" : "; ranks that never started it: ", missing));
 }
 
 }  // namespace pycoll

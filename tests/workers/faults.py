@@ -6,6 +6,7 @@ Usage: mpiexec -n 2 python faults.py skip|die
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -28,6 +29,7 @@ def skip():
             took = time.monotonic() - t0
             msg = str(e)
             assert "all_reduce #2" in msg and "rank 1" in msg, msg
+            assert "never started it: 1" in msg, msg
             assert 0.9 < took < 5, took
         else:
             raise AssertionError("no timeout")
@@ -64,5 +66,37 @@ def die():
     os._exit(0)
 
 
+def kill9():
+    comm = pc.Communicator(timeout=60.0)
+    x = np.ones(1 << 20, np.float32)
+    comm.all_reduce(x)
+    if comm.rank == 1:
+        time.sleep(0.2)  # rank 0 is inside the next all-reduce by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x)
+    except pc.CollectiveError as e:
+        took = time.monotonic() - t0
+        assert "rank 1" in str(e) and "no longer running" in str(e), str(e)
+        assert took < 5, took
+        print(f"PASS kill9 detected {took - 0.2:.2f} s after the kill", flush=True)
+    else:
+        raise AssertionError("killed peer not detected")
+    os._exit(0)
+
+
+def loop():
+    # Collectives until killed (bounded: 60 s at most).
+    comm = pc.Communicator(timeout=60.0)
+    x = np.ones(1 << 16, np.float32)
+    if comm.rank == 0:
+        print("looping", flush=True)
+    t_end = time.monotonic() + 60
+    while time.monotonic() < t_end:
+        comm.all_reduce(x)
+    comm.close()
+
+
 if __name__ == "__main__":
-    run_main({"skip": skip, "die": die}[sys.argv[1]])
+    run_main({"skip": skip, "die": die, "kill9": kill9, "loop": loop}[sys.argv[1]])
