@@ -52,3 +52,8 @@ def run_mpi(
             f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return (proc.stdout, proc.stderr) if with_stderr else proc.stdout
+
+
+def our_segments() -> set:
+    """This user's pycollectives segments currently in /dev/shm."""
+    return {f for f in os.listdir("/dev/shm") if f.startswith(f"pycoll-{os.getuid()}-")}

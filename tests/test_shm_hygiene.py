@@ -8,13 +8,9 @@ import sys
 import time
 
 import pytest
-from mpi_harness import WORKERS, mpiexec, run_mpi
+from mpi_harness import WORKERS, mpiexec, our_segments, run_mpi
 
 from pycollectives import _C
-
-
-def our_segments():
-    return {f for f in os.listdir("/dev/shm") if f.startswith(f"pycoll-{os.getuid()}-")}
 
 
 def host_pair(slot_bytes=4096):
