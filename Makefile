@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 NP     ?= 4
-DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn scikit-build-core pybind11 ninja cmake
+DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn torch==2.13.0 scikit-build-core pybind11 ninja cmake
 LINT_DEPS := ruff clang-format
 
 .PHONY: run test gpu-test lint format bench install clean

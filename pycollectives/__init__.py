@@ -11,6 +11,7 @@ Example (run with ``mpiexec -n 2 python example.py``)::
 """
 
 from pycollectives.communicator import Communicator
+from pycollectives.ddp import DataParallel, DistributedSampler, GradientBucketer
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.ops import ALGORITHMS, AVG, MAX, MIN, PROD, SUM, ReduceOp
 from pycollectives.work import Work
@@ -28,6 +29,9 @@ __all__ = [
     "CollectiveMismatch",
     "CollectiveTimeout",
     "Communicator",
+    "DataParallel",
+    "DistributedSampler",
+    "GradientBucketer",
     "ReduceOp",
     "Work",
 ]

@@ -2,10 +2,11 @@
 
     mpiexec -n 4 python -m pycollectives.examples.train [--epochs 20] [--batch-size 32]
 
-Every rank holds a replica of a two-layer MLP and trains on its own shard of each epoch's
-shuffled data; after each backward pass the gradients (views into one flat buffer) are
-averaged with one all-reduce. Parameters start identical (broadcast from rank 0), so the
-replicas stay bit-identical, which the job checks at the end.
+Every rank holds a replica of a two-layer MLP (pc.DataParallel) and trains on its own shard
+of each epoch's shuffled data (pc.DistributedSampler). Backward writes gradients into bucket
+views, last layer first, and each full bucket starts its all-reduce while backward goes on.
+Parameters start identical (broadcast from rank 0), so the replicas stay bit-identical,
+which the job checks at the end.
 """
 
 from __future__ import annotations
@@ -20,27 +21,24 @@ import pycollectives as pc
 
 
 class MLP:
-    """784 -> hidden -> 10 with ReLU; parameters and gradients live in flat float32 buffers."""
+    """in -> hidden -> out with ReLU, as four parameter arrays [w1, b1, w2, b2]."""
 
     def __init__(self, n_in: int, n_hidden: int, n_out: int, rng: np.random.Generator):
-        shapes = [(n_in, n_hidden), (n_hidden,), (n_hidden, n_out), (n_out,)]
-        sizes = [int(np.prod(s)) for s in shapes]
-        self.flat = np.zeros(sum(sizes), np.float32)
-        self.grad = np.zeros_like(self.flat)
-        self.params, self.grads, offset = [], [], 0
-        for shape, size in zip(shapes, sizes):
-            self.params.append(self.flat[offset : offset + size].reshape(shape))
-            self.grads.append(self.grad[offset : offset + size].reshape(shape))
-            offset += size
-        self.params[0][...] = rng.normal(0, np.sqrt(2 / n_in), shapes[0])
-        self.params[2][...] = rng.normal(0, np.sqrt(2 / n_hidden), shapes[2])
+        self.params = [
+            rng.normal(0, np.sqrt(2 / n_in), (n_in, n_hidden)).astype(np.float32),
+            np.zeros(n_hidden, np.float32),
+            rng.normal(0, np.sqrt(2 / n_hidden), (n_hidden, n_out)).astype(np.float32),
+            np.zeros(n_out, np.float32),
+        ]
 
     def forward(self, x):
         w1, b1, w2, b2 = self.params
         h = np.maximum(x @ w1 + b1, 0)
         return h, h @ w2 + b2
 
-    def loss_and_backward(self, x, y):
+    def loss_and_backward(self, x, y, grads, ready=lambda i: None):
+        """Mean cross-entropy; writes gradients into `grads` last layer first, calling
+        ready(i) as each one is final (so its bucket can start averaging)."""
         w1, b1, w2, b2 = self.params
         h, logits = self.forward(x)
         logits = logits - logits.max(axis=1, keepdims=True)
@@ -50,12 +48,15 @@ class MLP:
         d = p
         d[np.arange(len(y)), y] -= 1
         d /= len(y)
-        gw1, gb1, gw2, gb2 = self.grads
-        gw2[...] = h.T @ d
-        gb2[...] = d.sum(axis=0)
+        grads[3][...] = d.sum(axis=0)
+        ready(3)
+        np.matmul(h.T, d, out=grads[2])
+        ready(2)
         dh = (d @ w2.T) * (h > 0)
-        gw1[...] = x.T @ dh
-        gb1[...] = dh.sum(axis=0)
+        grads[1][...] = dh.sum(axis=0)
+        ready(1)
+        np.matmul(x.T, dh, out=grads[0])
+        ready(0)
         return float(loss)
 
 
@@ -87,34 +88,39 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--first-bucket-mb", type=float, default=1.0)
     args = ap.parse_args(argv)
 
     comm = pc.Communicator()
     rank, size = comm.rank, comm.size
     (x_train, y_train), (x_test, y_test) = load_digits_split(args.seed)
     model = MLP(x_train.shape[1], args.hidden, 10, np.random.default_rng(args.seed + rank))
-    comm.broadcast(model.flat, root=0)  # identical replicas, whatever each rank drew
-
-    # Each epoch: one shared permutation, padded to a multiple of size, strided shards.
-    steps = int(np.ceil(len(x_train) / size / args.batch_size))
+    # Broadcasts rank 0's parameters (replicas start identical, whatever each rank drew).
+    dp = pc.DataParallel(
+        comm, model.params, args.bucket_cap_mb, args.first_bucket_mb, names=["w1", "b1", "w2", "b2"]
+    )
+    sampler = pc.DistributedSampler(len(x_train), size, rank, shuffle=True, seed=args.seed)
+    steps = int(np.ceil(len(sampler) / args.batch_size))
+    nparams = sum(p.size for p in model.params)
     if rank == 0:
         print(
-            f"training on {len(x_train)} digits with {size} ranks, "
-            f"{model.flat.size} parameters, {steps} steps/epoch of {args.batch_size}/rank"
+            f"training on {len(x_train)} digits with {size} ranks, {nparams} parameters, "
+            f"{steps} steps/epoch of {args.batch_size}/rank"
         )
     t0 = time.perf_counter()
     stats = np.zeros(2, np.float64)  # loss sum, batches
     for epoch in range(args.epochs):
-        perm = np.random.default_rng([args.seed, epoch]).permutation(len(x_train))
-        perm = np.resize(perm, steps * args.batch_size * size)
-        shard = perm[rank::size]
+        sampler.set_epoch(epoch)
+        shard = sampler.indices()
         stats[:] = 0
         for step in range(steps):
             idx = shard[step * args.batch_size : (step + 1) * args.batch_size]
-            stats[0] += model.loss_and_backward(x_train[idx], y_train[idx])
+            stats[0] += model.loss_and_backward(x_train[idx], y_train[idx], dp.grads, dp.mark_ready)
             stats[1] += 1
-            comm.all_reduce(model.grad, op=pc.AVG)
-            model.flat -= args.lr * model.grad
+            dp.synchronize()
+            for p, g in zip(model.params, dp.grads):
+                p -= args.lr * g
             if rank == 0:
                 progress(step + 1, steps, f"epoch {epoch + 1}/{args.epochs}")
         comm.all_reduce(stats)
@@ -127,8 +133,9 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0
 
     # Replicas must be bit-identical: gather every rank's parameters and compare bytes.
-    gathered = np.empty(size * model.flat.size, np.float32)
-    comm.all_gather(model.flat, gathered)
+    flat = np.concatenate([p.ravel() for p in model.params])
+    gathered = np.empty(size * flat.size, np.float32)
+    comm.all_gather(flat, gathered)
     replicas = gathered.reshape(size, -1)
     identical = all(
         np.array_equal(replicas[0].view(np.uint32), r.view(np.uint32)) for r in replicas

@@ -1,0 +1,7 @@
+"""Data-parallel training: gradient bucketing, a parameter-array model wrapper, a sampler."""
+
+from pycollectives.ddp.bucketer import GradientBucketer, assign_buckets
+from pycollectives.ddp.data_parallel import DataParallel
+from pycollectives.ddp.sampler import DistributedSampler
+
+__all__ = ["DataParallel", "DistributedSampler", "GradientBucketer", "assign_buckets"]

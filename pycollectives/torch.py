@@ -1,0 +1,100 @@
+"""PyTorch adapter: ``DistributedDataParallel(module, comm)``.
+
+Gradients of the wrapped module's parameters live in pycollectives' buckets (``p.grad`` is a
+view into a bucket, as torch DDP's ``gradient_as_bucket_view``); a post-accumulate-grad hook
+marks each one ready, so full buckets are averaged while backward goes on; when backward ends
+the adapter waits for the rest. Needs ``pip install pycollectives[torch]``.
+
+Example (``mpiexec -n 2 python train.py``)::
+
+    comm = pc.Communicator()
+    model = DistributedDataParallel(torch.nn.Linear(10, 2), comm)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from pycollectives.ddp.bucketer import GradientBucketer
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wraps `module`; its parameters are broadcast from rank 0 and their gradients averaged.
+
+    Args:
+        module: a CPU ``torch.nn.Module`` (float32, float64 or float16 parameters).
+        comm: a ``pc.Communicator``.
+        bucket_cap_mb / first_bucket_mb: as ``GradientBucketer``.
+    """
+
+    def __init__(self, module, comm, bucket_cap_mb=25.0, first_bucket_mb=1.0):
+        super().__init__()
+        self.module = module
+        self.comm = comm
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        for name, p in named:
+            if p.device.type != "cpu":
+                raise ValueError(
+                    f"parameter {name} is on {p.device}: this build moves host memory only"
+                )
+            if p.dtype not in _NUMPY_DTYPES:
+                raise TypeError(f"parameter {name} has unsupported dtype {p.dtype}")
+        self._params = [p for _, p in named]
+        with torch.no_grad():
+            for p in self._params:
+                comm.broadcast(p.detach().numpy(), root=0)
+            for b in module.buffers():
+                if b.dtype in _NUMPY_DTYPES:
+                    comm.broadcast(b.detach().numpy(), root=0)
+        self.bucketer = GradientBucketer(
+            comm,
+            [(tuple(p.shape), _NUMPY_DTYPES[p.dtype]) for p in self._params],
+            bucket_cap_mb,
+            first_bucket_mb,
+            names=[n for n, _ in named],
+        )
+        self._attach()
+        self._queued = False
+        for i, p in enumerate(self._params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i, p))
+
+    def _attach(self):
+        """Points every p.grad at its bucket view (keeping the current values)."""
+        self._views = [torch.from_numpy(v) for v in self.bucketer.grads]
+        for p, v in zip(self._params, self._views):
+            if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
+                v.copy_(p.grad)
+            p.grad = v
+
+    def _grad_ready(self, i, p):
+        v = self._views[i]
+        if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+            # zero_grad(set_to_none=True) dropped the view: autograd made a fresh tensor.
+            if p.grad is not None:
+                v.copy_(p.grad)
+            p.grad = v
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        self.bucketer.mark_ready(i)
+
+    def _backward_done(self):
+        self._queued = False
+        self.bucketer.synchronize()
+        self._attach()  # the first step may have laid the buckets out anew
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally; the next one outside averages."""
+        with self.bucketer.no_sync():
+            yield

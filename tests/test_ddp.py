@@ -1,0 +1,15 @@
+"""Data-parallel training on several ranks: numpy model and the torch adapter."""
+
+import pytest
+from mpi_harness import run_mpi
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_data_parallel_numpy(nranks):
+    assert "PASS ddp_numpy" in run_mpi(nranks, "ddp_numpy.py", timeout=120)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_torch_adapter_matches_one_rank_and_torch_ddp(nranks):
+    pytest.importorskip("torch")
+    assert "PASS ddp_torch" in run_mpi(nranks, "ddp_torch.py", timeout=300)

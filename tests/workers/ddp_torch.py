@@ -1,0 +1,118 @@
+"""The torch adapter: same parameters as 1 rank with the whole batch, and as torch's own
+DistributedDataParallel over gloo, after several steps on the same data."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from common import run_main
+from mpi4py import MPI
+
+import pycollectives as pc
+from pycollectives.torch import DistributedDataParallel as OurDDP
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(20, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 5),
+    )
+
+
+def train(model, batches, lr=0.1):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()  # set_to_none: the adapter must cope with fresh gradient tensors
+    return model
+
+
+def main():
+    world = MPI.COMM_WORLD
+    n, r = world.size, world.rank
+    steps, b = 5, 8
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(steps * n * b, 20, generator=g)
+    y = torch.randint(0, 5, (steps * n * b,), generator=g)
+    mine = [
+        (
+            x[k * n * b + r * b : k * n * b + (r + 1) * b],
+            y[k * n * b + r * b : k * n * b + (r + 1) * b],
+        )
+        for k in range(steps)
+    ]
+    whole = [(x[k * n * b : (k + 1) * n * b], y[k * n * b : (k + 1) * n * b]) for k in range(steps)]
+
+    base = make_model(0)
+    ref = train(copy.deepcopy(base), whole)
+
+    comm = pc.Communicator()
+    ours_module = make_model(0 if r == 0 else 100 + r)  # replaced by rank 0's at construction
+    ours = OurDDP(ours_module, comm, bucket_cap_mb=0.01, first_bucket_mb=0.005)
+    assert len(ours.bucketer.buckets) > 1
+    train(ours, mine)
+
+    path = world.bcast(tempfile.mktemp() if r == 0 else None)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=r, world_size=n)
+    theirs = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base))
+    train(theirs, mine)
+
+    for (name, p), q, t in zip(
+        ours_module.named_parameters(), ref.parameters(), theirs.module.parameters()
+    ):
+        np.testing.assert_allclose(
+            p.detach().numpy(),
+            q.detach().numpy(),
+            rtol=1e-4,
+            atol=1e-5,
+            err_msg=f"{name} vs 1 rank with the whole batch",
+        )
+        np.testing.assert_allclose(
+            p.detach().numpy(),
+            t.detach().numpy(),
+            rtol=1e-4,
+            atol=1e-5,
+            err_msg=f"{name} vs torch DistributedDataParallel (gloo)",
+        )
+
+    # no_sync: two local backward passes accumulate, the third averages the sum.
+    model = OurDDP(make_model(3), comm, first_bucket_mb=0.005)
+    xs = [torch.full((2, 20), float(r + k)) for k in range(3)]
+    with model.no_sync():
+        for k in range(2):
+            model(xs[k]).sum().backward()
+    model(xs[2]).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    local = make_model(3)
+    local.load_state_dict(model.module.state_dict())  # rank 0's weights, as broadcast
+    sums = []
+    for rank in range(n):
+        local.zero_grad()
+        for k in range(3):
+            local(torch.full((2, 20), float(rank + k))).sum().backward()
+        sums.append([q.grad.clone() for q in local.parameters()])
+    for i, gi in enumerate(got):
+        want = sum(s[i] for s in sums) / n
+        np.testing.assert_allclose(gi.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+    dist.destroy_process_group()
+    comm.close()
+    world.Barrier()
+    if r == 0:
+        os.unlink(path) if os.path.exists(path) else None
+        print("PASS ddp_torch")
+
+
+if __name__ == "__main__":
+    run_main(main)
