@@ -10,3 +10,19 @@ def test_train_example_learns_and_replicas_agree():
     acc = float(re.search(r"final test accuracy ([0-9.]+)", out).group(1))
     assert acc > 0.8, out
     assert "replicas bit-identical across 2 ranks: yes" in out
+
+
+def test_train_relaunches_itself_with_ranks_flag():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pycollectives.examples.train", "--ranks", "2", "--epochs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "with 2 ranks" in proc.stdout
+    assert "replicas bit-identical across 2 ranks: yes" in proc.stdout

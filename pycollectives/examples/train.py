@@ -81,6 +81,21 @@ def progress(done: int, total: int, text: str):
     sys.stderr.flush()
 
 
+def relaunch(ranks: int, argv) -> int:
+    """Runs this job again under mpiexec (the one next to this Python, else on PATH)."""
+    import os
+    import shutil
+    import subprocess
+
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = here if os.path.exists(here) else shutil.which("mpiexec")
+    if mpiexec is None:
+        raise SystemExit("--ranks needs mpiexec (pip install mpich)")
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "pycollectives.examples.train", *args]
+    return subprocess.call(cmd)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="data-parallel MLP on sklearn digits")
     ap.add_argument("--epochs", type=int, default=20)
@@ -90,7 +105,18 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
     ap.add_argument("--first-bucket-mb", type=float, default=1.0)
+    ap.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="started without mpiexec: relaunch under mpiexec with this many ranks",
+    )
     args = ap.parse_args(argv)
+    if args.ranks is not None:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_size() == 1 and args.ranks > 1:
+            return relaunch(args.ranks, argv)
 
     comm = pc.Communicator()
     rank, size = comm.rank, comm.size
