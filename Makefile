@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 NP     ?= 4
-DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn torch==2.13.0 scikit-build-core pybind11 ninja cmake
+DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn torch==2.13.0 matplotlib \
+          scikit-build-core pybind11 ninja cmake
 LINT_DEPS := ruff clang-format
 
 .PHONY: run test gpu-test lint format bench install clean
@@ -33,7 +34,7 @@ gpu-test: install
 	$(BIN)/python -m pytest -q -m gpu tests
 
 bench: install
-	$(BIN)/python benchmarks/allreduce_vs_mpi.py
+	bash benchmarks/bench_sweep.sh
 
 $(VENV)/.lint-deps: $(BIN)/python
 	$(BIN)/pip install -q --disable-pip-version-check $(LINT_DEPS)

@@ -1,0 +1,1 @@
+"""Microbenchmarks in the style of nccl-tests: ``python -m pycollectives.bench --help``."""

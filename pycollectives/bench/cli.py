@@ -1,0 +1,242 @@
+"""nccl-tests for pycollectives: sweep sizes, time each collective, compare, plot.
+
+    mpiexec -n 2 python -m pycollectives.bench all_reduce -b 8 -e 64M -f 2 -c 1 --compare mpi
+
+Prints nccl-tests' table (out-of-place and in-place time, algbw, busbw, #wrong per size;
+with -c 1 every one of -n further iterations is checked against numpy),
+then, with --compare, each peer's time as a multiple of ours (>1: we are faster) and the
+memory bound (see formulas.py). --json FILE writes the same rows; --plot FILE.png draws
+busbw against size. Times are the slowest rank's mean per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from pycollectives.bench import formulas as F
+
+DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+OPS = ("sum", "prod", "min", "max", "avg")
+
+
+def dtype_of(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def parse_args(argv=None):
+    def size(text):
+        try:
+            return F.parse_size(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    ap = argparse.ArgumentParser(prog="pycoll-bench", description=__doc__.splitlines()[0])
+    ap.add_argument("collective", nargs="?", default="all_reduce", choices=(*F.COLLECTIVES, "all"))
+    ap.add_argument("-b", "--minbytes", type=size, default=8)
+    ap.add_argument("-e", "--maxbytes", type=size, default=32 << 20)
+    ap.add_argument("-f", "--stepfactor", type=float, default=2.0)
+    ap.add_argument("-n", "--iters", type=int, default=20)
+    ap.add_argument("-w", "--warmup_iters", type=int, default=5)
+    ap.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="verify every iteration's result and count wrong elements",
+    )
+    ap.add_argument("-o", "--op", default="sum", choices=OPS)
+    ap.add_argument("-d", "--datatype", default="float32", choices=DTYPES)
+    ap.add_argument("-r", "--root", type=int, default=0)
+    ap.add_argument("--algo", default=None, help="ring, tree or direct (default: automatic)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--compare", default="", help="comma-separated: mpi, gloo, nccl")
+    ap.add_argument("--json", help="write the rows as JSON to this file")
+    ap.add_argument("--plot", help="draw busbw vs size to this PNG (needs matplotlib)")
+    args = ap.parse_args(argv)
+    if args.minbytes > args.maxbytes:
+        ap.error("-b must not exceed -e")
+    if args.stepfactor <= 1:
+        ap.error("-f must be greater than 1")
+    if args.iters < 1 or args.warmup_iters < 0:
+        ap.error("-n must be >= 1 and -w >= 0")
+    if args.op == "avg" and dtype_of(args.datatype).kind not in "fV":
+        ap.error("-o avg needs a floating -d")
+    args.compare = [c for c in args.compare.split(",") if c]
+    unknown = set(args.compare) - {"mpi", "gloo", "nccl"}
+    if unknown:
+        ap.error(f"--compare: unknown {', '.join(sorted(unknown))} (choose from mpi, gloo, nccl)")
+    return args
+
+
+def layout(coll, nbytes, dt, n):
+    """(input elements, output elements, printed count) for a size, as nccl-tests sizes it:
+    all_gather's size is its output, reduce_scatter's its input; None if too small."""
+    total = nbytes // dt.itemsize
+    if coll in ("all_gather", "reduce_scatter"):
+        per = total // n
+        if per == 0:
+            return None
+        return (per, per * n, per * n) if coll == "all_gather" else (per * n, per, per * n)
+    return (total, total, total) if total else None
+
+
+def fill(x, rank, op):
+    """Small integers, exact in every dtype and under every op for up to 8 ranks."""
+    i = np.arange(x.size)
+    v = 1 + (i + rank) % 2 if op == "prod" else (rank + 1) * (i % 5 + 1) % 16
+    x[...] = v.astype(x.dtype)
+
+
+def expected(coll, op, root, n, rank, n_in, dt):
+    ins = []
+    for q in range(n):
+        a = np.empty(n_in, dt)
+        fill(a, q, op)
+        ins.append(a.astype(np.float64))
+    if coll == "all_gather":
+        return np.concatenate(ins)
+    if coll == "broadcast":
+        return ins[root]
+    stack = np.stack(ins)
+    red = {"sum": np.sum, "avg": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op](
+        stack, 0
+    )
+    if op == "avg":
+        red = red / n
+    if coll == "reduce_scatter":
+        per = n_in // n
+        return red[rank * per : (rank + 1) * per]
+    return red
+
+
+def count_wrong(got, want, dt):
+    g = got.astype(np.float64)
+    w = want.astype(dt).astype(np.float64)  # the reference rounded as the dtype would round it
+    return int(np.count_nonzero(np.abs(g - w) > 1e-2 * np.abs(w) + 1e-6))
+
+
+class Sweep:
+    def __init__(self, args, comm, mpi):
+        self.args, self.comm, self.mpi = args, comm, mpi
+        self.n, self.rank = comm.size, comm.rank
+        self.dt = dtype_of(args.datatype)
+        self.corrupt = os.environ.get("PYCOLL_BENCH_CORRUPT") == "1"  # test hook for -c
+
+    def ours(self, coll):
+        c, a = self.comm, self.args
+
+        def run(x, out, in_place):
+            if coll == "all_reduce":
+                c.all_reduce(x, None if in_place else out, op=a.op, algorithm=a.algo)
+            elif coll == "all_gather":
+                c.all_gather(
+                    out[self.rank * x.size : (self.rank + 1) * x.size] if in_place else x,
+                    out,
+                    algorithm=a.algo,
+                )
+            elif coll == "reduce_scatter":
+                c.reduce_scatter(
+                    x,
+                    x[self.rank * out.size : (self.rank + 1) * out.size] if in_place else out,
+                    op=a.op,
+                    algorithm=a.algo,
+                )
+            elif coll == "broadcast":
+                c.broadcast(x, root=a.root, algorithm=a.algo)
+            else:
+                c.reduce(x, None if in_place else out, root=a.root, op=a.op, algorithm=a.algo)
+
+        return run
+
+    def result_of(self, coll, x, out, in_place):
+        if coll == "broadcast" or (in_place and coll in ("all_reduce", "reduce")):
+            return x
+        if coll == "reduce_scatter" and in_place:
+            return x[self.rank * out.size : (self.rank + 1) * out.size]
+        return out
+
+    def time_one(self, run, coll, n_in, n_out, in_place, check):
+        a, op = self.args, self.args.op
+        x, out = np.empty(n_in, self.dt), np.empty(n_out, self.dt)
+        fill(x, self.rank, op)
+        if coll == "all_gather" and in_place:
+            out[self.rank * n_in : (self.rank + 1) * n_in] = x
+        for _ in range(a.warmup_iters):
+            run(x, out, in_place)
+        wrong, checks_here = 0, check and not (coll == "reduce" and self.rank != a.root)
+        want = expected(coll, op, a.root, self.n, self.rank, n_in, self.dt) if check else None
+        self.mpi.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            run(x, out, in_place)
+        elapsed = time.perf_counter() - t0
+        # Checked iterations run apart from the timed ones: each starts from a fresh input
+        # (in-place runs overwrite it) and its result is compared with the reference.
+        for it in range(a.iters if check else 0):
+            fill(x, self.rank, op)
+            if coll == "all_gather" and in_place:
+                out[self.rank * n_in : (self.rank + 1) * n_in] = x
+            run(x, out, in_place)
+            res = self.result_of(coll, x, out, in_place)
+            if self.corrupt and it == 0 and self.rank == 0 and res.size:
+                res.flat[0] = res.flat[0] + 3
+            if checks_here:
+                wrong += count_wrong(res, want, self.dt)
+        t = self.mpi.allreduce(elapsed / a.iters, op=_max())
+        return t, self.mpi.allreduce(wrong)
+
+    def row(self, coll, nbytes):
+        shape = layout(coll, nbytes, self.dt, self.n)
+        if shape is None:
+            return None
+        n_in, n_out, count = shape
+        size = count * self.dt.itemsize
+        row = {
+            "collective": coll,
+            "size": size,
+            "count": count,
+            "type": self.dt.name,
+            "redop": self.args.op if coll in ("all_reduce", "reduce_scatter", "reduce") else "none",
+            "root": self.args.root if coll in ("broadcast", "reduce") else -1,
+        }
+        check = bool(self.args.check)
+        for key, in_place in (("oop", False), ("ip", True)):
+            t, wrong = self.time_one(self.ours(coll), coll, n_in, n_out, in_place, check)
+            row[key] = {
+                "time_us": t * 1e6,
+                "algbw": F.algbw(size, t),
+                "busbw": F.busbw(coll, self.n, size, t),
+                "wrong": wrong,
+            }
+        row["compare"] = {}
+        return row
+
+    def compare(self, row, name, run):
+        """Times a peer (out of place) on the row's size. Peers run after all of our sizes:
+        some leave threads polling for a while (gloo), which would slow whatever runs next."""
+        if isinstance(run, str):
+            row["compare"][name] = {"skipped": run}
+            return
+        coll, size = row["collective"], row["size"]
+        n_in, n_out, _ = layout(coll, size, self.dt, self.n)
+        t, _ = self.time_one(run, coll, n_in, n_out, False, False)
+        row["compare"][name] = {
+            "time_us": t * 1e6,
+            "busbw": F.busbw(coll, self.n, size, t),
+            "ratio": t / (row["oop"]["time_us"] * 1e-6),
+        }
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX

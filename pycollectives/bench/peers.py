@@ -1,0 +1,128 @@
+"""What users would run instead, driven through the same buffers: MPI's own collectives
+(mpi4py), torch.distributed over gloo, NCCL. Each returns a callable or the reason it can't."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+MPI_OPS = ("sum", "prod", "min", "max")
+
+
+def mpi_runner(mpi, coll, op, root, dt):
+    """MPI's collective for (coll, op, dtype), or a reason string."""
+    from mpi4py import MPI
+
+    if dt.kind not in "iuf" or dt.itemsize == 2:
+        return f"MPI has no {dt.name}"
+    if coll in ("all_reduce", "reduce_scatter", "reduce") and op not in MPI_OPS:
+        return f"MPI has no {op}"
+    mop = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}.get(op, MPI.SUM)
+
+    def run(x, out, in_place):
+        if coll == "all_reduce":
+            mpi.Allreduce(MPI.IN_PLACE if in_place else x, x if in_place else out, op=mop)
+        elif coll == "all_gather":
+            mpi.Allgather(MPI.IN_PLACE if in_place else x, out)
+        elif coll == "reduce_scatter":
+            mpi.Reduce_scatter_block(x, out, op=mop)
+        elif coll == "broadcast":
+            mpi.Bcast(x, root=root)
+        else:
+            inplace_root = in_place and mpi.rank == root
+            mpi.Reduce(
+                MPI.IN_PLACE if inplace_root else x, x if in_place else out, op=mop, root=root
+            )
+
+    return run
+
+
+class Gloo:
+    """torch.distributed over gloo on the same ranks (file rendezvous)."""
+
+    def __init__(self, mpi):
+        self.reason = None
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            self.reason = "torch is not installed"
+            return
+        if not dist.is_gloo_available():
+            self.reason = "this torch has no gloo"
+            return
+        self.dist = dist
+        self.path = mpi.bcast(tempfile.mktemp(prefix="pycoll-bench-") if mpi.rank == 0 else None)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{self.path}", rank=mpi.rank, world_size=mpi.size
+        )
+        self.mpi = mpi
+
+    def runner(self, coll, op, root, dt):
+        if self.reason:
+            return self.reason
+        import torch
+
+        dist = self.dist
+        ops = {
+            "sum": dist.ReduceOp.SUM,
+            "prod": dist.ReduceOp.PRODUCT,
+            "min": dist.ReduceOp.MIN,
+            "max": dist.ReduceOp.MAX,
+        }
+        if op not in ops and coll in ("all_reduce", "reduce_scatter", "reduce"):
+            return f"gloo has no {op}"
+        if dt.name == "bfloat16":
+            return "no bfloat16 through numpy"
+        if coll == "reduce_scatter":
+            return "gloo has no reduce_scatter"
+        rop = ops.get(op, dist.ReduceOp.SUM)
+
+        def run(x, out, in_place):
+            tx = torch.from_numpy(x)
+            if coll == "all_reduce":
+                t = tx if in_place else torch.from_numpy(out)
+                if not in_place:
+                    t.copy_(tx)
+                dist.all_reduce(t, op=rop)
+            elif coll == "all_gather":
+                dist.all_gather_into_tensor(torch.from_numpy(out), tx)
+            elif coll == "broadcast":
+                dist.broadcast(tx, src=root)
+            else:
+                t = tx if in_place else torch.from_numpy(out)
+                if not in_place:
+                    t.copy_(tx)
+                dist.reduce(t, dst=root, op=rop)
+
+        return run
+
+    def close(self):
+        if not self.reason:
+            self.dist.destroy_process_group()
+            self.mpi.Barrier()
+            if self.mpi.rank == 0 and os.path.exists(self.path):
+                os.unlink(self.path)
+
+
+def copy_bandwidth(mpi, nbytes=256 << 20, repeats=3) -> float:
+    """GB/s one rank copies while every rank copies at once (the memory bound's B)."""
+    import time
+
+    a = np.ones(nbytes // 8, np.float64)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    best = float("inf")
+    for _ in range(repeats):
+        mpi.Barrier()
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, mpi.allreduce(time.perf_counter() - t0, op=_max()))
+    return nbytes / best / 1e9
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX

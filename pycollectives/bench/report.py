@@ -1,0 +1,167 @@
+"""The sweep's output: nccl-tests' table, the comparison, JSON, and a plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+HEADER = "#{:>12} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}"
+ROW = (
+    " {:>12} {:>12} {:>8} {:>6} {:>5}   {:>9.2f} {:>7.2f} {:>7.2f} {:>6}   "
+    "{:>9.2f} {:>7.2f} {:>7.2f} {:>6}"
+)
+
+
+def table_header(title: str) -> str:
+    return "\n".join(
+        [
+            f"# {title}",
+            "#" + " " * 46 + "out-of-place" + " " * 23 + "in-place",
+            HEADER.format(
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+            ),
+            HEADER.format(
+                "(B)",
+                "(elements)",
+                "",
+                "",
+                "",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "",
+                "(us)",
+                "(GB/s)",
+                "(GB/s)",
+                "",
+            ),
+        ]
+    )
+
+
+def table_row(r: dict) -> str:
+    o, i = r["oop"], r["ip"]
+    return ROW.format(
+        r["size"],
+        r["count"],
+        r["type"],
+        r["redop"],
+        r["root"],
+        o["time_us"],
+        o["algbw"],
+        o["busbw"],
+        o["wrong"],
+        i["time_us"],
+        i["algbw"],
+        i["busbw"],
+        i["wrong"],
+    )
+
+
+def footer(rows: list) -> str:
+    wrong = sum(r["oop"]["wrong"] + r["ip"]["wrong"] for r in rows)
+    avg = sum(r["oop"]["busbw"] for r in rows) / len(rows) if rows else 0.0
+    return (
+        f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}\n"
+        f"# Avg bus bandwidth    : {avg:.4f}"
+    )
+
+
+def comparison(rows: list, names: list, copy_bw: float) -> str:
+    lines = [
+        f"# memory copy bandwidth per rank, all ranks copying: {copy_bw:.2f} GB/s",
+        "# peers' time / ours (>1: ours is faster); bound = least possible time",
+        "#{:>12} {:>10} {:>10} {}".format(
+            "size", "ours us", "bound us", " ".join(f"{n:>14}" for n in names)
+        ),
+    ]
+    for r in rows:
+        cells = []
+        for n in names:
+            c = r["compare"].get(n, {})
+            cells.append(f"{'n/a':>14}" if "ratio" not in c else f"{c['ratio']:>13.2f}x")
+        lines.append(
+            f" {r['size']:>12} {r['oop']['time_us']:>10.2f} {r['bound']['time_us']:>10.2f} "
+            + " ".join(cells)
+        )
+    reasons = {(n, c["skipped"]) for r in rows for n, c in r["compare"].items() if "skipped" in c}
+    lines += [f"# {n}: {why}" for n, why in sorted(reasons)]
+    return "\n".join(lines)
+
+
+def write_json(path: str, meta: dict, rows: list):
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def plot(path: str, rows: list, names: list, title: str):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib (pip install pycollectives[plot])") from None
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    for coll in dict.fromkeys(r["collective"] for r in rows):
+        rs = [r for r in rows if r["collective"] == coll]
+        x = [r["size"] for r in rs]
+        tag = f" {coll}" if len({r["collective"] for r in rows}) > 1 else ""
+        ax.plot(x, [r["oop"]["busbw"] for r in rs], marker="o", label=f"pycollectives{tag}")
+        for n in names:
+            ys = [r["compare"].get(n, {}).get("busbw") for r in rs]
+            if any(y is not None for y in ys):
+                ax.plot(
+                    x,
+                    [y if y is not None else float("nan") for y in ys],
+                    marker=".",
+                    label=f"{n}{tag}",
+                )
+        ax.plot(
+            x,
+            [r["bound"]["busbw"] for r in rs],
+            linestyle="--",
+            color="gray",
+            label=f"memory bound{tag}",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+class Progress:
+    """A bar on stderr, only when it is a terminal."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done = total, 0
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def step(self, text: str):
+        self.done += 1
+        if self.enabled:
+            w = 30
+            fill = w * self.done // max(self.total, 1)
+            sys.stderr.write(f"\r[{'#' * fill}{'.' * (w - fill)}] {self.done}/{self.total} {text} ")
+            sys.stderr.flush()
+
+    def close(self):
+        if self.enabled:
+            sys.stderr.write("\r" + " " * 70 + "\r")
