@@ -336,25 +336,6 @@ void bind_schedules(py::module_& m) {
       py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes);
   m.attr("ALL_PEERS") = kAllPeers;
   m.attr("NO_PEER") = kNoPeer;
-  // The ring schedule in the older flat form.
-  m.def(
-      "ring_schedule",
-      [](const std::string& collective, int rank, int size, size_t count, int root, size_t piece) {
-        if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0)
-          throw InvalidArgument("ring_schedule: bad rank, size, root or piece");
-        ScheduleParams p{rank, size, count, root, piece};
-        StepRecorder rec;
-        make_schedule(Algo::Ring, collective_arg(collective), p, rec);
-        py::list steps;
-        auto buf = [](Buf b) { return b == Buf::Input ? "in" : b == Buf::Output ? "out" : ""; };
-        for (const Step& s : rec.steps)
-          steps.append(py::make_tuple(step_kind_name(s.kind), s.from, s.to, buf(s.src.buf),
-                                      s.src.offset, buf(s.dst.buf), s.dst.offset, s.count,
-                                      s.recv_wire == Wire::Acc, s.send_wire == Wire::Acc));
-        return steps;
-      },
-      py::arg("collective"), py::arg("rank"), py::arg("size"), py::arg("count"),
-      py::arg("root") = 0, py::arg("piece"));
 }
 
 }  // namespace

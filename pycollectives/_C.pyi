@@ -85,6 +85,3 @@ def schedule(
     acc_bytes: int = 4,
     oneshot_max_bytes: int = ...,
 ) -> list[dict[str, Any]]: ...
-def ring_schedule(
-    collective: str, rank: int, size: int, count: int, root: int = 0, *, piece: int
-) -> list[tuple[Any, ...]]: ...

@@ -46,13 +46,14 @@ def skip():
     comm.close()
 
 
-def die():
+def dead_peer(name, leave):
+    """Rank 1 leaves (`leave()` never returns) while rank 0 is in an all-reduce; rank 0 must
+    raise CollectiveError naming rank 1 within 5 s."""
     comm = pc.Communicator(timeout=60.0)
     x = np.ones(1 << 20, np.float32)
     comm.all_reduce(x)
     if comm.rank == 1:
-        sys.stdout.flush()
-        os._exit(0)  # gone without a word, while rank 0 enters the next collective
+        leave()
     t0 = time.monotonic()
     try:
         comm.all_reduce(x)
@@ -60,30 +61,26 @@ def die():
         took = time.monotonic() - t0
         assert "rank 1" in str(e) and "no longer running" in str(e), str(e)
         assert took < 5, took
-        print(f"PASS die detected in {took:.2f} s", flush=True)
+        print(f"PASS {name} detected within {took:.2f} s", flush=True)
     else:
-        raise AssertionError("dead peer not detected")
+        raise AssertionError(f"{name}: dead peer not detected")
     os._exit(0)
+
+
+def die():
+    def leave():
+        sys.stdout.flush()
+        os._exit(0)  # gone without a word, while rank 0 enters the next collective
+
+    dead_peer("die", leave)
 
 
 def kill9():
-    comm = pc.Communicator(timeout=60.0)
-    x = np.ones(1 << 20, np.float32)
-    comm.all_reduce(x)
-    if comm.rank == 1:
+    def leave():
         time.sleep(0.2)  # rank 0 is inside the next all-reduce by now
         os.kill(os.getpid(), signal.SIGKILL)
-    t0 = time.monotonic()
-    try:
-        comm.all_reduce(x)
-    except pc.CollectiveError as e:
-        took = time.monotonic() - t0
-        assert "rank 1" in str(e) and "no longer running" in str(e), str(e)
-        assert took < 5, took
-        print(f"PASS kill9 detected {took - 0.2:.2f} s after the kill", flush=True)
-    else:
-        raise AssertionError("killed peer not detected")
-    os._exit(0)
+
+    dead_peer("kill9", leave)
 
 
 def loop():
