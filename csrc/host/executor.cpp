@@ -149,38 +149,38 @@ void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {
     std::memcpy(dst, src, n * elem_size_);
 }
 
-// Streaming outputs are produced a cache-resident block at a time, then streamed out.
+// Writes n output elements at dst through produce(out, first, count): directly, or, for
+// streaming outputs, a cache-resident block at a time that is then streamed out.
 constexpr size_t kBlockBytes = 8192;
 
-void HostExecutor::finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc, size_t n) {
+template <class Produce>
+void HostExecutor::produce_out(uint8_t* dst, size_t n, Produce&& produce) {
   if (!streaming_) {
-    kernels_->finalize(dst, dst2, acc, n, call_.divisor);
+    produce(dst, 0, n);
     return;
   }
   alignas(64) uint8_t block[kBlockBytes];
   const size_t per = kBlockBytes / elem_size_;
   for (size_t i = 0; i < n; i += per) {
     const size_t m = std::min(per, n - i);
-    kernels_->finalize(block, dst2 ? dst2 + i * elem_size_ : nullptr, acc + i * acc_size_, m,
-                       call_.divisor);
+    produce(block, i, m);
     stream_copy(dst + i * elem_size_, block, m * elem_size_);
   }
 }
 
+void HostExecutor::finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc, size_t n) {
+  produce_out(dst, n, [&](uint8_t* out, size_t i, size_t m) {
+    kernels_->finalize(out, dst2 ? dst2 + i * elem_size_ : nullptr, acc + i * acc_size_, m,
+                       call_.divisor);
+  });
+}
+
 void HostExecutor::reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b,
                               size_t n) {
-  if (!streaming_) {
-    kernels_->reduce_final(dst, dst2, in, b, n, call_.divisor);
-    return;
-  }
-  alignas(64) uint8_t block[kBlockBytes];
-  const size_t per = kBlockBytes / elem_size_;
-  for (size_t i = 0; i < n; i += per) {
-    const size_t m = std::min(per, n - i);
-    kernels_->reduce_final(block, dst2 ? dst2 + i * elem_size_ : nullptr, in + i * acc_size_,
+  produce_out(dst, n, [&](uint8_t* out, size_t i, size_t m) {
+    kernels_->reduce_final(out, dst2 ? dst2 + i * elem_size_ : nullptr, in + i * acc_size_,
                            b + i * elem_size_, m, call_.divisor);
-    stream_copy(dst + i * elem_size_, block, m * elem_size_);
-  }
+  });
 }
 
 void HostExecutor::step(const Step& s) {

@@ -63,6 +63,8 @@ class HostExecutor final : public StepSink {
   // dst (and dst2) = finalised op(in_acc, b): the one-input fast path.
   void reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b, size_t n);
   void write_out(uint8_t* dst, const uint8_t* src, size_t n);
+  template <class Produce>
+  void produce_out(uint8_t* dst, size_t n, Produce&& produce);
 
   const ShmTransport& t_;
   ChannelCounters& c_;
