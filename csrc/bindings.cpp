@@ -150,6 +150,93 @@ CollectiveCall make_call(Collective coll, const ArrayArg& x, const ArrayArg& out
   return call;
 }
 
+// Argument checks of each collective, on `size` ranks: the errors a caller sees before any
+// byte moves. They return the call to run.
+CollectiveCall parse_all_reduce(py::handle x_obj, py::handle out_obj, int op_code, int algo) {
+  const char* fn = "all_reduce";
+  const bool in_place = out_obj.is_none();
+  ArrayArg x = array_arg(x_obj, fn, "x", in_place);
+  ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
+  check_same_dtype(fn, x, out);
+  check_count(fn, "out", out.count, x.count, "the size of x");
+  check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
+  CollectiveCall call = make_call(Collective::AllReduce, x, out, algo, x.count);
+  call.op = op_arg(fn, op_code, x.dtype);
+  return call;
+}
+
+CollectiveCall parse_reduce_scatter(py::handle x_obj, py::handle out_obj, int op_code, int algo,
+                                    int rank, int size) {
+  const char* fn = "reduce_scatter";
+  ArrayArg x = array_arg(x_obj, fn, "x", false);
+  ArrayArg out = array_arg(out_obj, fn, "out", true);
+  check_same_dtype(fn, x, out);
+  check_count(fn, "x", x.count, out.count * size, "size * out.size");
+  check_aliasing(fn, x, out, out.ptr == x.ptr + rank * out.bytes());
+  CollectiveCall call = make_call(Collective::ReduceScatter, x, out, algo, out.count);
+  call.op = op_arg(fn, op_code, x.dtype);
+  return call;
+}
+
+CollectiveCall parse_all_gather(py::handle x_obj, py::handle out_obj, int algo, int rank,
+                                int size) {
+  const char* fn = "all_gather";
+  ArrayArg x = array_arg(x_obj, fn, "x", false);
+  ArrayArg out = array_arg(out_obj, fn, "out", true);
+  check_same_dtype(fn, x, out);
+  check_count(fn, "out", out.count, x.count * size, "size * x.size");
+  check_aliasing(fn, x, out, x.ptr == out.ptr + rank * x.bytes());
+  return make_call(Collective::AllGather, x, out, algo, x.count);
+}
+
+CollectiveCall parse_broadcast(py::handle x_obj, int root, int algo, int size) {
+  const char* fn = "broadcast";
+  ArrayArg x = array_arg(x_obj, fn, "x", true);
+  CollectiveCall call = make_call(Collective::Broadcast, x, x, algo, x.count);
+  call.root = root_arg(fn, root, size);
+  return call;
+}
+
+CollectiveCall parse_reduce(py::handle x_obj, py::handle out_obj, int root, int op_code, int algo,
+                            int size) {
+  const char* fn = "reduce";
+  const bool in_place = out_obj.is_none();
+  ArrayArg x = array_arg(x_obj, fn, "x", in_place);
+  ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
+  check_same_dtype(fn, x, out);
+  check_count(fn, "out", out.count, x.count, "the size of x");
+  check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
+  CollectiveCall call = make_call(Collective::Reduce, x, out, algo, x.count);
+  call.root = root_arg(fn, root, size);
+  call.op = op_arg(fn, op_code, x.dtype);
+  return call;
+}
+
+// The same checks for a communicator whose collectives are composed in Python (several
+// nodes); returns (count, dtype code) of the call.
+std::pair<size_t, int> check_args(const std::string& collective, py::handle x, py::handle out,
+                                  int root, int op, int algo, int rank, int size) {
+  CollectiveCall call;
+  switch (collective_arg(collective)) {
+    case Collective::AllReduce:
+      call = parse_all_reduce(x, out, op, algo);
+      break;
+    case Collective::ReduceScatter:
+      call = parse_reduce_scatter(x, out, op, algo, rank, size);
+      break;
+    case Collective::AllGather:
+      call = parse_all_gather(x, out, algo, rank, size);
+      break;
+    case Collective::Broadcast:
+      call = parse_broadcast(x, root, algo, size);
+      break;
+    case Collective::Reduce:
+      call = parse_reduce(x, out, root, op, algo, size);
+      break;
+  }
+  return {call.count, static_cast<int>(call.dtype)};
+}
+
 void bind_host_comm(py::module_& m) {
   py::class_<HostCommOptions>(m, "HostCommOptions")
       .def(py::init<>())
@@ -216,74 +303,35 @@ void bind_host_comm(py::module_& m) {
           py::arg("collective"), py::arg("bytes"))
       .def(
           "all_reduce",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo,
-             bool async_op) {
-            const char* fn = "all_reduce";
-            const bool in_place = out_obj.is_none();
-            ArrayArg x = array_arg(x_obj, fn, "x", in_place);
-            ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
-            check_same_dtype(fn, x, out);
-            check_count(fn, "out", out.count, x.count, "the size of x");
-            check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
-            CollectiveCall call = make_call(Collective::AllReduce, x, out, algo, x.count);
-            call.op = op_arg(fn, op_code, x.dtype);
-            return dispatch(c, call, async_op);
+          [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op) {
+            return dispatch(c, parse_all_reduce(x, out, op, algo), async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"),
           py::arg("async_op") = false)
       .def(
           "reduce_scatter",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int op_code, int algo,
-             bool async_op) {
-            const char* fn = "reduce_scatter";
-            ArrayArg x = array_arg(x_obj, fn, "x", false);
-            ArrayArg out = array_arg(out_obj, fn, "out", true);
-            check_same_dtype(fn, x, out);
-            check_count(fn, "x", x.count, out.count * c.size(), "size * out.size");
-            check_aliasing(fn, x, out, out.ptr == x.ptr + c.rank() * out.bytes());
-            CollectiveCall call = make_call(Collective::ReduceScatter, x, out, algo, out.count);
-            call.op = op_arg(fn, op_code, x.dtype);
-            return dispatch(c, call, async_op);
+          [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op) {
+            return dispatch(c, parse_reduce_scatter(x, out, op, algo, c.rank(), c.size()),
+                            async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"),
           py::arg("async_op") = false)
       .def(
           "all_gather",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int algo, bool async_op) {
-            const char* fn = "all_gather";
-            ArrayArg x = array_arg(x_obj, fn, "x", false);
-            ArrayArg out = array_arg(out_obj, fn, "out", true);
-            check_same_dtype(fn, x, out);
-            check_count(fn, "out", out.count, x.count * c.size(), "size * x.size");
-            check_aliasing(fn, x, out, x.ptr == out.ptr + c.rank() * x.bytes());
-            return dispatch(c, make_call(Collective::AllGather, x, out, algo, x.count), async_op);
+          [](HostComm& c, py::handle x, py::handle out, int algo, bool async_op) {
+            return dispatch(c, parse_all_gather(x, out, algo, c.rank(), c.size()), async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("algorithm"), py::arg("async_op") = false)
       .def(
           "broadcast",
-          [](HostComm& c, py::handle x_obj, int root, int algo, bool async_op) {
-            const char* fn = "broadcast";
-            ArrayArg x = array_arg(x_obj, fn, "x", true);
-            CollectiveCall call = make_call(Collective::Broadcast, x, x, algo, x.count);
-            call.root = root_arg(fn, root, c.size());
-            return dispatch(c, call, async_op);
+          [](HostComm& c, py::handle x, int root, int algo, bool async_op) {
+            return dispatch(c, parse_broadcast(x, root, algo, c.size()), async_op);
           },
           py::arg("x"), py::arg("root"), py::arg("algorithm"), py::arg("async_op") = false)
       .def(
           "reduce",
-          [](HostComm& c, py::handle x_obj, py::handle out_obj, int root, int op_code, int algo,
-             bool async_op) {
-            const char* fn = "reduce";
-            const bool in_place = out_obj.is_none();
-            ArrayArg x = array_arg(x_obj, fn, "x", in_place);
-            ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
-            check_same_dtype(fn, x, out);
-            check_count(fn, "out", out.count, x.count, "the size of x");
-            check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
-            CollectiveCall call = make_call(Collective::Reduce, x, out, algo, x.count);
-            call.root = root_arg(fn, root, c.size());
-            call.op = op_arg(fn, op_code, x.dtype);
-            return dispatch(c, call, async_op);
+          [](HostComm& c, py::handle x, py::handle out, int root, int op, int algo, bool async_op) {
+            return dispatch(c, parse_reduce(x, out, root, op, algo, c.size()), async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"),
           py::arg("async_op") = false)
@@ -355,4 +403,6 @@ PYBIND11_MODULE(_C, m) {
   });
   bind_host_comm(m);
   bind_schedules(m);
+  m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),
+        py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"));
 }

@@ -85,3 +85,13 @@ def schedule(
     acc_bytes: int = 4,
     oneshot_max_bytes: int = ...,
 ) -> list[dict[str, Any]]: ...
+def check_args(
+    collective: str,
+    x: Any,
+    out: Any,
+    root: int,
+    op: int,
+    algorithm: int,
+    rank: int,
+    size: int,
+) -> tuple[int, int]: ...

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pycollectives import _C
 from pycollectives.errors import CollectiveError
+from pycollectives.hierarchy import Hierarchical, Topology, ranks_per_node_from_env
 from pycollectives.ops import ALGORITHMS, SUM, algo_code, op_code
 from pycollectives.work import InFlight, Work
 
@@ -52,9 +53,11 @@ def _env_number(name, default, kind):
 class Communicator:
     """A group of ranks that run collectives together.
 
-    Built from an MPI communicator (``MPI.COMM_WORLD`` by default), whose ranks must share one
-    machine. Creating it is collective: every rank exchanges the name of its shared-memory
-    segment with one MPI all-gather; after that, collectives never call MPI.
+    Built from an MPI communicator (``MPI.COMM_WORLD`` by default). Creating it is collective:
+    the ranks of each machine exchange the names of their shared-memory segments with one MPI
+    all-gather; after that, collectives on one machine never call MPI. A communicator that
+    spans several machines (nodes) runs hierarchical collectives: shared memory inside each
+    node, MPI point-to-point between nodes (see ``pycollectives.hierarchy``).
 
     Args:
         mpi_comm: an ``mpi4py.MPI.Comm``; defaults to ``MPI.COMM_WORLD``.
@@ -114,11 +117,22 @@ class Communicator:
             # A step may hold an incoming slot while it waits for an outgoing one.
             raise ValueError(f"staging_slots must be in [2, 64], got {opts.nslots}")
         self._c = None
+        self._hier = None
+        self._node_comm = None
         self._mpi = base.Dup()
+        # Errors are ours to report, never fatal to the job.
+        self._mpi.Set_errhandler(MPI.ERRORS_RETURN)
         try:
-            self._rendezvous(MPI, opts)
+            self.topology = Topology.discover(self._mpi, *ranks_per_node_from_env())
+            if self.topology.num_nodes == 1:
+                self._rendezvous(self._mpi, opts)
+            else:
+                self._setup_nodes(MPI, opts, forced)
         except BaseException:
             self._c = None
+            self._hier = None
+            if self._node_comm is not None:
+                self._node_comm.Free()
             self._mpi.Free()
             raise
         self.rank = self._mpi.Get_rank()
@@ -128,17 +142,47 @@ class Communicator:
         if forced is not None:
             self._c.set_forced(forced)
 
-    def _rendezvous(self, MPI, opts):
-        comm = self._mpi
-        rank, size = comm.Get_rank(), comm.Get_size()
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        node_size = node.Get_size()
-        node.Free()
-        if node_size != size:
-            raise CollectiveError(
-                f"the communicator spans several machines ({node_size} of its {size} ranks share "
-                "this one); pycollectives needs all ranks on one machine"
+    def _setup_nodes(self, MPI, opts, forced):
+        """Shared memory inside this node, MPI between nodes."""
+        topo = self.topology
+        rank = self._mpi.Get_rank()
+        if topo.ranks_per_node is None:
+            raise ValueError(
+                "hierarchical collectives need the same number of ranks on every node; nodes "
+                f"have {', '.join(str(len(n)) for n in topo.nodes)} ranks ({topo.describe()})"
             )
+        self._node_comm = self._mpi.Split(topo.node_of[rank], key=rank)
+        error = None
+        try:
+            self._rendezvous(self._node_comm, opts)
+        except (CollectiveError, ValueError) as e:
+            error = f"rank {rank}: {e}"
+        # One node's failure is every rank's error, not a hang on the other nodes.
+        errors = [e for e in self._mpi.allgather(error) if e is not None]
+        if errors:
+            raise CollectiveError("cannot set up the nodes: " + "; ".join(errors))
+        try:
+            from pycollectives import _net
+        except ImportError as e:
+            raise CollectiveError(
+                "this build has no inter-node transport (it was built without MPI headers; "
+                f"reinstall with mpi4py's MPI present): {e}"
+            ) from None
+        net = _net.NetComm(
+            self._mpi,
+            piece_bytes=_env_number("PYCOLL_NET_PIECE_BYTES", 1 << 20, int),
+            window=8,
+            timeout=opts.timeout,
+        )
+        inter = (os.environ.get("PYCOLL_INTER_ALGO") or "").lower() or None
+        if inter is not None and inter not in ALGORITHMS:
+            raise ValueError(
+                f"PYCOLL_INTER_ALGO={inter!r}: expected one of {', '.join(ALGORITHMS)}"
+            )
+        self._hier = Hierarchical(topo, rank, self._c, net, inter_algo=inter or forced)
+
+    def _rendezvous(self, comm, opts):
+        rank, size = comm.Get_rank(), comm.Get_size()
         # Every rank reports its configuration and segment (or why it has none) in one exchange,
         # so a failure on one rank is an error on all ranks, never a hang.
         config = (opts.slot_bytes, opts.nslots)
@@ -183,6 +227,10 @@ class Communicator:
             try:
                 self._inflight.wait_all()
             finally:
+                if self._hier is not None:
+                    self._hier.close()
+                    self._hier = None
+                    self._node_comm.Free()
                 self._c = None
                 self._mpi.Free()
 
@@ -210,7 +258,11 @@ class Communicator:
         return work
 
     def algorithm_for(self, collective: str, nbytes: int) -> str:
-        """The algorithm ``algorithm=None`` picks for `collective` on `nbytes` of input."""
+        """The algorithm ``algorithm=None`` picks for `collective` on `nbytes` of input
+        ("hierarchical" on a communicator over several nodes)."""
+        if self._hier is not None:
+            self._host()
+            return "hierarchical"
         return self._host().choose(collective, nbytes)
 
     @property
@@ -223,6 +275,8 @@ class Communicator:
         if seconds <= 0:
             raise ValueError(f"timeout must be positive, got {seconds}")
         self._host().timeout = float(seconds)
+        if self._hier is not None:
+            self._hier.net.timeout = float(seconds)
 
     @property
     def staging_bytes(self) -> int:
@@ -231,6 +285,9 @@ class Communicator:
     @property
     def seq(self) -> int:
         """Number of collectives this rank has started."""
+        if self._hier is not None:
+            self._host()
+            return self._hier.seq
         return self._host().seq
 
     # -- collectives --------------------------------------------------------------------------
@@ -243,22 +300,34 @@ class Communicator:
         Every rank ends with a bitwise identical result. Returns the output array.
         """
         res = x if out is None else out
-        w = self._host().all_reduce(x, out, op_code(op), algo_code(algorithm), async_op)
+        if self._hier is not None:
+            w = self._hier.all_reduce(x, out, op_code(op), algorithm, async_op)
+        else:
+            w = self._host().all_reduce(x, out, op_code(op), algo_code(algorithm), async_op)
         return self._finish(w, (x, out), res)
 
     def reduce_scatter(self, x, out, op=SUM, algorithm=None, async_op=False):
         """Reduces `x` (``size * out.size`` elements) over all ranks; rank r gets block r."""
-        w = self._host().reduce_scatter(x, out, op_code(op), algo_code(algorithm), async_op)
+        if self._hier is not None:
+            w = self._hier.reduce_scatter(x, out, op_code(op), algorithm, async_op)
+        else:
+            w = self._host().reduce_scatter(x, out, op_code(op), algo_code(algorithm), async_op)
         return self._finish(w, (x, out), out)
 
     def all_gather(self, x, out, algorithm=None, async_op=False):
         """Gathers every rank's `x` into `out` (``size * x.size`` elements, rank-major)."""
-        w = self._host().all_gather(x, out, algo_code(algorithm), async_op)
+        if self._hier is not None:
+            w = self._hier.all_gather(x, out, algorithm, async_op)
+        else:
+            w = self._host().all_gather(x, out, algo_code(algorithm), async_op)
         return self._finish(w, (x, out), out)
 
     def broadcast(self, x, root=0, algorithm=None, async_op=False):
         """Copies the root's `x` into `x` on every rank."""
-        w = self._host().broadcast(x, root, algo_code(algorithm), async_op)
+        if self._hier is not None:
+            w = self._hier.broadcast(x, root, algorithm, async_op)
+        else:
+            w = self._host().broadcast(x, root, algo_code(algorithm), async_op)
         return self._finish(w, (x,), x)
 
     def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False):
@@ -267,9 +336,14 @@ class Communicator:
         Elsewhere `out` is checked but not written. Returns the output array.
         """
         res = x if out is None else out
-        w = self._host().reduce(x, out, root, op_code(op), algo_code(algorithm), async_op)
+        if self._hier is not None:
+            w = self._hier.reduce(x, out, root, op_code(op), algorithm, async_op)
+        else:
+            w = self._host().reduce(x, out, root, op_code(op), algo_code(algorithm), async_op)
         return self._finish(w, (x, out), res)
 
     def barrier(self, async_op=False):
         """Returns once every rank has entered the barrier (after this rank's earlier work)."""
+        if self._hier is not None:
+            return self._finish(self._hier.barrier(async_op), (), None)
         return self._finish(self._host().barrier(async_op), (), None)

@@ -1,0 +1,104 @@
+"""All-reduce over several nodes: hierarchical vs flat ring vs MPI_Allreduce, same run.
+
+    PYCOLL_RANKS_PER_NODE=2 mpiexec -n 4 python benchmarks/hierarchical.py [--json FILE]
+
+With PYCOLL_RANKS_PER_NODE the machine is split into emulated nodes; "inter-node" messages
+then travel through MPI's own shared-memory path, so this measures the algorithms and our
+MPI transport, not a network. Columns: hierarchical (shared memory inside a node, one shard
+per rank between nodes), flat ring (the ring schedule over all ranks, every link an MPI
+message), and MPI_Allreduce. Time = slowest rank's mean per call, best of --rounds batches;
+busbw = bytes / time * 2(n-1)/n, as nccl-tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import pycollectives as pc
+
+
+def timed(fn, iters: int, mpi: MPI.Comm) -> float:
+    mpi.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    dt = (time.perf_counter() - t0) / iters
+    return mpi.allreduce(dt, op=MPI.MAX)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--min-bytes", type=int, default=8)
+    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows as JSON to this file")
+    args = ap.parse_args()
+
+    mpi = MPI.COMM_WORLD
+    n = mpi.Get_size()
+    comm = pc.Communicator(mpi)
+    topo = comm.topology
+    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    rows = []
+    if comm.rank == 0:
+        print(
+            f"# all_reduce float32 sum, {n} ranks on {topo.num_nodes} nodes ({topo.describe()}), "
+            f"{platform.processor() or platform.machine()}, "
+            f"{MPI.Get_library_version().splitlines()[0].strip()}"
+        )
+        print(
+            f"# {'bytes':>10} {'hier us':>10} {'ring us':>10} {'mpi us':>10} {'hier busbw':>11} "
+            f"{'ring busbw':>11} {'mpi busbw':>10} {'vs ring':>8} {'vs mpi':>7}"
+        )
+    nbytes = args.min_bytes
+    while nbytes <= args.max_bytes:
+        count = nbytes // 4
+        x = np.ones(count, np.float32)
+        out = np.empty_like(x)
+        iters = int(min(5000, max(3, (64 << 20) // max(nbytes, 1) // 4)))
+
+        def hier(x=x, out=out):
+            comm.all_reduce(x, out)
+
+        def ring(x=x, out=out):
+            comm.all_reduce(x, out, algorithm="ring")
+
+        def theirs(x=x, out=out):
+            mpi.Allreduce(x, out)
+
+        fns = (hier, ring, theirs)
+        for f in fns:  # warm up (page faults, caches)
+            for _ in range(min(iters, 20)):
+                f()
+        best = [float("inf")] * 3
+        for _ in range(args.rounds):
+            for i, f in enumerate(fns):
+                best[i] = min(best[i], timed(f, iters, mpi))
+        row = {"bytes": nbytes}
+        for name, t in zip(("hier", "ring", "mpi"), best):
+            row[f"{name}_us"] = t * 1e6
+            row[f"{name}_busbw_GBs"] = nbytes / t / 1e9 * factor
+        rows.append(row)
+        if comm.rank == 0:
+            print(
+                f"  {nbytes:>10} {row['hier_us']:>10.1f} {row['ring_us']:>10.1f} "
+                f"{row['mpi_us']:>10.1f} {row['hier_busbw_GBs']:>11.2f} "
+                f"{row['ring_busbw_GBs']:>11.2f} {row['mpi_busbw_GBs']:>10.2f} "
+                f"{best[1] / best[0]:>7.2f}x {best[2] / best[0]:>6.2f}x",
+                flush=True,
+            )
+        nbytes *= 4
+    if comm.rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": n, "nodes": topo.nodes, "rows": rows}, f, indent=1)
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()

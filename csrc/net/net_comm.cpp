@@ -1,0 +1,417 @@
+#include "net/net_comm.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/errors.h"
+#include "common/reduce.h"
+#include "host/wait.h"
+
+namespace pycoll {
+
+namespace {
+
+std::string mpi_error_string(int code) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS) return str_cat("MPI error ", code);
+  return std::string(msg, static_cast<size_t>(len));
+}
+
+void check_mpi(int code, const char* what) {
+  if (code != MPI_SUCCESS) throw CollectiveError(str_cat(what, ": ", mpi_error_string(code)));
+}
+
+// FNV-1a over the fields every rank of a collective must agree on.
+int fingerprint_tag(const NetCall& c, int tag_ub) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(c.seq);
+  mix(static_cast<uint64_t>(c.collective));
+  mix(c.count);
+  mix(static_cast<uint64_t>(c.dtype));
+  mix(static_cast<uint64_t>(c.op));
+  mix(static_cast<uint64_t>(c.root));
+  mix(static_cast<uint64_t>(c.algo));
+  mix(c.group.size());
+  return static_cast<int>(h % static_cast<uint64_t>(tag_ub));  // 0 .. tag_ub - 1
+}
+
+bool overlap(const void* a, size_t an, const void* b, size_t bn) {
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  return an != 0 && bn != 0 && x < y + bn && y < x + an;
+}
+
+}  // namespace
+
+// Runs one collective's steps (recorded up front, so receives can be posted ahead).
+class NetExecutor {
+ public:
+  NetExecutor(NetComm& c, const NetCall& call, const std::vector<Step>& steps)
+      : c_(c),
+        call_(call),
+        steps_(steps),
+        kernels_(reduce_kernels(call.dtype, call.op)),
+        elem_(dtype_size(call.dtype)),
+        acc_(acc_size(call.dtype)),
+        tag_(fingerprint_tag(call, c.tag_ub_)),
+        me_(static_cast<int>(std::find(call.group.begin(), call.group.end(), c.rank_) -
+                             call.group.begin())),
+        in_place_(overlap(call.in, input_count() * elem_, call.out, output_count() * elem_)),
+        timeout_s_(c.timeout_s_.load()),
+        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(timeout_s_))) {
+    for (size_t i = 0; i < c_.pool_.size(); ++i) free_.push_back(static_cast<int>(i));
+    // Every incoming message, in the order the steps consume them.
+    for (const Step& s : steps_) {
+      if (s.kind == StepKind::Send || s.kind == StepKind::Copy) continue;
+      const size_t bytes = s.count * (s.recv_wire == Wire::Acc ? acc_ : elem_);
+      if (s.from == kAllPeers) {
+        for (int q = 0; q < static_cast<int>(call.group.size()); ++q)
+          if (q != me_) incoming_.push_back({q, bytes});
+      } else {
+        incoming_.push_back({s.from, bytes});
+        if (s.from2 != kNoPeer) incoming_.push_back({s.from2, bytes});
+      }
+    }
+  }
+
+  // On failure, requests still in flight may write into pool buffers: leave them to MPI.
+  ~NetExecutor() {
+    if (!ok_) {
+      for (Posted& p : posted_)
+        if (p.req != MPI_REQUEST_NULL) {
+          MPI_Cancel(&p.req);
+          MPI_Request_free(&p.req);
+        }
+      for (InFlight& f : sends_)
+        if (f.req != MPI_REQUEST_NULL) MPI_Request_free(&f.req);
+      // MPI may still write into them: the memory is given up, never reused.
+      for (NetBuffer& b : c_.pool_) (void)b.data.release();
+      c_.pool_.clear();
+    }
+  }
+
+  void run() {
+    for (const Step& s : steps_) step(s);
+    while (!sends_.empty()) finish_oldest_send();
+    ok_ = true;
+  }
+
+ private:
+  struct Incoming {
+    int peer;
+    size_t bytes;
+  };
+  struct Posted {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int buf;
+    int peer;
+    size_t bytes;
+  };
+  struct InFlight {
+    MPI_Request req = MPI_REQUEST_NULL;
+    int buf;  // -1: sent straight from the caller's input
+    int peer;
+  };
+
+  size_t input_count() const {
+    const size_t n = call_.group.size();
+    if (call_.collective == Collective::ReduceScatter) return call_.count * n;
+    return call_.count;
+  }
+  size_t output_count() const {
+    const size_t n = call_.group.size();
+    if (call_.collective == Collective::AllGather) return call_.count * n;
+    return call_.count;
+  }
+
+  const uint8_t* src_ptr(const Step& s) const {
+    if (s.src.buf == Buf::Input) {
+      PYCOLL_CHECK(s.src.offset + s.count <= input_count(), "input range");
+      return static_cast<const uint8_t*>(call_.in) + s.src.offset * elem_;
+    }
+    PYCOLL_CHECK(s.src.buf == Buf::Output && s.src.offset + s.count <= output_count(),
+                 "source range");
+    return static_cast<const uint8_t*>(call_.out) + s.src.offset * elem_;
+  }
+  uint8_t* dst_ptr(const Step& s) const {
+    PYCOLL_CHECK(s.dst.buf == Buf::Output && s.dst.offset + s.count <= output_count(),
+                 "output range");
+    return static_cast<uint8_t*>(call_.out) + s.dst.offset * elem_;
+  }
+  uint8_t* data(int buf) { return c_.pool_[static_cast<size_t>(buf)].data.get(); }
+  void unref(int buf) {
+    if (--c_.pool_[static_cast<size_t>(buf)].refs == 0) free_.push_back(buf);
+  }
+
+  // Waits for `req` with back-off, bounded by the deadline; `peer` is a schedule rank.
+  void wait(MPI_Request* req, MPI_Status* st, int peer, const char* why) {
+    int done = 0;
+    for (int i = 0; i < 256; ++i) {
+      check_mpi(MPI_Test(req, &done, st), call_name());
+      if (done) return;
+      PYCOLL_CPU_RELAX();
+    }
+    const auto start = Clock::now();
+    Sleeper sleeper;
+    for (;;) {
+      check_mpi(MPI_Test(req, &done, st), call_name());
+      if (done) return;
+      const auto now = Clock::now();
+      if (now >= deadline_)
+        throw CollectiveTimeout(str_cat(call_name(), " #", call_.seq, " (inter-node, ",
+                                        algo_name(call_.algo), ") timed out after ", timeout_s_,
+                                        " s: rank ", call_.group[static_cast<size_t>(peer)],
+                                        " did not arrive (", why, ")"));
+      if (now - start < std::chrono::milliseconds(1))
+        sched_yield();
+      else
+        sleeper.sleep();
+    }
+  }
+  const char* call_name() const { return collective_name(call_.collective); }
+
+  // Posts receives ahead while buffers and the window allow.
+  void post_more() {
+    while (next_in_ < incoming_.size() && posted_.size() < static_cast<size_t>(c_.opts_.window) &&
+           free_.size() > 2) {
+      const Incoming& m = incoming_[next_in_++];
+      Posted p{MPI_REQUEST_NULL, take_free(), m.peer, m.bytes};
+      check_mpi(MPI_Irecv(data(p.buf), static_cast<int>(c_.opts_.piece_bytes), MPI_BYTE,
+                          call_.group[static_cast<size_t>(m.peer)], MPI_ANY_TAG, c_.comm_, &p.req),
+                "MPI_Irecv");
+      posted_.push_back(p);
+    }
+  }
+  int take_free() {
+    while (free_.empty()) finish_oldest_send();
+    const int b = free_.back();
+    free_.pop_back();
+    c_.pool_[static_cast<size_t>(b)].refs = 1;
+    return b;
+  }
+
+  // The next incoming message, which must come from `peer`; returns its buffer (ref held).
+  int recv(int peer) {
+    post_more();
+    PYCOLL_CHECK(!posted_.empty(), "no receive posted");
+    Posted p = posted_.front();
+    posted_.pop_front();
+    PYCOLL_CHECK(p.peer == peer, "receive order");
+    MPI_Status st;
+    wait(&p.req, &st, peer, "waiting for data from it");
+    int got = 0;
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if (st.MPI_TAG != tag_ || static_cast<size_t>(got) != p.bytes)
+      throw CollectiveMismatch(str_cat(
+          call_name(), " #", call_.seq, ": rank ", call_.group[static_cast<size_t>(peer)],
+          " is running a different collective (its message carries fingerprint ", st.MPI_TAG,
+          " and ", got, " bytes; this rank expected ", tag_, " and ", p.bytes,
+          " bytes: sequence number, collective, count, dtype, op, root or algorithm differ)"));
+    return p.buf;
+  }
+
+  // Sends `bytes` at `ptr` (pool buffer `buf`, or -1 for the caller's input) to the step's
+  // destinations.
+  void send(const Step& s, const uint8_t* ptr, int buf, size_t bytes) {
+    auto one = [&](int to) {
+      if (buf >= 0) ++c_.pool_[static_cast<size_t>(buf)].refs;
+      InFlight f{MPI_REQUEST_NULL, buf, to};
+      check_mpi(MPI_Isend(ptr, static_cast<int>(bytes), MPI_BYTE,
+                          call_.group[static_cast<size_t>(to)], tag_, c_.comm_, &f.req),
+                "MPI_Isend");
+      sends_.push_back(f);
+      while (sends_.size() > static_cast<size_t>(2 * c_.opts_.window)) finish_oldest_send();
+    };
+    if (s.to == kAllPeers) {
+      for (int q = 0; q < static_cast<int>(call_.group.size()); ++q)
+        if (q != me_) one(q);
+    } else {
+      one(s.to);
+      if (s.to2 != kNoPeer) one(s.to2);
+    }
+  }
+  void finish_oldest_send() {
+    PYCOLL_CHECK(!sends_.empty(), "out of message buffers");
+    InFlight f = sends_.front();
+    sends_.pop_front();
+    wait(&f.req, MPI_STATUS_IGNORE, f.peer, "waiting for it to receive our data");
+    if (f.buf >= 0) unref(f.buf);
+  }
+
+  // acc = op over the step's incoming messages and src, in the schedule's order.
+  void reduce_into(uint8_t* acc, const Step& s) {
+    const size_t n = s.count;
+    const uint8_t* local = src_ptr(s);
+    if (s.from == kAllPeers) {
+      for (int q = 0; q < static_cast<int>(call_.group.size()); ++q) {
+        if (q == me_) {
+          if (q == 0)
+            kernels_.load(acc, local, n);
+          else
+            kernels_.reduce(acc, acc, local, n);
+          continue;
+        }
+        const int b = recv(q);
+        if (q == 0)
+          std::memcpy(acc, data(b), n * acc_);
+        else
+          kernels_.combine(acc, acc, data(b), n);
+        unref(b);
+      }
+      return;
+    }
+    int b = recv(s.from);
+    kernels_.reduce(acc, data(b), local, n);
+    unref(b);
+    if (s.from2 != kNoPeer) {
+      b = recv(s.from2);
+      kernels_.combine(acc, acc, data(b), n);
+      unref(b);
+    }
+  }
+
+  void step(const Step& s) {
+    const size_t n = s.count;
+    const bool one_input = s.from != kAllPeers && s.from2 == kNoPeer;
+    switch (s.kind) {
+      case StepKind::Send: {
+        const uint8_t* src = src_ptr(s);
+        // The input is never written while we run, unless the call is in place.
+        if (s.send_wire == Wire::Elem && s.src.buf == Buf::Input && !in_place_) {
+          send(s, src, -1, n * elem_);
+          break;
+        }
+        const int b = take_free();
+        if (s.send_wire == Wire::Acc)
+          kernels_.load(data(b), src, n);
+        else
+          std::memcpy(data(b), src, n * elem_);
+        send(s, data(b), b, n * (s.send_wire == Wire::Acc ? acc_ : elem_));
+        unref(b);
+        break;
+      }
+      case StepKind::Recv: {
+        const int b = recv(s.from);
+        std::memcpy(dst_ptr(s), data(b), n * elem_);
+        unref(b);
+        break;
+      }
+      case StepKind::RecvCopySend: {
+        const int b = recv(s.from);
+        send(s, data(b), b, n * elem_);
+        std::memcpy(dst_ptr(s), data(b), n * elem_);
+        unref(b);
+        break;
+      }
+      case StepKind::RecvReduceSend: {
+        const int b = take_free();
+        reduce_into(data(b), s);
+        send(s, data(b), b, n * acc_);
+        unref(b);
+        break;
+      }
+      case StepKind::RecvReduceCopy:
+      case StepKind::RecvReduceCopySend: {
+        const bool forward = s.kind == StepKind::RecvReduceCopySend;
+        PYCOLL_CHECK(!forward || s.send_wire == Wire::Elem, "finished results travel as elements");
+        const int out = forward ? take_free() : -1;
+        uint8_t* dst2 = forward ? data(out) : nullptr;
+        if (one_input) {
+          const int b = recv(s.from);
+          kernels_.reduce_final(dst_ptr(s), dst2, data(b), src_ptr(s), n, call_.divisor);
+          unref(b);
+        } else {
+          const int acc = take_free();
+          reduce_into(data(acc), s);
+          kernels_.finalize(dst_ptr(s), dst2, data(acc), n, call_.divisor);
+          unref(acc);
+        }
+        if (forward) {
+          send(s, data(out), out, n * elem_);
+          unref(out);
+        }
+        break;
+      }
+      case StepKind::Copy:
+        copy_bytes(dst_ptr(s), src_ptr(s), n * elem_);
+        break;
+    }
+  }
+
+  NetComm& c_;
+  const NetCall& call_;
+  const std::vector<Step>& steps_;
+  const ReduceKernels& kernels_;
+  size_t elem_, acc_;
+  int tag_;
+  int me_;
+  bool in_place_;  // input and output overlap: a later step may overwrite what a send reads
+  double timeout_s_;
+  Clock::time_point deadline_;
+  std::vector<Incoming> incoming_;
+  size_t next_in_ = 0;
+  std::deque<Posted> posted_;
+  std::deque<InFlight> sends_;
+  std::vector<int> free_;
+  bool ok_ = false;
+};
+
+NetComm::NetComm(MPI_Comm comm, const NetOptions& opts)
+    : comm_(comm), opts_(opts), timeout_s_(opts.timeout_s) {
+  PYCOLL_CHECK(opts.window >= 2, "window");
+  PYCOLL_CHECK(opts.piece_bytes >= 64 && opts.piece_bytes <= (size_t{1} << 30), "piece_bytes");
+  check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
+  int* ub = nullptr;
+  int flag = 0;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub)
+    tag_ub_ = *ub;
+}
+
+NetComm::~NetComm() = default;
+
+void NetComm::run(const NetCall& call) {
+  const char* name = collective_name(call.collective);
+  if (poisoned_)
+    throw CollectiveError(
+        str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
+  const int n = static_cast<int>(call.group.size());
+  const int me =
+      static_cast<int>(std::find(call.group.begin(), call.group.end(), rank_) - call.group.begin());
+  PYCOLL_CHECK(n >= 1 && me < n, "this rank is not in the group");
+  PYCOLL_CHECK(call.root >= 0 && call.root < n, "root");
+  for (int r : call.group) PYCOLL_CHECK(r >= 0 && r < size_, "group rank ", r);
+  if (pool_.empty()) {
+    pool_.resize(static_cast<size_t>(2 * opts_.window + 4));
+    for (NetBuffer& b : pool_) b.data.reset(new uint8_t[opts_.piece_bytes]);
+  }
+  ScheduleParams p;
+  p.rank = me;
+  p.size = n;
+  p.count = call.count;
+  p.root = call.root;
+  p.acc_bytes = acc_size(call.dtype);
+  p.piece = std::max<size_t>(1, opts_.piece_bytes / p.acc_bytes);
+  StepRecorder rec;
+  make_schedule(call.algo, call.collective, p, rec);
+  try {
+    NetExecutor(*this, call, rec.steps).run();
+  } catch (const CollectiveError& e) {
+    poisoned_ = true;
+    poison_reason_ = e.what();
+    throw;
+  }
+}
+
+}  // namespace pycoll

@@ -1,0 +1,341 @@
+"""Communicators that span several nodes.
+
+Inside a node, ranks talk over shared memory (the host transport); between nodes, over MPI
+point-to-point messages (``pycollectives._net``), which run the same ring, tree and direct
+schedules. A collective on such a communicator is hierarchical, as in Horovod and NCCL:
+
+- all-reduce: reduce-scatter inside each node, all-reduce of each shard among the ranks with
+  the same local rank (one per node), all-gather inside each node;
+- reduce-scatter: reduce-scatter inside the node, then among the ranks with the same local rank;
+- all-gather: all-gather among the ranks with the same local rank, then inside the node;
+- broadcast: among the ranks with the root's local rank, then inside each node;
+- reduce: inside each node to the root's local rank, then among those ranks to the root.
+
+Each byte crosses the network once per node rather than once per rank. ``algorithm="ring"``
+(or tree, direct) instead runs that schedule flat over all ranks, every link through MPI.
+
+``PYCOLL_RANKS_PER_NODE=k`` splits each machine into nodes of k consecutive ranks, so that this
+code runs, and is tested, on one machine; ``k:cyclic`` deals the ranks out round-robin instead
+(rank r on node r mod (ranks / k)), as a launcher that places ranks cyclically would.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+
+from pycollectives import _C
+from pycollectives.errors import CollectiveError, CollectiveTimeout
+from pycollectives.ops import AVG, algo_code
+
+_ALL = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+_INTER_ALGOS = {c: ("ring", "tree", "direct") for c in _ALL}
+_INTER_ALGOS["reduce_scatter"] = _INTER_ALGOS["all_gather"] = ("ring", "direct")
+
+
+class Topology:
+    """Which node each rank is on.
+
+    ``nodes[i]`` lists the ranks of node i in ascending order; nodes are ordered by their
+    lowest rank. A rank's local rank is its position in its node's list.
+    """
+
+    def __init__(self, node_keys):
+        order: dict = {}
+        for key in node_keys:
+            order.setdefault(key, len(order))
+        self.node_of = [order[k] for k in node_keys]
+        self.nodes = [[] for _ in order]
+        for rank, node in enumerate(self.node_of):
+            self.nodes[node].append(rank)
+        self.local_of = [self.nodes[node].index(r) for r, node in enumerate(self.node_of)]
+
+    @classmethod
+    def discover(cls, comm, ranks_per_node=None, cyclic=False):
+        """Nodes of an mpi4py communicator: the machines (``COMM_TYPE_SHARED``), each split
+        into nodes of `ranks_per_node` ranks if given (consecutive ranks, or dealt out
+        round-robin if `cyclic`). Collective over `comm`."""
+        from mpi4py import MPI
+
+        rank = comm.Get_rank()
+        host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        try:
+            leader = host.bcast(rank, root=0)
+            local, on_host = host.Get_rank(), host.Get_size()
+        finally:
+            host.Free()
+        if not ranks_per_node:
+            part = 0
+        elif cyclic:
+            part = local % max(1, on_host // ranks_per_node)
+        else:
+            part = local // ranks_per_node
+        return cls(comm.allgather((leader, part)))
+
+    @property
+    def size(self) -> int:
+        return len(self.node_of)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def ranks_per_node(self):
+        """Ranks on every node, or None when nodes differ."""
+        sizes = {len(n) for n in self.nodes}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    def group(self, local_rank: int) -> list:
+        """The ranks with this local rank, one per node, in node order."""
+        return [node[local_rank] for node in self.nodes]
+
+    def describe(self) -> str:
+        return " | ".join(",".join(map(str, n)) for n in self.nodes)
+
+
+def ranks_per_node_from_env():
+    """(ranks per emulated node or None, cyclic) from PYCOLL_RANKS_PER_NODE."""
+    raw = os.environ.get("PYCOLL_RANKS_PER_NODE", "")
+    if raw == "":
+        return None, False
+    number, _, layout = raw.partition(":")
+    try:
+        k = int(number)
+    except ValueError:
+        k = 0
+    if k < 1 or layout not in ("", "cyclic"):
+        raise ValueError(
+            f"PYCOLL_RANKS_PER_NODE={raw!r}: expected a positive integer, optionally followed "
+            "by ':cyclic'"
+        )
+    return k, layout == "cyclic"
+
+
+class _FutureWork:
+    """The native side of a Work for a composed collective (see pycollectives.work.Work)."""
+
+    __slots__ = ("_future", "seq")
+
+    def __init__(self, future, seq):
+        self._future = future
+        self.seq = seq
+
+    def wait(self, timeout=None):
+        try:
+            self._future.result(timeout)
+        except FutureTimeout:
+            raise CollectiveTimeout(
+                f"Work.wait: collective #{self.seq} not complete after {timeout} s"
+            ) from None
+        return True
+
+    def is_completed(self):
+        return self._future.done()
+
+
+class Hierarchical:
+    """The collectives of a communicator over several nodes (see the module docstring).
+
+    `host` is this node's shared-memory communicator (a ``_C.HostComm``), `net` the MPI
+    transport over all ranks (a ``_net.NetComm``). Every collective checks its arguments
+    first, the same way on every rank, then runs its phases in order; collectives run one at
+    a time in issue order, asynchronous ones on a worker thread.
+    """
+
+    def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
+        self.topo = topology
+        self.rank = rank
+        self.size = topology.size
+        self.host = host
+        self.net = net
+        self.nodes = topology.num_nodes
+        self.local_size = topology.ranks_per_node
+        self.node = topology.node_of[rank]
+        self.local = topology.local_of[rank]
+        self.inter_algo = inter_algo
+        self._all = list(range(self.size))
+        # perm[j * nodes + i] = the rank with local rank j on node i.
+        self.perm = np.array(
+            [self.topo.nodes[i][j] for j in range(self.local_size) for i in range(self.nodes)]
+        )
+        self.seq = 0
+        self._pool = None
+        self._error = None
+
+    # -- running ------------------------------------------------------------------------------
+
+    def submit(self, fn, async_op):
+        """Runs fn() after every collective issued before it; returns a Work's native handle
+        (async_op) or None."""
+        self._check_usable()
+        seq = self.seq
+        self.seq += 1
+
+        def guarded():
+            self._check_usable()
+            try:
+                fn(seq)
+            except CollectiveError as e:
+                if self._error is None:
+                    self._error = str(e)
+                    self.host.abort(str(e))
+                raise
+
+        if async_op:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pycoll-hier")
+            return _FutureWork(self._pool.submit(guarded), seq)
+        if self._pool is not None:
+            self._pool.submit(guarded).result()
+        else:
+            guarded()
+        return None
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _check_usable(self):
+        if self._error is not None:
+            raise CollectiveError(f"communicator is unusable after an earlier error: {self._error}")
+
+    def _inter(self, collective, nbytes):
+        forced = self.inter_algo
+        if forced is not None and forced in _INTER_ALGOS[collective]:
+            return forced
+        return "ring"
+
+    def _net(self, collective, algo, group, x, out, count, dtype, op, root, seq):
+        divisor = len(group) if op == int(AVG) else 1
+        self.net.run(collective, algo, group, x, out, count, dtype, op, root, divisor, seq)
+
+    def _check(self, collective, x, out, root, op, algorithm):
+        """(count, dtype code, flat algorithm or None) of a call, or the caller's error."""
+        count, dtype = _C.check_args(
+            collective, x, out, root, op, algo_code(algorithm), self.rank, self.size
+        )
+        return count, dtype, (None if algorithm in (None, "auto") else algorithm)
+
+    # -- collectives ------------------------------------------------------------------------
+    # op is a native op code; algorithm None means hierarchical, a name a flat schedule.
+
+    def all_reduce(self, x, out, op, algorithm, async_op):
+        count, dtype, algorithm = self._check("all_reduce", x, out, 0, op, algorithm)
+        res = x if out is None else out
+
+        def run(seq):
+            if algorithm is not None:
+                self._net("all_reduce", algorithm, self._all, x, res, count, dtype, op, 0, seq)
+                return
+            L = self.local_size
+            shard = -(-count // L)
+            flat_x, flat_res = x.reshape(-1), res.reshape(-1)
+            padded = shard * L != count
+            if padded:
+                src = np.zeros(shard * L, x.dtype)
+                src[:count] = flat_x
+            else:
+                src = flat_x
+            part = np.empty(shard, x.dtype)
+            self.host.reduce_scatter(src, part, op, 0, False)
+            if self.nodes > 1:
+                nbytes = shard * x.itemsize
+                algo = self._inter("all_reduce", nbytes)
+                self._net("all_reduce", algo, self.topo.group(self.local), part, part, shard,
+                          dtype, op, 0, seq)  # fmt: skip
+            if padded:
+                full = np.empty(shard * L, x.dtype)
+                self.host.all_gather(part, full, 0, False)
+                flat_res[:] = full[:count]
+            else:
+                self.host.all_gather(part, flat_res, 0, False)
+
+        return self.submit(run, async_op)
+
+    def reduce_scatter(self, x, out, op, algorithm, async_op):
+        m, dtype, algorithm = self._check("reduce_scatter", x, out, 0, op, algorithm)
+
+        def run(seq):
+            if algorithm is not None:
+                self._net("reduce_scatter", algorithm, self._all, x, out, m, dtype, op, 0, seq)
+                return
+            # Blocks regrouped by local rank: local rank j reduces the blocks of every rank
+            # with local rank j, then those ranks reduce them across nodes.
+            y = x.reshape(self.size, m)[self.perm]
+            z = np.empty(self.nodes * m, x.dtype)
+            self.host.reduce_scatter(y.reshape(-1), z, op, 0, False)
+            algo = self._inter("reduce_scatter", m * x.itemsize)
+            self._net("reduce_scatter", algo, self.topo.group(self.local), z, out.reshape(-1),
+                      m, dtype, op, 0, seq)  # fmt: skip
+
+        return self.submit(run, async_op)
+
+    def all_gather(self, x, out, algorithm, async_op):
+        m, dtype, algorithm = self._check("all_gather", x, out, 0, 0, algorithm)
+
+        def run(seq):
+            flat_out = out.reshape(-1)
+            if algorithm is not None:
+                self._net("all_gather", algorithm, self._all, x, flat_out, m, dtype, 0, 0, seq)
+                return
+            z = np.empty(self.nodes * m, x.dtype)
+            algo = self._inter("all_gather", m * x.itemsize)
+            self._net("all_gather", algo, self.topo.group(self.local), x.reshape(-1), z, m,
+                      dtype, 0, 0, seq)  # fmt: skip
+            y = np.empty(self.size * m, x.dtype)
+            self.host.all_gather(z, y, 0, False)
+            flat_out.reshape(self.size, m)[self.perm] = y.reshape(self.size, m)
+
+        return self.submit(run, async_op)
+
+    def broadcast(self, x, root, algorithm, async_op):
+        count, dtype, algorithm = self._check("broadcast", x, None, root, 0, algorithm)
+
+        def run(seq):
+            flat = x.reshape(-1)
+            if algorithm is not None:
+                self._net("broadcast", algorithm, self._all, flat, flat, count, dtype, 0, root, seq)
+                return
+            root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
+            if self.local == root_local:
+                algo = self._inter("broadcast", count * x.itemsize)
+                self._net("broadcast", algo, self.topo.group(root_local), flat, flat, count,
+                          dtype, 0, root_node, seq)  # fmt: skip
+            self.host.broadcast(flat, root_local, 0, False)
+
+        return self.submit(run, async_op)
+
+    def reduce(self, x, out, root, op, algorithm, async_op):
+        count, dtype, algorithm = self._check("reduce", x, out, root, op, algorithm)
+        res = x if out is None else out
+
+        def run(seq):
+            flat_x, flat_res = x.reshape(-1), res.reshape(-1)
+            if algorithm is not None:
+                self._net("reduce", algorithm, self._all, flat_x, flat_res, count, dtype, op,
+                          root, seq)  # fmt: skip
+                return
+            root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
+            part = np.empty(count, x.dtype)
+            self.host.reduce(flat_x, part, root_local, op, 0, False)
+            if self.local == root_local:
+                algo = self._inter("reduce", count * x.itemsize)
+                self._net("reduce", algo, self.topo.group(root_local), part, flat_res, count,
+                          dtype, op, root_node, seq)  # fmt: skip
+
+        return self.submit(run, async_op)
+
+    def barrier(self, async_op):
+        def run(seq):
+            self.host.barrier(False)
+            if self.local == 0 and self.nodes > 1:
+                token = np.zeros(1, np.int8)
+                self._net("all_reduce", "ring", self.topo.group(0), token, token, 1, 0, 0, 0, seq)
+            self.host.barrier(False)
+
+        return self.submit(run, async_op)
