@@ -1,0 +1,109 @@
+// What the host hands the GPU: a schedule's steps in a compact form, and one launch's arguments.
+//
+// Plain structs shared by host code (compiled by the host compiler) and kernels (nvcc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PYCOLL_HD __host__ __device__
+#else
+#define PYCOLL_HD
+#endif
+
+namespace pycoll {
+namespace cuda {
+
+// Ranks one CUDA communicator can hold: bounds the per-launch arguments and shared memory.
+constexpr int kMaxRanks = 32;
+// Flags sit this far apart so that no two writers share a line (NVLink moves 128-byte lines).
+constexpr size_t kFlagStride = 128;
+// Per-block slices of a message start at multiples of this many elements, so that a slice of
+// a 16-byte-aligned message is 16-byte aligned for every element and accumulation type.
+constexpr size_t kSliceAlign = 16;
+
+// One Step (algo/ops.h) as the kernel reads it.
+struct DevStep {
+  uint8_t kind;      // StepKind
+  uint8_t flags;     // kRecvAcc | kSendAcc | kRecvBcast
+  uint8_t src_buf;   // Buf
+  uint8_t dst_buf;   // Buf
+  int16_t from, from2, to, to2;
+  uint32_t count;    // elements; at most one staging slot's worth
+  uint64_t src_off;  // elements
+  uint64_t dst_off;
+};
+static_assert(sizeof(DevStep) == 32, "DevStep is uploaded as raw bytes");
+
+constexpr uint8_t kRecvAcc = 1;
+constexpr uint8_t kSendAcc = 2;
+constexpr uint8_t kRecvBcast = 4;
+
+// Where a rank's flags and staging slots are, relative to the base of its device segment. Every
+// block of a launch is a channel of its own (NCCL's word): its own flags and its own slice of
+// every slot, so blocks never wait for each other.
+struct SegmentLayout {
+  int size = 1;
+  int nslots = 2;
+  int nblocks = 1;
+  size_t sub_slot_bytes = 0;  // one block's share of a slot
+  size_t flags_bytes = 0;     // flags of every block, then the data
+  // Flag indices within a block's flag area (see CudaTransport for what each counts).
+  PYCOLL_HD static constexpr int posted(int peer) { return 3 * peer; }
+  PYCOLL_HD static constexpr int consumed(int peer) { return 3 * peer + 1; }
+  PYCOLL_HD static constexpr int bcast_consumed(int peer) { return 3 * peer + 2; }
+  PYCOLL_HD int bcast_posted() const { return 3 * size; }
+  PYCOLL_HD int flags_per_block() const { return 3 * size + 1; }
+  PYCOLL_HD size_t flag_offset(int block, int index) const {
+    return (static_cast<size_t>(block) * flags_per_block() + index) * kFlagStride;
+  }
+  // Slot of message m (1-based) that `owner` sends to `to` (to == size: its broadcast channel).
+  PYCOLL_HD size_t slot_offset(int block, int to, uint64_t m) const {
+    const size_t channel = static_cast<size_t>(block) * (size + 1) + to;
+    return flags_bytes + (channel * nslots + (m - 1) % nslots) * sub_slot_bytes;
+  }
+  size_t total_bytes() const {
+    return flags_bytes + static_cast<size_t>(nblocks) * (size + 1) * nslots * sub_slot_bytes;
+  }
+};
+
+// Messages moved on each channel before a launch (per block alike: every block carries its
+// slice of every message).
+struct LaunchCounters {
+  uint64_t sent[kMaxRanks];
+  uint64_t received[kMaxRanks];
+  uint64_t bcast_received[kMaxRanks];
+  uint64_t bcast_sent;
+};
+
+// Written by the device when it gives up; lives in host-mapped memory.
+struct DeviceStatus {
+  uint32_t abort;  // set by the host (or a failing block) to stop every wait
+  uint32_t code;   // DeviceError
+  int32_t peer;
+  int32_t step;
+  int32_t block;
+  int32_t pad;
+};
+enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2 };
+
+struct KernelArgs {
+  const DevStep* steps;
+  uint32_t first_step, end_step;
+  bool use_flags;  // false: the host orders the steps (host-synchronised mode)
+  int rank;
+  int op;       // RedOp
+  int divisor;  // avg divides by this
+  const uint8_t* input;
+  uint8_t* output;
+  uint8_t* segments[kMaxRanks];  // every rank's segment as this process maps it
+  SegmentLayout layout;
+  LaunchCounters counters;
+  DeviceStatus* status;     // device pointer of host-mapped memory
+  uint64_t timeout_ns;      // a device wait gives up after this long
+  uint64_t max_spins;       // ... or after this many polls, whichever comes first
+};
+
+}  // namespace cuda
+}  // namespace pycoll

@@ -1,0 +1,102 @@
+#include "cuda/plan.h"
+
+#include <limits>
+
+#include "common/errors.h"
+
+namespace pycoll {
+namespace cuda {
+namespace {
+
+int16_t peer_code(int peer, int size) {
+  if (peer != kNoPeer && peer != kAllPeers && (peer < 0 || peer >= size))
+    throw CollectiveError(str_cat("plan: step names peer ", peer, " of ", size, " ranks"));
+  return static_cast<int16_t>(peer);
+}
+
+// Counts the messages a step moves, the way the host executor does.
+class PlanSink final : public StepSink {
+ public:
+  PlanSink(Plan& plan, int rank, int size) : plan_(plan), rank_(rank), size_(size) {
+    plan.sent.assign(size, 0);
+    plan.received.assign(size, 0);
+    plan.bcast_received.assign(size, 0);
+  }
+
+  void step(const Step& s) override {
+    if (s.count > std::numeric_limits<uint32_t>::max())
+      throw InvalidArgument("plan: a step moves more than 2^32 elements (staging slot too large)");
+    DevStep d{};
+    d.kind = static_cast<uint8_t>(s.kind);
+    d.flags = (s.recv_wire == Wire::Acc ? kRecvAcc : 0) | (s.send_wire == Wire::Acc ? kSendAcc : 0) |
+              (s.recv_bcast ? kRecvBcast : 0);
+    d.src_buf = static_cast<uint8_t>(s.src.buf);
+    d.dst_buf = static_cast<uint8_t>(s.dst.buf);
+    d.from = peer_code(s.from, size_);
+    d.from2 = peer_code(s.from2, size_);
+    d.to = peer_code(s.to, size_);
+    d.to2 = peer_code(s.to2, size_);
+    d.count = static_cast<uint32_t>(s.count);
+    d.src_off = s.src.offset;
+    d.dst_off = s.dst.offset;
+    plan_.steps.push_back(d);
+    count_messages(s);
+  }
+
+ private:
+  void count_messages(const Step& s) {
+    const bool receives = s.kind != StepKind::Send && s.kind != StepKind::Copy;
+    const bool sends = s.kind == StepKind::Send || s.kind == StepKind::RecvReduceSend ||
+                       s.kind == StepKind::RecvReduceCopySend || s.kind == StepKind::RecvCopySend;
+    if (receives) {
+      auto& from = s.recv_bcast ? plan_.bcast_received : plan_.received;
+      if (s.from == kAllPeers) {
+        for (int q = 0; q < size_; ++q)
+          if (q != rank_) ++from[q];
+      } else {
+        ++from[s.from];
+        if (s.from2 != kNoPeer) ++from[s.from2];
+      }
+    }
+    if (sends) {
+      if (s.to == kAllPeers)
+        ++plan_.bcast_sent;
+      else
+        ++plan_.sent[s.to];
+      if (s.to2 != kNoPeer) ++plan_.sent[s.to2];
+    }
+  }
+
+  Plan& plan_;
+  int rank_, size_;
+};
+
+}  // namespace
+
+Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
+  if (p.size > kMaxRanks)
+    throw InvalidArgument(str_cat("the CUDA transport holds at most ", kMaxRanks, " ranks"));
+  Plan plan;
+  PlanSink sink(plan, p.rank, p.size);
+  make_schedule(a, c, p, sink);
+  return plan;
+}
+
+size_t sub_slot_bytes(size_t slot_bytes, int nblocks) {
+  const size_t share = (slot_bytes + nblocks - 1) / nblocks + kSliceAlign * 8;
+  return (share + 255) / 256 * 256;
+}
+
+SegmentLayout make_layout(int size, int nslots, int nblocks, size_t slot_bytes) {
+  SegmentLayout l;
+  l.size = size;
+  l.nslots = nslots;
+  l.nblocks = nblocks;
+  l.sub_slot_bytes = sub_slot_bytes(slot_bytes, nblocks);
+  l.flags_bytes = l.flag_offset(nblocks, 0);
+  l.flags_bytes = (l.flags_bytes + 255) / 256 * 256;
+  return l;
+}
+
+}  // namespace cuda
+}  // namespace pycoll
