@@ -25,10 +25,10 @@ constexpr size_t kSliceAlign = 16;
 
 // One Step (algo/ops.h) as the kernel reads it.
 struct DevStep {
-  uint8_t kind;      // StepKind
-  uint8_t flags;     // kRecvAcc | kSendAcc | kRecvBcast
-  uint8_t src_buf;   // Buf
-  uint8_t dst_buf;   // Buf
+  uint8_t kind;     // StepKind
+  uint8_t flags;    // kRecvAcc | kSendAcc | kRecvBcast
+  uint8_t src_buf;  // Buf
+  uint8_t dst_buf;  // Buf
   int16_t from, from2, to, to2;
   uint32_t count;    // elements; at most one staging slot's worth
   uint64_t src_off;  // elements
@@ -100,9 +100,9 @@ struct KernelArgs {
   uint8_t* segments[kMaxRanks];  // every rank's segment as this process maps it
   SegmentLayout layout;
   LaunchCounters counters;
-  DeviceStatus* status;     // device pointer of host-mapped memory
-  uint64_t timeout_ns;      // a device wait gives up after this long
-  uint64_t max_spins;       // ... or after this many polls, whichever comes first
+  DeviceStatus* status;  // device pointer of host-mapped memory
+  uint64_t timeout_ns;   // a device wait gives up after this long
+  uint64_t max_spins;    // ... or after this many polls, whichever comes first
 };
 
 }  // namespace cuda

@@ -294,7 +294,8 @@ PYCOLL_DEVICE void move(const KernelArgs& a, const StepPtrs& p, const DevStep& d
   }
   const bool avg = a.op == static_cast<int>(RedOp::Avg);
 #pragma unroll
-  for (int k = 0; k < E; ++k) v[k] = Acc<T>::store(avg ? acc[k] / static_cast<A>(a.divisor) : acc[k]);
+  for (int k = 0; k < E; ++k)
+    v[k] = Acc<T>::store(avg ? acc[k] / static_cast<A>(a.divisor) : acc[k]);
   store(p.dst, i, v, vec);
   store(p.out0, i, v, vec);
   store(p.out1, i, v, vec);

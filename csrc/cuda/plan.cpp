@@ -28,8 +28,8 @@ class PlanSink final : public StepSink {
       throw InvalidArgument("plan: a step moves more than 2^32 elements (staging slot too large)");
     DevStep d{};
     d.kind = static_cast<uint8_t>(s.kind);
-    d.flags = (s.recv_wire == Wire::Acc ? kRecvAcc : 0) | (s.send_wire == Wire::Acc ? kSendAcc : 0) |
-              (s.recv_bcast ? kRecvBcast : 0);
+    d.flags = (s.recv_wire == Wire::Acc ? kRecvAcc : 0) |
+              (s.send_wire == Wire::Acc ? kSendAcc : 0) | (s.recv_bcast ? kRecvBcast : 0);
     d.src_buf = static_cast<uint8_t>(s.src.buf);
     d.dst_buf = static_cast<uint8_t>(s.dst.buf);
     d.from = peer_code(s.from, size_);

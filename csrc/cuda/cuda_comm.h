@@ -1,0 +1,177 @@
+// The CUDA communicator: collectives on device memory over CUDA IPC.
+//
+// Each rank owns one device segment (flags, then staging slots; see SegmentLayout) and exports
+// it with an IPC handle; every rank maps every peer's segment. A rank writes only its own
+// segment: a message goes into the sender's slot, the receiver reads it from there. Flags are
+// monotonic counters, as in the shared-memory transport (host/shm_transport.h):
+//   posted(p)         messages we put in our channel to p        (written by us, read by p)
+//   consumed(p)       messages we took from p's channel to us    (written by us, read by p)
+//   bcast_posted      messages put in our broadcast channel      (written by us, read by all)
+//   bcast_consumed(p) messages we took from p's broadcast channel (written by us, read by p)
+//
+// Two ways to order the steps across processes:
+//   Kernel: one launch runs the whole collective; device threads wait on the peers' device
+//           flags (bounded, abortable). Needs every rank's kernel to run at the same time:
+//           distinct GPUs, or one GPU shared under MPS.
+//   Host:   one short launch per step; the host waits for the peers between launches, on
+//           counters in POSIX shared memory. No kernel ever waits for another process, so
+//           ranks that time-slice one GPU cannot deadlock.
+// Collectives are queued on the communicator's own stream, behind the caller's stream and in
+// issue order; the caller's stream then waits for them (or, for async work, when asked).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "algo/schedule.h"
+#include "common/dtypes.h"
+#include "cuda/device_step.h"
+#include "cuda/plan.h"
+#include "host/executor.h"
+#include "host/shm_transport.h"
+#include "host/wait.h"
+
+namespace pycoll {
+namespace cuda {
+
+enum class SyncMode { Kernel, Host };
+
+struct CudaCommOptions {
+  size_t slot_bytes = size_t{1} << 20;
+  int nslots = 4;
+  int nblocks = 8;  // channels: blocks per launch
+  double timeout_s = 300.0;
+  size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
+  size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above
+  bool debug = false;
+};
+
+struct CudaCall {
+  bool barrier = false;
+  Collective collective = Collective::AllReduce;
+  Algo algo = Algo::Auto;
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;  // as in ScheduleParams
+  DType dtype = DType::Float32;
+  RedOp op = RedOp::Sum;
+  int root = 0;
+};
+
+// Completion of one queued collective: an event on the communicator's stream.
+class CudaWork {
+ public:
+  CudaWork(int device, uint64_t seq);
+  ~CudaWork();
+  CudaWork(const CudaWork&) = delete;
+  CudaWork& operator=(const CudaWork&) = delete;
+  cudaEvent_t event() const { return event_; }
+  uint64_t seq() const { return seq_; }
+  bool is_completed() const;
+  // Makes work queued later on `stream` wait for this collective.
+  void wait_on(cudaStream_t stream) const;
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+  uint64_t seq_;
+};
+
+class CudaComm {
+ public:
+  CudaComm(int rank, int size, int device, const CudaCommOptions& opts);
+  ~CudaComm();
+  CudaComm(const CudaComm&) = delete;
+  CudaComm& operator=(const CudaComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int device() const { return device_; }
+  uint64_t seq() const { return seq_; }
+  SyncMode mode() const { return mode_; }
+  const CudaCommOptions& options() const { return opts_; }
+  double timeout() const { return timeout_s_.load(); }
+  void set_timeout(double s) { timeout_s_.store(s); }
+
+  // What the rendezvous exchanges: the segment's IPC handle, the host flags' name, the GPU.
+  std::string ipc_handle() const;
+  std::string device_uuid() const;
+  const std::string& shm_name() const { return shm_.name(); }
+  // Maps every peer's segment and host flags (ours included in the lists, ignored).
+  void attach(const std::vector<std::string>& handles, const std::vector<std::string>& shm_names,
+              SyncMode mode);
+  void unlink() { shm_.unlink(); }
+
+  Algo choose(Collective c, size_t bytes) const;
+  // Queues `call` behind `stream`'s work; `stream` waits for it unless `async_op`.
+  std::shared_ptr<CudaWork> run(const CudaCall& call, cudaStream_t stream, bool async_op);
+  // Waits for this rank's queued collectives, then for every rank to arrive.
+  void barrier();
+  // Waits (bounded) for queued work and releases every resource; later calls fail.
+  void close();
+
+  void abort(const std::string& reason);
+  bool poisoned() const { return aborted_.load(); }
+  std::string poison_reason() const;
+
+ private:
+  struct CachedPlan {
+    Plan plan;
+    DevStep* device_steps = nullptr;
+  };
+  using PlanKey = std::tuple<int, size_t, int, int, int, int>;
+
+  const CachedPlan& plan_for(const CudaCall& call, Algo algo);
+  KernelArgs kernel_args(const CudaCall& call, const CachedPlan& cp) const;
+  void run_kernel_mode(const CudaCall& call, const CachedPlan& cp);
+  void run_host_mode(const CudaCall& call, const CachedPlan& cp, const WaitContext& w);
+  void host_wait_step(const DevStep& d, const WaitContext& w);
+  void host_publish_step(const DevStep& d);
+  void wait_event(cudaEvent_t ev, const WaitContext& w);
+  void check_device_status(const char* name);
+  void check_usable(const char* name) const;
+  WaitContext wait_context(const char* name, uint64_t seq) const;
+  void watchdog_loop();
+  void release();
+
+  int rank_, size_, device_;
+  CudaCommOptions opts_;
+  SyncMode mode_ = SyncMode::Kernel;
+  SegmentLayout layout_;
+  uint8_t* segment_ = nullptr;           // ours, cudaMalloc
+  std::vector<uint8_t*> segments_;       // every rank's, as mapped here
+  DeviceStatus* status_host_ = nullptr;  // host-mapped
+  DeviceStatus* status_dev_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue
+  cudaEvent_t step_done_ = nullptr;
+  ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers
+  ChannelCounters counters_;
+  std::map<PlanKey, CachedPlan> plans_;
+  uint64_t seq_ = 0;
+  uint64_t barrier_epoch_ = 0;
+  std::atomic<double> timeout_s_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex reason_mu_;
+  std::string poison_reason_;
+  std::mutex run_mu_;
+
+  // Kernel mode: while work is queued, a watchdog notices dead peers and stops the device.
+  std::mutex watch_mu_;
+  std::shared_ptr<CudaWork> last_work_;
+  std::atomic<bool> stopping_{false};
+  std::thread watchdog_;
+  bool closed_ = false;
+};
+
+}  // namespace cuda
+}  // namespace pycoll

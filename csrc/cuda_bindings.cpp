@@ -1,0 +1,243 @@
+// pybind11 module pycollectives._cuda: the CUDA transport (private; see pycollectives/cuda.py).
+//
+// Kept apart from _C so that importing pycollectives never needs CUDA; the CUDA runtime is
+// linked statically, so importing this module needs only the driver, and not even that until a
+// communicator is made. Arguments arrive validated (pycollectives/cuda.py); pointers and
+// streams arrive as integers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algo/schedule.h"
+#include "common/errors.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_comm.h"
+#include "cuda/plan.h"
+
+namespace py = pybind11;
+using namespace pycoll;
+using namespace pycoll::cuda;
+
+namespace {
+
+cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+Collective collective_code(int c) {
+  if (c < 0 || c >= kNumCollectives) throw InvalidArgument(str_cat("unknown collective ", c));
+  return static_cast<Collective>(c);
+}
+
+Algo algo_code(Collective c, int a) {
+  if (a < 0 || a >= kNumAlgos) throw InvalidArgument(str_cat("unknown algorithm code ", a));
+  const Algo algo = static_cast<Algo>(a);
+  if (algo != Algo::Auto && !algo_supports(algo, c))
+    throw InvalidArgument(str_cat(collective_name(c), ": algorithm ", algo_name(algo),
+                                  " is not available for ", collective_name(c)));
+  return algo;
+}
+
+SyncMode mode_arg(const std::string& m) {
+  if (m == "kernel") return SyncMode::Kernel;
+  if (m == "host") return SyncMode::Host;
+  throw InvalidArgument(str_cat("sync mode must be 'kernel' or 'host', got '", m, "'"));
+}
+
+py::dict plan_dict(const Plan& p) {
+  py::list steps;
+  for (const DevStep& d : p.steps)
+    steps.append(py::make_tuple(step_kind_name(static_cast<StepKind>(d.kind)), d.flags, d.src_buf,
+                                d.dst_buf, d.from, d.from2, d.to, d.to2, d.count, d.src_off,
+                                d.dst_off));
+  py::dict r;
+  r["steps"] = steps;
+  r["sent"] = p.sent;
+  r["received"] = p.received;
+  r["bcast_received"] = p.bcast_received;
+  r["bcast_sent"] = p.bcast_sent;
+  return r;
+}
+
+void bind_planning(py::module_& m) {
+  m.def(
+      "plan",
+      [](int collective, int algorithm, int rank, int size, size_t count, int root, int dtype,
+         size_t slot_bytes, size_t oneshot_max_bytes) {
+        const Collective c = collective_code(collective);
+        const Algo a = algo_code(c, algorithm);
+        if (a == Algo::Auto) throw InvalidArgument("plan: name an algorithm");
+        if (!valid_dtype(dtype)) throw InvalidArgument("plan: bad dtype code");
+        if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size)
+          throw InvalidArgument("plan: bad rank, size or root");
+        const DType t = static_cast<DType>(dtype);
+        ScheduleParams p;
+        p.rank = rank;
+        p.size = size;
+        p.count = count;
+        p.root = root;
+        p.piece = slot_bytes / (carries_partials(c) ? acc_size(t) : dtype_size(t));
+        p.acc_bytes = acc_size(t);
+        p.oneshot_max_bytes = oneshot_max_bytes;
+        if (p.piece == 0) throw InvalidArgument("plan: staging slot smaller than one element");
+        return plan_dict(build_plan(a, c, p));
+      },
+      py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
+      py::arg("count"), py::arg("root"), py::arg("dtype"), py::arg("slot_bytes"),
+      py::arg("oneshot_max_bytes") = CudaCommOptions{}.oneshot_max_bytes);
+  m.def(
+      "block_slice",
+      [](size_t n, int nblocks, int block) {
+        const Slice s = block_slice(n, nblocks, block);
+        return py::make_tuple(s.lo, s.hi);
+      },
+      py::arg("n"), py::arg("nblocks"), py::arg("block"));
+  m.def(
+      "segment_layout",
+      [](int size, int nslots, int nblocks, size_t slot_bytes) {
+        const SegmentLayout l = make_layout(size, nslots, nblocks, slot_bytes);
+        py::dict d;
+        d["sub_slot_bytes"] = l.sub_slot_bytes;
+        d["flags_bytes"] = l.flags_bytes;
+        d["total_bytes"] = l.total_bytes();
+        return d;
+      },
+      py::arg("size"), py::arg("nslots"), py::arg("nblocks"), py::arg("slot_bytes"));
+  m.attr("MAX_RANKS") = kMaxRanks;
+}
+
+void bind_runtime(py::module_& m) {
+  // (count, "") or (0, why not): never raises, so callers can report the reason.
+  m.def("device_count", []() -> std::pair<int, std::string> {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      return {0, std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e)};
+    }
+    return {n, n == 0 ? "no CUDA device" : ""};
+  });
+  // The device a pointer's memory is on, or -1 for host memory the runtime does not know.
+  m.def(
+      "pointer_device",
+      [](uintptr_t ptr) {
+        cudaPointerAttributes attr;
+        const cudaError_t e = cudaPointerGetAttributes(&attr, reinterpret_cast<void*>(ptr));
+        if (e != cudaSuccess) {
+          cudaGetLastError();
+          return -1;
+        }
+        return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? attr.device
+                                                                                       : -1;
+      },
+      py::arg("ptr"));
+}
+
+void bind_comm(py::module_& m) {
+  py::class_<CudaCommOptions>(m, "CudaCommOptions")
+      .def(py::init<>())
+      .def_readwrite("slot_bytes", &CudaCommOptions::slot_bytes)
+      .def_readwrite("nslots", &CudaCommOptions::nslots)
+      .def_readwrite("nblocks", &CudaCommOptions::nblocks)
+      .def_readwrite("timeout", &CudaCommOptions::timeout_s)
+      .def_readwrite("oneshot_max_bytes", &CudaCommOptions::oneshot_max_bytes)
+      .def_readwrite("direct_max_bytes", &CudaCommOptions::direct_max_bytes)
+      .def_readwrite("debug", &CudaCommOptions::debug);
+
+  py::class_<CudaWork, std::shared_ptr<CudaWork>>(m, "CudaWork")
+      .def("is_completed", &CudaWork::is_completed)
+      .def(
+          "wait_on", [](const CudaWork& w, uintptr_t s) { w.wait_on(stream_of(s)); },
+          py::arg("stream"))
+      .def_property_readonly("seq", &CudaWork::seq);
+
+  py::class_<CudaComm>(m, "CudaComm")
+      .def(py::init<int, int, int, const CudaCommOptions&>(), py::arg("rank"), py::arg("size"),
+           py::arg("device"), py::arg("options"))
+      .def_property_readonly("ipc_handle",
+                             [](const CudaComm& c) { return py::bytes(c.ipc_handle()); })
+      .def_property_readonly("device_uuid",
+                             [](const CudaComm& c) { return py::bytes(c.device_uuid()); })
+      .def_property_readonly("shm_name", &CudaComm::shm_name)
+      .def(
+          "attach",
+          [](CudaComm& c, const std::vector<py::bytes>& handles,
+             const std::vector<std::string>& names, const std::string& mode) {
+            std::vector<std::string> h;
+            for (const auto& b : handles) h.push_back(std::string(b));
+            c.attach(h, names, mode_arg(mode));
+          },
+          py::arg("handles"), py::arg("shm_names"), py::arg("sync_mode"))
+      .def("unlink", &CudaComm::unlink)
+      .def_property_readonly("rank", &CudaComm::rank)
+      .def_property_readonly("size", &CudaComm::size)
+      .def_property_readonly("device", &CudaComm::device)
+      .def_property_readonly("seq", &CudaComm::seq)
+      .def_property_readonly("sync_mode",
+                             [](const CudaComm& c) {
+                               return std::string(c.mode() == SyncMode::Kernel ? "kernel" : "host");
+                             })
+      .def_property("timeout", &CudaComm::timeout, &CudaComm::set_timeout)
+      .def_property_readonly("poisoned", &CudaComm::poisoned)
+      .def_property_readonly("poison_reason", &CudaComm::poison_reason)
+      .def("abort", &CudaComm::abort, py::arg("reason"))
+      .def(
+          "choose",
+          [](const CudaComm& c, int collective, size_t bytes) {
+            return std::string(algo_name(c.choose(collective_code(collective), bytes)));
+          },
+          py::arg("collective"), py::arg("bytes"))
+      .def(
+          "run",
+          [](CudaComm& c, int collective, uintptr_t in, uintptr_t out, size_t count, int dtype,
+             int op, int root, int algo, uintptr_t stream, bool async_op) {
+            CudaCall call;
+            call.collective = collective_code(collective);
+            call.algo = algo_code(call.collective, algo);
+            if (!valid_dtype(dtype) || !valid_redop(op))
+              throw InvalidArgument("run: bad dtype or op code");
+            if (root < 0 || root >= c.size()) throw InvalidArgument("run: root out of range");
+            call.in = reinterpret_cast<const void*>(in);
+            call.out = reinterpret_cast<void*>(out);
+            call.count = count;
+            call.dtype = static_cast<DType>(dtype);
+            call.op = static_cast<RedOp>(op);
+            call.root = root;
+            py::gil_scoped_release nogil;
+            return c.run(call, stream_of(stream), async_op);
+          },
+          py::arg("collective"), py::arg("x_ptr"), py::arg("out_ptr"), py::arg("count"),
+          py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algorithm"), py::arg("stream"),
+          py::arg("async_op"))
+      .def("barrier", &CudaComm::barrier, py::call_guard<py::gil_scoped_release>())
+      .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cuda, m) {
+  m.doc() = "pycollectives CUDA IPC transport (private; use pycollectives.cuda)";
+  // Errors surface as the same Python classes as the host core's.
+  py::module_ core = py::module_::import("pycollectives._C");
+  static py::handle error = py::object(core.attr("CollectiveError")).release();
+  static py::handle timeout = py::object(core.attr("CollectiveTimeout")).release();
+  static py::handle mismatch = py::object(core.attr("CollectiveMismatch")).release();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CollectiveTimeout& e) {
+      py::set_error(timeout, e.what());
+    } catch (const CollectiveMismatch& e) {
+      py::set_error(mismatch, e.what());
+    } catch (const CollectiveError& e) {
+      py::set_error(error, e.what());
+    } catch (const InvalidType& e) {
+      py::set_error(PyExc_TypeError, e.what());
+    }
+  });
+  bind_planning(m);
+  bind_runtime(m);
+  bind_comm(m);
+}
