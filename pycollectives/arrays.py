@@ -1,0 +1,297 @@
+"""What an array is, wherever it lives: numpy, cupy, torch, ``__cuda_array_interface__``, DLPack.
+
+``describe(obj)`` returns an :class:`ArrayInfo` (pointer, element count, dtype code, device,
+contiguity, read-only) without importing cupy or torch unless `obj` is one of theirs (then the
+library is loaded already). numpy arrays stay on the host path; everything else that lives on a
+CUDA device goes to the CUDA transport.
+
+Example::
+
+    info = describe(cupy.arange(4, dtype=cupy.float32))
+    info.is_cuda, info.count, info.dtype_name    # (True, 4, "float32")
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+# Native dtype codes (csrc/common/dtypes.h).
+DTYPE_CODES = {
+    "int8": 0,
+    "uint8": 1,
+    "int32": 2,
+    "int64": 3,
+    "float16": 4,
+    "bfloat16": 5,
+    "float32": 6,
+    "float64": 7,
+}
+DTYPE_SIZES = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8}
+DTYPE_SIZES.update({"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8})
+SUPPORTED = "int8, uint8, int32, int64, float16, bfloat16, float32, float64 in native byte order"
+
+HOST = -1  # `device` of host memory
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    ptr: int
+    count: int
+    dtype_name: str  # numpy-style name, or the producer's own name when unsupported
+    device: int | None  # CUDA ordinal, HOST, or None when it cannot be told
+    is_cuda: bool
+    contiguous: bool
+    readonly: bool
+    library: str  # "numpy", "cupy", "torch", "cai" or "dlpack"
+    stream: int | None = None  # the producer's stream (``__cuda_array_interface__`` v3)
+
+    @property
+    def dtype(self) -> int:
+        """Native dtype code, or -1 when the dtype is not supported."""
+        return DTYPE_CODES.get(self.dtype_name, -1)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES.get(self.dtype_name, 0)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+
+def _count(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _c_contiguous(shape, strides, itemsize) -> bool:
+    """Whether byte `strides` describe a C-contiguous layout (dims of size 1 never matter)."""
+    if strides is None or _count(shape) == 0:
+        return True
+    expected = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def _numpy_dtype_name(dt: np.dtype) -> str:
+    if dt.byteorder == ">":
+        return f"{dt.name} (big-endian)"
+    return dt.name  # ml_dtypes' bfloat16 is named "bfloat16"
+
+
+_TYPESTR = {"i1": "int8", "u1": "uint8", "i4": "int32", "i8": "int64", "f2": "float16"}
+_TYPESTR.update({"f4": "float32", "f8": "float64"})
+
+
+def _typestr_name(typestr: str, obj) -> str:
+    order, code = typestr[0], typestr[1:]
+    if order == ">" and code not in ("i1", "u1"):
+        return f"{typestr} (big-endian)"
+    if code in _TYPESTR:
+        return _TYPESTR[code]
+    # bfloat16 has no typestr of its own ("<V2"); its producer names it.
+    name = str(getattr(getattr(obj, "dtype", None), "name", ""))
+    return "bfloat16" if code == "V2" and name == "bfloat16" else typestr
+
+
+def _device_attr(obj) -> int | None:
+    dev = getattr(obj, "device", None)
+    if isinstance(dev, int):
+        return dev
+    for attr in ("id", "index"):  # cupy.cuda.Device.id, torch.device.index
+        value = getattr(dev, attr, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _pointer_device(ptr: int) -> int | None:
+    try:
+        from pycollectives import _cuda
+    except ImportError:
+        return None
+    dev = _cuda.pointer_device(ptr)
+    return None if dev < 0 else dev
+
+
+def _from_numpy(a: np.ndarray) -> ArrayInfo:
+    return ArrayInfo(
+        ptr=a.__array_interface__["data"][0],
+        count=int(a.size),
+        dtype_name=_numpy_dtype_name(a.dtype),
+        device=HOST,
+        is_cuda=False,
+        contiguous=bool(a.flags.c_contiguous),
+        readonly=not a.flags.writeable,
+        library="numpy",
+    )
+
+
+def _from_torch(t) -> ArrayInfo:
+    return ArrayInfo(
+        ptr=int(t.data_ptr()),
+        count=int(t.numel()),
+        dtype_name=str(t.dtype).replace("torch.", ""),
+        device=t.device.index if t.is_cuda else HOST,
+        is_cuda=bool(t.is_cuda),
+        contiguous=bool(t.is_contiguous()),
+        readonly=False,
+        library="torch",
+    )
+
+
+def _from_cai(obj, cai: dict) -> ArrayInfo:
+    shape = tuple(int(s) for s in cai["shape"])
+    ptr, readonly = cai["data"]
+    name = _typestr_name(cai["typestr"], obj)
+    itemsize = int(cai["typestr"][2:]) if cai["typestr"][2:].isdigit() else 0
+    library = "cupy" if type(obj).__module__.split(".")[0] == "cupy" else "cai"
+    device = _device_attr(obj)
+    if device is None and ptr:
+        device = _pointer_device(ptr)
+    return ArrayInfo(
+        ptr=int(ptr or 0),
+        count=_count(shape),
+        dtype_name=name,
+        device=device,
+        is_cuda=True,
+        contiguous=_c_contiguous(shape, cai.get("strides"), itemsize),
+        readonly=bool(readonly),
+        library=library,
+        stream=cai.get("stream"),
+    )
+
+
+# DLPack (v0.x ABI, the "dltensor" capsule every producer still offers).
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat"}
+
+
+def _from_dlpack(obj) -> ArrayInfo:
+    dev_type, dev_id = obj.__dlpack_device__()
+    is_cuda = dev_type in (KDL_CUDA, KDL_CUDA_MANAGED)
+    try:
+        # -1: the consumer does its own ordering (the stream= argument), no synchronisation.
+        capsule = obj.__dlpack__(stream=-1) if is_cuda else obj.__dlpack__()
+    except TypeError:
+        capsule = obj.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    addr = get(capsule, b"dltensor")  # the capsule (and the tensor) stay owned by the producer
+    t = _DLTensor.from_address(addr)
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    bits = t.dtype.bits
+    kind = _DL_CODES.get(t.dtype.code, "?")
+    name = f"{kind}{bits}" if t.dtype.lanes == 1 else f"{kind}{bits}x{t.dtype.lanes}"
+    name = "bfloat16" if name == "bfloat16" else name
+    itemsize = bits // 8
+    strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(t.ndim))
+    info = ArrayInfo(
+        ptr=(t.data or 0) + t.byte_offset,
+        count=_count(shape),
+        dtype_name=name,
+        device=dev_id if is_cuda else HOST,
+        is_cuda=is_cuda,
+        contiguous=_c_contiguous(shape, strides, itemsize),
+        readonly=False,
+        library="dlpack",
+    )
+    del capsule
+    return info
+
+
+def _is_torch_tensor(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def describe(obj) -> ArrayInfo:
+    """Describes `obj`; TypeError when it is not an array this library understands."""
+    if isinstance(obj, np.ndarray):
+        return _from_numpy(obj)
+    if _is_torch_tensor(obj):
+        return _from_torch(obj)  # torch's own fields also cover bfloat16
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cai(obj, cai)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj)
+    raise TypeError(
+        f"expected a numpy, cupy or torch array (or an object with __cuda_array_interface__ or "
+        f"__dlpack__), got {type(obj).__name__}"
+    )
+
+
+def is_cuda_array(obj) -> bool:
+    """True for arrays in CUDA device memory; never imports an array library."""
+    if isinstance(obj, np.ndarray):
+        return False
+    if _is_torch_tensor(obj):
+        return bool(obj.is_cuda)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    if hasattr(obj, "__dlpack_device__"):
+        try:
+            return obj.__dlpack_device__()[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
+        except Exception:
+            return False
+    return False
+
+
+def stream_handle(stream) -> int:
+    """A CUDA stream as an integer handle: an int, a cupy Stream (.ptr), a torch Stream
+    (.cuda_stream), or None for the legacy default stream (0)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("ptr", "cuda_stream"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, int):
+            return value
+    raise TypeError(f"stream must be an int handle, a cupy or a torch stream, got {stream!r}")
+
+
+def current_stream(info: ArrayInfo) -> int:
+    """The stream a collective on this array runs behind when none is given: the array
+    library's current stream, else the producer's stream, else the legacy default stream."""
+    if info.library == "cupy":
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            return int(cupy.cuda.get_current_stream().ptr)
+    if info.library == "torch":
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            return int(torch.cuda.current_stream(info.device).cuda_stream)
+    if isinstance(info.stream, int):
+        return info.stream
+    return 0

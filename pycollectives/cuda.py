@@ -1,0 +1,356 @@
+"""Collectives on CUDA device memory: the CUDA IPC transport.
+
+``CudaComm`` is the GPU counterpart of the host communicator; ``Communicator`` hands it GPU
+arrays (cupy, torch CUDA tensors, anything with ``__cuda_array_interface__`` or a CUDA
+``__dlpack__``). Each rank uses device ``local_rank % device_count`` unless told otherwise
+(``device=`` or ``PYCOLL_DEVICE``).
+
+Ranks that share one GPU without MPS cannot run kernels that wait for one another (the GPU
+time-slices processes), so they run in the host-synchronised mode: one short launch per step,
+with the waiting done by the host between launches. Elsewhere one kernel runs the whole
+collective. ``PYCOLL_CUDA_SYNC=kernel|host`` forces either.
+
+Example (``mpiexec -n 2 python example.py``)::
+
+    import cupy, pycollectives as pc
+    from mpi4py import MPI
+    from pycollectives.cuda import CudaComm
+    comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
+    x = cupy.full(1024, comm.rank, cupy.float32)
+    comm.all_reduce(x, None, pc.ops.op_code("sum"), 0, None, False)
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+from pycollectives import arrays
+from pycollectives.cuda_args import COLLECTIVES, TREE_COLLECTIVES, check_call
+from pycollectives.errors import CollectiveError
+from pycollectives.ops import ALGORITHMS, algo_code, op_code
+
+SYNC_MODES = ("kernel", "host")
+DEFAULT_MPS_PIPE = "/tmp/nvidia-mps"
+
+DEFAULT_STAGING_BYTES = 1 << 20
+DEFAULT_STAGING_SLOTS = 4
+DEFAULT_BLOCKS = 8
+
+
+def _native():
+    from pycollectives import _cuda
+
+    return _cuda
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(True, "") when a CUDA device can be used, else (False, why not)."""
+    try:
+        native = _native()
+    except ImportError as e:
+        return False, f"pycollectives was built without CUDA ({e})"
+    count, why = native.device_count()
+    if count == 0:
+        return False, f"no usable CUDA device: {why}"
+    return True, ""
+
+
+def mps_active(environ=None, default_pipe: str = DEFAULT_MPS_PIPE) -> bool:
+    """Whether an MPS control daemon is reachable from this process."""
+    environ = os.environ if environ is None else environ
+    pipe = environ.get("CUDA_MPS_PIPE_DIRECTORY") or default_pipe
+    return os.path.exists(os.path.join(pipe, "control"))
+
+
+def sync_mode_override(environ=None) -> str | None:
+    """``PYCOLL_CUDA_SYNC`` (kernel or host), or None for the automatic choice."""
+    environ = os.environ if environ is None else environ
+    raw = (environ.get("PYCOLL_CUDA_SYNC") or "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw not in SYNC_MODES:
+        raise ValueError(f"PYCOLL_CUDA_SYNC={raw!r}: expected kernel, host or auto")
+    return raw
+
+
+def choose_sync_mode(uuids: list, mps: list, forced: list | None = None) -> str:
+    """The synchronisation every rank uses, from every rank's device UUID, MPS state and
+    override (lists indexed by rank, the same on every rank).
+
+    "kernel" (device-side waits in one launch) when every rank has a GPU of its own, or when
+    MPS runs everywhere so that kernels of different processes run side by side; "host"
+    (host-side waits between launches) when ranks time-slice a shared GPU.
+    """
+    wanted = {f for f in (forced or []) if f is not None}
+    if len(wanted) > 1 or (wanted and None in (forced or [])):
+        raise ValueError(f"ranks disagree on PYCOLL_CUDA_SYNC: {list(forced)}")
+    if wanted:
+        return wanted.pop()
+    shared = len(set(uuids)) < len(uuids)
+    if not shared:
+        return "kernel"
+    return "kernel" if all(mps) else "host"
+
+
+def choose_device(device, local_rank: int, device_count: int, environ=None) -> int:
+    """`device` if given, else ``PYCOLL_DEVICE``, else ``local_rank % device_count``."""
+    environ = os.environ if environ is None else environ
+    if device is None and environ.get("PYCOLL_DEVICE", "") != "":
+        raw = environ["PYCOLL_DEVICE"]
+        try:
+            device = int(raw)
+        except ValueError:
+            raise ValueError(f"PYCOLL_DEVICE={raw!r} is not a device number") from None
+    if device is None:
+        if device_count < 1:
+            raise ValueError("no CUDA device to choose from")
+        return local_rank % device_count
+    device = int(device)
+    if not 0 <= device < device_count:
+        raise ValueError(f"device {device} does not exist (this machine has {device_count})")
+    return device
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+class CudaWork:
+    """An asynchronous CUDA collective (``async_op=True``): queued on the communicator's
+    stream behind the caller's stream.
+
+    ``wait()`` makes later work on the collective's stream wait for it (it does not block the
+    host; synchronise the stream for that) and raises if an earlier device wait failed.
+    ``is_completed()`` asks the GPU whether it has finished.
+    """
+
+    __slots__ = ("_native", "_comm", "_stream", "_arrays", "_result")
+
+    def __init__(self, native, comm, stream, arrays_, result):
+        self._native, self._comm, self._stream = native, comm, stream
+        self._arrays, self._result = arrays_, result
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._native.wait_on(self._stream)
+        if self._native.is_completed():
+            self._arrays = None
+        return True
+
+    def is_completed(self) -> bool:
+        done = self._native.is_completed()
+        if done:
+            self._arrays = None
+        return done
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    @property
+    def seq(self) -> int:
+        return self._native.seq
+
+
+class CudaComm:
+    """Collectives on CUDA arrays between the ranks of `mpi_comm` (all on one machine).
+
+    ``CudaComm(mpi_comm, rank, size, *, timeout, device=None)`` is collective: every rank
+    exchanges its IPC handle, device UUID and flag segment in one MPI all-gather.
+
+    Methods (codes as ``pycollectives.ops.op_code`` / ``algo_code`` return them; `stream` is an
+    int handle, a cupy or torch stream, or None for the array library's current stream)::
+
+        all_reduce(x, out, op, algorithm, stream, async_op)       # out None: in place
+        reduce_scatter(x, out, op, algorithm, stream, async_op)   # x: size * out.size
+        all_gather(x, out, algorithm, stream, async_op)           # out: size * x.size
+        broadcast(x, root, algorithm, stream, async_op)
+        reduce(x, out, root, op, algorithm, stream, async_op)     # out None: in place
+        barrier()
+        close()
+
+    Each returns the output array, or a ``CudaWork`` with ``async_op=True``. The collective is
+    ordered after the work already queued on the stream; without `async_op`, later work on
+    that stream is ordered after it. The host does not wait for the GPU (synchronise the
+    stream, or call ``barrier()``, for that). A device wait that runs past `timeout` (or sees
+    a dead peer) poisons the communicator: the next call raises ``CollectiveTimeout`` or
+    ``CollectiveError``.
+
+    Tuning (environment): ``PYCOLL_CUDA_STAGING_BYTES`` (1 MiB), ``PYCOLL_CUDA_STAGING_SLOTS``
+    (4), ``PYCOLL_CUDA_BLOCKS`` (8 blocks per launch), ``PYCOLL_CUDA_SYNC``, ``PYCOLL_ALGO``,
+    ``PYCOLL_DEBUG=INFO``.
+    """
+
+    def __init__(self, mpi_comm, rank, size, *, timeout, device=None):
+        from mpi4py import MPI
+
+        if (mpi_comm.Get_rank(), mpi_comm.Get_size()) != (rank, size):
+            raise ValueError(
+                f"rank/size {rank}/{size} do not match the MPI communicator's "
+                f"{mpi_comm.Get_rank()}/{mpi_comm.Get_size()}"
+            )
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.rank, self.size = rank, size
+        self._c = None
+        self._inflight: deque = deque()
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        local_rank, node_size = node.Get_rank(), node.Get_size()
+        node.Free()
+        self._forced = (os.environ.get("PYCOLL_ALGO") or "").lower() or None
+        opts, native, error, forced_sync = None, None, None, None
+        try:
+            if node_size != size:
+                raise CollectiveError(
+                    f"the communicator spans several machines ({node_size} of its {size} ranks "
+                    "share this one); the CUDA transport needs all ranks on one machine"
+                )
+            ok, why = cuda_available()
+            if not ok:
+                raise CollectiveError(f"CUDA is not available: {why}")
+            if self._forced is not None and self._forced not in ALGORITHMS:
+                raise ValueError(f"PYCOLL_ALGO={self._forced!r}: expected one of {ALGORITHMS}")
+            forced_sync = sync_mode_override()
+            cu = _native()
+            self.device = choose_device(device, local_rank, cu.device_count()[0])
+            opts = cu.CudaCommOptions()
+            opts.timeout = float(timeout)
+            opts.slot_bytes = _env_int("PYCOLL_CUDA_STAGING_BYTES", DEFAULT_STAGING_BYTES)
+            opts.nslots = _env_int("PYCOLL_CUDA_STAGING_SLOTS", DEFAULT_STAGING_SLOTS)
+            opts.nblocks = _env_int("PYCOLL_CUDA_BLOCKS", DEFAULT_BLOCKS)
+            opts.debug = os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
+            native = cu.CudaComm(rank, size, self.device, opts)
+            report = (
+                (opts.slot_bytes, opts.nslots, opts.nblocks),
+                native.ipc_handle,
+                native.shm_name,
+                native.device_uuid,
+                mps_active(),
+                forced_sync,
+                None,
+            )
+        except (CollectiveError, ValueError) as e:
+            error = f"{type(e).__name__}: {e}"
+            report = (None, None, None, None, False, None, error)
+        # One exchange: a failure on any rank is an error on every rank, never a hang.
+        reports = mpi_comm.allgather(report)
+        failed = [(r, rep[6]) for r, rep in enumerate(reports) if rep[6] is not None]
+        if failed:
+            raise CollectiveError(
+                "cannot set up the CUDA transport: "
+                + "; ".join(f"rank {r}: {msg}" for r, msg in failed)
+            )
+        if len({rep[0] for rep in reports}) != 1:
+            raise ValueError(
+                "ranks disagree on the CUDA staging configuration (bytes, slots, blocks): "
+                + ", ".join(f"rank {r}: {rep[0]}" for r, rep in enumerate(reports))
+            )
+        self.sync_mode = choose_sync_mode(
+            [rep[3] for rep in reports], [rep[4] for rep in reports], [rep[5] for rep in reports]
+        )
+        error = None
+        try:
+            native.attach([rep[1] for rep in reports], [rep[2] for rep in reports], self.sync_mode)
+        except (CollectiveError, ValueError) as e:
+            error = str(e)
+        errors = mpi_comm.allgather(error)
+        native.unlink()
+        failed = [(r, msg) for r, msg in enumerate(errors) if msg is not None]
+        if failed:
+            native.close()
+            raise CollectiveError(
+                "cannot map peers' GPU memory: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
+            )
+        self._c = native
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self):
+        """Waits for this rank's queued work and for every rank (so no peer still reads our
+        memory), then frees the device memory. Collective, like the constructor."""
+        c, self._c = self._c, None
+        if c is None:
+            return
+        try:
+            if not c.poisoned:
+                c.barrier()
+        finally:
+            c.close()
+            self._inflight.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _native_comm(self):
+        if self._c is None:
+            raise CollectiveError("the CUDA communicator is closed")
+        return self._c
+
+    @property
+    def timeout(self) -> float:
+        return self._native_comm().timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float):
+        if seconds <= 0:
+            raise ValueError(f"timeout must be positive, got {seconds}")
+        self._native_comm().timeout = float(seconds)
+
+    # -- collectives --------------------------------------------------------------------------
+
+    def _run(self, collective, x, out, op, root, algorithm, stream, async_op, result):
+        c = self._native_comm()
+        op = op_code(op) if isinstance(op, str) else op
+        algorithm = (
+            algo_code(algorithm)
+            if algorithm is None or isinstance(algorithm, str)
+            else (int(algorithm))
+        )
+        xi, oi, count = check_call(
+            collective, x, out, op, root, algorithm, self.rank, self.size, self.device
+        )
+        if algorithm == 0 and self._forced is not None:
+            if self._forced != "tree" or collective in TREE_COLLECTIVES:
+                algorithm = algo_code(self._forced)
+        s = arrays.current_stream(xi) if stream is None else arrays.stream_handle(stream)
+        code = COLLECTIVES.index(collective)
+        native = c.run(
+            code, xi.ptr, oi.ptr, count, xi.dtype, op or 0, root or 0, algorithm, s, async_op
+        )
+        keep = (x, out)
+        while self._inflight and self._inflight[0][0].is_completed():
+            self._inflight.popleft()
+        self._inflight.append((native, keep))
+        if not async_op:
+            return result
+        return CudaWork(native, self, s, keep, result)
+
+    def all_reduce(self, x, out=None, op=0, algorithm=None, stream=None, async_op=False):
+        res = x if out is None else out
+        return self._run("all_reduce", x, out, op, None, algorithm, stream, async_op, res)
+
+    def reduce_scatter(self, x, out, op=0, algorithm=None, stream=None, async_op=False):
+        return self._run("reduce_scatter", x, out, op, None, algorithm, stream, async_op, out)
+
+    def all_gather(self, x, out, algorithm=None, stream=None, async_op=False):
+        return self._run("all_gather", x, out, None, None, algorithm, stream, async_op, out)
+
+    def broadcast(self, x, root=0, algorithm=None, stream=None, async_op=False):
+        return self._run("broadcast", x, None, None, root, algorithm, stream, async_op, x)
+
+    def reduce(self, x, out=None, root=0, op=0, algorithm=None, stream=None, async_op=False):
+        res = x if out is None else out
+        return self._run("reduce", x, out, op, root, algorithm, stream, async_op, res)
+
+    def barrier(self):
+        """Returns once this rank's queued collectives have finished on the GPU and every rank
+        has entered the barrier."""
+        self._native_comm().barrier()
+        self._inflight.clear()
