@@ -1,0 +1,97 @@
+"""Planning for the CUDA kernels (pure host code, no GPU): the device steps are the schedule's
+steps, message counts pair up between ranks, and per-block slices tile every message."""
+
+from __future__ import annotations
+
+import pytest
+
+from pycollectives import _C
+
+cu = pytest.importorskip("pycollectives._cuda")
+
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
+ALGOS = {"ring": 1, "tree": 2, "direct": 3}
+FLOAT16, FLOAT32 = 4, 6
+BUFS = {0: "", 1: "in", 2: "out"}
+
+
+def plans(collective, algo, size, count, root, dtype, slot):
+    c = COLLECTIVES.index(collective)
+    return [cu.plan(c, ALGOS[algo], r, size, count, root, dtype, slot) for r in range(size)]
+
+
+CASES = [
+    (coll, algo, size, count)
+    for coll in COLLECTIVES
+    for algo in ALGOS
+    if algo != "tree" or coll in ("all_reduce", "broadcast", "reduce")
+    for size in (1, 2, 3, 4, 5)
+    for count in (0, 1, 7, 1000, 5000)
+]
+
+
+@pytest.mark.parametrize("collective,algo,size,count", CASES)
+def test_plan_is_the_schedule(collective, algo, size, count):
+    slot = 4096
+    for dtype in (FLOAT32, FLOAT16):
+        acc = 4
+        partial = collective in ("all_reduce", "reduce_scatter", "reduce")
+        esize = 4 if dtype == FLOAT32 else 2
+        piece = slot // (acc if partial else esize)
+        root = size - 1
+        ps = plans(collective, algo, size, count, root, dtype, slot)
+        for r, p in enumerate(ps):
+            want = _C.schedule(algo, collective, r, size, count, root, piece, acc)
+            assert len(p["steps"]) == len(want)
+            for got, w in zip(p["steps"], want):
+                kind, flags, src_buf, dst_buf, frm, frm2, to, to2, n, src_off, dst_off = got
+                assert kind == w["kind"]
+                assert (frm, frm2, to, to2) == (w["from"], w["from2"], w["to"], w["to2"])
+                assert n == w["count"]
+                if kind != "copy":  # a local copy needs no staging slot
+                    assert n * (acc if partial else esize) <= slot
+                assert bool(flags & 1) == w["recv_acc"] and bool(flags & 2) == w["send_acc"]
+                assert bool(flags & 4) == w["bcast"]
+                assert (BUFS[src_buf], src_off) == w["src"]
+                assert (BUFS[dst_buf], dst_off) == w["dst"]
+        # What one rank sends on a channel, the other end receives.
+        for a in range(size):
+            for b in range(size):
+                if a != b:
+                    assert ps[a]["sent"][b] == ps[b]["received"][a]
+                    assert ps[a]["bcast_sent"] == ps[b]["bcast_received"][a]
+
+
+@pytest.mark.parametrize("nblocks", [1, 2, 3, 8, 13])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 1000, 65536, 65537])
+def test_block_slices_tile_the_message(n, nblocks):
+    covered = 0
+    for b in range(nblocks):
+        lo, hi = cu.block_slice(n, nblocks, b)
+        assert lo == covered or lo == hi == n
+        assert lo % 16 == 0 or lo == n  # 16-byte aligned for every element type
+        covered = hi
+    assert covered == n
+
+
+@pytest.mark.parametrize("slot", [4096, 1 << 20, 3 << 20])
+@pytest.mark.parametrize("nblocks", [1, 4, 8, 32])
+def test_sub_slots_hold_the_largest_slice(slot, nblocks):
+    layout = cu.segment_layout(4, 4, nblocks, slot)
+    for wire in (1, 2, 4, 8):  # bytes per element on the wire
+        piece = slot // wire
+        largest = max(
+            hi - lo for lo, hi in (cu.block_slice(piece, nblocks, b) for b in range(nblocks))
+        )
+        assert largest * wire <= layout["sub_slot_bytes"]
+    assert layout["sub_slot_bytes"] % 256 == 0 and layout["flags_bytes"] % 256 == 0
+    assert (
+        layout["total_bytes"] >= layout["flags_bytes"] + nblocks * 5 * 4 * layout["sub_slot_bytes"]
+    )
+
+
+def test_plan_limits():
+    with pytest.raises(ValueError, match="at most"):
+        cu.plan(0, 1, 0, cu.MAX_RANKS + 1, 10, 0, FLOAT32, 4096)
+    with pytest.raises(ValueError, match="not available"):
+        cu.plan(2, 2, 0, 2, 10, 0, FLOAT32, 4096)  # tree all-gather
