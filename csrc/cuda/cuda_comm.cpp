@@ -70,6 +70,8 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     std::memset(status_host_, 0, sizeof(DeviceStatus));
     PYCOLL_CUDA_CHECK(
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_dev_), status_host_, 0));
+    PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_claim_), sizeof(uint32_t)));
+    PYCOLL_CUDA_CHECK(cudaMemset(error_claim_, 0, sizeof(uint32_t)));
     PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
@@ -129,6 +131,8 @@ void CudaComm::attach(const std::vector<std::string>& handles,
 }
 
 void CudaComm::release() {
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   cudaSetDevice(device_);
   for (int r = 0; r < static_cast<int>(segments_.size()); ++r)
     if (r != rank_ && segments_[r] != nullptr) cudaIpcCloseMemHandle(segments_[r]);
@@ -137,6 +141,8 @@ void CudaComm::release() {
   plans_.clear();
   if (segment_ != nullptr) cudaFree(segment_);
   segment_ = nullptr;
+  if (error_claim_ != nullptr) cudaFree(error_claim_);
+  error_claim_ = nullptr;
   if (status_host_ != nullptr) cudaFreeHost(status_host_);
   status_host_ = nullptr;
   status_dev_ = nullptr;
@@ -145,6 +151,7 @@ void CudaComm::release() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   ready_ = step_done_ = nullptr;
   stream_ = nullptr;
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }
 
 // ---- CudaComm: collectives -------------------------------------------------------------------
@@ -207,6 +214,7 @@ KernelArgs CudaComm::kernel_args(const CudaCall& call, const CachedPlan& cp) con
   }
   a.counters.bcast_sent = counters_.bcast_sent;
   a.status = status_dev_;
+  a.error_claim = error_claim_;
   const double t = timeout_s_.load();
   a.timeout_ns = static_cast<uint64_t>(t * 1e9);
   // Far more polls than fit in the timeout: the clock, not the count, normally ends a wait.

@@ -151,6 +151,7 @@ class CudaComm {
   std::vector<uint8_t*> segments_;       // every rank's, as mapped here
   DeviceStatus* status_host_ = nullptr;  // host-mapped
   DeviceStatus* status_dev_ = nullptr;
+  uint32_t* error_claim_ = nullptr;  // device memory, see DeviceStatus
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue
   cudaEvent_t step_done_ = nullptr;

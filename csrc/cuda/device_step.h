@@ -100,9 +100,10 @@ struct KernelArgs {
   uint8_t* segments[kMaxRanks];  // every rank's segment as this process maps it
   SegmentLayout layout;
   LaunchCounters counters;
-  DeviceStatus* status;  // device pointer of host-mapped memory
-  uint64_t timeout_ns;   // a device wait gives up after this long
-  uint64_t max_spins;    // ... or after this many polls, whichever comes first
+  DeviceStatus* status;   // device pointer of host-mapped memory
+  uint32_t* error_claim;  // device memory: the first failing block claims the status
+  uint64_t timeout_ns;    // a device wait gives up after this long
+  uint64_t max_spins;     // ... or after this many polls, whichever comes first
 };
 
 }  // namespace cuda

@@ -90,12 +90,17 @@ struct BlockState {
   uint64_t start_ns;
 };
 
+// The first failure of a launch is recorded. Arbitration happens in device memory (atomics on
+// mapped host memory are not available over every bus); the host reads `code` last.
 PYCOLL_DEVICE void report(const KernelArgs& a, uint32_t code, int peer, int step) {
   DeviceStatus* st = a.status;
-  if (atomicCAS_system(reinterpret_cast<unsigned*>(&st->code), 0u, code) == 0u) {
-    st->peer = peer;
-    st->step = step;
-    st->block = static_cast<int>(blockIdx.x);
+  if (atomicCAS(a.error_claim, 0u, 1u) == 0u) {
+    volatile DeviceStatus* v = st;
+    v->peer = peer;
+    v->step = step;
+    v->block = static_cast<int>(blockIdx.x);
+    __threadfence_system();  // the error path only: the details before the code
+    st_relaxed_sys(const_cast<uint32_t*>(&st->code), code);
   }
   st_relaxed_sys(&st->abort, 1u);  // the other blocks stop too
 }
