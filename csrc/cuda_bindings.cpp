@@ -144,7 +144,8 @@ void bind_comm(py::module_& m) {
       .def_readwrite("timeout", &CudaCommOptions::timeout_s)
       .def_readwrite("oneshot_max_bytes", &CudaCommOptions::oneshot_max_bytes)
       .def_readwrite("direct_max_bytes", &CudaCommOptions::direct_max_bytes)
-      .def_readwrite("debug", &CudaCommOptions::debug);
+      .def_readwrite("debug", &CudaCommOptions::debug)
+      .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch);
 
   py::class_<CudaWork, std::shared_ptr<CudaWork>>(m, "CudaWork")
       .def("is_completed", &CudaWork::is_completed)
@@ -183,6 +184,7 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("poisoned", &CudaComm::poisoned)
       .def_property_readonly("poison_reason", &CudaComm::poison_reason)
       .def("abort", &CudaComm::abort, py::arg("reason"))
+      .def("check", [](CudaComm& c) { c.check("wait"); })
       .def(
           "choose",
           [](const CudaComm& c, int collective, size_t bytes) {

@@ -136,6 +136,9 @@ class CudaWork:
         self._arrays, self._result = arrays_, result
 
     def wait(self, timeout: float | None = None) -> bool:
+        c = self._comm._c
+        if c is not None:
+            c.check()  # an earlier device wait that failed, or a dead peer
         self._native.wait_on(self._stream)
         if self._native.is_completed():
             self._arrays = None
@@ -223,6 +226,7 @@ class CudaComm:
             opts.nslots = _env_int("PYCOLL_CUDA_STAGING_SLOTS", DEFAULT_STAGING_SLOTS)
             opts.nblocks = _env_int("PYCOLL_CUDA_BLOCKS", DEFAULT_BLOCKS)
             opts.debug = os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
+            opts.check_mismatch = os.environ.get("PYCOLL_CHECK_MISMATCH", "1") != "0"
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (opts.slot_bytes, opts.nslots, opts.nblocks),
@@ -303,9 +307,16 @@ class CudaComm:
             raise ValueError(f"timeout must be positive, got {seconds}")
         self._native_comm().timeout = float(seconds)
 
+    @property
+    def seq(self) -> int:
+        """Number of collectives (and barriers) this rank has queued."""
+        return self._native_comm().seq
+
     # -- collectives --------------------------------------------------------------------------
 
-    def _run(self, collective, x, out, op, root, algorithm, stream, async_op, result):
+    def run(self, collective, x, out, op, root, algorithm, stream, async_op, result):
+        """Checks and queues one collective (`collective` by name); returns `result`, or a
+        CudaWork with `async_op`. The named methods below are its usual spellings."""
         c = self._native_comm()
         op = op_code(op) if isinstance(op, str) else op
         algorithm = (
@@ -334,20 +345,20 @@ class CudaComm:
 
     def all_reduce(self, x, out=None, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out
-        return self._run("all_reduce", x, out, op, None, algorithm, stream, async_op, res)
+        return self.run("all_reduce", x, out, op, None, algorithm, stream, async_op, res)
 
     def reduce_scatter(self, x, out, op=0, algorithm=None, stream=None, async_op=False):
-        return self._run("reduce_scatter", x, out, op, None, algorithm, stream, async_op, out)
+        return self.run("reduce_scatter", x, out, op, None, algorithm, stream, async_op, out)
 
     def all_gather(self, x, out, algorithm=None, stream=None, async_op=False):
-        return self._run("all_gather", x, out, None, None, algorithm, stream, async_op, out)
+        return self.run("all_gather", x, out, None, None, algorithm, stream, async_op, out)
 
     def broadcast(self, x, root=0, algorithm=None, stream=None, async_op=False):
-        return self._run("broadcast", x, None, None, root, algorithm, stream, async_op, x)
+        return self.run("broadcast", x, None, None, root, algorithm, stream, async_op, x)
 
     def reduce(self, x, out=None, root=0, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out
-        return self._run("reduce", x, out, op, root, algorithm, stream, async_op, res)
+        return self.run("reduce", x, out, op, root, algorithm, stream, async_op, res)
 
     def barrier(self):
         """Returns once this rank's queued collectives have finished on the GPU and every rank

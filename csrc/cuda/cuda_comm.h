@@ -16,6 +16,9 @@
 //   Host:   one short launch per step; the host waits for the peers between launches, on
 //           counters in POSIX shared memory. No kernel ever waits for another process, so
 //           ranks that time-slice one GPU cannot deadlock.
+// Before anything is queued, every rank publishes the call's fingerprint in its host segment
+// and checks its peers' (host/fingerprint.h): ranks that disagree get CollectiveMismatch, and
+// no kernel ever runs with counters its peers do not share.
 // Collectives are queued on the communicator's own stream, behind the caller's stream and in
 // issue order; the caller's stream then waits for them (or, for async work, when asked).
 #pragma once
@@ -53,6 +56,7 @@ struct CudaCommOptions {
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
   size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above
   bool debug = false;
+  bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
 };
 
 struct CudaCall {
@@ -120,6 +124,11 @@ class CudaComm {
   void close();
 
   void abort(const std::string& reason);
+  // Raises the error an earlier device wait or a dead peer left behind, if any.
+  void check(const char* name) {
+    check_usable(name);
+    check_device_status(name);
+  }
   bool poisoned() const { return aborted_.load(); }
   std::string poison_reason() const;
 
@@ -134,6 +143,7 @@ class CudaComm {
   KernelArgs kernel_args(const CudaCall& call, const CachedPlan& cp) const;
   void run_kernel_mode(const CudaCall& call, const CachedPlan& cp);
   void run_host_mode(const CudaCall& call, const CachedPlan& cp, const WaitContext& w);
+  Fingerprint fingerprint(const CudaCall& call, Algo algo, uint64_t seq) const;
   void host_wait_step(const DevStep& d, const WaitContext& w);
   void host_publish_step(const DevStep& d);
   void wait_event(cudaEvent_t ev, const WaitContext& w);

@@ -183,8 +183,16 @@ void CudaComm::barrier() {
   check_usable("barrier");
   DeviceGuard dg(device_);
   const uint64_t seq = ++seq_;
+  Fingerprint mine;
+  mine.seq = seq;
+  mine.kind = kBarrierKind;
+  FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context("barrier", seq);
   try {
+    if (opts_.check_mismatch) {
+      w.fingerprints = &guard;
+      guard.publish();
+    }
     PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
     wait_event(step_done_, w);
     check_device_status("barrier");
@@ -196,6 +204,7 @@ void CudaComm::barrier() {
       wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
                  WaitFor::Barrier);
     }
+    if (w.fingerprints) guard.finish(w);
   } catch (const CollectiveError& e) {
     abort(e.what());
     throw;

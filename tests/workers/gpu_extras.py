@@ -1,6 +1,6 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
-Usage: mpiexec -n N python gpu_extras.py stream|async|torch
+Usage: mpiexec -n N python gpu_extras.py stream|async|torch|mismatch
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from common import run_main
 from mpi4py import MPI
 
 from pycollectives.cuda import CudaComm
+from pycollectives.errors import CollectiveMismatch
 
 SUM = 0
 MPI_COMM = MPI.COMM_WORLD
@@ -84,11 +85,38 @@ def check_torch(comm: CudaComm):
     print(f"PASS torch rank={comm.rank}")
 
 
+def check_mismatch(comm: CudaComm):
+    # Ranks that disagree on the count: CollectiveMismatch everywhere, before any launch.
+    x = cp.zeros(10 + comm.rank, cp.float32)
+    try:
+        comm.all_reduce(x, None, SUM, None, None, False)
+    except CollectiveMismatch as e:
+        assert "count" in str(e), e
+    else:
+        raise AssertionError("mismatched counts were not detected")
+    # A barrier against a collective is a mismatch too.
+    comm2 = CudaComm(MPI_COMM, MPI_COMM.rank, MPI_COMM.size, timeout=30)
+    try:
+        if comm.rank == 0:
+            comm2.barrier()
+        else:
+            comm2.broadcast(cp.zeros(4, cp.int32), 0, None, None, False)
+    except CollectiveMismatch:
+        pass
+    else:
+        raise AssertionError("a barrier against a broadcast was not detected")
+    finally:
+        comm2.close()
+    print(f"PASS mismatch rank={comm.rank}")
+
+
 def main():
     what = sys.argv[1]
     comm = CudaComm(MPI_COMM, MPI_COMM.rank, MPI_COMM.size, timeout=60)
+    checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
+    checks["mismatch"] = check_mismatch
     try:
-        {"stream": check_stream, "async": check_async, "torch": check_torch}[what](comm)
+        checks[what](comm)
     finally:
         comm.close()
 
