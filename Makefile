@@ -9,6 +9,8 @@ NP     ?= 4
 DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn torch==2.13.0 matplotlib \
           scikit-build-core pybind11 ninja cmake
 LINT_DEPS := ruff clang-format
+# With an NVIDIA driver present, cupy too: `make run` then trains on the GPU.
+GPU_DEPS := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cupy-cuda13x)
 
 .PHONY: run test gpu-test lint format bench install clean
 
@@ -16,7 +18,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.deps: $(BIN)/python Makefile pyproject.toml
-	$(BIN)/pip install -q --disable-pip-version-check $(DEPS)
+	$(BIN)/pip install -q --disable-pip-version-check $(DEPS) $(GPU_DEPS)
 	touch $@
 
 # Editable install: the package imports from this tree; the native module is rebuilt

@@ -6,8 +6,10 @@ import json
 import os
 from pathlib import Path
 
-from pycollectives import _C
-from pycollectives.errors import CollectiveError
+import numpy as np
+
+from pycollectives import _C, arrays
+from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.hierarchy import Hierarchical, Topology, ranks_per_node_from_env
 from pycollectives.ops import ALGORITHMS, SUM, algo_code, op_code
 from pycollectives.work import InFlight, Work
@@ -15,6 +17,8 @@ from pycollectives.work import InFlight, Work
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_STAGING_BYTES = 256 * 1024
 DEFAULT_STAGING_SLOTS = 4
+# What every rank contributes when the first GPU collective starts the CUDA transport.
+_GPU_HANDSHAKE = b"pycollectives:cuda-transport-v1"
 
 
 TUNING_FILE = Path(__file__).with_name("tuning.json")
@@ -119,6 +123,8 @@ class Communicator:
         self._c = None
         self._hier = None
         self._node_comm = None
+        self._cuda = None  # the CUDA transport, made by the first collective on GPU arrays
+        self._cuda_error = None
         self._mpi = base.Dup()
         # Errors are ours to report, never fatal to the job.
         self._mpi.Set_errhandler(MPI.ERRORS_RETURN)
@@ -226,7 +232,10 @@ class Communicator:
         if self._c is not None:
             try:
                 self._inflight.wait_all()
+                if self._cuda is not None:
+                    self._cuda.close()  # collective: no peer still reads this rank's GPU memory
             finally:
+                self._cuda = None
                 if self._hier is not None:
                     self._hier.close()
                     self._hier = None
@@ -275,6 +284,8 @@ class Communicator:
         if seconds <= 0:
             raise ValueError(f"timeout must be positive, got {seconds}")
         self._host().timeout = float(seconds)
+        if self._cuda is not None:
+            self._cuda.timeout = float(seconds)
         if self._hier is not None:
             self._hier.net.timeout = float(seconds)
 
@@ -284,58 +295,72 @@ class Communicator:
 
     @property
     def seq(self) -> int:
-        """Number of collectives this rank has started."""
+        """Number of collectives this rank has started (host and GPU arrays alike)."""
+        gpu = 0 if self._cuda is None else self._cuda.seq
         if self._hier is not None:
             self._host()
-            return self._hier.seq
-        return self._host().seq
+            return self._hier.seq + gpu
+        return self._host().seq + gpu
 
     # -- collectives --------------------------------------------------------------------------
     # Each takes algorithm= ("ring", "tree", "direct"; None: automatic) and async_op=: with
-    # async_op=True it returns a Work instead of the output array.
+    # async_op=True it returns a Work instead of the output array. numpy arrays run over shared
+    # memory (and MPI between nodes); CUDA arrays (cupy, torch, ``__cuda_array_interface__``,
+    # DLPack) run on the GPU (``pycollectives.cuda``), queued on `stream` (default: the array
+    # library's current stream), and the call returns without waiting for the GPU.
 
-    def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False):
+    def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`).
 
         Every rank ends with a bitwise identical result. Returns the output array.
         """
         res = x if out is None else out
+        if self._on_gpu(x, out, stream):
+            return self._gpu("all_reduce", x, out, res, async_op, stream, op=op_code(op))
         if self._hier is not None:
             w = self._hier.all_reduce(x, out, op_code(op), algorithm, async_op)
         else:
             w = self._host().all_reduce(x, out, op_code(op), algo_code(algorithm), async_op)
         return self._finish(w, (x, out), res)
 
-    def reduce_scatter(self, x, out, op=SUM, algorithm=None, async_op=False):
+    def reduce_scatter(self, x, out, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` (``size * out.size`` elements) over all ranks; rank r gets block r."""
+        if self._on_gpu(x, out, stream):
+            return self._gpu("reduce_scatter", x, out, out, async_op, stream, op=op_code(op))
         if self._hier is not None:
             w = self._hier.reduce_scatter(x, out, op_code(op), algorithm, async_op)
         else:
             w = self._host().reduce_scatter(x, out, op_code(op), algo_code(algorithm), async_op)
         return self._finish(w, (x, out), out)
 
-    def all_gather(self, x, out, algorithm=None, async_op=False):
+    def all_gather(self, x, out, algorithm=None, async_op=False, stream=None):
         """Gathers every rank's `x` into `out` (``size * x.size`` elements, rank-major)."""
+        if self._on_gpu(x, out, stream):
+            return self._gpu("all_gather", x, out, out, async_op, stream, algorithm=algorithm)
         if self._hier is not None:
             w = self._hier.all_gather(x, out, algorithm, async_op)
         else:
             w = self._host().all_gather(x, out, algo_code(algorithm), async_op)
         return self._finish(w, (x, out), out)
 
-    def broadcast(self, x, root=0, algorithm=None, async_op=False):
+    def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""
+        if self._on_gpu(x, None, stream):
+            return self._gpu("broadcast", x, None, x, async_op, stream, root=root)
         if self._hier is not None:
             w = self._hier.broadcast(x, root, algorithm, async_op)
         else:
             w = self._host().broadcast(x, root, algo_code(algorithm), async_op)
         return self._finish(w, (x,), x)
 
-    def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False):
+    def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
 
         Elsewhere `out` is checked but not written. Returns the output array.
         """
         res = x if out is None else out
+        if self._on_gpu(x, out, stream):
+            return self._gpu("reduce", x, out, res, async_op, stream, op=op_code(op), root=root)
         if self._hier is not None:
             w = self._hier.reduce(x, out, root, op_code(op), algorithm, async_op)
         else:
@@ -343,7 +368,67 @@ class Communicator:
         return self._finish(w, (x, out), res)
 
     def barrier(self, async_op=False):
-        """Returns once every rank has entered the barrier (after this rank's earlier work)."""
+        """Returns once every rank has entered the barrier (after this rank's earlier work).
+
+        Once GPU collectives have run, a blocking barrier also waits until this rank's GPU
+        collectives have finished on the device."""
+        if self._cuda is not None and not async_op:
+            self._cuda.barrier()
         if self._hier is not None:
             return self._finish(self._hier.barrier(async_op), (), None)
         return self._finish(self._host().barrier(async_op), (), None)
+
+    # -- GPU arrays ---------------------------------------------------------------------------
+
+    def _on_gpu(self, x, out, stream) -> bool:
+        if arrays.is_cuda_array(x) or (out is not None and arrays.is_cuda_array(out)):
+            return True
+        if stream is not None:
+            raise TypeError("stream= applies to CUDA arrays; these are host arrays")
+        return False
+
+    def _gpu(self, collective, x, out, result, async_op, stream, op=None, root=None, **kw):
+        """Runs `collective` on CUDA arrays through the CUDA transport (made on first use)."""
+        self._host()
+        algorithm = kw.pop("algorithm", None)
+        if algorithm is None or isinstance(algorithm, str):
+            algorithm = algo_code(algorithm)
+        if self._cuda is None:
+            self._start_cuda(collective, x, out, op, root, algorithm)
+        w = self._cuda.run(collective, x, out, op, root, algorithm, stream, async_op, result)
+        return w if not async_op else self._finish(w, (x, out), result)
+
+    def _start_cuda(self, collective, x, out, op, root, algorithm):
+        """Makes the CUDA communicator, collectively, when the first GPU collective arrives.
+
+        The arguments are checked first (an error before anything moves). Then the ranks agree,
+        over shared memory with the usual fingerprint and timeout, that all of them are in a
+        GPU collective: a rank that passed host arrays gets CollectiveMismatch, not a hang.
+        """
+        from pycollectives.cuda import CudaComm
+        from pycollectives.cuda_args import check_call
+
+        if self._cuda_error is not None:
+            raise CollectiveError(self._cuda_error)
+        check_call(collective, x, out, op, root, algorithm, self.rank, self.size, None)
+        if self._hier is not None:
+            raise CollectiveError(
+                f"{collective}: CUDA arrays on a communicator over {self.topology.num_nodes} "
+                "nodes are not supported (the CUDA transport is for the GPUs of one machine); "
+                "copy them to host memory, or use a communicator within one node"
+            )
+        token = np.frombuffer(_GPU_HANDSHAKE, np.uint8)
+        seen = np.empty(self.size * token.size, np.uint8)
+        self._host().all_gather(token, seen, 0, False)
+        rows = seen.reshape(self.size, -1)
+        strangers = [r for r, row in enumerate(rows) if row.tobytes() != _GPU_HANDSHAKE]
+        if strangers:
+            raise CollectiveMismatch(
+                f"{collective}: this rank passed CUDA arrays, ranks {strangers} did not"
+            )
+        try:
+            self._cuda = CudaComm(self._mpi, self.rank, self.size, timeout=self.timeout)
+        except CollectiveError as e:
+            # Every rank failed alike (the setup is one exchange): later GPU calls say why.
+            self._cuda_error = str(e)
+            raise

@@ -11,8 +11,9 @@ TREE_COLLECTIVES = ("all_reduce", "broadcast", "reduce")
 OP_NAMES = ("sum", "prod", "min", "max", "avg")
 
 
-def gpu_array(obj, fn: str, name: str, writable: bool, device: int) -> arrays.ArrayInfo:
-    """Describes a CUDA array argument, or raises TypeError/ValueError saying what is wrong."""
+def gpu_array(obj, fn: str, name: str, writable: bool, device) -> arrays.ArrayInfo:
+    """Describes a CUDA array argument, or raises TypeError/ValueError saying what is wrong
+    (`device`: the communicator's GPU, or None before it has one)."""
     try:
         info = arrays.describe(obj)
     except TypeError as e:
@@ -27,7 +28,7 @@ def gpu_array(obj, fn: str, name: str, writable: bool, device: int) -> arrays.Ar
         raise ValueError(f"{fn}: {name} must be C-contiguous")
     if writable and info.readonly:
         raise ValueError(f"{fn}: {name} is read-only")
-    if info.device is not None and info.device != device:
+    if device is not None and info.device is not None and info.device != device:
         raise ValueError(
             f"{fn}: {name} is on CUDA device {info.device}, the communicator on device {device}"
         )

@@ -12,6 +12,10 @@ class Work:
     were issued; a blocking call issued meanwhile runs after them. The arrays stay referenced
     until the collective completes, so they cannot be freed under it.
 
+    On GPU arrays the collective is queued on the GPU instead, and ``wait()`` orders the stream
+    it was issued on after it (as torch's NCCL work does) without blocking the host;
+    synchronise that stream to wait on the host.
+
     Example::
 
         work = comm.all_reduce(grad, op=pc.AVG, async_op=True)

@@ -228,3 +228,16 @@ def test_communicator_setup_fails_cleanly_without_gpu():
         pytest.skip("a GPU is present")
     out = run_mpi(2, "cuda_nogpu.py", timeout=120)
     assert out.count("PASS cuda_nogpu") == 2
+
+
+@pytest.mark.parametrize("case", ["nogpu", "mixed", "badinput"])
+def test_communicator_with_cuda_arrays_without_gpu(case):
+    if cuda_available()[0]:
+        pytest.skip("a GPU is present: the GPU suite covers this")
+    out = run_mpi(3, "gpu_dispatch.py", case, timeout=120)
+    assert out.count(f"PASS {case}") == 3, out
+
+
+def test_communicator_over_nodes_refuses_cuda_arrays():
+    out = run_mpi(4, "gpu_dispatch.py", "nodes", env={"PYCOLL_RANKS_PER_NODE": "2"}, timeout=120)
+    assert out.count("PASS nodes") == 4, out

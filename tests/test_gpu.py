@@ -46,7 +46,7 @@ def test_gpu_kernel_mode_under_mps(collective):
     assert "sync=kernel" in out
 
 
-@pytest.mark.parametrize("what", ["stream", "async"])
+@pytest.mark.parametrize("what", ["stream", "async", "mismatch"])
 def test_gpu_streams_and_async(what):
     assert run_mpi(2, "gpu_extras.py", what).count(f"PASS {what}") == 2
 
@@ -55,3 +55,15 @@ def test_gpu_torch_tensors():
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")
     assert run_mpi(3, "gpu_extras.py", "torch").count("PASS torch") == 3
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_gpu_through_communicator(nranks):
+    assert run_mpi(nranks, "gpu_communicator.py").count("PASS communicator") == nranks
+
+
+def test_gpu_training_job():
+    out = run_mpi(
+        2, "run_module.py", "pycollectives.examples.train", "--epochs", "4", "--device", "gpu"
+    )
+    assert "on the GPU" in out and "replicas bit-identical across 2 ranks: yes" in out, out

@@ -72,6 +72,9 @@ class GradientBucketer:
         rebuild: after the first step, lay the buckets out again in the order gradients
             actually arrived (rank 0's order, so every rank agrees), as torch DDP does. The
             gradient views change once then; read ``grads`` again after ``synchronize``.
+        array_module: the module whose ``zeros`` makes the buckets: numpy (default), or cupy
+            for gradients on the GPU (their all-reduces then run on the GPU, queued on cupy's
+            current stream; ``synchronize`` orders that stream after them).
 
     Buckets are filled in reverse registration order (backward produces the last layer's
     gradients first) and their all-reduces always start in bucket order, on every rank.
@@ -87,8 +90,10 @@ class GradientBucketer:
         rebuild=True,
         op=AVG,
         algorithm=None,
+        array_module=None,
     ):
         self.comm = comm
+        self._xp = np if array_module is None else array_module
         self._shapes = [(tuple(s), np.dtype(d)) for s, d in shapes_dtypes]
         self._names = (
             list(names) if names is not None else [f"param{i}" for i in range(len(self._shapes))]
@@ -112,7 +117,7 @@ class GradientBucketer:
         self._where = [None] * len(self._shapes)
         self._views = [None] * len(self._shapes)
         for b in self.buckets:
-            b.buffer = np.zeros(b.size, b.dtype)
+            b.buffer = self._xp.zeros(b.size, b.dtype)
             for i, off in zip(b.params, b.offsets):
                 n = int(np.prod(self._shapes[i][0], dtype=np.int64))
                 self._where[i] = b.index

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
+from pycollectives import arrays
 from pycollectives.ddp.bucketer import GradientBucketer
+
+
+def _array_module(params):
+    """numpy for host parameters, cupy for GPU ones; TypeError for anything else or a mix."""
+    kinds = set()
+    for i, p in enumerate(params):
+        try:
+            info = arrays.describe(p)
+        except TypeError:
+            info = None
+        if info is None or info.library not in ("numpy", "cupy"):
+            raise TypeError(f"parameter {i} must be a numpy or cupy array, got {type(p).__name__}")
+        if not info.contiguous or info.readonly:
+            raise TypeError(f"parameter {i} must be a writeable C-contiguous array")
+        kinds.add(info.library)
+    if len(kinds) > 1:
+        raise TypeError("parameters must all be numpy arrays or all cupy arrays, not a mix")
+    return sys.modules["cupy"] if kinds == {"cupy"} else np
 
 
 class DataParallel:
@@ -12,7 +33,9 @@ class DataParallel:
 
     At construction every parameter is broadcast from rank 0 (in place), so replicas start
     identical. Gradients live in ``grads`` (views into the buckets; read the list again after
-    the first ``synchronize``, which may lay the buckets out anew).
+    the first ``synchronize``, which may lay the buckets out anew). Parameters are numpy
+    arrays (collectives over shared memory) or cupy arrays (collectives on the GPU, ordered on
+    cupy's current stream).
 
     Example::
 
@@ -39,9 +62,7 @@ class DataParallel:
     ):
         self.comm = comm
         self.params = list(params)
-        for i, p in enumerate(self.params):
-            if not isinstance(p, np.ndarray) or not p.flags.c_contiguous or not p.flags.writeable:
-                raise TypeError(f"parameter {i} must be a writeable C-contiguous numpy array")
+        self._xp = _array_module(self.params)
         for p in self.params:
             comm.broadcast(p, root=0)
         self.bucketer = GradientBucketer(
@@ -52,6 +73,7 @@ class DataParallel:
             names,
             rebuild,
             algorithm=algorithm,
+            array_module=self._xp,
         )
 
     @property
@@ -70,7 +92,7 @@ class DataParallel:
     def save(self, path):
         """Rank 0 writes the parameters to `path` (.npz); returns on every rank once written."""
         if self.comm.rank == 0:
-            np.savez(path, *self.params)
+            np.savez(path, *[self._host(p) for p in self.params])
         self.comm.barrier()
 
     def load(self, path):
@@ -78,15 +100,18 @@ class DataParallel:
         ok = np.zeros(1, np.int32)
         if self.comm.rank == 0:
             with np.load(path) as f:
-                arrays = [f[f"arr_{i}"] for i in range(len(f.files))]
-            if len(arrays) == len(self.params) and all(
-                a.shape == p.shape and a.dtype == p.dtype for a, p in zip(arrays, self.params)
+                saved = [f[f"arr_{i}"] for i in range(len(f.files))]
+            if len(saved) == len(self.params) and all(
+                a.shape == p.shape and a.dtype == p.dtype for a, p in zip(saved, self.params)
             ):
                 ok[0] = 1
-                for a, p in zip(arrays, self.params):
-                    p[...] = a
+                for a, p in zip(saved, self.params):
+                    p[...] = self._xp.asarray(a)
         self.comm.broadcast(ok, root=0)  # every rank learns whether rank 0 could read it
         if not ok[0]:
             raise ValueError(f"{path} does not hold this model's parameters")
         for p in self.params:
             self.comm.broadcast(p, root=0)
+
+    def _host(self, p):
+        return p if self._xp is np else self._xp.asnumpy(p)

@@ -6,7 +6,9 @@ Every rank holds a replica of a two-layer MLP (pc.DataParallel) and trains on it
 of each epoch's shuffled data (pc.DistributedSampler). Backward writes gradients into bucket
 views, last layer first, and each full bucket starts its all-reduce while backward goes on.
 Parameters start identical (broadcast from rank 0), so the replicas stay bit-identical,
-which the job checks at the end.
+which the job checks at the end. With a GPU and cupy (``--device auto``, the default) the
+model, data and gradient buckets live on the GPU and the all-reduces run there (CUDA IPC);
+otherwise everything stays in host memory.
 """
 
 from __future__ import annotations
@@ -21,43 +23,75 @@ import pycollectives as pc
 
 
 class MLP:
-    """in -> hidden -> out with ReLU, as four parameter arrays [w1, b1, w2, b2]."""
+    """in -> hidden -> out with ReLU, as four parameter arrays [w1, b1, w2, b2] of the array
+    module `xp` (numpy, or cupy on the GPU)."""
 
-    def __init__(self, n_in: int, n_hidden: int, n_out: int, rng: np.random.Generator):
-        self.params = [
+    def __init__(self, n_in: int, n_hidden: int, n_out: int, rng: np.random.Generator, xp=np):
+        self.xp = xp
+        host = [
             rng.normal(0, np.sqrt(2 / n_in), (n_in, n_hidden)).astype(np.float32),
             np.zeros(n_hidden, np.float32),
             rng.normal(0, np.sqrt(2 / n_hidden), (n_hidden, n_out)).astype(np.float32),
             np.zeros(n_out, np.float32),
         ]
+        self.params = [xp.asarray(p) for p in host]
 
     def forward(self, x):
         w1, b1, w2, b2 = self.params
-        h = np.maximum(x @ w1 + b1, 0)
+        h = self.xp.maximum(x @ w1 + b1, 0)
         return h, h @ w2 + b2
 
     def loss_and_backward(self, x, y, grads, ready=lambda i: None):
         """Mean cross-entropy; writes gradients into `grads` last layer first, calling
         ready(i) as each one is final (so its bucket can start averaging)."""
+        xp = self.xp
         w1, b1, w2, b2 = self.params
         h, logits = self.forward(x)
         logits = logits - logits.max(axis=1, keepdims=True)
-        p = np.exp(logits)
+        p = xp.exp(logits)
         p /= p.sum(axis=1, keepdims=True)
-        loss = -np.log(p[np.arange(len(y)), y] + 1e-12).mean()
+        rows = xp.arange(len(y))
+        loss = -xp.log(p[rows, y] + 1e-12).mean()
         d = p
-        d[np.arange(len(y)), y] -= 1
+        d[rows, y] -= 1
         d /= len(y)
         grads[3][...] = d.sum(axis=0)
         ready(3)
-        np.matmul(h.T, d, out=grads[2])
+        xp.matmul(h.T, d, out=grads[2])
         ready(2)
         dh = (d @ w2.T) * (h > 0)
         grads[1][...] = dh.sum(axis=0)
         ready(1)
-        np.matmul(x.T, dh, out=grads[0])
+        xp.matmul(x.T, dh, out=grads[0])
         ready(0)
-        return float(loss)
+        return loss  # a 0-d array: reading it on the host would wait for the GPU
+
+
+def array_module(device: str, comm):
+    """(numpy or cupy, where it runs) for --device; every rank makes the same choice."""
+    if device == "cpu":
+        return np, "the CPU (shared memory)"
+    from pycollectives.cuda import cuda_available
+
+    ok, why = cuda_available()
+    if ok:
+        try:
+            import cupy
+        except ImportError:
+            ok, why = False, "cupy is not installed"
+    # The GPU only if every rank can use it.
+    votes = np.array([1 if ok else 0], np.int32)
+    comm.all_reduce(votes, op="min")
+    if votes[0]:
+        from pycollectives.cuda import choose_device
+
+        local_rank = comm.topology.local_of[comm.rank]
+        device = choose_device(None, local_rank, cupy.cuda.runtime.getDeviceCount())
+        cupy.cuda.Device(device).use()  # the GPU the communicator picks for this rank
+        return cupy, f"the GPU (device {device} on rank {comm.rank}, CUDA IPC)"
+    if device == "gpu":
+        raise SystemExit(f"--device gpu: {why or 'a rank has no usable GPU'}")
+    return np, "the CPU (shared memory)"
 
 
 def load_digits_split(seed: int = 0):
@@ -106,6 +140,12 @@ def main(argv=None):
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
     ap.add_argument("--first-bucket-mb", type=float, default=1.0)
     ap.add_argument(
+        "--device",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="gpu: model and all-reduces on the GPU (needs cupy); auto: gpu when usable",
+    )
+    ap.add_argument(
         "--ranks",
         type=int,
         default=None,
@@ -120,8 +160,10 @@ def main(argv=None):
 
     comm = pc.Communicator()
     rank, size = comm.rank, comm.size
+    xp, where = array_module(args.device, comm)
     (x_train, y_train), (x_test, y_test) = load_digits_split(args.seed)
-    model = MLP(x_train.shape[1], args.hidden, 10, np.random.default_rng(args.seed + rank))
+    x_train, y_train, x_test, y_test = (xp.asarray(a) for a in (x_train, y_train, x_test, y_test))
+    model = MLP(x_train.shape[1], args.hidden, 10, np.random.default_rng(args.seed + rank), xp)
     # Broadcasts rank 0's parameters (replicas start identical, whatever each rank drew).
     dp = pc.DataParallel(
         comm, model.params, args.bucket_cap_mb, args.first_bucket_mb, names=["w1", "b1", "w2", "b2"]
@@ -132,23 +174,23 @@ def main(argv=None):
     if rank == 0:
         print(
             f"training on {len(x_train)} digits with {size} ranks, {nparams} parameters, "
-            f"{steps} steps/epoch of {args.batch_size}/rank"
+            f"{steps} steps/epoch of {args.batch_size}/rank, on {where}"
         )
     t0 = time.perf_counter()
     stats = np.zeros(2, np.float64)  # loss sum, batches
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         shard = sampler.indices()
-        stats[:] = 0
+        loss_sum = xp.zeros((), xp.float64)
         for step in range(steps):
-            idx = shard[step * args.batch_size : (step + 1) * args.batch_size]
-            stats[0] += model.loss_and_backward(x_train[idx], y_train[idx], dp.grads, dp.mark_ready)
-            stats[1] += 1
+            idx = xp.asarray(shard[step * args.batch_size : (step + 1) * args.batch_size])
+            loss_sum += model.loss_and_backward(x_train[idx], y_train[idx], dp.grads, dp.mark_ready)
             dp.synchronize()
             for p, g in zip(model.params, dp.grads):
                 p -= args.lr * g
             if rank == 0:
                 progress(step + 1, steps, f"epoch {epoch + 1}/{args.epochs}")
+        stats[:] = (float(loss_sum), steps)
         comm.all_reduce(stats)
         _, logits = model.forward(x_test)
         acc = float((logits.argmax(axis=1) == y_test).mean())
@@ -159,12 +201,12 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0
 
     # Replicas must be bit-identical: gather every rank's parameters and compare bytes.
-    flat = np.concatenate([p.ravel() for p in model.params])
-    gathered = np.empty(size * flat.size, np.float32)
+    flat = xp.concatenate([p.ravel() for p in model.params])
+    gathered = xp.empty(size * flat.size, xp.float32)
     comm.all_gather(flat, gathered)
     replicas = gathered.reshape(size, -1)
     identical = all(
-        np.array_equal(replicas[0].view(np.uint32), r.view(np.uint32)) for r in replicas
+        bool(xp.array_equal(replicas[0].view(xp.uint32), r.view(xp.uint32))) for r in replicas
     )
     if rank == 0:
         print(f"final test accuracy {acc:.4f} after {args.epochs} epochs in {elapsed:.1f} s")

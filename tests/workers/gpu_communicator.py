@@ -1,0 +1,104 @@
+"""pc.Communicator with GPU arrays: cupy and torch arrays take the CUDA transport, numpy the
+host path, on one communicator; streams, async work, DataParallel on cupy parameters.
+
+Usage: mpiexec -n N python gpu_communicator.py
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+from common import run_main
+from mpi4py import MPI
+
+import pycollectives as pc
+
+
+def check_collectives(comm):
+    r, n = comm.rank, comm.size
+    x = cp.arange(1000, dtype=cp.float32) * (r + 1)
+    comm.all_reduce(x)
+    want = np.arange(1000, dtype=np.float32) * (n * (n + 1) // 2)
+    assert np.array_equal(cp.asnumpy(x), want)
+    h = np.full(3, r, np.int64)  # the host path, interleaved
+    comm.all_reduce(h)
+    assert (h == n * (n - 1) // 2).all()
+    out = cp.empty(n * 5, cp.int32)
+    comm.all_gather(cp.full(5, r, cp.int32), out)
+    assert np.array_equal(cp.asnumpy(out), np.repeat(np.arange(n), 5))
+    part = cp.empty(4, cp.float64)
+    comm.reduce_scatter(cp.ones(4 * n, cp.float64), part, op=pc.AVG)
+    assert np.array_equal(cp.asnumpy(part), np.ones(4))
+    b = cp.full(7, r, cp.int8)
+    comm.broadcast(b, root=n - 1)
+    assert (cp.asnumpy(b) == n - 1).all()
+    y = cp.full(9, r + 1, cp.float32)
+    comm.reduce(y, root=0, op="max")
+    if r == 0:
+        assert (cp.asnumpy(y) == n).all()
+    # Bad input is refused before anything moves; the communicator stays usable.
+    try:
+        comm.all_reduce(x, out=cp.empty(3, cp.float32))
+    except ValueError as e:
+        assert "elements" in str(e), e
+    else:
+        raise AssertionError("a wrong-sized out was accepted")
+    try:
+        comm.all_reduce(np.zeros(4, np.float32), out=cp.zeros(4, cp.float32))
+    except TypeError as e:
+        assert "host memory" in str(e), e
+    else:
+        raise AssertionError("a host x with a GPU out was accepted")
+
+
+def check_streams_and_async(comm):
+    n = comm.size
+    s = cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(1 << 20, cp.float32)
+    with s:
+        x.fill(comm.rank + 1)  # queued right before the collective, on the same stream
+    comm.all_reduce(x, stream=s)
+    s.synchronize()
+    assert float(x[-1]) == n * (n + 1) // 2
+    works = [comm.all_reduce(cp.full(4096, i, cp.float64), async_op=True) for i in range(4)]
+    assert all(isinstance(w, pc.Work) for w in works)
+    for i, w in enumerate(works):
+        assert float(w.result()[0]) == i * n
+    seq = comm.seq
+    comm.barrier()
+    assert comm.seq > seq
+
+
+def check_data_parallel(comm):
+    rng = np.random.default_rng(comm.rank)
+    params = [cp.asarray(rng.normal(size=(8, 4)).astype(np.float32)), cp.zeros(4, cp.float32)]
+    dp = pc.DataParallel(comm, params, first_bucket_mb=1e-4, bucket_cap_mb=1e-4)
+    first = comm_gather(comm, params[0])
+    assert all(np.array_equal(first[0], p) for p in first), "broadcast of parameters"
+    for step in range(3):
+        g = dp.grads
+        g[1][...] = comm.rank + step
+        dp.mark_ready(1)
+        g[0][...] = 2.0 * comm.rank
+        dp.mark_ready(0)
+        dp.synchronize()
+        g = dp.grads
+        assert float(g[1][0]) == (comm.size - 1) / 2 + step, float(g[1][0])
+        assert float(g[0][3, 3]) == comm.size - 1, float(g[0][3, 3])
+
+
+def comm_gather(comm, a):
+    return MPI.COMM_WORLD.allgather(cp.asnumpy(a))
+
+
+def main():
+    with pc.Communicator(timeout=60) as comm:
+        cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
+        check_collectives(comm)
+        check_streams_and_async(comm)
+        check_data_parallel(comm)
+        print(f"PASS communicator rank={comm.rank}")
+
+
+if __name__ == "__main__":
+    run_main(main)
