@@ -306,8 +306,10 @@ PYCOLL_DEVICE void move(const KernelArgs& a, const StepPtrs& p, const DevStep& d
   store(p.out1, i, v, vec);
 }
 
+// One block per SM is all a launch needs (a handful of channels): promising no more lets
+// ptxas use ~106 registers instead of 64, without which every type spilled 100-150 bytes.
 template <class T>
-__global__ void __launch_bounds__(kThreadsPerBlock) steps_kernel(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreadsPerBlock, 1) steps_kernel(const KernelArgs a) {
   constexpr int E = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
   __shared__ BlockState s;
   const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
