@@ -14,6 +14,7 @@
 
 #include "algo/schedule.h"
 #include "common/errors.h"
+#include "core_errors.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
 #include "cuda/plan.h"
@@ -221,24 +222,7 @@ void bind_comm(py::module_& m) {
 
 PYBIND11_MODULE(_cuda, m) {
   m.doc() = "pycollectives CUDA IPC transport (private; use pycollectives.cuda)";
-  // Errors surface as the same Python classes as the host core's.
-  py::module_ core = py::module_::import("pycollectives._C");
-  static py::handle error = py::object(core.attr("CollectiveError")).release();
-  static py::handle timeout = py::object(core.attr("CollectiveTimeout")).release();
-  static py::handle mismatch = py::object(core.attr("CollectiveMismatch")).release();
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const CollectiveTimeout& e) {
-      py::set_error(timeout, e.what());
-    } catch (const CollectiveMismatch& e) {
-      py::set_error(mismatch, e.what());
-    } catch (const CollectiveError& e) {
-      py::set_error(error, e.what());
-    } catch (const InvalidType& e) {
-      py::set_error(PyExc_TypeError, e.what());
-    }
-  });
+  translate_errors_as_core();
   bind_planning(m);
   bind_runtime(m);
   bind_comm(m);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "core_errors.h"
 #include "net/net_comm.h"
 
 namespace py = pybind11;
@@ -52,25 +53,7 @@ struct PyNetComm {
 PYBIND11_MODULE(_net, m) {
   m.doc() = "pycollectives inter-node transport over MPI (private)";
   if (import_mpi4py() < 0) throw py::error_already_set();
-  // Errors surface as the same Python classes as the host core's.
-  py::module_ core = py::module_::import("pycollectives._C");
-  // Held for the life of the process (released, so never destroyed after the interpreter).
-  static py::handle error = py::object(core.attr("CollectiveError")).release();
-  static py::handle timeout = py::object(core.attr("CollectiveTimeout")).release();
-  static py::handle mismatch = py::object(core.attr("CollectiveMismatch")).release();
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const CollectiveTimeout& e) {
-      py::set_error(timeout, e.what());
-    } catch (const CollectiveMismatch& e) {
-      py::set_error(mismatch, e.what());
-    } catch (const CollectiveError& e) {
-      py::set_error(error, e.what());
-    } catch (const InvalidType& e) {
-      py::set_error(PyExc_TypeError, e.what());
-    }
-  });
+  translate_errors_as_core();
 
   py::class_<PyNetComm>(m, "NetComm")
       .def(py::init([](py::object comm, size_t piece_bytes, int window, double timeout) {

@@ -234,20 +234,6 @@ void CudaComm::run_kernel_mode(const CudaCall& call, const CachedPlan& cp) {
   counters_.bcast_sent += p.bcast_sent;
 }
 
-Fingerprint CudaComm::fingerprint(const CudaCall& call, Algo algo, uint64_t seq) const {
-  Fingerprint f;
-  f.seq = seq;
-  f.kind = static_cast<int>(call.collective);
-  f.algo = static_cast<int>(algo);
-  f.count = call.count;
-  f.dtype = static_cast<int>(call.dtype);
-  f.op = carries_partials(call.collective) ? static_cast<int>(call.op) : 0;
-  f.root = (call.collective == Collective::Broadcast || call.collective == Collective::Reduce)
-               ? call.root
-               : 0;
-  return f;
-}
-
 std::shared_ptr<CudaWork> CudaComm::run(const CudaCall& call, cudaStream_t stream, bool async_op) {
   std::lock_guard<std::mutex> g(run_mu_);
   const char* name = collective_name(call.collective);
@@ -267,7 +253,8 @@ std::shared_ptr<CudaWork> CudaComm::run(const CudaCall& call, cudaStream_t strea
                  dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
                  call.algo == Algo::Auto ? " (auto)" : "",
                  mode_ == SyncMode::Kernel ? "kernel" : "host");
-  FingerprintGuard guard(shm_, fingerprint(call, algo, seq));
+  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call.collective, algo, call.count,
+                                                    call.dtype, call.op, call.root));
   WaitContext w = wait_context(name, seq);
   try {
     if (opts_.check_mismatch) {

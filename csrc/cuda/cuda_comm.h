@@ -143,7 +143,6 @@ class CudaComm {
   KernelArgs kernel_args(const CudaCall& call, const CachedPlan& cp) const;
   void run_kernel_mode(const CudaCall& call, const CachedPlan& cp);
   void run_host_mode(const CudaCall& call, const CachedPlan& cp, const WaitContext& w);
-  Fingerprint fingerprint(const CudaCall& call, Algo algo, uint64_t seq) const;
   void host_wait_step(const DevStep& d, const WaitContext& w);
   void host_publish_step(const DevStep& d);
   void wait_event(cudaEvent_t ev, const WaitContext& w);

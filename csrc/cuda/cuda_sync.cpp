@@ -41,15 +41,7 @@ void for_each_message(const DevStep& d, int rank, int size, Recv&& recv, Send&& 
 }  // namespace
 
 WaitContext CudaComm::wait_context(const char* name, uint64_t seq) const {
-  WaitContext w;
-  w.collective = name;
-  w.seq = seq;
-  w.timeout_s = timeout_s_.load();
-  w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(w.timeout_s));
-  w.transport = &shm_;
-  w.abort = &aborted_;
-  return w;
+  return WaitContext::start(name, seq, timeout_s_.load(), &shm_, &aborted_);
 }
 
 void CudaComm::check_usable(const char* name) const {

@@ -6,6 +6,19 @@
 
 namespace pycoll {
 
+Fingerprint Fingerprint::of_call(uint64_t seq, Collective c, Algo algo, uint64_t count, DType dtype,
+                                 RedOp op, int root) {
+  Fingerprint f;
+  f.seq = seq;
+  f.kind = static_cast<int>(c);
+  f.algo = static_cast<int>(algo);
+  f.count = count;
+  f.dtype = static_cast<int>(dtype);
+  f.op = carries_partials(c) ? static_cast<int>(op) : 0;
+  f.root = (c == Collective::Broadcast || c == Collective::Reduce) ? root : 0;
+  return f;
+}
+
 uint64_t Fingerprint::packed() const {
   return static_cast<uint64_t>(kind & 0xff) | static_cast<uint64_t>(algo & 0xff) << 8 |
          static_cast<uint64_t>(dtype & 0xff) << 16 | static_cast<uint64_t>(op & 0xff) << 24 |

@@ -30,6 +30,10 @@ struct Fingerprint {
   int op = 0;
   int root = 0;
 
+  // The fingerprint of collective #seq as every rank must call it (op and root only where
+  // they matter).
+  static Fingerprint of_call(uint64_t seq, Collective c, Algo algo, uint64_t count, DType dtype,
+                             RedOp op, int root);
   uint64_t packed() const;
   static Fingerprint unpack(uint64_t seq, uint64_t count, uint64_t packed);
   std::string describe() const;

@@ -82,15 +82,7 @@ Algo HostComm::choose(Collective c, size_t bytes) const {
 }
 
 WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
-  WaitContext w;
-  w.collective = name;
-  w.seq = seq;
-  w.timeout_s = timeout_s_.load();
-  w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(w.timeout_s));
-  w.transport = &transport_;
-  w.abort = &aborted_;
-  return w;
+  return WaitContext::start(name, seq, timeout_s_.load(), &transport_, &aborted_);
 }
 
 void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
@@ -148,14 +140,8 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   p.acc_bytes = acc_size(call.dtype);
   p.oneshot_max_bytes = opts_.oneshot_max_bytes;
 
-  mine.kind = static_cast<int>(call.collective);
-  mine.algo = static_cast<int>(algo);
-  mine.count = call.count;
-  mine.dtype = static_cast<int>(call.dtype);
-  mine.op = carries_partials(call.collective) ? static_cast<int>(call.op) : 0;
-  mine.root = (call.collective == Collective::Broadcast || call.collective == Collective::Reduce)
-                  ? call.root
-                  : 0;
+  mine =
+      Fingerprint::of_call(seq, call.collective, algo, call.count, call.dtype, call.op, call.root);
   FingerprintGuard guard(transport_, mine);
   WaitContext w = wait_context(name, seq);
   if (opts_.check_mismatch) w.fingerprints = &guard;

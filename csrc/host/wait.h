@@ -38,6 +38,20 @@ struct WaitContext {
   const ShmTransport* transport = nullptr;
   const std::atomic<bool>* abort = nullptr;
   FingerprintGuard* fingerprints = nullptr;  // checked while a wait drags on
+
+  // The context of collective #seq, whose waits may last `timeout_s` from now.
+  static WaitContext start(const char* collective, uint64_t seq, double timeout_s,
+                           const ShmTransport* transport, const std::atomic<bool>* abort) {
+    WaitContext w;
+    w.collective = collective;
+    w.seq = seq;
+    w.timeout_s = timeout_s;
+    w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(timeout_s));
+    w.transport = transport;
+    w.abort = abort;
+    return w;
+  }
 };
 
 // Throws if waiting on `peer` no longer makes sense: it died, the communicator was aborted, or
