@@ -70,15 +70,24 @@ def test_not_enough_shared_memory_states_bytes_needed_and_available():
 
 def test_kill_9_of_one_rank_is_reported_and_leaves_nothing():
     before = our_segments()
-    out = run_mpi(
-        2,
-        "faults.py",
-        "kill9",
-        timeout=60,
-        mpiexec_args=("-disable-auto-cleanup",),
-        returncodes=(0, 9, 137),  # mpiexec reports the killed rank's signal
-    )
-    assert "PASS kill9" in out
+    # mpiexec may still kill the survivor soon after a rank dies of a signal: on a loaded
+    # machine it can do so before the survivor (which notices within milliseconds) has run.
+    # That is the launcher's race, not a failure; a survivor that ran and failed prints a
+    # traceback, which fails at once.
+    for _ in range(4):
+        out, err = run_mpi(
+            2,
+            "faults.py",
+            "kill9",
+            timeout=60,
+            mpiexec_args=("-disable-auto-cleanup",),
+            returncodes=(0, 9, 137),  # mpiexec reports the killed rank's signal
+            with_stderr=True,
+        )
+        assert "Traceback" not in err, err
+        if "PASS kill9" in out:
+            break
+    assert "PASS kill9" in out, out
     assert our_segments() == before
 
 
