@@ -150,91 +150,81 @@ CollectiveCall make_call(Collective coll, const ArrayArg& x, const ArrayArg& out
   return call;
 }
 
-// Argument checks of each collective, on `size` ranks: the errors a caller sees before any
-// byte moves. They return the call to run.
-CollectiveCall parse_all_reduce(py::handle x_obj, py::handle out_obj, int op_code, int algo) {
-  const char* fn = "all_reduce";
-  const bool in_place = out_obj.is_none();
-  ArrayArg x = array_arg(x_obj, fn, "x", in_place);
-  ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
-  check_same_dtype(fn, x, out);
-  check_count(fn, "out", out.count, x.count, "the size of x");
-  check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
-  CollectiveCall call = make_call(Collective::AllReduce, x, out, algo, x.count);
-  call.op = op_arg(fn, op_code, x.dtype);
+// The checks that depend on the collective, on arrays already described (numpy here, GPU
+// arrays in pycollectives/cuda_args.py): the errors a caller sees before any byte moves.
+// `out` is `x` in the in-place forms of all_reduce and reduce, and for broadcast. Returns the
+// call to run.
+CollectiveCall checked_call(Collective c, const ArrayArg& x, const ArrayArg& out, int root,
+                            int op_code, int algo, int rank, int size) {
+  const char* fn = collective_name(c);
+  CollectiveCall call;
+  switch (c) {
+    case Collective::AllReduce:
+    case Collective::Reduce:
+      check_same_dtype(fn, x, out);
+      check_count(fn, "out", out.count, x.count, "the size of x");
+      check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
+      call = make_call(c, x, out, algo, x.count);
+      break;
+    case Collective::ReduceScatter:
+      check_same_dtype(fn, x, out);
+      check_count(fn, "x", x.count, out.count * size, "size * out.size");
+      check_aliasing(fn, x, out, out.ptr == x.ptr + rank * out.bytes());
+      call = make_call(c, x, out, algo, out.count);
+      break;
+    case Collective::AllGather:
+      check_same_dtype(fn, x, out);
+      check_count(fn, "out", out.count, x.count * size, "size * x.size");
+      check_aliasing(fn, x, out, x.ptr == out.ptr + rank * x.bytes());
+      call = make_call(c, x, out, algo, x.count);
+      break;
+    case Collective::Broadcast:
+      call = make_call(c, x, x, algo, x.count);
+      break;
+  }
+  if (c == Collective::Broadcast || c == Collective::Reduce) call.root = root_arg(fn, root, size);
+  if (carries_partials(c)) call.op = op_arg(fn, op_code, x.dtype);
   return call;
 }
 
-CollectiveCall parse_reduce_scatter(py::handle x_obj, py::handle out_obj, int op_code, int algo,
-                                    int rank, int size) {
-  const char* fn = "reduce_scatter";
-  ArrayArg x = array_arg(x_obj, fn, "x", false);
-  ArrayArg out = array_arg(out_obj, fn, "out", true);
-  check_same_dtype(fn, x, out);
-  check_count(fn, "x", x.count, out.count * size, "size * out.size");
-  check_aliasing(fn, x, out, out.ptr == x.ptr + rank * out.bytes());
-  CollectiveCall call = make_call(Collective::ReduceScatter, x, out, algo, out.count);
-  call.op = op_arg(fn, op_code, x.dtype);
-  return call;
-}
-
-CollectiveCall parse_all_gather(py::handle x_obj, py::handle out_obj, int algo, int rank,
-                                int size) {
-  const char* fn = "all_gather";
-  ArrayArg x = array_arg(x_obj, fn, "x", false);
-  ArrayArg out = array_arg(out_obj, fn, "out", true);
-  check_same_dtype(fn, x, out);
-  check_count(fn, "out", out.count, x.count * size, "size * x.size");
-  check_aliasing(fn, x, out, x.ptr == out.ptr + rank * x.bytes());
-  return make_call(Collective::AllGather, x, out, algo, x.count);
-}
-
-CollectiveCall parse_broadcast(py::handle x_obj, int root, int algo, int size) {
-  const char* fn = "broadcast";
-  ArrayArg x = array_arg(x_obj, fn, "x", true);
-  CollectiveCall call = make_call(Collective::Broadcast, x, x, algo, x.count);
-  call.root = root_arg(fn, root, size);
-  return call;
-}
-
-CollectiveCall parse_reduce(py::handle x_obj, py::handle out_obj, int root, int op_code, int algo,
-                            int size) {
-  const char* fn = "reduce";
-  const bool in_place = out_obj.is_none();
-  ArrayArg x = array_arg(x_obj, fn, "x", in_place);
-  ArrayArg out = in_place ? x : array_arg(out_obj, fn, "out", true);
-  check_same_dtype(fn, x, out);
-  check_count(fn, "out", out.count, x.count, "the size of x");
-  check_aliasing(fn, x, out, x.ptr == out.ptr && x.count == out.count);
-  CollectiveCall call = make_call(Collective::Reduce, x, out, algo, x.count);
-  call.root = root_arg(fn, root, size);
-  call.op = op_arg(fn, op_code, x.dtype);
-  return call;
+// A call on numpy arrays: each array checked (type, dtype, layout, writability), then the
+// collective's own checks. `out_obj` None: in place (all_reduce, reduce); broadcast has none.
+CollectiveCall parse_call(Collective c, py::handle x_obj, py::handle out_obj, int root, int op,
+                          int algo, int rank, int size) {
+  const char* fn = collective_name(c);
+  const bool reduces_in_place =
+      (c == Collective::AllReduce || c == Collective::Reduce) && out_obj.is_none();
+  const bool one_array = c == Collective::Broadcast || reduces_in_place;
+  const ArrayArg x = array_arg(x_obj, fn, "x", one_array);
+  const ArrayArg out = one_array ? x : array_arg(out_obj, fn, "out", true);
+  return checked_call(c, x, out, root, op, algo, rank, size);
 }
 
 // The same checks for a communicator whose collectives are composed in Python (several
 // nodes); returns (count, dtype code) of the call.
 std::pair<size_t, int> check_args(const std::string& collective, py::handle x, py::handle out,
                                   int root, int op, int algo, int rank, int size) {
-  CollectiveCall call;
-  switch (collective_arg(collective)) {
-    case Collective::AllReduce:
-      call = parse_all_reduce(x, out, op, algo);
-      break;
-    case Collective::ReduceScatter:
-      call = parse_reduce_scatter(x, out, op, algo, rank, size);
-      break;
-    case Collective::AllGather:
-      call = parse_all_gather(x, out, algo, rank, size);
-      break;
-    case Collective::Broadcast:
-      call = parse_broadcast(x, root, algo, size);
-      break;
-    case Collective::Reduce:
-      call = parse_reduce(x, out, root, op, algo, size);
-      break;
-  }
+  const CollectiveCall call =
+      parse_call(collective_arg(collective), x, out, root, op, algo, rank, size);
   return {call.count, static_cast<int>(call.dtype)};
+}
+
+// The collective's checks on arrays described elsewhere, as (pointer, element count, dtype
+// code), `out` None in the single-array forms; returns the call's count.
+size_t check_described_args(const std::string& collective, std::tuple<uintptr_t, size_t, int> x,
+                            std::optional<std::tuple<uintptr_t, size_t, int>> out, int root, int op,
+                            int algo, int rank, int size) {
+  auto described = [](const std::tuple<uintptr_t, size_t, int>& t) {
+    if (!valid_dtype(std::get<2>(t))) throw InvalidArgument("unknown dtype code");
+    ArrayArg a;
+    a.ptr = reinterpret_cast<uint8_t*>(std::get<0>(t));
+    a.count = std::get<1>(t);
+    a.dtype = static_cast<DType>(std::get<2>(t));
+    return a;
+  };
+  const ArrayArg xa = described(x);
+  const ArrayArg oa = out ? described(*out) : xa;
+  return checked_call(collective_arg(collective), xa, oa, root, op, algo, rank, size).count;
 }
 
 void bind_host_comm(py::module_& m) {
@@ -304,34 +294,44 @@ void bind_host_comm(py::module_& m) {
       .def(
           "all_reduce",
           [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op) {
-            return dispatch(c, parse_all_reduce(x, out, op, algo), async_op);
+            return dispatch(
+                c, parse_call(Collective::AllReduce, x, out, 0, op, algo, c.rank(), c.size()),
+                async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"),
           py::arg("async_op") = false)
       .def(
           "reduce_scatter",
           [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op) {
-            return dispatch(c, parse_reduce_scatter(x, out, op, algo, c.rank(), c.size()),
-                            async_op);
+            return dispatch(
+                c, parse_call(Collective::ReduceScatter, x, out, 0, op, algo, c.rank(), c.size()),
+                async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"),
           py::arg("async_op") = false)
       .def(
           "all_gather",
           [](HostComm& c, py::handle x, py::handle out, int algo, bool async_op) {
-            return dispatch(c, parse_all_gather(x, out, algo, c.rank(), c.size()), async_op);
+            return dispatch(
+                c, parse_call(Collective::AllGather, x, out, 0, 0, algo, c.rank(), c.size()),
+                async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("algorithm"), py::arg("async_op") = false)
       .def(
           "broadcast",
           [](HostComm& c, py::handle x, int root, int algo, bool async_op) {
-            return dispatch(c, parse_broadcast(x, root, algo, c.size()), async_op);
+            return dispatch(
+                c,
+                parse_call(Collective::Broadcast, x, py::none(), root, 0, algo, c.rank(), c.size()),
+                async_op);
           },
           py::arg("x"), py::arg("root"), py::arg("algorithm"), py::arg("async_op") = false)
       .def(
           "reduce",
           [](HostComm& c, py::handle x, py::handle out, int root, int op, int algo, bool async_op) {
-            return dispatch(c, parse_reduce(x, out, root, op, algo, c.size()), async_op);
+            return dispatch(
+                c, parse_call(Collective::Reduce, x, out, root, op, algo, c.rank(), c.size()),
+                async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"),
           py::arg("async_op") = false)
@@ -405,4 +405,7 @@ PYBIND11_MODULE(_C, m) {
   bind_schedules(m);
   m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),
         py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"));
+  m.def("check_described_args", &check_described_args, py::arg("collective"), py::arg("x"),
+        py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"),
+        py::arg("size"));
 }

@@ -95,3 +95,13 @@ def check_args(
     rank: int,
     size: int,
 ) -> tuple[int, int]: ...
+def check_described_args(
+    collective: str,
+    x: tuple[int, int, int],
+    out: tuple[int, int, int] | None,
+    root: int,
+    op: int,
+    algorithm: int,
+    rank: int,
+    size: int,
+) -> int: ...

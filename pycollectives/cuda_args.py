@@ -3,12 +3,10 @@ arrays, raised as ValueError/TypeError before anything is queued."""
 
 from __future__ import annotations
 
-from pycollectives import arrays
-from pycollectives.ops import ALGORITHMS
+from pycollectives import _C, arrays
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 TREE_COLLECTIVES = ("all_reduce", "broadcast", "reduce")
-OP_NAMES = ("sum", "prod", "min", "max", "avg")
 
 
 def gpu_array(obj, fn: str, name: str, writable: bool, device) -> arrays.ArrayInfo:
@@ -35,52 +33,23 @@ def gpu_array(obj, fn: str, name: str, writable: bool, device) -> arrays.ArrayIn
     return info
 
 
-def _overlap(a: arrays.ArrayInfo, b: arrays.ArrayInfo) -> bool:
-    return a.nbytes and b.nbytes and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
-
-
 def check_call(collective, x, out, op, root, algorithm, rank, size, device):
-    """Validates one call; returns (x info, out info, count) for the native layer."""
+    """Validates one call; returns (x info, out info, count) for the native layer. The arrays
+    are described here; the collective's own checks (sizes, dtypes, overlap, op, root,
+    algorithm) are the host path's (``_C.check_described_args``)."""
     fn = collective
-    if root is not None and not 0 <= root < size:
-        raise ValueError(f"{fn}: root {root} is out of range for {size} ranks")
-    if algorithm not in (0, None):
-        name = ALGORITHMS[algorithm - 1] if 1 <= algorithm <= len(ALGORITHMS) else None
-        if name is None:
-            raise ValueError(f"{fn}: unknown algorithm code {algorithm}")
-        if name == "tree" and collective not in TREE_COLLECTIVES:
-            raise ValueError(
-                f"{fn}: algorithm tree is not available for {fn} (available: ring, direct)"
-            )
-    in_place = out is None
-    if collective == "broadcast":
-        xi = gpu_array(x, fn, "x", True, device)
-        return xi, xi, xi.count
-    xi = gpu_array(x, fn, "x", in_place and collective in ("all_reduce", "reduce"), device)
-    oi = xi if in_place else gpu_array(out, fn, "out", True, device)
-    if oi.dtype != xi.dtype:
-        raise TypeError(
-            f"{fn}: out has dtype {oi.dtype_name}, expected {xi.dtype_name} (the dtype of x)"
-        )
-    if collective in ("all_reduce", "reduce"):
-        want, why, count, layout = xi.count, "the size of x", xi.count, oi.ptr == xi.ptr
-        got, what = oi.count, "out"
-    elif collective == "reduce_scatter":
-        want, why, count = oi.count * size, "size * out.size", oi.count
-        got, what, layout = xi.count, "x", oi.ptr == xi.ptr + rank * oi.nbytes
-    else:  # all_gather
-        want, why, count = xi.count * size, "size * x.size", xi.count
-        got, what, layout = oi.count, "out", xi.ptr == oi.ptr + rank * xi.nbytes
-    if got != want:
-        raise ValueError(f"{fn}: {what} has {got} elements, expected {want} ({why})")
-    if not layout and _overlap(xi, oi):
-        raise ValueError(f"{fn}: x and out overlap without being the in-place layout")
-    if op is not None:
-        if not 0 <= op < len(OP_NAMES):
-            raise ValueError(f"{fn}: unknown op {op}")
-        if OP_NAMES[op] == "avg" and not xi.dtype_name.startswith(("float", "bfloat")):
-            raise ValueError(
-                f"{fn}: op avg is not supported for integer dtype {xi.dtype_name} "
-                "(use sum and divide)"
-            )
+    single = collective == "broadcast" or out is None
+    written = collective == "broadcast" or (out is None and collective in ("all_reduce", "reduce"))
+    xi = gpu_array(x, fn, "x", written, device)
+    oi = xi if single else gpu_array(out, fn, "out", True, device)
+    count = _C.check_described_args(
+        collective,
+        (xi.ptr, xi.count, xi.dtype),
+        None if oi is xi else (oi.ptr, oi.count, oi.dtype),
+        root or 0,
+        op or 0,
+        algorithm or 0,
+        rank,
+        size,
+    )
     return xi, oi, count
