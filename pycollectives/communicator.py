@@ -395,8 +395,7 @@ class Communicator:
             algorithm = algo_code(algorithm)
         if self._cuda is None:
             self._start_cuda(collective, x, out, op, root, algorithm)
-        w = self._cuda.run(collective, x, out, op, root, algorithm, stream, async_op, result)
-        return w if not async_op else self._finish(w, (x, out), result)
+        return self._cuda.run(collective, x, out, op, root, algorithm, stream, async_op, result)
 
     def _start_cuda(self, collective, x, out, op, root, algorithm):
         """Makes the CUDA communicator, collectively, when the first GPU collective arrives.

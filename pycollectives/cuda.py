@@ -23,12 +23,12 @@ Example (``mpiexec -n 2 python example.py``)::
 from __future__ import annotations
 
 import os
-from collections import deque
 
 from pycollectives import arrays
 from pycollectives.cuda_args import COLLECTIVES, TREE_COLLECTIVES, check_call
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS, algo_code, op_code
+from pycollectives.work import InFlight, Work
 
 SYNC_MODES = ("kernel", "host")
 DEFAULT_MPS_PIPE = "/tmp/nvidia-mps"
@@ -120,39 +120,29 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
-class CudaWork:
-    """An asynchronous CUDA collective (``async_op=True``): queued on the communicator's
-    stream behind the caller's stream.
+class _CudaCompletion:
+    """What a ``Work`` asks of an asynchronous CUDA collective (``async_op=True``), queued on
+    the communicator's stream behind the caller's stream.
 
-    ``wait()`` makes later work on the collective's stream wait for it (it does not block the
-    host; synchronise the stream for that) and raises if an earlier device wait failed.
-    ``is_completed()`` asks the GPU whether it has finished.
+    ``wait()`` makes later work on the issuing stream wait for it (it does not block the host;
+    synchronise the stream for that) and raises if an earlier device wait failed or a peer
+    died. ``is_completed()`` asks the GPU whether it has finished.
     """
 
-    __slots__ = ("_native", "_comm", "_stream", "_arrays", "_result")
+    __slots__ = ("_native", "_comm", "_stream")
 
-    def __init__(self, native, comm, stream, arrays_, result):
+    def __init__(self, native, comm, stream):
         self._native, self._comm, self._stream = native, comm, stream
-        self._arrays, self._result = arrays_, result
 
     def wait(self, timeout: float | None = None) -> bool:
         c = self._comm._c
         if c is not None:
             c.check()  # an earlier device wait that failed, or a dead peer
         self._native.wait_on(self._stream)
-        if self._native.is_completed():
-            self._arrays = None
         return True
 
     def is_completed(self) -> bool:
-        done = self._native.is_completed()
-        if done:
-            self._arrays = None
-        return done
-
-    def result(self):
-        self.wait()
-        return self._result
+        return self._native.is_completed()
 
     @property
     def seq(self) -> int:
@@ -176,12 +166,12 @@ class CudaComm:
         barrier()
         close()
 
-    Each returns the output array, or a ``CudaWork`` with ``async_op=True``. The collective is
-    ordered after the work already queued on the stream; without `async_op`, later work on
-    that stream is ordered after it. The host does not wait for the GPU (synchronise the
-    stream, or call ``barrier()``, for that). A device wait that runs past `timeout` (or sees
-    a dead peer) poisons the communicator: the next call raises ``CollectiveTimeout`` or
-    ``CollectiveError``.
+    Each returns the output array, or a ``pycollectives.Work`` with ``async_op=True``. The
+    collective is ordered after the work already queued on the stream; without `async_op`,
+    later work on that stream is ordered after it. The host does not wait for the GPU
+    (synchronise the stream, or call ``barrier()``, for that). A device wait that runs past
+    `timeout` (or sees a dead peer) poisons the communicator: the next call raises
+    ``CollectiveTimeout`` or ``CollectiveError``.
 
     Tuning (environment): ``PYCOLL_CUDA_STAGING_BYTES`` (1 MiB), ``PYCOLL_CUDA_STAGING_SLOTS``
     (4), ``PYCOLL_CUDA_BLOCKS`` (8 blocks per launch), ``PYCOLL_CUDA_SYNC``, ``PYCOLL_ALGO``,
@@ -200,7 +190,7 @@ class CudaComm:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.rank, self.size = rank, size
         self._c = None
-        self._inflight: deque = deque()
+        self._inflight = InFlight()
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         local_rank, node_size = node.Get_rank(), node.Get_size()
         node.Free()
@@ -284,7 +274,7 @@ class CudaComm:
                 c.barrier()
         finally:
             c.close()
-            self._inflight.clear()
+            self._inflight = InFlight()
 
     def __enter__(self):
         return self
@@ -316,7 +306,7 @@ class CudaComm:
 
     def run(self, collective, x, out, op, root, algorithm, stream, async_op, result):
         """Checks and queues one collective (`collective` by name); returns `result`, or a
-        CudaWork with `async_op`. The named methods below are its usual spellings."""
+        ``Work`` with `async_op`. The named methods below are its usual spellings."""
         c = self._native_comm()
         op = op_code(op) if isinstance(op, str) else op
         algorithm = (
@@ -335,13 +325,10 @@ class CudaComm:
         native = c.run(
             code, xi.ptr, oi.ptr, count, xi.dtype, op or 0, root or 0, algorithm, s, async_op
         )
-        keep = (x, out)
-        while self._inflight and self._inflight[0][0].is_completed():
-            self._inflight.popleft()
-        self._inflight.append((native, keep))
-        if not async_op:
-            return result
-        return CudaWork(native, self, s, keep, result)
+        # The arrays stay referenced until the GPU is done with them, waited for or not.
+        work = Work(_CudaCompletion(native, self, s), (x, out), result)
+        self._inflight.add(work)
+        return work if async_op else result
 
     def all_reduce(self, x, out=None, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out
@@ -364,4 +351,4 @@ class CudaComm:
         """Returns once this rank's queued collectives have finished on the GPU and every rank
         has entered the barrier."""
         self._native_comm().barrier()
-        self._inflight.clear()
+        self._inflight = InFlight()  # all of it has finished

@@ -34,7 +34,8 @@ class Work:
         """Blocks until the collective completes (raises ``CollectiveTimeout`` after `timeout`
         seconds, or the collective's own error). Returns True."""
         self._native.wait(timeout)
-        self._arrays = None
+        if self._native.is_completed():  # on the GPU, wait() only orders a stream after it
+            self._arrays = None
         return True
 
     def is_completed(self) -> bool:
