@@ -15,21 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 
 import numpy as np
+from allreduce_vs_mpi import timed  # benchmarks/ is the script's own directory
 from mpi4py import MPI
 
 import pycollectives as pc
-
-
-def timed(fn, iters: int, mpi: MPI.Comm) -> float:
-    mpi.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    dt = (time.perf_counter() - t0) / iters
-    return mpi.allreduce(dt, op=MPI.MAX)
 
 
 def main():
