@@ -196,7 +196,7 @@ void bind_comm(py::module_& m) {
           "run",
           [](CudaComm& c, int collective, uintptr_t in, uintptr_t out, size_t count, int dtype,
              int op, int root, int algo, uintptr_t stream, bool async_op) {
-            CudaCall call;
+            CollectiveCall call;
             call.collective = collective_code(collective);
             call.algo = algo_code(call.collective, algo);
             if (!valid_dtype(dtype) || !valid_redop(op))

@@ -161,7 +161,7 @@ Algo CudaComm::choose(Collective c, size_t bytes) const {
   return Algo::Ring;
 }
 
-const CudaComm::CachedPlan& CudaComm::plan_for(const CudaCall& call, Algo algo) {
+const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo algo) {
   // The steps depend on the element sizes, not on the op.
   const PlanKey key{static_cast<int>(call.collective), call.count, static_cast<int>(algo),
                     static_cast<int>(call.dtype),      0,          call.root};
@@ -194,7 +194,7 @@ const CudaComm::CachedPlan& CudaComm::plan_for(const CudaCall& call, Algo algo) 
   return plans_.emplace(key, std::move(cp)).first->second;
 }
 
-KernelArgs CudaComm::kernel_args(const CudaCall& call, const CachedPlan& cp) const {
+KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& cp) const {
   KernelArgs a{};
   a.steps = cp.device_steps;
   a.first_step = 0;
@@ -222,7 +222,7 @@ KernelArgs CudaComm::kernel_args(const CudaCall& call, const CachedPlan& cp) con
   return a;
 }
 
-void CudaComm::run_kernel_mode(const CudaCall& call, const CachedPlan& cp) {
+void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp) {
   const KernelArgs a = kernel_args(call, cp);
   PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
   const Plan& p = cp.plan;
@@ -234,7 +234,8 @@ void CudaComm::run_kernel_mode(const CudaCall& call, const CachedPlan& cp) {
   counters_.bcast_sent += p.bcast_sent;
 }
 
-std::shared_ptr<CudaWork> CudaComm::run(const CudaCall& call, cudaStream_t stream, bool async_op) {
+std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t stream,
+                                        bool async_op) {
   std::lock_guard<std::mutex> g(run_mu_);
   const char* name = collective_name(call.collective);
   check_usable(name);

@@ -35,6 +35,7 @@
 #include <tuple>
 #include <vector>
 
+#include "algo/call.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "cuda/device_step.h"
@@ -57,18 +58,6 @@ struct CudaCommOptions {
   size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
-};
-
-struct CudaCall {
-  bool barrier = false;
-  Collective collective = Collective::AllReduce;
-  Algo algo = Algo::Auto;
-  const void* in = nullptr;
-  void* out = nullptr;
-  size_t count = 0;  // as in ScheduleParams
-  DType dtype = DType::Float32;
-  RedOp op = RedOp::Sum;
-  int root = 0;
 };
 
 // Completion of one queued collective: an event on the communicator's stream.
@@ -117,7 +106,7 @@ class CudaComm {
 
   Algo choose(Collective c, size_t bytes) const;
   // Queues `call` behind `stream`'s work; `stream` waits for it unless `async_op`.
-  std::shared_ptr<CudaWork> run(const CudaCall& call, cudaStream_t stream, bool async_op);
+  std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
   // Waits for this rank's queued collectives, then for every rank to arrive.
   void barrier();
   // Waits (bounded) for queued work and releases every resource; later calls fail.
@@ -139,10 +128,10 @@ class CudaComm {
   };
   using PlanKey = std::tuple<int, size_t, int, int, int, int>;
 
-  const CachedPlan& plan_for(const CudaCall& call, Algo algo);
-  KernelArgs kernel_args(const CudaCall& call, const CachedPlan& cp) const;
-  void run_kernel_mode(const CudaCall& call, const CachedPlan& cp);
-  void run_host_mode(const CudaCall& call, const CachedPlan& cp, const WaitContext& w);
+  const CachedPlan& plan_for(const CollectiveCall& call, Algo algo);
+  KernelArgs kernel_args(const CollectiveCall& call, const CachedPlan& cp) const;
+  void run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp);
+  void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   void host_wait_step(const DevStep& d, const WaitContext& w);
   void host_publish_step(const DevStep& d);
   void wait_event(cudaEvent_t ev, const WaitContext& w);

@@ -156,7 +156,8 @@ void CudaComm::host_publish_step(const DevStep& d) {
 
 // One launch per step; between launches the host waits for the peers. A launch never waits
 // for another process, so ranks time-slicing one GPU make progress whatever the scheduler does.
-void CudaComm::run_host_mode(const CudaCall& call, const CachedPlan& cp, const WaitContext& w) {
+void CudaComm::run_host_mode(const CollectiveCall& call, const CachedPlan& cp,
+                             const WaitContext& w) {
   const std::vector<DevStep>& steps = cp.plan.steps;
   for (uint32_t i = 0; i < steps.size(); ++i) {
     host_wait_step(steps[i], w);

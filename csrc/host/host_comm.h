@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "algo/call.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "host/executor.h"
@@ -43,19 +44,6 @@ struct TuningRule {
   int min_ranks, max_ranks;
   size_t max_bytes;
   Algo algo;
-};
-
-// One collective call, everything needed to run it later.
-struct CollectiveCall {
-  bool barrier = false;  // a barrier, not a data collective
-  Collective collective = Collective::AllReduce;
-  Algo algo = Algo::Auto;  // Auto: forced algorithm if set and available, else the tuning table
-  const void* in = nullptr;
-  void* out = nullptr;
-  size_t count = 0;  // as in ScheduleParams
-  DType dtype = DType::Float32;
-  RedOp op = RedOp::Sum;
-  int root = 0;
 };
 
 // Completion of an asynchronous collective.
