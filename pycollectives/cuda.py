@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 
 from pycollectives import arrays
+from pycollectives.communicator import _env_number
 from pycollectives.cuda_args import COLLECTIVES, TREE_COLLECTIVES, check_call
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS, algo_code, op_code
@@ -110,14 +111,6 @@ def choose_device(device, local_rank: int, device_count: int, environ=None) -> i
     if not 0 <= device < device_count:
         raise ValueError(f"device {device} does not exist (this machine has {device_count})")
     return device
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
 class _CudaCompletion:
@@ -212,9 +205,9 @@ class CudaComm:
             self.device = choose_device(device, local_rank, cu.device_count()[0])
             opts = cu.CudaCommOptions()
             opts.timeout = float(timeout)
-            opts.slot_bytes = _env_int("PYCOLL_CUDA_STAGING_BYTES", DEFAULT_STAGING_BYTES)
-            opts.nslots = _env_int("PYCOLL_CUDA_STAGING_SLOTS", DEFAULT_STAGING_SLOTS)
-            opts.nblocks = _env_int("PYCOLL_CUDA_BLOCKS", DEFAULT_BLOCKS)
+            opts.slot_bytes = _env_number("PYCOLL_CUDA_STAGING_BYTES", DEFAULT_STAGING_BYTES, int)
+            opts.nslots = _env_number("PYCOLL_CUDA_STAGING_SLOTS", DEFAULT_STAGING_SLOTS, int)
+            opts.nblocks = _env_number("PYCOLL_CUDA_BLOCKS", DEFAULT_BLOCKS, int)
             opts.debug = os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
             opts.check_mismatch = os.environ.get("PYCOLL_CHECK_MISMATCH", "1") != "0"
             native = cu.CudaComm(rank, size, self.device, opts)
