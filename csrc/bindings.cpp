@@ -7,8 +7,10 @@
 #include <optional>
 #include <tuple>
 
+#include "algo/messages.h"
 #include "algo/schedule.h"
 #include "common/errors.h"
+#include "emu/emu_comm.h"
 #include "host/host_comm.h"
 
 namespace py = pybind11;
@@ -345,19 +347,64 @@ void bind_host_comm(py::module_& m) {
           py::arg("async_op") = false);
 }
 
+// The emulated device: the CUDA transport's device code run on the host (tests only).
+void bind_emu_comm(py::module_& m) {
+  py::class_<emu::EmuOptions>(m, "EmuOptions")
+      .def(py::init<>())
+      .def_readwrite("slot_bytes", &emu::EmuOptions::slot_bytes)
+      .def_readwrite("nslots", &emu::EmuOptions::nslots)
+      .def_readwrite("nblocks", &emu::EmuOptions::nblocks)
+      .def_readwrite("threads", &emu::EmuOptions::threads)
+      .def_readwrite("kernel_mode", &emu::EmuOptions::kernel_mode)
+      .def_readwrite("timeout", &emu::EmuOptions::timeout_s)
+      .def_readwrite("oneshot_max_bytes", &emu::EmuOptions::oneshot_max_bytes)
+      .def_readwrite("direct_max_bytes", &emu::EmuOptions::direct_max_bytes)
+      .def_readwrite("fault_seq", &emu::EmuOptions::fault_seq)
+      .def_readwrite("fault_step", &emu::EmuOptions::fault_step)
+      .def_readwrite("fault_exit", &emu::EmuOptions::fault_exit);
+  py::class_<emu::EmuComm>(m, "EmuComm")
+      .def(py::init<int, int, const emu::EmuOptions&>(), py::arg("rank"), py::arg("size"),
+           py::arg("options"))
+      .def_property_readonly("segment_name", &emu::EmuComm::segment_name)
+      .def_property_readonly("flags_name", &emu::EmuComm::flags_name)
+      .def_property_readonly("rank", &emu::EmuComm::rank)
+      .def_property_readonly("size", &emu::EmuComm::size)
+      .def_property_readonly("seq", &emu::EmuComm::seq)
+      .def_property_readonly("plans_cached", &emu::EmuComm::plans_cached)
+      .def_property_readonly("plans_built", &emu::EmuComm::plans_built)
+      .def_property_readonly("segment_bytes", &emu::EmuComm::segment_bytes)
+      .def_property_readonly("poisoned", &emu::EmuComm::poisoned)
+      .def("attach", &emu::EmuComm::attach, py::arg("segments"), py::arg("flags"))
+      .def("unlink", &emu::EmuComm::unlink)
+      .def("abort", &emu::EmuComm::abort, py::arg("reason"))
+      .def(
+          "run",
+          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
+             int op, int algo) {
+            const CollectiveCall call =
+                parse_call(collective_arg(collective), x, out, root, op, algo, c.rank(), c.size());
+            py::gil_scoped_release nogil;
+            c.run(call);
+          },
+          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
+          py::arg("op") = 0, py::arg("algorithm") = 0);
+}
+
 // Schedules as plain tuples, for tests that check them without processes.
 void bind_schedules(py::module_& m) {
   m.def(
       "schedule",
       [](const std::string& algorithm, const std::string& collective, int rank, int size,
-         size_t count, int root, size_t piece, size_t acc_bytes, size_t oneshot_max_bytes) {
-        if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0)
-          throw InvalidArgument("schedule: bad rank, size, root or piece");
+         size_t count, int root, size_t piece, size_t acc_bytes, size_t oneshot_max_bytes,
+         size_t shard_align) {
+        if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0 ||
+            shard_align == 0)
+          throw InvalidArgument("schedule: bad rank, size, root, piece or shard alignment");
         const Collective c = collective_arg(collective);
         const Algo a = algo_by_name(algorithm);
         if (a == Algo::Auto || !algo_supports(a, c))
           throw InvalidArgument(str_cat("schedule: ", algorithm, " has no ", collective));
-        ScheduleParams p{rank, size, count, root, piece, acc_bytes, oneshot_max_bytes};
+        ScheduleParams p{rank, size, count, root, piece, acc_bytes, oneshot_max_bytes, shard_align};
         StepRecorder rec;
         make_schedule(a, c, p, rec);
         py::list steps;
@@ -375,13 +422,22 @@ void bind_schedules(py::module_& m) {
           d["count"] = s.count;
           d["recv_acc"] = s.recv_wire == Wire::Acc;
           d["send_acc"] = s.send_wire == Wire::Acc;
+          // What the step moves, by the one definition every executor uses.
+          py::list recv_from, send_to;
+          for_each_message(
+              peers_of(s), rank, size, [&](int q) { recv_from.append(q); },
+              [&](int t) { send_to.append(t); });
+          d["recv_from"] = recv_from;
+          d["send_to"] = send_to;
+          d["reduces"] = step_reduces(s.kind);
           steps.append(d);
         }
         return steps;
       },
       py::arg("algorithm"), py::arg("collective"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root") = 0, py::arg("piece"), py::arg("acc_bytes") = 4,
-      py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes);
+      py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes,
+      py::arg("shard_align") = 1);
   m.attr("ALL_PEERS") = kAllPeers;
   m.attr("NO_PEER") = kNoPeer;
 }
@@ -403,6 +459,7 @@ PYBIND11_MODULE(_C, m) {
   });
   bind_host_comm(m);
   bind_schedules(m);
+  bind_emu_comm(m);
   m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),
         py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"));
   m.def("check_described_args", &check_described_args, py::arg("collective"), py::arg("x"),

@@ -55,10 +55,10 @@ py::dict plan_dict(const Plan& p) {
                                 d.dst_off));
   py::dict r;
   r["steps"] = steps;
-  r["sent"] = p.sent;
-  r["received"] = p.received;
-  r["bcast_received"] = p.bcast_received;
-  r["bcast_sent"] = p.bcast_sent;
+  r["sent"] = p.moved.sent;
+  r["received"] = p.moved.received;
+  r["bcast_received"] = p.moved.bcast_received;
+  r["bcast_sent"] = p.moved.bcast_sent;
   return r;
 }
 
@@ -73,15 +73,12 @@ void bind_planning(py::module_& m) {
         if (!valid_dtype(dtype)) throw InvalidArgument("plan: bad dtype code");
         if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size)
           throw InvalidArgument("plan: bad rank, size or root");
-        const DType t = static_cast<DType>(dtype);
-        ScheduleParams p;
-        p.rank = rank;
-        p.size = size;
-        p.count = count;
-        p.root = root;
-        p.piece = slot_bytes / (carries_partials(c) ? acc_size(t) : dtype_size(t));
-        p.acc_bytes = acc_size(t);
-        p.oneshot_max_bytes = oneshot_max_bytes;
+        CollectiveCall call;
+        call.collective = c;
+        call.count = count;
+        call.root = root;
+        call.dtype = static_cast<DType>(dtype);
+        const ScheduleParams p = plan_params(call, rank, size, slot_bytes, oneshot_max_bytes);
         if (p.piece == 0) throw InvalidArgument("plan: staging slot smaller than one element");
         return plan_dict(build_plan(a, c, p));
       },
@@ -119,6 +116,24 @@ void bind_runtime(py::module_& m) {
       return {0, std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e)};
     }
     return {n, n == 0 ? "no CUDA device" : ""};
+  });
+  // The CUDA runtime this module links (e.g. 13000), and the newest CUDA the driver supports
+  // (0: no driver). Never raise: they explain why CUDA cannot be used.
+  m.def("runtime_version", []() {
+    int v = 0;
+    if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
+  });
+  m.def("driver_version", []() {
+    int v = 0;
+    if (cudaDriverGetVersion(&v) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
   });
   // The device a pointer's memory is on, or -1 for host memory the runtime does not know.
   m.def(

@@ -36,15 +36,6 @@ from pycollectives import _C
 from pycollectives.bench.formulas import bus_factor
 
 CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")
-_INCOMING = {
-    "recv",
-    "recv_reduce_send",
-    "recv_reduce_copy",
-    "recv_reduce_copy_send",
-    "recv_copy_send",
-}
-_OUTGOING = {"send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send"}
-_REDUCING = {"recv_reduce_send", "recv_reduce_copy", "recv_reduce_copy_send"}
 _TREE = ("all_reduce", "broadcast", "reduce")
 
 
@@ -107,22 +98,13 @@ def _steps(algorithm, collective, rank, n, count, piece):
 
 
 def _parse(s, rank, n):
-    """(sources, destinations, bytes per message, broadcast?, bytes reduced) of one step."""
-    peers = [q for q in range(n) if q != rank]
-    kind = s["kind"]
+    """(sources, destinations, bytes per message, broadcast?, bytes reduced) of one step, from
+    what the schedule code says the step receives and sends."""
     nbytes = 4 * s["count"]  # float32 elements and float32 partial sums
-    srcs = ()
-    if kind in _INCOMING:
-        srcs = tuple(peers) if s["from"] == _C.ALL_PEERS else (s["from"],)
-        if s["from2"] >= 0:
-            srcs += (s["from2"],)
-    dsts, bcast = (), False
-    if kind in _OUTGOING:
-        if s["to"] == _C.ALL_PEERS:
-            dsts, bcast = tuple(peers), True
-        else:
-            dsts = (s["to"],) + ((s["to2"],) if s["to2"] >= 0 else ())
-    reduced = nbytes * len(srcs) if kind in _REDUCING else 0
+    srcs = tuple(s["recv_from"])
+    bcast = _C.ALL_PEERS in s["send_to"]
+    dsts = tuple(q for q in range(n) if q != rank) if bcast else tuple(s["send_to"])
+    reduced = nbytes * len(srcs) if s["reduces"] else 0
     return srcs, dsts, nbytes, bcast, reduced
 
 

@@ -12,6 +12,18 @@ FLAT = [
 ]
 
 
+# An independent reading of the step kinds (the model takes them from the schedule code).
+INCOMING = {
+    "recv",
+    "recv_reduce_send",
+    "recv_reduce_copy",
+    "recv_reduce_copy_send",
+    "recv_copy_send",
+}
+OUTGOING = {"send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send"}
+REDUCING = {"recv_reduce_send", "recv_reduce_copy", "recv_reduce_copy_send"}
+
+
 def direct_counts(algorithm, collective, n, count, piece, bcast_once):
     """Busiest-rank counts computed straight from the schedule dicts."""
     worst = [0, 0, 0, 0]
@@ -20,14 +32,14 @@ def direct_counts(algorithm, collective, n, count, piece, bcast_once):
         for s in _C.schedule(algorithm, collective, r, n, count, 0, piece=piece):
             b = 4 * s["count"]
             incoming = 0
-            if s["kind"] in model._INCOMING:
+            if s["kind"] in INCOMING:
                 incoming = (n - 1) if s["from"] == _C.ALL_PEERS else 1 + (s["from2"] >= 0)
                 steps += 1
-            if s["kind"] in model._OUTGOING:
+            if s["kind"] in OUTGOING:
                 k = (n - 1) if s["to"] == _C.ALL_PEERS else 1 + (s["to2"] >= 0)
                 messages += k
                 sent += b * (1 if s["to"] == _C.ALL_PEERS and bcast_once else k)
-            if s["kind"] in model._REDUCING:
+            if s["kind"] in REDUCING:
                 reduced += b * incoming
         worst = [max(a, b) for a, b in zip(worst, (steps, messages, sent, reduced))]
     return worst

@@ -99,14 +99,6 @@ class Sim:
 
     # -- steps --------------------------------------------------------------------------------
 
-    def sources(self, r, s):
-        if s["from"] == ALL:
-            return [q for q in range(self.n) if q != r]
-        return [p for p in (s["from"], s["from2"]) if p != NONE]
-
-    def targets(self, s):
-        return [p for p in (s["to"], s["to2"]) if p != NONE]
-
     def read(self, r, ref, count):
         buf, off = ref
         vals = (self.inp if buf == "in" else self.out)[r][off : off + count]
@@ -123,10 +115,11 @@ class Sim:
     def try_step(self, r):
         s = self.steps[r][0]
         kind, cnt = s["kind"], s["count"]
-        srcs = self.sources(r, s) if kind.startswith("recv") else []
+        # Which messages a step takes and puts: the executors' own definition (algo/messages.h).
+        srcs = s["recv_from"]
         if any(self.peek(r, q, s["bcast"]) is None for q in srcs):
             return False
-        if any(not self.can_send(r, t) for t in self.targets(s)):
+        if any(not self.can_send(r, t) for t in s["send_to"]):
             return False
         self.steps[r].popleft()
         if kind == "copy":
@@ -134,11 +127,11 @@ class Sim:
             return True
         if kind == "send":
             vals = self.read(r, s["src"], cnt)
-            for t in self.targets(s):
+            for t in s["send_to"]:
                 self.put(r, t, vals, s["send_acc"])
             return True
         ins = {q: self.take(r, q, s["bcast"], cnt, s["recv_acc"]) for q in srcs}
-        if "reduce" in kind:
+        if s["reduces"]:
             local = self.read(r, s["src"], cnt)
             if s["from"] == ALL:  # every rank, in rank order
                 parts = [local if q == r else ins[q] for q in range(self.n)]
@@ -151,7 +144,7 @@ class Sim:
             (vals,) = ins.values()
         if kind != "recv_reduce_send":
             self.write(r, s["dst"], vals)
-        for t in self.targets(s):
+        for t in s["send_to"]:
             self.put(r, t, vals, s["send_acc"])
         return True
 

@@ -21,4 +21,19 @@ struct CollectiveCall {
   int root = 0;
 };
 
+// Elements of the input and output arrays that `call` may touch on `rank` of `size`: broadcast
+// works in place on its output, and reduce writes only the root's.
+struct CallExtents {
+  size_t in = 0, out = 0;
+};
+inline CallExtents call_extents(const CollectiveCall& call, int rank, int size) {
+  CallExtents e{call.count, call.count};
+  const size_t n = static_cast<size_t>(size);
+  if (call.collective == Collective::ReduceScatter) e.in = call.count * n;
+  if (call.collective == Collective::AllGather) e.out = call.count * n;
+  if (call.collective == Collective::Reduce && rank != call.root) e.out = 0;
+  if (call.collective == Collective::Broadcast) e.in = 0;
+  return e;
+}
+
 }  // namespace pycoll

@@ -1,5 +1,6 @@
 #include "algo/direct.h"
 
+#include "algo/ring.h"
 #include "algo/steps.h"
 
 namespace pycoll {
@@ -23,7 +24,7 @@ void twoshot_allreduce(const ScheduleParams& p, StepSink& sink) {
     emit(sink, copy(in(0), out(0), p.count));
     return;
   }
-  const size_t ss = (p.count + n - 1) / n;
+  const size_t ss = ring_shard_size(p.count, n, p.shard_align);
   auto shard_len = [&](int k) {
     const size_t b = static_cast<size_t>(k) * ss;
     return b < p.count ? std::min(ss, p.count - b) : size_t{0};

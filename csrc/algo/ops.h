@@ -65,6 +65,8 @@ struct ScheduleParams {
   size_t acc_bytes = 4;  // bytes per element in the accumulation type
   // Direct all-reduce: one-shot up to this many bytes (accumulation type), two-shot above.
   size_t oneshot_max_bytes = 64 * 1024;
+  // Ring and two-shot shards hold a multiple of this many elements (the last one fewer).
+  size_t shard_align = 1;
 };
 
 // Receives a schedule's steps one at a time (the executor runs them; tests record them).

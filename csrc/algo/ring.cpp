@@ -7,8 +7,9 @@
 namespace pycoll {
 using namespace steps;
 
-size_t ring_shard_size(size_t count, int size) {
-  return (count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
+size_t ring_shard_size(size_t count, int size, size_t align) {
+  const size_t ss = (count + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
+  return (ss + align - 1) / align * align;
 }
 
 void ring_allreduce(const ScheduleParams& p, StepSink& sink) {
@@ -18,7 +19,7 @@ void ring_allreduce(const ScheduleParams& p, StepSink& sink) {
     return;
   }
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  const size_t ss = ring_shard_size(p.count, n);
+  const size_t ss = ring_shard_size(p.count, n, p.shard_align);
   for (size_t o = 0; o < ss; o += p.piece) {
     // Piece `o` of shard k: its offset and length (0 past the end of a short last shard).
     auto off = [&](int k) { return static_cast<size_t>(k) * ss + o; };

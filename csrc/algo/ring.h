@@ -11,7 +11,7 @@
 namespace pycoll {
 
 // Shards of an all-reduce: shard i holds [i*ceil(count/size), ...), clipped to count.
-size_t ring_shard_size(size_t count, int size);
+size_t ring_shard_size(size_t count, int size, size_t align = 1);
 
 // all-reduce = reduce-scatter + all-gather. Input -> Output (they may alias).
 void ring_allreduce(const ScheduleParams& p, StepSink& sink);

@@ -5,6 +5,7 @@
 
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
+#include "cuda/host_sync.h"
 #include "cuda/launch.h"
 
 namespace pycoll {
@@ -12,12 +13,37 @@ namespace cuda {
 
 // ---- CudaWork --------------------------------------------------------------------------------
 
-CudaWork::CudaWork(int device, uint64_t seq) : device_(device), seq_(seq) {
-  PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+EventPool::~EventPool() {
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
 }
 
+cudaEvent_t EventPool::take() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+  }
+  DeviceGuard dg(device_);
+  cudaEvent_t e = nullptr;
+  PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void EventPool::give(cudaEvent_t e) {
+  std::lock_guard<std::mutex> g(mu_);
+  free_.push_back(e);
+}
+
+CudaWork::CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq)
+    : pool_(std::move(pool)), device_(device), event_(pool_->take()), seq_(seq) {}
+
+// Re-recording an event that others still wait on is safe: a wait uses the state of the event
+// at the time it was queued.
 CudaWork::~CudaWork() {
-  if (event_ != nullptr) cudaEventDestroy(event_);
+  if (event_ != nullptr) pool_->give(event_);
 }
 
 bool CudaWork::is_completed() const {
@@ -59,6 +85,7 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
       opts_((check_options(size, opts), opts)),
       shm_(rank, size, 64, opts.nslots),  // flags only: host-mode steps, barrier, liveness
       counters_(size),
+      events_(std::make_shared<EventPool>(device)),
       timeout_s_(opts.timeout_s) {
   layout_ = make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes);
   try {
@@ -137,8 +164,8 @@ void CudaComm::release() {
   for (int r = 0; r < static_cast<int>(segments_.size()); ++r)
     if (r != rank_ && segments_[r] != nullptr) cudaIpcCloseMemHandle(segments_[r]);
   segments_.clear();
-  for (auto& kv : plans_) cudaFree(kv.second.device_steps);
-  plans_.clear();
+  for (auto& kv : plans_.entries()) cudaFree(kv.second.device_steps);
+  plans_.entries().clear();
   if (segment_ != nullptr) cudaFree(segment_);
   segment_ = nullptr;
   if (error_claim_ != nullptr) cudaFree(error_claim_);
@@ -157,81 +184,53 @@ void CudaComm::release() {
 // ---- CudaComm: collectives -------------------------------------------------------------------
 
 Algo CudaComm::choose(Collective c, size_t bytes) const {
-  if (bytes <= opts_.direct_max_bytes && algo_supports(Algo::Direct, c)) return Algo::Direct;
-  return Algo::Ring;
+  return device_choose(c, bytes, opts_.direct_max_bytes);
 }
 
+// The steps are uploaded on the communicator's stream, so the launches queued behind them on
+// that stream read them only once they are in place (a synchronous copy on the legacy stream
+// is not ordered with a non-blocking stream's kernels, and may return before its DMA ends).
 const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo algo) {
-  // The steps depend on the element sizes, not on the op.
-  const PlanKey key{static_cast<int>(call.collective), call.count, static_cast<int>(algo),
-                    static_cast<int>(call.dtype),      0,          call.root};
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return it->second;
-  if (plans_.size() >= 256) {
-    // Queued launches may still read the old plans.
-    WaitContext w = wait_context("plan cache", seq_);
-    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-    wait_event(step_done_, w);
-    for (auto& kv : plans_) cudaFree(kv.second.device_steps);
-    plans_.clear();
-  }
-  const bool partials = carries_partials(call.collective);
-  ScheduleParams p;
-  p.rank = rank_;
-  p.size = size_;
-  p.count = call.count;
-  p.root = call.root;
-  p.piece = opts_.slot_bytes / (partials ? acc_size(call.dtype) : dtype_size(call.dtype));
-  p.acc_bytes = acc_size(call.dtype);
-  p.oneshot_max_bytes = opts_.oneshot_max_bytes;
-  CachedPlan cp;
-  cp.plan = build_plan(algo, call.collective, p);
-  const size_t bytes = cp.plan.steps.size() * sizeof(DevStep);
-  if (bytes != 0) {
-    PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cp.device_steps), bytes));
-    PYCOLL_CUDA_CHECK(cudaMemcpy(cp.device_steps, cp.plan.steps.data(), bytes, cudaMemcpyDefault));
-  }
-  return plans_.emplace(key, std::move(cp)).first->second;
+  return plans_.get(
+      call, algo,
+      [&] {
+        CachedPlan cp;
+        cp.plan =
+            build_plan(algo, call.collective,
+                       plan_params(call, rank_, size_, opts_.slot_bytes, opts_.oneshot_max_bytes));
+        const size_t bytes = cp.plan.steps.size() * sizeof(DevStep);
+        if (bytes != 0) {
+          PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cp.device_steps), bytes));
+          PYCOLL_CUDA_CHECK(cudaMemcpyAsync(cp.device_steps, cp.plan.steps.data(), bytes,
+                                            cudaMemcpyHostToDevice, stream_));
+        }
+        return cp;
+      },
+      [&](auto& entries) {
+        // Queued launches may still read the old plans.
+        WaitContext w = wait_context("plan cache", seq_);
+        PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+        wait_event(step_done_, w);
+        for (auto& kv : entries) cudaFree(kv.second.device_steps);
+      });
 }
 
 KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& cp) const {
-  KernelArgs a{};
-  a.steps = cp.device_steps;
-  a.first_step = 0;
-  a.end_step = static_cast<uint32_t>(cp.plan.steps.size());
-  a.use_flags = mode_ == SyncMode::Kernel;
-  a.rank = rank_;
-  a.op = static_cast<int>(call.op);
-  a.divisor = size_;
-  a.input = static_cast<const uint8_t*>(call.in);
-  a.output = static_cast<uint8_t*>(call.out);
-  for (int r = 0; r < size_; ++r) a.segments[r] = segments_[r];
-  a.layout = layout_;
-  for (int r = 0; r < size_; ++r) {
-    a.counters.sent[r] = counters_.sent[r];
-    a.counters.received[r] = counters_.received[r];
-    a.counters.bcast_received[r] = counters_.bcast_received[r];
-  }
-  a.counters.bcast_sent = counters_.bcast_sent;
-  a.status = status_dev_;
-  a.error_claim = error_claim_;
-  const double t = timeout_s_.load();
-  a.timeout_ns = static_cast<uint64_t>(t * 1e9);
-  // Far more polls than fit in the timeout: the clock, not the count, normally ends a wait.
-  a.max_spins = static_cast<uint64_t>(t * 1e9);
-  return a;
+  LaunchSetup setup;
+  setup.rank = rank_;
+  setup.size = size_;
+  setup.layout = layout_;
+  setup.segments = segments_.data();
+  setup.status = status_dev_;
+  setup.error_claim = error_claim_;
+  setup.timeout_s = timeout_s_.load();
+  setup.use_flags = mode_ == SyncMode::Kernel;
+  return make_kernel_args(setup, call, cp.device_steps, cp.plan.steps.size(), counters_);
 }
 
 void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp) {
-  const KernelArgs a = kernel_args(call, cp);
-  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
-  const Plan& p = cp.plan;
-  for (int r = 0; r < size_; ++r) {
-    counters_.sent[r] += p.sent[r];
-    counters_.received[r] += p.received[r];
-    counters_.bcast_received[r] += p.bcast_received[r];
-  }
-  counters_.bcast_sent += p.bcast_sent;
+  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, kernel_args(call, cp), stream_));
+  add_moved(counters_, cp.plan);
 }
 
 std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t stream,
@@ -263,7 +262,7 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
       guard.publish();
       guard.finish(w);  // every peer runs this very call: only now may anything be queued
     }
-    auto work = std::make_shared<CudaWork>(device_, seq);
+    auto work = std::make_shared<CudaWork>(events_, device_, seq);
     PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
     PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     if (call.count != 0) {

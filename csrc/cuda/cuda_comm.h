@@ -2,12 +2,8 @@
 //
 // Each rank owns one device segment (flags, then staging slots; see SegmentLayout) and exports
 // it with an IPC handle; every rank maps every peer's segment. A rank writes only its own
-// segment: a message goes into the sender's slot, the receiver reads it from there. Flags are
-// monotonic counters, as in the shared-memory transport (host/shm_transport.h):
-//   posted(p)         messages we put in our channel to p        (written by us, read by p)
-//   consumed(p)       messages we took from p's channel to us    (written by us, read by p)
-//   bcast_posted      messages put in our broadcast channel      (written by us, read by all)
-//   bcast_consumed(p) messages we took from p's broadcast channel (written by us, read by p)
+// segment: a message goes into the sender's slot, the receiver reads it from there. Channels
+// and their posted/consumed counters follow algo/messages.h, one set of flags per block.
 //
 // Two ways to order the steps across processes:
 //   Kernel: one launch runs the whole collective; device threads wait on the peers' device
@@ -27,12 +23,10 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "algo/call.h"
@@ -60,10 +54,24 @@ struct CudaCommOptions {
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
 };
 
+// Events for CudaWork, reused: creating one per collective costs a driver call each time.
+class EventPool {
+ public:
+  explicit EventPool(int device) : device_(device) {}
+  ~EventPool();
+  cudaEvent_t take();
+  void give(cudaEvent_t e);
+
+ private:
+  int device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 // Completion of one queued collective: an event on the communicator's stream.
 class CudaWork {
  public:
-  CudaWork(int device, uint64_t seq);
+  CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq);
   ~CudaWork();
   CudaWork(const CudaWork&) = delete;
   CudaWork& operator=(const CudaWork&) = delete;
@@ -74,6 +82,7 @@ class CudaWork {
   void wait_on(cudaStream_t stream) const;
 
  private:
+  std::shared_ptr<EventPool> pool_;
   int device_;
   cudaEvent_t event_ = nullptr;
   uint64_t seq_;
@@ -126,14 +135,11 @@ class CudaComm {
     Plan plan;
     DevStep* device_steps = nullptr;
   };
-  using PlanKey = std::tuple<int, size_t, int, int, int, int>;
 
   const CachedPlan& plan_for(const CollectiveCall& call, Algo algo);
   KernelArgs kernel_args(const CollectiveCall& call, const CachedPlan& cp) const;
   void run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
-  void host_wait_step(const DevStep& d, const WaitContext& w);
-  void host_publish_step(const DevStep& d);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);
   void check_usable(const char* name) const;
@@ -155,7 +161,8 @@ class CudaComm {
   cudaEvent_t step_done_ = nullptr;
   ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers
   ChannelCounters counters_;
-  std::map<PlanKey, CachedPlan> plans_;
+  PlanCache<CachedPlan> plans_;
+  std::shared_ptr<EventPool> events_;
   uint64_t seq_ = 0;
   uint64_t barrier_epoch_ = 0;
   std::atomic<double> timeout_s_;

@@ -5,40 +5,11 @@
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
+#include "cuda/host_sync.h"
 #include "cuda/launch.h"
 
 namespace pycoll {
 namespace cuda {
-
-namespace {
-
-bool receives(StepKind k) { return k != StepKind::Send && k != StepKind::Copy; }
-bool sends(StepKind k) {
-  return k == StepKind::Send || k == StepKind::RecvReduceSend ||
-         k == StepKind::RecvReduceCopySend || k == StepKind::RecvCopySend;
-}
-
-// Calls recv(q) for every peer a step receives from and send(t) for every channel it sends on
-// (t == kAllPeers: our broadcast channel).
-template <class Recv, class Send>
-void for_each_message(const DevStep& d, int rank, int size, Recv&& recv, Send&& send) {
-  const StepKind kind = static_cast<StepKind>(d.kind);
-  if (receives(kind)) {
-    if (d.from == kAllPeers) {
-      for (int q = 0; q < size; ++q)
-        if (q != rank) recv(q);
-    } else {
-      recv(d.from);
-      if (d.from2 != kNoPeer) recv(d.from2);
-    }
-  }
-  if (sends(kind)) {
-    send(d.to);
-    if (d.to2 != kNoPeer) send(d.to2);
-  }
-}
-
-}  // namespace
 
 WaitContext CudaComm::wait_context(const char* name, uint64_t seq) const {
   return WaitContext::start(name, seq, timeout_s_.load(), &shm_, &aborted_);
@@ -83,7 +54,7 @@ void CudaComm::check_device_status(const char* name) {
 // Waits for an event on our own device, up to the deadline. Our own launches never wait
 // without bound: kernel-mode waits give up at the timeout or when aborted.
 void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
-  Sleeper sleeper;
+  Sleeper sleeper(kHostModeMaxSleepNs);
   for (unsigned i = 0;; ++i) {
     const cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) return;
@@ -92,66 +63,15 @@ void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
       sched_yield();
       continue;
     }
-    if (Clock::now() >= w.deadline)
+    // A kernel-mode wait gives up at its own timeout, counted from its launch, a little after
+    // this wait began: give it time to report the rank it waited for before blaming our GPU.
+    if (Clock::now() >= w.deadline + std::chrono::seconds(5)) {
+      check_device_status(w.collective);
       throw CollectiveTimeout(str_cat(w.collective, " #", w.seq, " timed out after ", w.timeout_s,
                                       " s waiting for this rank's GPU (device ", device_, ")"));
+    }
     sleeper.sleep();
   }
-}
-
-// Host mode: waits (on the host) until the step's messages have arrived and its outgoing
-// slots are free, exactly the conditions the kernel checks in kernel mode.
-void CudaComm::host_wait_step(const DevStep& d, const WaitContext& w) {
-  const int me = rank_;
-  const uint64_t k = static_cast<uint64_t>(layout_.nslots);
-  const bool bcast = (d.flags & kRecvBcast) != 0;
-  for_each_message(
-      d, me, size_,
-      [&](int q) {
-        const uint64_t m = (bcast ? counters_.bcast_received[q] : counters_.received[q]) + 1;
-        auto& posted = bcast ? shm_.bcast_posted(q) : shm_.posted(q, me);
-        wait_until([&] { return posted.load(std::memory_order_acquire) >= m; }, w, q,
-                   WaitFor::Data);
-      },
-      [&](int t) {
-        if (t == kAllPeers) {
-          const uint64_t m = counters_.bcast_sent + 1;
-          if (m <= k) return;
-          for (int q = 0; q < size_; ++q) {
-            if (q == me) continue;
-            auto& c = shm_.bcast_consumed(q, me);
-            wait_until([&] { return c.load(std::memory_order_acquire) >= m - k; }, w, q,
-                       WaitFor::Space);
-          }
-          return;
-        }
-        const uint64_t m = counters_.sent[t] + 1;
-        if (m <= k) return;
-        auto& c = shm_.consumed(t, me);
-        wait_until([&] { return c.load(std::memory_order_acquire) >= m - k; }, w, t,
-                   WaitFor::Space);
-      });
-}
-
-// Host mode, once the step's launch has finished: publishes its sends, frees received slots.
-void CudaComm::host_publish_step(const DevStep& d) {
-  const int me = rank_;
-  const bool bcast = (d.flags & kRecvBcast) != 0;
-  for_each_message(
-      d, me, size_,
-      [&](int q) {
-        if (bcast)
-          shm_.bcast_consumed(me, q).store(++counters_.bcast_received[q],
-                                           std::memory_order_release);
-        else
-          shm_.consumed(me, q).store(++counters_.received[q], std::memory_order_release);
-      },
-      [&](int t) {
-        if (t == kAllPeers)
-          shm_.bcast_posted(me).store(++counters_.bcast_sent, std::memory_order_release);
-        else
-          shm_.posted(me, t).store(++counters_.sent[t], std::memory_order_release);
-      });
 }
 
 // One launch per step; between launches the host waits for the peers. A launch never waits
@@ -160,14 +80,14 @@ void CudaComm::run_host_mode(const CollectiveCall& call, const CachedPlan& cp,
                              const WaitContext& w) {
   const std::vector<DevStep>& steps = cp.plan.steps;
   for (uint32_t i = 0; i < steps.size(); ++i) {
-    host_wait_step(steps[i], w);
+    host_wait_step(shm_, counters_, steps[i], w);
     KernelArgs a = kernel_args(call, cp);
     a.first_step = i;
     a.end_step = i + 1;
     PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
     PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
     wait_event(step_done_, w);
-    host_publish_step(steps[i]);
+    host_publish_step(shm_, counters_, steps[i]);
   }
 }
 

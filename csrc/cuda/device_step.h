@@ -6,11 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define PYCOLL_HD __host__ __device__
-#else
-#define PYCOLL_HD
-#endif
+#include "algo/messages.h"
+#include "common/hd.h"
 
 namespace pycoll {
 namespace cuda {
@@ -40,6 +37,11 @@ constexpr uint8_t kRecvAcc = 1;
 constexpr uint8_t kSendAcc = 2;
 constexpr uint8_t kRecvBcast = 4;
 
+PYCOLL_HD_INLINE StepPeers peers_of(const DevStep& d) {
+  return StepPeers{static_cast<StepKind>(d.kind), d.from, d.from2, d.to, d.to2,
+                   (d.flags & kRecvBcast) != 0};
+}
+
 // Where a rank's flags and staging slots are, relative to the base of its device segment. Every
 // block of a launch is a channel of its own (NCCL's word): its own flags and its own slice of
 // every slot, so blocks never wait for each other.
@@ -58,10 +60,12 @@ struct SegmentLayout {
   PYCOLL_HD size_t flag_offset(int block, int index) const {
     return (static_cast<size_t>(block) * flags_per_block() + index) * kFlagStride;
   }
-  // Slot of message m (1-based) that `owner` sends to `to` (to == size: its broadcast channel).
+  // Block `block`'s sub-slot of the slot of message m (1-based) that the segment's owner
+  // sends to `to` (to == size: its broadcast channel). It holds the block's slice of the
+  // message from its first byte.
   PYCOLL_HD size_t slot_offset(int block, int to, uint64_t m) const {
     const size_t channel = static_cast<size_t>(block) * (size + 1) + to;
-    return flags_bytes + (channel * nslots + (m - 1) % nslots) * sub_slot_bytes;
+    return flags_bytes + (channel * nslots + channel::slot_index(m, nslots)) * sub_slot_bytes;
   }
   size_t total_bytes() const {
     return flags_bytes + static_cast<size_t>(nblocks) * (size + 1) * nslots * sub_slot_bytes;
@@ -70,12 +74,7 @@ struct SegmentLayout {
 
 // Messages moved on each channel before a launch (per block alike: every block carries its
 // slice of every message).
-struct LaunchCounters {
-  uint64_t sent[kMaxRanks];
-  uint64_t received[kMaxRanks];
-  uint64_t bcast_received[kMaxRanks];
-  uint64_t bcast_sent;
-};
+struct LaunchCounters : MessageCounts<uint64_t[kMaxRanks]> {};
 
 // Written by the device when it gives up; lives in host-mapped memory.
 struct DeviceStatus {

@@ -18,9 +18,10 @@ int16_t peer_code(int peer, int size) {
 class PlanSink final : public StepSink {
  public:
   PlanSink(Plan& plan, int rank, int size) : plan_(plan), rank_(rank), size_(size) {
-    plan.sent.assign(size, 0);
-    plan.received.assign(size, 0);
-    plan.bcast_received.assign(size, 0);
+    plan.moved.sent.assign(size, 0);
+    plan.moved.received.assign(size, 0);
+    plan.moved.bcast_received.assign(size, 0);
+    plan.moved.bcast_sent = 0;
   }
 
   void step(const Step& s) override {
@@ -44,28 +45,7 @@ class PlanSink final : public StepSink {
   }
 
  private:
-  void count_messages(const Step& s) {
-    const bool receives = s.kind != StepKind::Send && s.kind != StepKind::Copy;
-    const bool sends = s.kind == StepKind::Send || s.kind == StepKind::RecvReduceSend ||
-                       s.kind == StepKind::RecvReduceCopySend || s.kind == StepKind::RecvCopySend;
-    if (receives) {
-      auto& from = s.recv_bcast ? plan_.bcast_received : plan_.received;
-      if (s.from == kAllPeers) {
-        for (int q = 0; q < size_; ++q)
-          if (q != rank_) ++from[q];
-      } else {
-        ++from[s.from];
-        if (s.from2 != kNoPeer) ++from[s.from2];
-      }
-    }
-    if (sends) {
-      if (s.to == kAllPeers)
-        ++plan_.bcast_sent;
-      else
-        ++plan_.sent[s.to];
-      if (s.to2 != kNoPeer) ++plan_.sent[s.to2];
-    }
-  }
+  void count_messages(const Step& s) { plan_.moved.advance(peers_of(s), rank_, size_); }
 
   Plan& plan_;
   int rank_, size_;
@@ -80,6 +60,23 @@ Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
   PlanSink sink(plan, p.rank, p.size);
   make_schedule(a, c, p, sink);
   return plan;
+}
+
+ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
+                           size_t oneshot_max_bytes) {
+  const bool partials = carries_partials(call.collective);
+  ScheduleParams p;
+  p.rank = rank;
+  p.size = size;
+  p.count = call.count;
+  p.root = call.root;
+  p.piece = slot_bytes / (partials ? acc_size(call.dtype) : dtype_size(call.dtype));
+  p.acc_bytes = acc_size(call.dtype);
+  p.oneshot_max_bytes = oneshot_max_bytes;
+  // Shards that start on 16-byte boundaries keep every slice vectorised (16 elements are
+  // whole 16-byte words for every element type).
+  p.shard_align = kSliceAlign;
+  return p;
 }
 
 size_t sub_slot_bytes(size_t slot_bytes, int nblocks) {

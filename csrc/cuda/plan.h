@@ -5,8 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <vector>
 
+#include "algo/call.h"
+#include "algo/messages.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "cuda/device_step.h"
@@ -18,12 +22,61 @@ namespace cuda {
 // advances its counters by these once the steps are queued.
 struct Plan {
   std::vector<DevStep> steps;
-  std::vector<uint64_t> sent, received, bcast_received;  // by peer
-  uint64_t bcast_sent = 0;
+  MessageCounts<std::vector<uint64_t>> moved;  // by peer
 };
 
 // Builds rank p.rank's plan. Throws InvalidArgument when a step does not fit the kernel format.
 Plan build_plan(Algo a, Collective c, const ScheduleParams& p);
+
+// The schedule parameters of `call` on the device: pieces of one staging slot (in the wire
+// type of the collective's messages), ring and two-shot shards of whole 16-byte words.
+ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
+                           size_t oneshot_max_bytes);
+
+// The automatic choice on the device: direct up to `direct_max_bytes` (of the input), ring
+// above.
+inline Algo device_choose(Collective c, size_t bytes, size_t direct_max_bytes) {
+  if (bytes <= direct_max_bytes && algo_supports(Algo::Direct, c)) return Algo::Direct;
+  return Algo::Ring;
+}
+
+// Adds the messages one plan moves to a rank's running counts.
+template <class Vec>
+void add_moved(MessageCounts<Vec>& c, const Plan& p) {
+  for (size_t r = 0; r < p.moved.sent.size(); ++r) {
+    c.sent[r] += p.moved.sent[r];
+    c.received[r] += p.moved.received[r];
+    c.bcast_received[r] += p.moved.bcast_received[r];
+  }
+  c.bcast_sent += p.moved.bcast_sent;
+}
+
+// Plans by call shape (the steps depend on the element sizes, not on the op). When full, every
+// entry is dropped at once, after `drop_all` has released them (launches may still read them).
+template <class Entry>
+class PlanCache {
+ public:
+  static constexpr size_t kCapacity = 256;
+  using Key = std::tuple<int, size_t, int, int, int>;
+
+  template <class Make, class DropAll>
+  Entry& get(const CollectiveCall& call, Algo algo, Make&& make, DropAll&& drop_all) {
+    const Key key{static_cast<int>(call.collective), call.count, static_cast<int>(algo),
+                  static_cast<int>(call.dtype), call.root};
+    auto it = entries_.find(key);
+    if (it != entries_.end()) return it->second;
+    if (entries_.size() >= kCapacity) {
+      drop_all(entries_);
+      entries_.clear();
+    }
+    return entries_.emplace(key, make()).first->second;
+  }
+  size_t size() const { return entries_.size(); }
+  std::map<Key, Entry>& entries() { return entries_; }
+
+ private:
+  std::map<Key, Entry> entries_;
+};
 
 // Elements [lo, hi) of an n-element message that block `block` of `nblocks` carries. Both ends
 // of a message compute the same split; the schedules touch memory in whole pieces with fixed
@@ -31,7 +84,7 @@ Plan build_plan(Algo a, Collective c, const ScheduleParams& p);
 struct Slice {
   size_t lo, hi;
 };
-PYCOLL_HD inline Slice block_slice(size_t n, int nblocks, int block) {
+PYCOLL_HD_INLINE Slice block_slice(size_t n, int nblocks, int block) {
   size_t per = (n + nblocks - 1) / nblocks;
   per = (per + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
   const size_t lo = per * block < n ? per * block : n;

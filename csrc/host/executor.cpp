@@ -44,64 +44,44 @@ const uint8_t* HostExecutor::wait_recv(int from, bool bcast, size_t bytes) {
   PYCOLL_CHECK(from >= 0 && from < t_.size() && from != t_.rank(), "bad source peer ", from);
   PYCOLL_CHECK(bytes <= t_.slot_bytes(), "message larger than a staging slot");
   const int me = t_.rank();
-  if (bcast) {
-    const uint64_t m = c_.bcast_received[from] + 1;
-    auto& posted = t_.bcast_posted(from);
-    wait_until([&] { return posted.load(std::memory_order_acquire) >= m; }, wait_, from,
-               WaitFor::Data);
-    if (wait_.fingerprints != nullptr) wait_.fingerprints->check(from);
-    return t_.bcast_slot(from, m);
-  }
-  const uint64_t m = c_.received[from] + 1;
-  auto& posted = t_.posted(from, me);
-  wait_until([&] { return posted.load(std::memory_order_acquire) >= m; }, wait_, from,
-             WaitFor::Data);
+  const uint64_t m = c_.next_in(from, bcast);
+  auto& posted = bcast ? t_.bcast_posted(from) : t_.posted(from, me);
+  wait_until([&] { return posted.load(std::memory_order_acquire) >= channel::posted_needed(m); },
+             wait_, from, WaitFor::Data);
   // The sender published its fingerprint before this message: check it before using the data.
   if (wait_.fingerprints != nullptr) wait_.fingerprints->check(from);
-  return t_.slot(from, me, m);
+  return bcast ? t_.bcast_slot(from, m) : t_.slot(from, me, m);
 }
 
 void HostExecutor::release_recv(int from, bool bcast) {
   const int me = t_.rank();
-  if (bcast)
-    t_.bcast_consumed(me, from).store(++c_.bcast_received[from], std::memory_order_release);
-  else
-    t_.consumed(me, from).store(++c_.received[from], std::memory_order_release);
+  auto& consumed = bcast ? t_.bcast_consumed(me, from) : t_.consumed(me, from);
+  consumed.store(c_.take_in(from, bcast), std::memory_order_release);
 }
 
 // Waits until our next slot towards `to` (or our broadcast channel) is free and returns it.
 uint8_t* HostExecutor::wait_send(int to, size_t bytes) {
   PYCOLL_CHECK(bytes <= t_.slot_bytes(), "message larger than a staging slot");
   const int me = t_.rank();
-  const uint64_t k = static_cast<uint64_t>(t_.nslots());
-  if (to == kAllPeers) {
-    const uint64_t m = c_.bcast_sent + 1;
-    if (m > k) {
-      for (int p = 0; p < t_.size(); ++p) {
-        if (p == me) continue;
-        auto& consumed = t_.bcast_consumed(p, me);
-        wait_until([&] { return consumed.load(std::memory_order_acquire) >= m - k; }, wait_, p,
-                   WaitFor::Space);
-      }
+  PYCOLL_CHECK(to == kAllPeers || (to >= 0 && to < t_.size() && to != me), "bad destination peer ",
+               to);
+  const uint64_t m = c_.next_out(to);
+  const uint64_t need = channel::consumed_needed(m, t_.nslots());
+  if (need > 0) {
+    for (int p = 0; p < t_.size(); ++p) {
+      if (p == me || (to != kAllPeers && p != to)) continue;
+      auto& consumed = to == kAllPeers ? t_.bcast_consumed(p, me) : t_.consumed(p, me);
+      wait_until([&] { return consumed.load(std::memory_order_acquire) >= need; }, wait_, p,
+                 WaitFor::Space);
     }
-    return t_.bcast_slot(me, m);
   }
-  PYCOLL_CHECK(to >= 0 && to < t_.size() && to != me, "bad destination peer ", to);
-  const uint64_t m = c_.sent[to] + 1;
-  if (m > k) {
-    auto& consumed = t_.consumed(to, me);
-    wait_until([&] { return consumed.load(std::memory_order_acquire) >= m - k; }, wait_, to,
-               WaitFor::Space);
-  }
-  return t_.slot(me, to, m);
+  return to == kAllPeers ? t_.bcast_slot(me, m) : t_.slot(me, to, m);
 }
 
 void HostExecutor::post_send(int to) {
   const int me = t_.rank();
-  if (to == kAllPeers)
-    t_.bcast_posted(me).store(++c_.bcast_sent, std::memory_order_release);
-  else
-    t_.posted(me, to).store(++c_.sent[to], std::memory_order_release);
+  auto& posted = to == kAllPeers ? t_.bcast_posted(me) : t_.posted(me, to);
+  posted.store(c_.put_out(to), std::memory_order_release);
 }
 
 void HostExecutor::send_to_all(const Step& s, uint8_t* first, size_t bytes) {

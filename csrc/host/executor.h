@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "algo/messages.h"
 #include "algo/ops.h"
 #include "common/dtypes.h"
 #include "common/reduce.h"
@@ -26,10 +27,13 @@ struct CallBuffers {
 };
 
 // Messages moved on each channel over the communicator's lifetime.
-struct ChannelCounters {
-  explicit ChannelCounters(int size) : sent(size, 0), received(size, 0), bcast_received(size, 0) {}
-  std::vector<uint64_t> sent, received, bcast_received;
-  uint64_t bcast_sent = 0;
+struct ChannelCounters : MessageCounts<std::vector<uint64_t>> {
+  explicit ChannelCounters(int size) {
+    sent.assign(size, 0);
+    received.assign(size, 0);
+    bcast_received.assign(size, 0);
+    bcast_sent = 0;
+  }
 };
 
 class HostExecutor final : public StepSink {

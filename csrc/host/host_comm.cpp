@@ -107,12 +107,9 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   }
   const int n = size();
   const size_t esize = dtype_size(call.dtype);
-  // Sizes of the input and output arrays, in elements.
-  size_t in_count = call.count, out_count = call.count;
-  if (call.collective == Collective::ReduceScatter) in_count = call.count * n;
-  if (call.collective == Collective::AllGather) out_count = call.count * n;
-  if (call.collective == Collective::Reduce && rank() != call.root) out_count = 0;
-  const Algo algo = call.algo == Algo::Auto ? choose(call.collective, in_count * esize) : call.algo;
+  const CallExtents ext = call_extents(call, rank(), n);
+  const size_t in_bytes = (call.collective == Collective::Broadcast ? call.count : ext.in) * esize;
+  const Algo algo = call.algo == Algo::Auto ? choose(call.collective, in_bytes) : call.algo;
   if (opts_.debug)
     std::fprintf(
         stderr, "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s\n",
@@ -121,14 +118,13 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
 
   CallBuffers buf;
   buf.input = static_cast<const uint8_t*>(call.in);
-  buf.input_count = in_count;
+  buf.input_count = ext.in;
   buf.output = static_cast<uint8_t*>(call.out);
-  buf.output_count = out_count;
+  buf.output_count = ext.out;
   buf.dtype = call.dtype;
   buf.op = call.op;
   buf.divisor = n;
   buf.stream_bytes = opts_.stream_bytes;
-  if (call.collective == Collective::Broadcast) buf.input_count = 0;  // in place on the output
 
   const bool partials = carries_partials(call.collective);
   ScheduleParams p;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <new>
 
+#include "algo/messages.h"
 #include "common/errors.h"
 
 namespace pycoll {
@@ -122,12 +123,12 @@ size_t ShmTransport::channel_offset(int owner, int to) const {
 
 uint8_t* ShmTransport::slot(int from, int to, uint64_t m) const {
   return base_[from] + channel_offset(from, to) +
-         static_cast<size_t>((m - 1) % static_cast<uint64_t>(nslots_)) * slot_bytes_;
+         static_cast<size_t>(channel::slot_index(m, nslots_)) * slot_bytes_;
 }
 
 uint8_t* ShmTransport::bcast_slot(int from, uint64_t m) const {
   return base_[from] + data_offset_ + static_cast<size_t>(size_ - 1) * nslots_ * slot_bytes_ +
-         static_cast<size_t>((m - 1) % static_cast<uint64_t>(nslots_)) * slot_bytes_;
+         static_cast<size_t>(channel::slot_index(m, nslots_)) * slot_bytes_;
 }
 
 FingerprintSlot& ShmTransport::fingerprint(int owner, uint64_t seq) const {

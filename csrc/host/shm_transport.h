@@ -1,17 +1,10 @@
 // Shared-memory transport: one segment per rank, every rank maps every segment.
 //
 // A rank's segment holds, for each peer p, a channel of `nslots` staging slots that carries
-// messages to p, and the flags of the channels it takes part in. Every rank writes only its
-// own segment:
-//   posted[p]   messages this rank has put in its channel to p      (written by us, read by p)
-//   consumed[p] messages this rank has taken from p's channel to us (written by us, read by p)
-// It also holds a broadcast channel that every peer reads:
-//   bcast_posted     messages put in our broadcast channel         (written by us, read by all)
-//   bcast_consumed[p] messages taken from p's broadcast channel     (written by us, read by p)
-// and a ring of fingerprints of its recent collectives (see fingerprint.h).
-// Counters are monotonic (never reset, so no ABA) and each sits in its own cache line. Message
-// m (1-based) on a channel uses slot (m-1) % nslots; it may be written once consumed >= m-nslots
-// (for the broadcast channel: once every peer's bcast_consumed >= m-nslots).
+// messages to p, a broadcast channel that every peer reads, the counters of the channels it
+// takes part in (posted/consumed, see algo/messages.h for the protocol; every rank writes only
+// its own segment, each counter in its own cache line), and a ring of fingerprints of its
+// recent collectives (see fingerprint.h).
 #pragma once
 
 #include <atomic>

@@ -24,7 +24,7 @@ void Sleeper::sleep() {
   }
   struct timespec ts{0, ns_};
   nanosleep(&ts, nullptr);
-  if (ns_ < 200000) ns_ *= 2;
+  ns_ = ns_ * 2 < max_ns_ ? ns_ * 2 : max_ns_;
 }
 
 void check_wait(const WaitContext& ctx, int peer) {

@@ -63,11 +63,13 @@ void check_wait(const WaitContext& ctx, int peer);
 // slack would otherwise dominate).
 class Sleeper {
  public:
+  explicit Sleeper(long max_ns = 200000) : max_ns_(max_ns), ns_(max_ns < 2000 ? max_ns : 2000) {}
   ~Sleeper();
   void sleep();
 
  private:
-  long ns_ = 2000;
+  long max_ns_;
+  long ns_;
   long saved_slack_ = -1;
 };
 
@@ -75,9 +77,11 @@ class Sleeper {
 //
 // Spinning costs a core, so it lasts ~1 us; yielding lets an oversubscribed core run a peer
 // and, on an idle machine, still answers within a microsecond, so it lasts up to 1 ms of
-// waiting; only then do we sleep. The deadline and peer liveness are checked every 10 ms.
+// waiting; only then do we sleep, for at most `max_sleep_ns` at a time. The deadline and peer
+// liveness are checked every 10 ms.
 template <class Ready>
-inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor what) {
+inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor what,
+                       long max_sleep_ns = 200000) {
   constexpr int kSpins = 256;
   for (int i = 0; i < kSpins; ++i) {
     if (ready()) return;
@@ -86,7 +90,7 @@ inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor 
   const auto start = Clock::now();
   const auto yield_until = start + std::chrono::milliseconds(1);
   auto next_check = start + std::chrono::milliseconds(10);
-  Sleeper sleeper;
+  Sleeper sleeper(max_sleep_ns);
   for (unsigned i = 0;; ++i) {
     if (ready()) return;
     if ((i & 15) != 0) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "algo/messages.h"
 #include "common/errors.h"
 #include "common/reduce.h"
 #include "host/wait.h"
@@ -73,15 +74,10 @@ class NetExecutor {
     for (size_t i = 0; i < c_.pool_.size(); ++i) free_.push_back(static_cast<int>(i));
     // Every incoming message, in the order the steps consume them.
     for (const Step& s : steps_) {
-      if (s.kind == StepKind::Send || s.kind == StepKind::Copy) continue;
       const size_t bytes = s.count * (s.recv_wire == Wire::Acc ? acc_ : elem_);
-      if (s.from == kAllPeers) {
-        for (int q = 0; q < static_cast<int>(call.group.size()); ++q)
-          if (q != me_) incoming_.push_back({q, bytes});
-      } else {
-        incoming_.push_back({s.from, bytes});
-        if (s.from2 != kNoPeer) incoming_.push_back({s.from2, bytes});
-      }
+      for_each_message(
+          peers_of(s), me_, static_cast<int>(call.group.size()),
+          [&](int q) { incoming_.push_back({q, bytes}); }, [](int) {});
     }
   }
 

@@ -1,0 +1,81 @@
+#include "cuda/host_sync.h"
+
+namespace pycoll {
+namespace cuda {
+
+void host_wait_step(const ShmTransport& shm, const ChannelCounters& c, const DevStep& d,
+                    const WaitContext& w) {
+  const int me = shm.rank(), size = shm.size();
+  const bool bcast = (d.flags & kRecvBcast) != 0;
+  auto wait_for = [&](const std::atomic<uint64_t>& counter, uint64_t need, int peer, WaitFor why) {
+    wait_until([&] { return counter.load(std::memory_order_acquire) >= need; }, w, peer, why,
+               kHostModeMaxSleepNs);
+  };
+  for_each_message(
+      peers_of(d), me, size,
+      [&](int q) {
+        const uint64_t need = channel::posted_needed(c.next_in(q, bcast));
+        wait_for(bcast ? shm.bcast_posted(q) : shm.posted(q, me), need, q, WaitFor::Data);
+      },
+      [&](int t) {
+        const uint64_t need = channel::consumed_needed(c.next_out(t), shm.nslots());
+        if (need == 0) return;
+        for (int q = 0; q < size; ++q) {
+          if (q == me || (t != kAllPeers && q != t)) continue;
+          wait_for(t == kAllPeers ? shm.bcast_consumed(q, me) : shm.consumed(t, me), need, q,
+                   WaitFor::Space);
+        }
+      });
+}
+
+void host_publish_step(const ShmTransport& shm, ChannelCounters& c, const DevStep& d) {
+  const int me = shm.rank();
+  const bool bcast = (d.flags & kRecvBcast) != 0;
+  for_each_message(
+      peers_of(d), me, shm.size(),
+      [&](int q) {
+        auto& consumed = bcast ? shm.bcast_consumed(me, q) : shm.consumed(me, q);
+        consumed.store(c.take_in(q, bcast), std::memory_order_release);
+      },
+      [&](int t) {
+        auto& posted = t == kAllPeers ? shm.bcast_posted(me) : shm.posted(me, t);
+        posted.store(c.put_out(t), std::memory_order_release);
+      });
+}
+
+}  // namespace cuda
+}  // namespace pycoll
+
+namespace pycoll {
+namespace cuda {
+
+KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call,
+                            const DevStep* steps, size_t nsteps, const ChannelCounters& c) {
+  KernelArgs a{};
+  a.steps = steps;
+  a.first_step = 0;
+  a.end_step = static_cast<uint32_t>(nsteps);
+  a.use_flags = setup.use_flags;
+  a.rank = setup.rank;
+  a.op = static_cast<int>(call.op);
+  a.divisor = setup.size;
+  a.input = static_cast<const uint8_t*>(call.in);
+  a.output = static_cast<uint8_t*>(call.out);
+  for (int r = 0; r < setup.size; ++r) {
+    a.segments[r] = setup.segments[r];
+    a.counters.sent[r] = c.sent[r];
+    a.counters.received[r] = c.received[r];
+    a.counters.bcast_received[r] = c.bcast_received[r];
+  }
+  a.counters.bcast_sent = c.bcast_sent;
+  a.layout = setup.layout;
+  a.status = setup.status;
+  a.error_claim = setup.error_claim;
+  a.timeout_ns = static_cast<uint64_t>(setup.timeout_s * 1e9);
+  // Far more polls than fit in the timeout: the clock, not the count, normally ends a wait.
+  a.max_spins = static_cast<uint64_t>(setup.timeout_s * 1e9);
+  return a;
+}
+
+}  // namespace cuda
+}  // namespace pycoll

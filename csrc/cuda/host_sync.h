@@ -1,0 +1,49 @@
+// Host-synchronised steps of the device executor: one launch per step, and between launches
+// the host waits for the peers on counters in POSIX shared memory. Shared by the CUDA
+// communicator and the emulated device. No launch ever waits for another process, so ranks
+// that time-slice one GPU make progress whatever the scheduler does.
+#pragma once
+
+#include "algo/call.h"
+#include "cuda/device_step.h"
+#include "host/executor.h"
+#include "host/shm_transport.h"
+#include "host/wait.h"
+
+namespace pycoll {
+namespace cuda {
+
+// Between the launches of host mode a wait sleeps at most this long: a step of a small message
+// takes a few microseconds, and the polling must not cost more than the step.
+constexpr long kHostModeMaxSleepNs = 10000;
+
+// Waits until step `d`'s messages have arrived and its outgoing slots are free: exactly the
+// conditions the kernel checks on device flags in kernel mode.
+void host_wait_step(const ShmTransport& shm, const ChannelCounters& c, const DevStep& d,
+                    const WaitContext& w);
+// Once the step's launch has finished: frees the slots it read, publishes what it sent.
+void host_publish_step(const ShmTransport& shm, ChannelCounters& c, const DevStep& d);
+
+}  // namespace cuda
+}  // namespace pycoll
+
+namespace pycoll {
+namespace cuda {
+
+// One launch's arguments: steps [0, nsteps) of `steps` (as the device reads them) for `call`,
+// starting from the message counts `c`.
+struct LaunchSetup {
+  int rank = 0;
+  int size = 1;
+  SegmentLayout layout;
+  uint8_t* const* segments = nullptr;  // every rank's segment as this process maps it
+  DeviceStatus* status = nullptr;
+  uint32_t* error_claim = nullptr;
+  double timeout_s = 300;
+  bool use_flags = true;
+};
+KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call,
+                            const DevStep* steps, size_t nsteps, const ChannelCounters& c);
+
+}  // namespace cuda
+}  // namespace pycoll

@@ -1,0 +1,61 @@
+// What the emulated device (the step kernel compiled for the host) checks and how it waits.
+//
+// Every load and store of the kernel's code goes through check_access: it must fall inside
+// one of the launch's buffers (every rank's device segment, the call's input and output), and
+// a store must fall inside a buffer this rank may write (its own segment and its output). A
+// staging slot access must also stay inside the sub-slot that its block owns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cuda/device_step.h"
+
+namespace pycoll {
+namespace emu {
+
+struct Region {
+  const uint8_t* lo = nullptr;
+  size_t bytes = 0;
+  bool writable = false;
+  const char* what = "";
+  int rank = -1;
+};
+
+// The buffers of one emulated launch; installed for each block's thread.
+struct Regions {
+  std::vector<Region> list;
+};
+
+// The regions of the launch running on this thread (none: nothing is checked).
+const Regions* current_regions();
+void set_current_regions(const Regions* r);
+
+[[noreturn]] void fail_access(const void* p, size_t bytes, bool write);
+[[noreturn]] void fail(const char* what);
+
+inline void check_access(const void* p, size_t bytes, bool write) {
+  const Regions* rs = current_regions();
+  if (rs == nullptr) return;
+  const uint8_t* q = static_cast<const uint8_t*>(p);
+  for (const Region& r : rs->list)
+    if (q >= r.lo && q + bytes <= r.lo + r.bytes && (!write || r.writable)) return;
+  fail_access(p, bytes, write);
+}
+
+inline void check_aligned16(const void* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) != 0) fail("a 16-byte access is not 16-byte aligned");
+}
+
+// [p, p + bytes) must lie inside block `block`'s sub-slot of message m on channel `channel` of
+// the segment at `seg`.
+void check_slot(const void* p, size_t bytes, const void* seg, const cuda::SegmentLayout& layout,
+                int block, int channel, uint64_t m);
+
+uint64_t now_ns();
+// The pause after `spins` unsuccessful polls of a flag: spin, then yield, then sleep.
+void backoff(uint64_t spins);
+
+}  // namespace emu
+}  // namespace pycoll

@@ -1,0 +1,217 @@
+#include "emu/emu_comm.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "common/errors.h"
+#include "cuda/host_sync.h"
+#include "emu/emu_device.h"
+#include "host/fingerprint.h"
+
+namespace pycoll {
+namespace emu {
+
+EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
+    : rank_(rank), size_(size), opts_(opts), shm_(rank, size, 64, opts.nslots), counters_(size) {
+  if (size > cuda::kMaxRanks)
+    throw InvalidArgument(
+        str_cat("the device transport holds at most ", cuda::kMaxRanks, " ranks"));
+  if (opts.nblocks < 1 || opts.nblocks > 128 || opts.threads < 1 || opts.nslots < 2)
+    throw InvalidArgument("emulated device: bad blocks, threads or slot count");
+  layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes);
+  segment_ = ShmSegment::create("pycoll-emu", layout_.total_bytes());
+  std::memset(segment_.data(), 0, layout_.flags_bytes);
+  segments_.assign(size, nullptr);
+  segments_[rank] = segment_.data();
+  status_.abort = 0;
+}
+
+EmuComm::~EmuComm() = default;
+
+void EmuComm::attach(const std::vector<std::string>& segments,
+                     const std::vector<std::string>& flags) {
+  if (static_cast<int>(segments.size()) != size_ || static_cast<int>(flags.size()) != size_)
+    throw InvalidArgument("attach: one device segment and one flag segment per rank expected");
+  peers_.clear();
+  peers_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    peers_[r] = ShmSegment::open(segments[r], layout_.total_bytes());
+    segments_[r] = peers_[r].data();
+  }
+  shm_.attach(flags);
+}
+
+void EmuComm::unlink() {
+  segment_.unlink();
+  shm_.unlink();
+}
+
+Algo EmuComm::choose(Collective c, size_t bytes) const {
+  return cuda::device_choose(c, bytes, opts_.direct_max_bytes);
+}
+
+void EmuComm::abort(const std::string& reason) {
+  if (poison_reason_.empty()) poison_reason_ = reason;
+  aborted_.store(true);
+  __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);
+}
+
+WaitContext EmuComm::wait_context(const char* name, uint64_t seq) const {
+  return WaitContext::start(name, seq, opts_.timeout_s, &shm_, &aborted_);
+}
+
+const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
+  return plans_.get(
+      call, algo,
+      [&] {
+        ++plans_built_;
+        return cuda::build_plan(
+            algo, call.collective,
+            cuda::plan_params(call, rank_, size_, opts_.slot_bytes, opts_.oneshot_max_bytes));
+      },
+      [](auto&) {});  // launches here are synchronous: nothing still reads a plan
+}
+
+// The buffers the device code may touch in this call.
+static Regions launch_regions(const CollectiveCall& call, const CallExtents& ext, size_t esize,
+                              const std::vector<uint8_t*>& segments, size_t segment_bytes,
+                              int rank) {
+  Regions r;
+  for (int q = 0; q < static_cast<int>(segments.size()); ++q)
+    r.list.push_back({segments[q], segment_bytes, q == rank, "device segment", q});
+  r.list.push_back({static_cast<const uint8_t*>(call.in), ext.in * esize, false, "input", -1});
+  r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
+  return r;
+}
+
+void EmuComm::check_status(const char* name, uint64_t seq) {
+  const uint32_t code = __atomic_load_n(&status_.code, __ATOMIC_ACQUIRE);
+  if (code == cuda::kOk) return;
+  const std::string what =
+      str_cat(name, " #", seq, ": the emulated device ",
+              code == cuda::kTimeout ? "timed out" : "was aborted", " waiting for rank ",
+              status_.peer, " (step ", status_.step, ", block ", status_.block, ")");
+  const std::string reason = poison_reason_;
+  abort(what);
+  if (code == cuda::kTimeout) throw CollectiveTimeout(what);
+  throw CollectiveError(reason.empty() ? what : str_cat(what, ": ", reason));
+}
+
+// A fault drill: this process dies, or stalls past its peers' timeout and then dies.
+void EmuComm::drill_fault() const {
+  if (!opts_.fault_exit)
+    std::this_thread::sleep_for(std::chrono::duration<double>(opts_.timeout_s + 3));
+  _exit(0);
+}
+
+// One launch for the whole collective: a thread per block, waiting on device flags.
+void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan,
+                              const WaitContext& w) {
+  cuda::LaunchSetup setup{rank_,    size_,         layout_,         segments_.data(),
+                          &status_, &error_claim_, opts_.timeout_s, true};
+  cuda::KernelArgs a =
+      cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(), counters_);
+  const bool drill = opts_.fault_seq == w.seq;
+  if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
+  const Regions regions =
+      launch_regions(call, call_extents(call, rank_, size_), dtype_size(call.dtype), segments_,
+                     layout_.total_bytes(), rank_);
+  std::vector<std::exception_ptr> errors(opts_.nblocks);
+  std::atomic<int> running{opts_.nblocks};
+  std::vector<std::thread> blocks;
+  for (int b = 0; b < opts_.nblocks; ++b) {
+    blocks.emplace_back([&, b] {
+      set_current_regions(&regions);
+      try {
+        run_block(call.dtype, a, b, opts_.threads);
+      } catch (...) {
+        errors[b] = std::current_exception();
+        __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);  // stop the other blocks
+      }
+      set_current_regions(nullptr);
+      running.fetch_sub(1);
+    });
+  }
+  // The watchdog: device waits cannot see that a peer process died.
+  while (running.load() > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    for (int r = 0; r < size_ && !aborted_.load(); ++r)
+      if (r != rank_ && !shm_.peer_alive(r))
+        abort(str_cat(w.collective, " #", w.seq, ": rank ", r, " (pid ", shm_.pid_of(r),
+                      ") is no longer running"));
+  }
+  for (std::thread& t : blocks) t.join();
+  if (drill) drill_fault();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  check_status(w.collective, w.seq);
+  cuda::add_moved(counters_, plan);
+}
+
+// One launch per step, its blocks in turn; the host waits for the peers between launches.
+void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
+                            const WaitContext& w) {
+  cuda::LaunchSetup setup{rank_,    size_,         layout_,         segments_.data(),
+                          &status_, &error_claim_, opts_.timeout_s, false};
+  const Regions regions =
+      launch_regions(call, call_extents(call, rank_, size_), dtype_size(call.dtype), segments_,
+                     layout_.total_bytes(), rank_);
+  set_current_regions(&regions);
+  try {
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      if (opts_.fault_seq == w.seq && i == static_cast<size_t>(opts_.fault_step)) drill_fault();
+      cuda::host_wait_step(shm_, counters_, plan.steps[i], w);
+      cuda::KernelArgs a =
+          cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(), counters_);
+      a.first_step = static_cast<uint32_t>(i);
+      a.end_step = static_cast<uint32_t>(i + 1);
+      for (int b = 0; b < opts_.nblocks; ++b) run_block(call.dtype, a, b, opts_.threads);
+      cuda::host_publish_step(shm_, counters_, plan.steps[i]);
+    }
+  } catch (...) {
+    set_current_regions(nullptr);
+    throw;
+  }
+  set_current_regions(nullptr);
+}
+
+void EmuComm::run(const CollectiveCall& call) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
+  if (aborted_.load())
+    throw CollectiveError(
+        str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
+  const uint64_t seq = ++seq_;
+  const size_t in_bytes = call_extents(call, rank_, size_).in * dtype_size(call.dtype);
+  const Algo algo = call.algo == Algo::Auto
+                        ? choose(call.collective, call.collective == Collective::Broadcast
+                                                      ? call.count * dtype_size(call.dtype)
+                                                      : in_bytes)
+                        : call.algo;
+  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call.collective, algo, call.count,
+                                                    call.dtype, call.op, call.root));
+  WaitContext w = wait_context(name, seq);
+  try {
+    w.fingerprints = &guard;
+    guard.publish();
+    guard.finish(w);  // every peer runs this very call: only now may anything move
+    if (call.count == 0) return;
+    const cuda::Plan& plan = plan_for(call, algo);
+    if (opts_.kernel_mode)
+      run_kernel_mode(call, plan, w);
+    else
+      run_host_mode(call, plan, w);
+  } catch (const CollectiveError& e) {
+    abort(e.what());  // peers' counters no longer match ours
+    throw;
+  }
+}
+
+}  // namespace emu
+}  // namespace pycoll

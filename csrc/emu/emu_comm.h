@@ -1,0 +1,100 @@
+// The emulated device: the CUDA transport's device code (cuda/step_kernel.h) compiled for the
+// host and run by every rank over POSIX shared memory laid out exactly as the GPU segment
+// (cuda/device_step.h's SegmentLayout), with the same plans, counters and fingerprints.
+//
+//   Kernel mode: one "launch" per collective; every block is a thread of its own that waits
+//                on its peers' flags in their segments, as on the GPU. The calling thread
+//                watches the peers meanwhile and aborts the blocks' waits when one has died.
+//   Host mode:   one launch per step, blocks run in turn; between launches the host waits on
+//                the counters in the host flags segment (cuda/host_sync.h), as CudaComm does.
+// Every access the device code makes is bounds-checked (emu/emu_checks.h): a wrong staging
+// address fails here as a CollectiveError naming the access, instead of corrupting a GPU.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algo/call.h"
+#include "cuda/device_step.h"
+#include "cuda/plan.h"
+#include "host/executor.h"
+#include "host/shm_segment.h"
+#include "host/shm_transport.h"
+
+namespace pycoll {
+namespace emu {
+
+struct EmuOptions {
+  size_t slot_bytes = 64 * 1024;
+  int nslots = 4;
+  int nblocks = 4;  // channels: blocks per launch
+  int threads = 3;  // emulated threads per block (their strided shares of every slice)
+  bool kernel_mode = true;
+  double timeout_s = 60.0;
+  size_t oneshot_max_bytes = 64 * 1024;
+  size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above
+  // Fault drills (tests): in collective #fault_seq, after `fault_step` steps, this rank's
+  // process exits (fault_exit) or stops responding for longer than the timeout.
+  uint64_t fault_seq = 0;
+  int fault_step = 0;
+  bool fault_exit = true;
+};
+
+class EmuComm {
+ public:
+  EmuComm(int rank, int size, const EmuOptions& opts);
+  ~EmuComm();
+  EmuComm(const EmuComm&) = delete;
+  EmuComm& operator=(const EmuComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  uint64_t seq() const { return seq_; }
+  const EmuOptions& options() const { return opts_; }
+  size_t plans_cached() const { return plans_.size(); }
+  uint64_t plans_built() const { return plans_built_; }
+  size_t segment_bytes() const { return layout_.total_bytes(); }
+
+  // What the rendezvous exchanges: the device segment's and the host flags' names.
+  const std::string& segment_name() const { return segment_.name(); }
+  const std::string& flags_name() const { return shm_.name(); }
+  void attach(const std::vector<std::string>& segments, const std::vector<std::string>& flags);
+  void unlink();
+
+  Algo choose(Collective c, size_t bytes) const;
+  // Runs `call` (arguments already checked).
+  void run(const CollectiveCall& call);
+  void abort(const std::string& reason);
+  bool poisoned() const { return aborted_.load(); }
+
+ private:
+  const cuda::Plan& plan_for(const CollectiveCall& call, Algo algo);
+  void run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
+  void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
+  void check_status(const char* name, uint64_t seq);
+  [[noreturn]] void drill_fault() const;
+  WaitContext wait_context(const char* name, uint64_t seq) const;
+
+  int rank_, size_;
+  EmuOptions opts_;
+  cuda::SegmentLayout layout_;
+  ShmSegment segment_;              // our device segment
+  std::vector<ShmSegment> peers_;   // peers' device segments, by rank
+  std::vector<uint8_t*> segments_;  // every rank's, as mapped here
+  ShmTransport shm_;                // host flags: host-mode steps, fingerprints, liveness
+  ChannelCounters counters_;
+  cuda::PlanCache<cuda::Plan> plans_;
+  uint64_t plans_built_ = 0;
+  cuda::DeviceStatus status_{};
+  uint32_t error_claim_ = 0;
+  uint64_t seq_ = 0;
+  std::atomic<bool> aborted_{false};
+  std::string poison_reason_;
+  std::mutex run_mu_;
+};
+
+}  // namespace emu
+}  // namespace pycoll

@@ -1,0 +1,115 @@
+// The step kernel compiled for the host: one instantiation per element type, as on the GPU,
+// and the checks and back-off it runs with here.
+#include "emu/emu_device.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <chrono>
+#include <cstdint>
+
+#include "common/errors.h"
+#include "cuda/step_kernel.h"
+
+namespace pycoll {
+namespace emu {
+
+namespace {
+
+thread_local const Regions* tls_regions = nullptr;
+
+// The block's threads, run one after another between the block's barriers: the leader's
+// phases and every thread's strided share of each slice, exactly as on the GPU.
+struct EmuThreads {
+  int nt;
+  bool leader() const { return true; }
+  void sync() const {}
+  template <class F>
+  void each(F&& f) const {
+    for (int t = 0; t < nt; ++t) f(t, nt);
+  }
+};
+
+template <class T>
+void run(const cuda::KernelArgs& a, int block, int threads) {
+  cuda::BlockState s;
+  cuda::run_block<T>(a, s, block, EmuThreads{threads});
+}
+
+std::string describe(const void* p, size_t bytes) {
+  const Regions* rs = current_regions();
+  std::string near;
+  if (rs != nullptr) {
+    const uint8_t* q = static_cast<const uint8_t*>(p);
+    for (const Region& r : rs->list) {
+      if (q + bytes > r.lo && q < r.lo + r.bytes + 4096 && q + 4096 >= r.lo)
+        near += str_cat(" [", r.what, r.rank >= 0 ? str_cat(" of rank ", r.rank) : "", ": offset ",
+                        static_cast<long long>(q - r.lo), " of ", r.bytes, " bytes]");
+    }
+  }
+  return near.empty() ? std::string(" [outside every buffer of the launch]") : near;
+}
+
+}  // namespace
+
+const Regions* current_regions() { return tls_regions; }
+void set_current_regions(const Regions* r) { tls_regions = r; }
+
+void fail_access(const void* p, size_t bytes, bool write) {
+  throw CollectiveError(str_cat("emulated device: ", write ? "store" : "load", " of ", bytes,
+                                " bytes out of bounds", describe(p, bytes)));
+}
+
+void fail(const char* what) { throw CollectiveError(str_cat("emulated device: ", what)); }
+
+void check_slot(const void* p, size_t bytes, const void* seg, const cuda::SegmentLayout& layout,
+                int block, int channel, uint64_t m) {
+  const uint8_t* q = static_cast<const uint8_t*>(p);
+  const uint8_t* s = static_cast<const uint8_t*>(seg) + layout.slot_offset(block, channel, m);
+  if (q < s || q + bytes > s + layout.sub_slot_bytes)
+    throw CollectiveError(str_cat("emulated device: block ", block, "'s slice of message ", m,
+                                  " on channel ", channel, " (", bytes, " bytes at offset ",
+                                  static_cast<long long>(q - s), ") leaves its ",
+                                  layout.sub_slot_bytes, "-byte sub-slot"));
+}
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void backoff(uint64_t spins) {
+  if (spins < 64) return;
+  if (spins < 2048) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts{0, 20000};
+  nanosleep(&ts, nullptr);
+}
+
+void run_block(DType dtype, const cuda::KernelArgs& a, int block, int threads) {
+  switch (dtype) {
+    case DType::Int8:
+      return run<int8_t>(a, block, threads);
+    case DType::UInt8:
+      return run<uint8_t>(a, block, threads);
+    case DType::Int32:
+      return run<int32_t>(a, block, threads);
+    case DType::Int64:
+      return run<long long>(a, block, threads);
+    case DType::Float16:
+      return run<cuda::DevHalf>(a, block, threads);
+    case DType::BFloat16:
+      return run<cuda::DevBFloat16>(a, block, threads);
+    case DType::Float32:
+      return run<float>(a, block, threads);
+    case DType::Float64:
+      return run<double>(a, block, threads);
+  }
+  throw InvalidArgument("emulated device: unknown dtype");
+}
+
+}  // namespace emu
+}  // namespace pycoll
