@@ -44,8 +44,8 @@ def load_tuning(path=TUNING_FILE) -> list:
     ]
 
 
-def _env_number(name, default, kind):
-    raw = os.environ.get(name)
+def _env_number(name, default, kind, environ=None):
+    raw = (os.environ if environ is None else environ).get(name)
     if raw is None or raw == "":
         return default
     try:
@@ -426,7 +426,9 @@ class Communicator:
                 f"{collective}: this rank passed CUDA arrays, ranks {strangers} did not"
             )
         try:
-            self._cuda = CudaComm(self._mpi, self.rank, self.size, timeout=self.timeout)
+            self._cuda = CudaComm(
+                self._mpi, self.rank, self.size, timeout=self.timeout, arrays=(x, out)
+            )
         except CollectiveError as e:
             # Every rank failed alike (the setup is one exchange): later GPU calls say why.
             self._cuda_error = str(e)

@@ -2,8 +2,13 @@
 
 ``CudaComm`` is the GPU counterpart of the host communicator; ``Communicator`` hands it GPU
 arrays (cupy, torch CUDA tensors, anything with ``__cuda_array_interface__`` or a CUDA
-``__dlpack__``). Each rank uses device ``local_rank % device_count`` unless told otherwise
-(``device=`` or ``PYCOLL_DEVICE``).
+``__dlpack__``). Each rank uses the device chosen with ``device=`` or ``PYCOLL_DEVICE``; without
+either, the device of the arrays the communicator is made for (``Communicator`` makes it for its
+first GPU collective), else ``local_rank % device_count``. Arrays on another device than a
+chosen one are an error on every rank, raised while the communicator is set up.
+
+``cuda_status()`` says whether CUDA is usable, absent, or present but unusable (a GPU that
+``nvidia-smi`` lists, with a driver too old for the CUDA runtime, say), and why.
 
 Ranks that share one GPU without MPS cannot run kernels that wait for one another (the GPU
 time-slices processes), so they run in the host-synchronised mode: one short launch per step,
@@ -23,6 +28,9 @@ Example (``mpiexec -n 2 python example.py``)::
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 
 from pycollectives import arrays
 from pycollectives.communicator import _env_number
@@ -55,6 +63,133 @@ def cuda_available() -> tuple[bool, str]:
     if count == 0:
         return False, f"no usable CUDA device: {why}"
     return True, ""
+
+
+def _cuda_version(v: int) -> str | None:
+    """The version "13.0" from CUDA's 13000 (1000 * major + 10 * minor); None for 0."""
+    return f"{v // 1000}.{v % 1000 // 10}" if v > 0 else None
+
+
+def _nvidia_smi(*args: str, timeout: float = 15.0) -> tuple[str | None, str]:
+    """(stdout, "") of ``nvidia-smi ARGS``, or (None, why not); never waits past `timeout`."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, "nvidia-smi is not on PATH"
+    try:
+        proc = subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"nvidia-smi {' '.join(args)}: {e}"
+    if proc.returncode != 0:
+        said = (proc.stdout + proc.stderr).strip().splitlines()
+        return None, f"nvidia-smi {' '.join(args)} exited with {proc.returncode}" + (
+            f": {said[0]}" if said else ""
+        )
+    return proc.stdout, ""
+
+
+def _driver_cuda_version(native, smi_banner: str | None) -> str | None:
+    """The newest CUDA version the installed driver supports, e.g. "12.4": from the driver
+    itself when the CUDA module can ask it, else from nvidia-smi's banner."""
+    v = _cuda_version(int(native.driver_version())) if native is not None else None
+    if v is None:
+        found = re.search(r"CUDA Version:\s*([0-9]+\.[0-9]+)", smi_banner or "")
+        v = found.group(1) if found else None
+    return v
+
+
+def _runtime_cuda_version(native) -> str | None:
+    """The CUDA runtime version ``pycollectives._cuda`` was built with (linked statically)."""
+    return _cuda_version(int(native.runtime_version())) if native is not None else None
+
+
+def cuda_diagnostics() -> dict:
+    """What can be told about this machine's GPUs and CUDA, for error messages and reports.
+
+    Keys: ``usable`` (bool) and ``why`` (why not, from the CUDA runtime), ``device_count``,
+    ``gpus`` (the lines of ``nvidia-smi -L``; empty without nvidia-smi or a GPU),
+    ``nvidia_smi`` (why it listed nothing, or ""), ``driver`` (the NVIDIA driver version, e.g.
+    "535.104.05"), ``driver_cuda`` (the newest CUDA version that driver supports),
+    ``runtime_cuda`` (the CUDA runtime ``pycollectives._cuda`` was built with); versions are
+    None where they cannot be told. Runs ``nvidia-smi`` (bounded); never raises.
+    """
+    usable, why = cuda_available()
+    try:
+        native = _native()
+        count = native.device_count()[0]
+    except ImportError:
+        native, count = None, 0
+    listed, smi_why = _nvidia_smi("-L")
+    gpus = [ln.strip() for ln in (listed or "").splitlines() if ln.strip().startswith("GPU")]
+    if listed is not None and not gpus:
+        smi_why = "nvidia-smi -L lists no GPU"
+    driver, banner = None, None
+    if gpus:
+        out = _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")[0] or ""
+        driver = out.split("\n")[0].strip() or None
+        banner = _nvidia_smi()[0]  # "... Driver Version: 535.104.05   CUDA Version: 12.2 ..."
+    return {
+        "usable": usable,
+        "why": why,
+        "device_count": count,
+        "gpus": gpus,
+        "nvidia_smi": smi_why,
+        "driver": driver,
+        "driver_cuda": _driver_cuda_version(native, banner),
+        "runtime_cuda": None if native is None else _runtime_cuda_version(native),
+    }
+
+
+def cuda_status() -> tuple[str, str]:
+    """("ok", ""), ("absent", why) or ("broken", what is wrong).
+
+    "absent": CUDA cannot be used and nvidia-smi lists no GPU (or is not installed): nothing
+    to use. "broken": nvidia-smi lists a GPU but CUDA cannot use it (a driver older than the
+    CUDA runtime pycollectives was built with, a build without the CUDA module, ...); the
+    message names the GPUs, the driver and both CUDA versions.
+    """
+    ok, why = cuda_available()
+    if ok:
+        return "ok", ""
+    d = cuda_diagnostics()
+    if not d["gpus"]:
+        return "absent", f"{why} ({d['nvidia_smi']})"
+    unknown = "unknown"
+    driver_cuda = d["driver_cuda"]
+    runtime = d["runtime_cuda"]
+    msg = (
+        f"nvidia-smi lists {len(d['gpus'])} GPU(s) ({'; '.join(d['gpus'])}) but CUDA cannot use "
+        f"them: {why}. NVIDIA driver {d['driver'] or unknown} (supports CUDA "
+        f"{driver_cuda or unknown}); pycollectives._cuda was built with the CUDA runtime "
+        f"{runtime or unknown}."
+    )
+    if driver_cuda and runtime and _version_key(driver_cuda) < _version_key(runtime):
+        msg += f" The driver is older than the runtime: CUDA {runtime} needs a newer driver."
+    return "broken", msg
+
+
+def _version_key(v: str) -> tuple:
+    return tuple(int(p) for p in v.split("."))
+
+
+def comm_options(timeout: float, environ=None):
+    """The native CudaCommOptions from the environment: the CUDA staging knobs, and the knobs
+    the host path shares (PYCOLL_ONESHOT_BYTES, PYCOLL_DEBUG, PYCOLL_CHECK_MISMATCH)."""
+    environ = os.environ if environ is None else environ
+    opts = _native().CudaCommOptions()
+    opts.timeout = float(timeout)
+
+    def number(name, default, kind):
+        return _env_number(name, default, kind, environ)
+
+    opts.slot_bytes = number("PYCOLL_CUDA_STAGING_BYTES", DEFAULT_STAGING_BYTES, int)
+    opts.nslots = number("PYCOLL_CUDA_STAGING_SLOTS", DEFAULT_STAGING_SLOTS, int)
+    opts.nblocks = number("PYCOLL_CUDA_BLOCKS", DEFAULT_BLOCKS, int)
+    opts.oneshot_max_bytes = number("PYCOLL_ONESHOT_BYTES", opts.oneshot_max_bytes, int)
+    opts.debug = environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
+    opts.check_mismatch = environ.get("PYCOLL_CHECK_MISMATCH", "1") != "0"
+    return opts
 
 
 def mps_active(environ=None, default_pipe: str = DEFAULT_MPS_PIPE) -> bool:
@@ -94,23 +229,65 @@ def choose_sync_mode(uuids: list, mps: list, forced: list | None = None) -> str:
     return "kernel" if all(mps) else "host"
 
 
-def choose_device(device, local_rank: int, device_count: int, environ=None) -> int:
-    """`device` if given, else ``PYCOLL_DEVICE``, else ``local_rank % device_count``."""
+def choose_device(
+    device, local_rank: int, device_count: int, environ=None, arrays_device: int | None = None
+) -> int:
+    """The device of this rank: `device` if given, else ``PYCOLL_DEVICE``; without either,
+    `arrays_device` (the device of the arrays the communicator is made for), else
+    ``local_rank % device_count``.
+
+    Raises ValueError when the chosen device does not exist, or when the arrays are on another
+    device than the one chosen explicitly.
+    """
     environ = os.environ if environ is None else environ
+    source = f"device={device}"
     if device is None and environ.get("PYCOLL_DEVICE", "") != "":
         raw = environ["PYCOLL_DEVICE"]
         try:
             device = int(raw)
         except ValueError:
             raise ValueError(f"PYCOLL_DEVICE={raw!r} is not a device number") from None
+        source = f"PYCOLL_DEVICE={raw}"
+    if device is None and arrays_device is not None:
+        device, source = arrays_device, "the arrays"
     if device is None:
         if device_count < 1:
             raise ValueError("no CUDA device to choose from")
         return local_rank % device_count
     device = int(device)
     if not 0 <= device < device_count:
-        raise ValueError(f"device {device} does not exist (this machine has {device_count})")
+        raise ValueError(
+            f"device {device} ({source}) does not exist (this machine has {device_count})"
+        )
+    if arrays_device is not None and arrays_device != device:
+        raise ValueError(
+            f"the arrays are on CUDA device {arrays_device}, but {source} chose device {device} "
+            f"for the communicator: put them on device {device}, or choose device {arrays_device}"
+        )
     return device
+
+
+def arrays_device(objs) -> int | None:
+    """The CUDA device of the arrays in `objs` (None entries skipped), or None when none can
+    be told. Raises ValueError when they are on different devices."""
+    objs = list(objs)
+    names = ["x", "out"] if len(objs) == 2 else [f"array {i}" for i in range(len(objs))]
+    seen = []
+    for name, obj in zip(names, objs):
+        if obj is None:
+            continue
+        try:
+            dev = arrays.describe(obj).device
+        except TypeError as e:
+            raise ValueError(f"{name}: {e}") from None
+        if dev is not None and dev != arrays.HOST:
+            seen.append((name, dev))
+    if len({dev for _, dev in seen}) > 1:
+        raise ValueError(
+            "the arrays are on different CUDA devices: "
+            + ", ".join(f"{name} on device {dev}" for name, dev in seen)
+        )
+    return seen[0][1] if seen else None
 
 
 class _CudaCompletion:
@@ -145,8 +322,15 @@ class _CudaCompletion:
 class CudaComm:
     """Collectives on CUDA arrays between the ranks of `mpi_comm` (all on one machine).
 
-    ``CudaComm(mpi_comm, rank, size, *, timeout, device=None)`` is collective: every rank
-    exchanges its IPC handle, device UUID and flag segment in one MPI all-gather.
+    ``CudaComm(mpi_comm, rank, size, *, timeout, device=None, arrays=None)`` is collective:
+    every rank exchanges its IPC handle, device UUID and flag segment in one MPI all-gather.
+
+    The device is `device`, else ``PYCOLL_DEVICE``; without either, the device of `arrays`
+    (the arrays of the collective the communicator is made for: ``Communicator`` passes those
+    of its first GPU collective), else ``local_rank % device_count``. The device is decided
+    and checked before anything is exchanged, and whatever fails on one rank (arrays on
+    another device than the one chosen, or on two devices; no CUDA; ...) raises
+    ``CollectiveError`` naming that rank on every rank, never a hang.
 
     Methods (codes as ``pycollectives.ops.op_code`` / ``algo_code`` return them; `stream` is an
     int handle, a cupy or torch stream, or None for the array library's current stream)::
@@ -171,7 +355,7 @@ class CudaComm:
     ``PYCOLL_DEBUG=INFO``.
     """
 
-    def __init__(self, mpi_comm, rank, size, *, timeout, device=None):
+    def __init__(self, mpi_comm, rank, size, *, timeout, device=None, arrays=None):
         from mpi4py import MPI
 
         if (mpi_comm.Get_rank(), mpi_comm.Get_size()) != (rank, size):
@@ -182,6 +366,7 @@ class CudaComm:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.rank, self.size = rank, size
+        self.device = None
         self._c = None
         self._inflight = InFlight()
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -202,14 +387,9 @@ class CudaComm:
                 raise ValueError(f"PYCOLL_ALGO={self._forced!r}: expected one of {ALGORITHMS}")
             forced_sync = sync_mode_override()
             cu = _native()
-            self.device = choose_device(device, local_rank, cu.device_count()[0])
-            opts = cu.CudaCommOptions()
-            opts.timeout = float(timeout)
-            opts.slot_bytes = _env_number("PYCOLL_CUDA_STAGING_BYTES", DEFAULT_STAGING_BYTES, int)
-            opts.nslots = _env_number("PYCOLL_CUDA_STAGING_SLOTS", DEFAULT_STAGING_SLOTS, int)
-            opts.nblocks = _env_number("PYCOLL_CUDA_BLOCKS", DEFAULT_BLOCKS, int)
-            opts.debug = os.environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
-            opts.check_mismatch = os.environ.get("PYCOLL_CHECK_MISMATCH", "1") != "0"
+            on = None if arrays is None else arrays_device(arrays)
+            self.device = choose_device(device, local_rank, cu.device_count()[0], arrays_device=on)
+            opts = comm_options(timeout)
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (opts.slot_bytes, opts.nslots, opts.nblocks),
@@ -220,13 +400,15 @@ class CudaComm:
                 forced_sync,
                 None,
             )
-        except (CollectiveError, ValueError) as e:
+        except Exception as e:  # whatever it is, every rank hears of it: no rank waits alone
             error = f"{type(e).__name__}: {e}"
             report = (None, None, None, None, False, None, error)
         # One exchange: a failure on any rank is an error on every rank, never a hang.
         reports = mpi_comm.allgather(report)
         failed = [(r, rep[6]) for r, rep in enumerate(reports) if rep[6] is not None]
         if failed:
+            if native is not None:
+                native.close()
             raise CollectiveError(
                 "cannot set up the CUDA transport: "
                 + "; ".join(f"rank {r}: {msg}" for r, msg in failed)

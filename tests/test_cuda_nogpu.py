@@ -1,7 +1,16 @@
 """The CUDA transport's host-side parts, which run without a GPU: import, availability, array
-detection, argument checks, the device-sharing decision and planning."""
+detection, argument checks, the device choice, the device-sharing decision and planning; and
+the GPU suite's own decisions (fail, not skip, where a listed GPU cannot be used; its MPS
+daemon)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,14 +18,20 @@ from mpi_harness import run_mpi
 
 import pycollectives
 from pycollectives import arrays
+from pycollectives import cuda as cuda_mod
 from pycollectives.cuda import (
+    arrays_device,
     choose_device,
     choose_sync_mode,
     cuda_available,
+    cuda_diagnostics,
+    cuda_status,
     mps_active,
     sync_mode_override,
 )
 from pycollectives.cuda_args import check_call, gpu_array
+
+TESTS = Path(__file__).parent
 
 
 class FakeCudaArray:
@@ -241,3 +256,258 @@ def test_communicator_with_cuda_arrays_without_gpu(case):
 def test_communicator_over_nodes_refuses_cuda_arrays():
     out = run_mpi(4, "gpu_dispatch.py", "nodes", env={"PYCOLL_RANKS_PER_NODE": "2"}, timeout=120)
     assert out.count("PASS nodes") == 4, out
+
+
+# -- the device: that of the arrays, unless one is chosen ---------------------------------------
+
+
+def test_device_from_the_arrays():
+    # Without device= or PYCOLL_DEVICE, the arrays' device, whatever the local rank.
+    assert choose_device(None, 0, 2, {}, arrays_device=1) == 1
+    assert choose_device(None, 1, 2, {}, arrays_device=0) == 0
+    assert choose_device(None, 1, 2, {}, arrays_device=None) == 1  # nothing to go by
+    assert choose_device(None, 0, 2, {"PYCOLL_DEVICE": "1"}, arrays_device=1) == 1
+    with pytest.raises(ValueError, match="arrays are on CUDA device 1, but PYCOLL_DEVICE=0 chose"):
+        choose_device(None, 1, 2, {"PYCOLL_DEVICE": "0"}, arrays_device=1)
+    with pytest.raises(ValueError, match="arrays are on CUDA device 0, but device=1 chose"):
+        choose_device(1, 0, 2, {}, arrays_device=0)
+    with pytest.raises(ValueError, match="device 3 .the arrays. does not exist"):
+        choose_device(None, 0, 2, {}, arrays_device=3)
+
+
+def test_arrays_device():
+    assert arrays_device((arr(256, 4, device=1), None)) == 1
+    assert arrays_device((arr(256, 4, device=1), arr(4096, 4, device=1))) == 1
+    assert arrays_device((None, None)) is None
+    with pytest.raises(ValueError, match="x on device 0, out on device 1"):
+        arrays_device((arr(256, 4, device=0), arr(4096, 4, device=1)))
+
+
+@pytest.mark.parametrize("case", ["arrays", "forced", "explicit", "split"])
+def test_cuda_comm_device_is_decided_collectively(case):
+    # A fake native module with two fake GPUs: arrays away from local_rank % 2 are taken where
+    # no device is chosen, and refused on every rank where one is.
+    env = {"PYCOLL_DEVICE": "0"} if case == "forced" else {"PYCOLL_DEVICE": ""}
+    out = run_mpi(3, "gpu_fake_native.py", case, env=env, timeout=120)
+    assert out.count(f"PASS {case}") == 3, out
+
+
+@pytest.mark.parametrize("case", ["communicator", "communicator_forced"])
+def test_communicator_device_is_that_of_the_first_gpu_call(case):
+    env = {"PYCOLL_DEVICE": "0"} if case == "communicator_forced" else {"PYCOLL_DEVICE": ""}
+    out = run_mpi(3, "gpu_fake_native.py", case, env=env, timeout=120)
+    assert out.count(f"PASS {case}") == 3, out
+
+
+# -- a GPU that CUDA cannot use: the GPU suite fails, it does not skip ---------------------------
+
+SMI_LIST = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-1111-2222-3333-444444444444)\n"
+SMI_BANNER = "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2     |\n"
+
+
+class FakeNative:
+    """A ``pycollectives._cuda`` whose runtime finds no usable device."""
+
+    def __init__(self, why="cudaErrorInsufficientDriver: CUDA driver version is insufficient"):
+        self.why = why
+        self.runtime_version = lambda: 13000
+        self.driver_version = lambda: 0  # no driver the runtime can load
+
+    def device_count(self):
+        return (0, self.why) if self.why else (1, "")
+
+
+def fake_smi(listing: str | None):
+    """subprocess.run for a fake nvidia-smi: `listing` for -L (None: it fails)."""
+
+    def run(cmd, **kw):
+        assert kw.get("timeout"), "nvidia-smi must run under a timeout"
+        args = cmd[1:]
+        if args == ["-L"]:
+            out, rc = (listing or "", 0) if listing is not None else ("NVML: error", 9)
+        elif args and args[0].startswith("--query-gpu=driver_version"):
+            out, rc = "535.104.05\n", 0
+        else:
+            out, rc = SMI_BANNER, 0
+        return subprocess.CompletedProcess(cmd, rc, out, "")
+
+    return run
+
+
+@pytest.fixture
+def fake_machine(monkeypatch):
+    """Sets up what cuda_status sees: fake_machine(smi=True, listing=..., native=...)."""
+
+    def setup(smi=True, listing=SMI_LIST, native=None):
+        native = FakeNative() if native is None else native
+        monkeypatch.setattr(cuda_mod, "_native", lambda: native)
+        which = "/fake/bin/nvidia-smi" if smi else None
+        monkeypatch.setattr(cuda_mod.shutil, "which", lambda name: which)
+        monkeypatch.setattr(cuda_mod.subprocess, "run", fake_smi(listing))
+
+    return setup
+
+
+def test_cuda_status_without_a_gpu_is_absent(fake_machine):
+    fake_machine(smi=False)
+    status, why = cuda_status()
+    assert status == "absent" and "nvidia-smi is not on PATH" in why, why
+    fake_machine(listing="")  # nvidia-smi, no GPU
+    status, why = cuda_status()
+    assert status == "absent" and "lists no GPU" in why, why
+    fake_machine(listing=None)  # nvidia-smi fails (no driver loaded)
+    status, why = cuda_status()
+    assert status == "absent" and "exited with 9" in why, why
+
+
+def test_cuda_status_with_a_gpu_cuda_cannot_use_is_broken(fake_machine):
+    fake_machine()
+    status, msg = cuda_status()
+    assert status == "broken", msg
+    for words in ("NVIDIA H100", "cudaErrorInsufficientDriver", "driver 535.104.05"):
+        assert words in msg, msg
+    assert "supports CUDA 12.2" in msg and "CUDA runtime 13.0" in msg, msg
+    assert "older than the runtime" in msg, msg
+    # The native module's own report of the driver wins over nvidia-smi's banner.
+    native = FakeNative()
+    native.driver_version = lambda: 12080
+    fake_machine(native=native)
+    assert "supports CUDA 12.8" in cuda_status()[1]
+    fake_machine(native=FakeNative(why=""))  # usable after all
+    assert cuda_status() == ("ok", "")
+
+
+def test_cuda_diagnostics_versions(fake_machine):
+    # The driver's CUDA version from the driver when the runtime can load it, else from
+    # nvidia-smi's banner; the runtime's from the module.
+    native = FakeNative()
+    fake_machine(native=native)
+    d = cuda_diagnostics()
+    assert d["runtime_cuda"] == "13.0" and d["driver"] == "535.104.05", d
+    assert d["driver_cuda"] == "12.2" and not d["usable"] and d["gpus"] == [SMI_LIST.strip()], d
+    native.driver_version = lambda: 12040
+    assert cuda_diagnostics()["driver_cuda"] == "12.4"
+
+
+def _fake_tool(directory: Path, name: str, script: str) -> Path:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return path
+
+
+def _pytest_gpu_suite(path_dirs: list, tmp_path: Path):
+    env = dict(os.environ, PATH=os.pathsep.join(str(d) for d in path_dirs))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    cmd += ["-o", f"cache_dir={tmp_path}", str(TESTS / "test_gpu.py")]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=env, cwd=TESTS.parent, check=False
+    )
+
+
+def test_gpu_suite_fails_where_a_listed_gpu_cannot_be_used(tmp_path):
+    if cuda_available()[0]:
+        pytest.skip("CUDA is usable here: the GPU suite runs for real")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_tool(
+        bin_dir,
+        "nvidia-smi",
+        f'case "$1" in\n  -L) printf "%s" "{SMI_LIST.strip()}\\n";;\n'
+        "  --query-gpu=driver_version) echo 535.104.05;;\n"
+        f'  *) echo "{SMI_BANNER.strip()}";;\nesac\n',
+    )
+    proc = _pytest_gpu_suite([bin_dir, *os.environ["PATH"].split(os.pathsep)], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "error" in out.splitlines()[-1] or "failed" in out.splitlines()[-1], out
+    assert "a GPU is present but CUDA cannot use it" in out, out
+    assert "NVIDIA driver 535.104.05" in out and "supports CUDA 12.2" in out, out
+    runtime = cuda_diagnostics()["runtime_cuda"]
+    if runtime is not None:  # a build with the CUDA module: its runtime version is named
+        assert f"CUDA runtime {runtime}" in out, out
+
+
+@pytest.mark.parametrize("smi", ["none", "no-gpu"])
+def test_gpu_suite_skips_without_a_gpu(smi, tmp_path):
+    if cuda_available()[0]:
+        pytest.skip("CUDA is usable here: the GPU suite runs for real")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if smi == "no-gpu":
+        _fake_tool(bin_dir, "nvidia-smi", 'echo "No devices were found"\n')
+    # Only bin_dir on PATH: no real nvidia-smi can be found.
+    proc = _pytest_gpu_suite([bin_dir], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode in (0, 5), out  # 5: pytest's "no tests ran", a module-level skip
+    last = out.strip().splitlines()[-1]
+    assert "skipped" in last and "failed" not in last and "error" not in last, out
+
+
+# -- the GPU suite's own MPS daemon (tests/test_gpu.py), with a fake nvidia-cuda-mps-control ------
+
+
+def _test_gpu():
+    """tests/test_gpu.py, which must import without a GPU (its helpers are tested here)."""
+    try:
+        import test_gpu
+    except pytest.skip.Exception as e:
+        pytest.fail(f"tests/test_gpu.py skips at import: {e}")
+    return test_gpu
+
+
+FAKE_MPS = """pipe="$CUDA_MPS_PIPE_DIRECTORY"
+case "$1" in
+  -d)
+    [ -n "$FAKE_MPS_FAIL" ] && { echo "cannot start" >&2; exit 1; }
+    ( : > "$pipe/control"
+      while [ ! -e "$pipe/quit" ] || [ -n "$FAKE_MPS_STUBBORN" ]; do sleep 0.05; done
+      rm -f "$pipe/control" ) </dev/null >/dev/null 2>&1 &
+    exit 0;;
+esac
+read cmd
+[ "$cmd" = quit ] && : > "$pipe/quit"
+"""
+
+
+@pytest.mark.parametrize("kind", ["obedient", "stubborn"])
+def test_gpu_suite_starts_and_stops_its_mps_daemon(kind, tmp_path, monkeypatch):
+    test_gpu = _test_gpu()
+    exe = str(_fake_tool(tmp_path, "nvidia-cuda-mps-control", FAKE_MPS))
+    if kind == "stubborn":  # ignores quit: stopped by signal, still within the bound
+        monkeypatch.setenv("FAKE_MPS_STUBBORN", "1")
+    t0 = time.monotonic()
+    env = test_gpu.start_mps(exe, seconds=5)
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    try:
+        assert os.path.exists(os.path.join(pipe, "control"))
+        assert mps_active(env) and os.path.isdir(env["CUDA_MPS_LOG_DIRECTORY"])
+        assert test_gpu.mps_processes(pipe), "the daemon is not found by its pipe directory"
+    finally:
+        test_gpu.stop_mps(exe, env, seconds=2)
+    assert not test_gpu.mps_processes(pipe)
+    assert not os.path.exists(os.path.dirname(pipe))
+    assert time.monotonic() - t0 < 15
+
+
+def test_gpu_suite_mps_daemon_that_does_not_start(tmp_path, monkeypatch):
+    test_gpu = _test_gpu()
+    exe = str(_fake_tool(tmp_path, "nvidia-cuda-mps-control", FAKE_MPS))
+    monkeypatch.setenv("FAKE_MPS_FAIL", "1")
+    before = set(os.listdir(tempfile.gettempdir()))
+    with pytest.raises(RuntimeError, match="did not start an MPS daemon.*cannot start"):
+        test_gpu.start_mps(exe, seconds=2)
+    left = {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("pycoll-mps-")}
+    assert not left - before, left - before
+
+
+def test_oneshot_limit_reaches_the_cuda_transport():
+    # PYCOLL_ONESHOT_BYTES moves the direct all-reduce's one-shot/two-shot switch on both paths.
+    pytest.importorskip("pycollectives._cuda")
+    from pycollectives.cuda import comm_options
+
+    default = comm_options(30.0, environ={}).oneshot_max_bytes
+    assert comm_options(30.0, environ={"PYCOLL_ONESHOT_BYTES": "0"}).oneshot_max_bytes == 0
+    assert comm_options(30.0, environ={"PYCOLL_ONESHOT_BYTES": "4096"}).oneshot_max_bytes == 4096
+    opts = comm_options(30.0, environ={"PYCOLL_CUDA_BLOCKS": "3"})
+    assert opts.nblocks == 3 and opts.oneshot_max_bytes == default and opts.timeout == 30.0

@@ -12,6 +12,7 @@ import sys
 import cupy as cp
 import numpy as np
 from common import OPS, check_close, digest, make_input, reference, run_main, valid
+from gpu_common import use_local_device
 from mpi4py import MPI
 
 from pycollectives.cuda import CudaComm
@@ -136,6 +137,7 @@ def main():
     algos = (sys.argv[3] if len(sys.argv) > 3 else "ring,tree,direct,auto").split(",")
     algos = [a for a in algos if a != "tree" or collective in TREE_COLLECTIVES]
     mpi = MPI.COMM_WORLD
+    use_local_device()
     comm = CudaComm(mpi, mpi.rank, mpi.size, timeout=60)
     try:
         for algo in algos:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 from common import run_main
+from gpu_common import use_local_device
 from mpi4py import MPI
 
 import pycollectives as pc
@@ -92,8 +93,8 @@ def comm_gather(comm, a):
 
 
 def main():
+    use_local_device()
     with pc.Communicator(timeout=60) as comm:
-        cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
         check_collectives(comm)
         check_streams_and_async(comm)
         check_data_parallel(comm)

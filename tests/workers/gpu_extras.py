@@ -10,6 +10,7 @@ import sys
 import cupy as cp
 import numpy as np
 from common import run_main
+from gpu_common import use_local_device
 from mpi4py import MPI
 
 from pycollectives.cuda import CudaComm
@@ -112,6 +113,7 @@ def check_mismatch(comm: CudaComm):
 
 def main():
     what = sys.argv[1]
+    use_local_device()
     comm = CudaComm(MPI_COMM, MPI_COMM.rank, MPI_COMM.size, timeout=60)
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
     checks["mismatch"] = check_mismatch
