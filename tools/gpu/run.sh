@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# The GPU run kit's one command, for a GPU machine without network access or an MPI library
+# whose Python 3.12 already has torch, cupy, mpi4py, pytest and the build tools. Run from the
+# repository root, with tools/gpu/wheels/ filled by tools/gpu/fetch_wheels.sh:
+#
+#     bash tools/gpu/run.sh OUTDIR             # see tools/gpu/README.md
+#     bash tools/gpu/run.sh --dry-run OUTDIR   # print the stages and their limits, run nothing
+#
+# Stages, each under its own time limit, each logging into OUTDIR/<stage>.log:
+#   env       nvidia-smi, driver, CUDA runtime, torch/cupy/NCCL versions
+#   build     a venv (.venv-gpu) on top of the machine's packages, the carried wheels, and
+#             `pip install -e .` with the CUDA transport required
+#   gpu       the GPU test suite          emulated  the emulated-device suite (if any)
+#   bench-2   benchmarks/gpu_bench.py on 2 ranks, bench-4 on 4
+#   train     the training job on the GPU, 4 ranks
+# OUTDIR/summary.txt gets one line per stage: status, exit code, seconds, limit. A failed stage
+# does not stop the next; the exit status is 1 if any failed, 2 on bad usage.
+#
+# Environment: PYTHON (python3), STAGES (all of the above), T_ENV, T_BUILD, T_GPU, T_EMULATED,
+# T_BENCH2, T_BENCH4, T_TRAIN (limits in seconds), BENCH_MAX_BYTES (128M), TRAIN_EPOCHS (3),
+# CUDAARCHS (the GPU's compute capability).
+set -u # and no -e: a failed stage must not stop the stages after it
+
+usage() {
+  echo "usage: $0 [--dry-run] OUTDIR" >&2
+  exit 2
+}
+DRY_RUN=0
+if [ "${1:-}" = --dry-run ]; then
+  DRY_RUN=1
+  shift
+fi
+[ $# -eq 1 ] && [ -n "$1" ] && [ "${1#-}" = "$1" ] || usage
+OUTDIR=$1
+if [ "$DRY_RUN" = 0 ]; then
+  mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd) || exit 2 # before the cd below
+fi
+cd "$(dirname "$0")/../.." || exit 2
+
+# The emulated-device suite runs in every CI run; here it is a stage to ask for (STAGES=...).
+STAGES=${STAGES:-env build gpu bench-2 bench-4 train}
+# Limits add up to 535 s (emulated, when asked for, takes what another stage gives up); with 5 s of grace per stage that stays under the 10 minutes a remote
+# runner gives one command. Raise them when running by hand.
+T_ENV=${T_ENV:-15}
+T_BUILD=${T_BUILD:-120}
+T_GPU=${T_GPU:-250}
+T_EMULATED=${T_EMULATED:-120}
+T_BENCH2=${T_BENCH2:-50}
+T_BENCH4=${T_BENCH4:-60}
+T_TRAIN=${T_TRAIN:-40}
+GRACE=5 # seconds between SIGTERM and SIGKILL when a stage runs over
+BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-128M}
+TRAIN_EPOCHS=${TRAIN_EPOCHS:-3}
+
+# Resolved before the venv's bin goes first on PATH (it has a python3 of its own).
+BASE_PYTHON=$(command -v "${PYTHON:-python3}") || {
+  echo "no ${PYTHON:-python3} on PATH" >&2
+  exit 2
+}
+VENV=$PWD/.venv-gpu
+PY=$VENV/bin/python
+MPIEXEC=$VENV/bin/mpiexec # from the mpich wheel; the tests find it beside sys.executable
+WHEELS=tools/gpu/wheels
+export BASE_PYTHON VENV PY WHEELS
+# python3's own bin (cmake, ninja) stays reachable when PYTHON names it by path.
+PATH="$VENV/bin:$PATH:$(dirname "$BASE_PYTHON"):/usr/local/cuda/bin"
+export PATH
+export PYTHONUNBUFFERED=1 # a stage killed at its limit still logs everything it printed
+export PYCOLL_CUDA=ON     # no nvcc, or a CUDA compile error, fails the build stage
+# The benchmark's NCCL baseline runs several ranks on one GPU.
+export NCCL_MULTI_RANK_GPU_ENABLE=1
+# CMake reads CUDAARCHS: build for the GPU that is here (compute capability 9.0 -> 90).
+if [ -z "${CUDAARCHS:-}" ]; then
+  CUDAARCHS=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+    head -n 1 | tr -d ' .')
+  [[ $CUDAARCHS =~ ^[0-9]+$ ]] || CUDAARCHS=90
+fi
+export CUDAARCHS
+
+show_env() {
+  local rc=0
+  nvidia-smi || rc=1
+  nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv || rc=1
+  nvcc --version || rc=1
+  echo "CUDAARCHS=$CUDAARCHS"
+  "$BASE_PYTHON" - <<'EOF' || rc=1
+import sys
+
+
+def show(name, describe):
+    try:
+        print(f"{name}: {describe()}")
+    except Exception as e:  # report what is missing, keep going
+        print(f"{name}: unavailable ({type(e).__name__}: {e})")
+
+
+def torch_info():
+    import torch
+
+    nccl = torch.cuda.nccl.version()
+    nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    return (f"{torch.__version__}, CUDA {torch.version.cuda}, "
+            f"GPU usable {torch.cuda.is_available()}, NCCL {nccl}")
+
+
+def cupy_info():
+    import cupy
+
+    rt = cupy.cuda.runtime
+    return (f"{cupy.__version__}, runtime {rt.runtimeGetVersion()}, "
+            f"driver {rt.driverGetVersion()}, devices {rt.getDeviceCount()}")
+
+
+print("python", sys.version.split()[0], sys.executable)
+show("torch", torch_info)
+show("cupy", cupy_info)
+EOF
+  return $rc
+}
+
+build_package() {
+  local wheels=("$WHEELS"/*.whl)
+  if [ ! -e "${wheels[0]}" ]; then
+    echo "no wheels in $WHEELS: run tools/gpu/fetch_wheels.sh where the package index is"
+    echo "reachable, and carry $WHEELS to this machine"
+    return 1
+  fi
+  if [ ! -x "$PY" ]; then
+    # --system-site-packages keeps the machine's torch, cupy, NCCL, pytest and build tools.
+    # Without ensurepip the venv still gets pip from the machine's packages (below).
+    "$BASE_PYTHON" -m venv --system-site-packages "$VENV" ||
+      "$BASE_PYTHON" -m venv --system-site-packages --without-pip "$VENV" || return 1
+  fi
+  # Where python3 is itself a venv (the GPU images keep torch in one), the venv above reaches
+  # only the interpreter beneath it: a .pth file adds python3's own site-packages after ours.
+  local purelib
+  purelib=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || return 1
+  "$BASE_PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+    >"$purelib/_gpu_kit_base.pth" || return 1
+  # The machine's own mpi4py may be built for another MPI, or be the same version (which pip
+  # would then skip): --ignore-installed puts the carried one in the venv, ahead of it.
+  "$PY" -m pip install --disable-pip-version-check --no-index --no-deps --ignore-installed \
+    "${wheels[@]}" || return 1
+  "$PY" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])' ||
+    return 1
+  echo "building with PYCOLL_CUDA=$PYCOLL_CUDA CUDAARCHS=$CUDAARCHS"
+  "$PY" -m pip install -v --disable-pip-version-check --no-index --no-deps \
+    --no-build-isolation -e . || return 1
+  "$PY" -c 'import pycollectives._C, pycollectives._cuda; print("CUDA transport built")' ||
+    return 1
+  "$PY" -c 'import pycollectives._net' 2>/dev/null ||
+    echo "note: pycollectives._net (the inter-node MPI transport) was not built"
+}
+export -f show_env build_package
+
+SUMMARY=$OUTDIR/summary.txt
+FAILED=() # stages that failed, timed out or were skipped
+BLOCKED=  # why the stages after the build cannot run, once known
+
+record() { # STAGE STATUS EXIT SECONDS LIMIT
+  printf '%-9s %-34s %5s %7s %6s\n' "$@" >>"$SUMMARY"
+}
+
+# stage [--none-ok] NAME LIMIT COMMAND...: runs COMMAND for at most LIMIT seconds, output in
+# OUTDIR/NAME.log, a line in the summary. --none-ok: pytest's exit 5 (no test carries the
+# marker) means there was nothing to run, not a failure. Returns 0 when the stage passed.
+stage() {
+  local none_ok=0
+  if [ "$1" = --none-ok ]; then
+    none_ok=1
+    shift
+  fi
+  local name=$1 limit=$2
+  shift 2
+  case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+  if [ "$DRY_RUN" = 1 ]; then
+    printf '%-9s %4ss  %s\n' "$name" "$limit" "$*"
+    TOTAL=$((TOTAL + limit + GRACE))
+    return 0
+  fi
+  if [ -n "$BLOCKED" ]; then
+    record "$name" "skipped ($BLOCKED)" - 0 "$limit"
+    FAILED+=("$name")
+    return 1
+  fi
+  local log=$OUTDIR/$name.log start=$SECONDS rc status
+  echo "== $name (at most ${limit}s): $log"
+  printf '$ %s\n' "$*" >"$log"
+  timeout -k "$GRACE" "$limit" "$@" >>"$log" 2>&1 </dev/null
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    5) [ $none_ok = 1 ] && status="none (no tests with the marker)" || status=failed ;;
+    124 | 137) status="timeout" ;;
+    *) status=failed ;;
+  esac
+  record "$name" "$status" "$rc" "$((SECONDS - start))" "$limit"
+  echo "   $status"
+  case $status in ok | none*) return 0 ;; esac
+  FAILED+=("$name")
+  return 1
+}
+
+TOTAL=0
+if [ "$DRY_RUN" = 0 ]; then
+  {
+    echo "# tools/gpu/run.sh, $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
+    echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)," \
+      "CUDAARCHS=$CUDAARCHS, stages: $STAGES"
+    printf '%-9s %-34s %5s %7s %6s\n' stage status exit seconds limit
+  } >"$SUMMARY"
+fi
+
+stage env "$T_ENV" bash -c show_env
+[ "$DRY_RUN" = 0 ] && [ -f "$OUTDIR/env.log" ] && cat "$OUTDIR/env.log"
+stage build "$T_BUILD" bash -c build_package || BLOCKED="build failed"
+if [ "$DRY_RUN" = 0 ] && [ -z "$BLOCKED" ] && [ ! -x "$PY" ]; then
+  BLOCKED="no .venv-gpu: run the build stage"
+fi
+stage gpu "$T_GPU" "$PY" -m pytest -m gpu tests -x -q -ra
+stage --none-ok emulated "$T_EMULATED" "$PY" -m pytest -m emulated tests -q -ra
+stage bench-2 "$T_BENCH2" "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+  --max-bytes "$BENCH_MAX_BYTES"
+stage bench-4 "$T_BENCH4" "$MPIEXEC" -n 4 "$PY" benchmarks/gpu_bench.py \
+  --max-bytes "$BENCH_MAX_BYTES"
+stage train "$T_TRAIN" "$MPIEXEC" -n 4 "$PY" -m pycollectives.examples.train --device gpu \
+  --epochs "$TRAIN_EPOCHS"
+
+if [ "$DRY_RUN" = 1 ]; then
+  echo "total     ${TOTAL}s at most (limits plus ${GRACE}s grace each)"
+  exit 0
+fi
+echo
+cat "$SUMMARY"
+# The end of each failed stage's log, so the reason shows without fetching the files.
+for name in "${FAILED[@]}"; do
+  if [ -f "$OUTDIR/$name.log" ]; then
+    echo
+    echo "--- last lines of $name.log ---"
+    tail -n 15 "$OUTDIR/$name.log"
+  fi
+done
+[ ${#FAILED[@]} -eq 0 ]
