@@ -98,6 +98,17 @@ def digest(a: np.ndarray) -> bytes:
     return hashlib.sha1(a.tobytes()).digest()
 
 
+def expect(exc_type, fn, *words):
+    """`fn()` raises `exc_type` with every one of `words` in its message; returns the message."""
+    try:
+        fn()
+    except exc_type as e:
+        for w in words:
+            assert w in str(e), f"{w!r} not in {e}"
+        return str(e)
+    raise AssertionError(f"expected {exc_type.__name__}")
+
+
 def run_main(main):
     """Runs a worker's main; any failure prints its traceback and aborts every rank."""
     from mpi4py import MPI

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from common import run_main
+from common import expect, run_main
 
 import pycollectives as pc
 
@@ -30,16 +30,6 @@ class FakeCudaArray:
             "version": 3,
         }
         self.device = 0
-
-
-def expect(exc_type, fn, *words):
-    try:
-        fn()
-    except exc_type as e:
-        for w in words:
-            assert w in str(e), f"{w!r} not in {e}"
-        return str(e)
-    raise AssertionError(f"expected {exc_type.__name__}")
 
 
 def host_still_works(comm):

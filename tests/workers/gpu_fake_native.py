@@ -18,7 +18,7 @@ import sys
 import types
 
 import numpy as np
-from common import run_main
+from common import expect, run_main
 from mpi4py import MPI
 
 import pycollectives
@@ -118,13 +118,7 @@ def expect_everywhere(fn, *words):
     """`fn` raises CollectiveError containing `words` on this rank; returns the message."""
     from pycollectives.errors import CollectiveError
 
-    try:
-        fn()
-    except CollectiveError as e:
-        for w in words:
-            assert w in str(e), f"{w!r} not in {e}"
-        return str(e)
-    raise AssertionError(f"rank {MPI.COMM_WORLD.rank}: no CollectiveError")
+    return expect(CollectiveError, fn, *words)
 
 
 def local_default(mpi):
