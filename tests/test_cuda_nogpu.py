@@ -18,7 +18,7 @@ from mpi_harness import run_mpi
 
 import pycollectives
 from pycollectives import arrays
-from pycollectives import cuda as cuda_mod
+from pycollectives import cuda_env as cuda_mod
 from pycollectives.cuda import (
     arrays_device,
     choose_device,
