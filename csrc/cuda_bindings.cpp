@@ -93,6 +93,13 @@ void bind_planning(py::module_& m) {
       },
       py::arg("n"), py::arg("nblocks"), py::arg("block"));
   m.def(
+      "channel_slice",
+      [](size_t n, int nblocks, size_t slot_bytes, int block) {
+        const Slice s = channel_slice(n, make_layout(2, 2, nblocks, slot_bytes), block);
+        return py::make_tuple(s.lo, s.hi);
+      },
+      py::arg("n"), py::arg("nblocks"), py::arg("slot_bytes"), py::arg("block"));
+  m.def(
       "segment_layout",
       [](int size, int nslots, int nblocks, size_t slot_bytes) {
         const SegmentLayout l = make_layout(size, nslots, nblocks, slot_bytes);

@@ -47,7 +47,7 @@ SYNC_MODES = ("kernel", "host")
 
 DEFAULT_STAGING_BYTES = 1 << 20
 DEFAULT_STAGING_SLOTS = 4
-DEFAULT_BLOCKS = 8
+DEFAULT_BLOCKS = 16
 
 
 def comm_options(timeout: float, environ=None):

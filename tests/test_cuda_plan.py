@@ -87,6 +87,27 @@ def test_block_slices_tile_the_message(n, nblocks):
     assert covered == n
 
 
+@pytest.mark.parametrize("slot", [4096, 64 << 10, 1 << 20])
+@pytest.mark.parametrize("nblocks", [1, 3, 16, 32])
+def test_channels_carry_each_message_in_as_few_blocks_as_hold_it(slot, nblocks):
+    # The blocks a message uses tile it, each slice fits its block's sub-slot in every wire
+    # type, and small messages use few blocks (the others skip them, flags and all).
+    sub = cu.segment_layout(4, 4, nblocks, slot)["sub_slot_bytes"]
+    for n in (0, 1, 15, 17, 100, 1000, 4096, 65537, slot // 4, slot // 2, slot):
+        covered, used = 0, 0
+        for b in range(nblocks):
+            lo, hi = cu.channel_slice(n, nblocks, slot, b)
+            assert lo == covered or lo == hi == n, (n, b, lo, hi)
+            assert lo % 16 == 0 or lo == n
+            if hi > lo:
+                used += 1
+                assert all((hi - lo) * w <= sub for w in (1, 2, 4, 8) if n * w <= slot)
+            covered = hi
+        assert covered == n
+        if n * 8 <= sub - 128:
+            assert used <= 1, (n, used)
+
+
 @pytest.mark.parametrize("slot", [4096, 1 << 20, 3 << 20])
 @pytest.mark.parametrize("nblocks", [1, 4, 8, 32])
 def test_sub_slots_hold_the_largest_slice(slot, nblocks):

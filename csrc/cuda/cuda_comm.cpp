@@ -229,8 +229,8 @@ KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& c
 }
 
 void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp) {
+  // Each block counts its messages on its own flags (step_kernel.h): no host counts to keep.
   PYCOLL_CUDA_CHECK(launch_steps(call.dtype, kernel_args(call, cp), stream_));
-  add_moved(counters_, cp.plan);
 }
 
 std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t stream,

@@ -46,7 +46,7 @@ enum class SyncMode { Kernel, Host };
 struct CudaCommOptions {
   size_t slot_bytes = size_t{1} << 20;
   int nslots = 4;
-  int nblocks = 8;  // channels: blocks per launch
+  int nblocks = 16;  // channels: blocks per launch (a message uses as few as hold it)
   double timeout_s = 300.0;
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
   size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above

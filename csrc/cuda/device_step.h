@@ -72,8 +72,8 @@ struct SegmentLayout {
   }
 };
 
-// Messages moved on each channel before a launch (per block alike: every block carries its
-// slice of every message).
+// Messages moved on each channel before a launch, for host mode (where every block takes the
+// same count from the host). In kernel mode each block counts for itself, on its own flags.
 struct LaunchCounters : MessageCounts<uint64_t[kMaxRanks]> {};
 
 // Written by the device when it gives up; lives in host-mapped memory.

@@ -40,17 +40,6 @@ inline Algo device_choose(Collective c, size_t bytes, size_t direct_max_bytes) {
   return Algo::Ring;
 }
 
-// Adds the messages one plan moves to a rank's running counts.
-template <class Vec>
-void add_moved(MessageCounts<Vec>& c, const Plan& p) {
-  for (size_t r = 0; r < p.moved.sent.size(); ++r) {
-    c.sent[r] += p.moved.sent[r];
-    c.received[r] += p.moved.received[r];
-    c.bcast_received[r] += p.moved.bcast_received[r];
-  }
-  c.bcast_sent += p.moved.bcast_sent;
-}
-
 // Plans by call shape (the steps depend on the element sizes, not on the op). When full, every
 // entry is dropped at once, after `drop_all` has released them (launches may still read them).
 template <class Entry>
@@ -90,6 +79,20 @@ PYCOLL_HD_INLINE Slice block_slice(size_t n, int nblocks, int block) {
   const size_t lo = per * block < n ? per * block : n;
   const size_t hi = lo + per < n ? lo + per : n;
   return Slice{lo, hi};
+}
+
+// Blocks that carry a message of n elements: as few as hold it in their sub-slots (counted
+// in the widest wire type, with the alignment slack), at most every block. A function of n and
+// the layout alone, so both ends of a message agree; blocks past these carry nothing and skip
+// the message altogether (kernel mode: no flag waits either).
+PYCOLL_HD_INLINE int active_channels(size_t n, const SegmentLayout& L) {
+  const size_t cap = (L.sub_slot_bytes - kSliceAlign * 8) / 8;
+  const size_t c = (n + cap - 1) / cap;
+  return c < 1 ? 1 : c > static_cast<size_t>(L.nblocks) ? L.nblocks : static_cast<int>(c);
+}
+PYCOLL_HD_INLINE Slice channel_slice(size_t n, const SegmentLayout& L, int block) {
+  const int active = active_channels(n, L);
+  return block < active ? block_slice(n, active, block) : Slice{n, n};
 }
 
 // Bytes one block's share of a `slot_bytes` slot needs (the largest slice of the largest

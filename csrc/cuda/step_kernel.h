@@ -145,6 +145,23 @@ PYCOLL_DEVICE void post_flag(const KernelArgs& a, size_t off, uint64_t value) {
   st_release_sys(reinterpret_cast<uint64_t*>(a.segments[a.rank] + off), value);
 }
 
+// Kernel mode: a block carries only the messages its slices are part of, so each block keeps
+// its own counts, and they are exactly the flags it writes in its own segment (posted to each
+// peer, consumed from each peer, posted and consumed on broadcast channels).
+PYCOLL_DEVICE void load_own_counts(const KernelArgs& a, LaunchCounters& c, int b) {
+  const SegmentLayout& L = a.layout;
+  auto own = [&](int index) {
+    return ld_acquire_sys(
+        reinterpret_cast<const uint64_t*>(a.segments[a.rank] + L.flag_offset(b, index)));
+  };
+  for (int q = 0; q < L.size; ++q) {
+    c.sent[q] = own(L.posted(q));
+    c.received[q] = own(L.consumed(q));
+    c.bcast_received[q] = own(L.bcast_consumed(q));
+  }
+  c.bcast_sent = own(L.bcast_posted());
+}
+
 PYCOLL_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Leader: finds this block's pointers for step `i` and waits until its inputs have arrived
@@ -154,10 +171,11 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
   using A = typename Acc<T>::type;
   const SegmentLayout& L = a.layout;
   const int me = a.rank;
-  const Slice sl = block_slice(d.count, L.nblocks, b);
+  const Slice sl = channel_slice(d.count, L, b);
   StepPtrs& p = s.p;
   p.n = sl.hi - sl.lo;
   p.failed = false;
+  if (p.n == 0) return;  // not one of this message's channels: nothing to wait for or move
   const size_t in_w = (d.flags & kRecvAcc) ? sizeof(A) : sizeof(T);
   const size_t out_w = (d.flags & kSendAcc) ? sizeof(A) : sizeof(T);
   const uint8_t* base_in = d.src_buf == static_cast<uint8_t>(Buf::Input) ? a.input : a.output;
@@ -217,6 +235,7 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
 
 // Leader, once every thread is done with the step: frees received slots, publishes sends.
 PYCOLL_DEVICE void publish(const KernelArgs& a, BlockState& s, const DevStep& d, int b) {
+  if (s.p.n == 0) return;  // the block took no part in this step's messages
   const SegmentLayout& L = a.layout;
   const int me = a.rank;
   const bool bcast = (d.flags & kRecvBcast) != 0;
@@ -329,6 +348,7 @@ template <class T, class Threads>
 PYCOLL_DEVICE void run_block(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
   if (th.leader()) {
     s.c = a.counters;
+    if (a.use_flags) load_own_counts(a, s.c, b);
     s.start_ns = global_timer_ns();
   }
   for (uint32_t i = a.first_step; i < a.end_step; ++i) {

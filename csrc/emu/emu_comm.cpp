@@ -151,7 +151,6 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
   check_status(w.collective, w.seq);
-  cuda::add_moved(counters_, plan);
 }
 
 // One launch per step, its blocks in turn; the host waits for the peers between launches.
