@@ -20,12 +20,13 @@ timed against a device-to-device copy of a large buffer. Times: slowest rank, me
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
+
+from pycollectives.bench.gpu import hbm_copy_bandwidth, staged_runner, torch_nccl
 
 
 def fail(msg: str):
@@ -62,56 +63,13 @@ def timed(fn, sync, iters: int, mpi) -> float:
     return mpi.allreduce(float(np.median(samples)), op=MPI.MAX)
 
 
-def hbm_copy_bandwidth(cp) -> float:
-    """Bytes moved through HBM per second (read + write) by a device-to-device copy."""
-    n = 1 << 30
-    a, b = cp.empty(n, cp.uint8), cp.empty(n, cp.uint8)
-    b.data.copy_from_device(a.data, n)
-    cp.cuda.runtime.deviceSynchronize()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        b.data.copy_from_device(a.data, n)
-    cp.cuda.runtime.deviceSynchronize()
-    return 2 * n * 5 / (time.perf_counter() - t0)
-
-
-def setup_nccl(mpi, device: int):
-    """A torch.distributed NCCL group over the same ranks, or (None, why not)."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return None, "torch is not installed"
-    os.environ.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000 if mpi.rank == 0 else 0))
-    os.environ["MASTER_PORT"] = mpi.bcast(os.environ["MASTER_PORT"])
-    error = None
-    try:
-        import datetime
-
-        torch.cuda.set_device(device)
-        dist.init_process_group(
-            "nccl", rank=mpi.rank, world_size=mpi.size, timeout=datetime.timedelta(seconds=60)
-        )
-        t = torch.ones(4, device="cuda")
-        dist.all_reduce(t)
-        torch.cuda.synchronize()
-    except Exception as e:  # NCCL refuses duplicate GPUs in many versions
-        error = f"{type(e).__name__}: {e}".splitlines()[0]
-    errors = [e for e in mpi.allgather(error) if e]
-    if errors:
-        return None, errors[0]
-    return (torch, dist), f"NCCL {torch.cuda.nccl.version()}"
-
-
 def measure(coll, count, comm, nccl, cp, mpi, iters):
     """(ours, nccl, host-staged) seconds per call for one size."""
     n = mpi.size
     stream = cp.cuda.get_current_stream()
     x = cp.ones(count, cp.float32)
     out = cp.empty(count * (n if coll == "all_gather" else 1), cp.float32)
-    host_x, host_out = cp.asnumpy(x), cp.asnumpy(out)
+    staged_run = staged_runner(mpi, coll, "sum", 0, np.dtype(np.float32))
 
     def ours():
         if coll == "all_reduce":
@@ -120,12 +78,7 @@ def measure(coll, count, comm, nccl, cp, mpi, iters):
             comm.all_gather(x, out, None, stream, False)
 
     def staged():
-        x.get(out=host_x)
-        if coll == "all_reduce":
-            mpi.Allreduce(host_x, host_out)
-        else:
-            mpi.Allgather(host_x, host_out)
-        out.set(host_out)
+        staged_run(x, out, False)  # copy to host, MPI Allreduce/Allgather, copy back
 
     t_ours = timed(ours, stream.synchronize, iters, mpi)
     t_staged = timed(staged, stream.synchronize, max(2, iters // 2), mpi)
@@ -168,7 +121,7 @@ def main():
     cp.cuda.Device(comm.device).use()
     n = mpi.size
     hbm = mpi.allreduce(hbm_copy_bandwidth(cp), op=MPI.MIN)
-    nccl, nccl_what = setup_nccl(mpi, comm.device)
+    nccl, nccl_what = torch_nccl(mpi, comm.device)
     if mpi.rank == 0:
         print(
             f"# {n} ranks, devices {sorted(set(mpi.allgather(comm.device)))}, sync={comm.sync_mode}"

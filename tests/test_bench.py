@@ -1,6 +1,8 @@
 """The benchmark CLI: parsing, formulas, the table, -c, JSON and the plot."""
 
+import importlib.util
 import json
+import os
 import re
 
 import pytest
@@ -178,3 +180,280 @@ def test_plot_is_a_png(tmp_path):
     png = tmp_path / "busbw.png"
     bench(tmp_path, "--compare", "mpi", "--plot", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- --device cuda ----------------------------------------------------------------------------
+
+
+def test_cuda_device_and_nccl_are_accepted():
+    a = parse_args(["--device", "cuda", "--compare", "nccl,mpi", "-d", "float16"])
+    assert (a.device, a.compare, a.datatype) == ("cuda", ["nccl", "mpi"], "float16")
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--compare", "nccl"], "--compare nccl needs --device cuda"),
+        (["--device", "cpu", "--compare", "mpi,nccl"], "--compare nccl needs --device cuda"),
+        (["--device", "cuda", "--compare", "gloo"], "--compare gloo runs on host arrays"),
+    ],
+)
+def test_peers_for_the_other_device_are_usage_errors(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and says in err
+
+
+def _bench_can_use_cuda() -> bool:
+    from pycollectives.cuda import cuda_available
+
+    return cuda_available()[0] and importlib.util.find_spec("cupy") is not None
+
+
+def test_cuda_without_a_usable_gpu_fails_with_one_line(tmp_path):
+    if _bench_can_use_cuda():
+        pytest.skip("CUDA and cupy are usable here (test_cuda_on_a_gpu runs instead)")
+    out = tmp_path / "rows.json"
+    stdout, stderr = run_mpi(
+        2,
+        "run_module.py",
+        "pycollectives.bench",
+        "--device",
+        "cuda",
+        "--compare",
+        "nccl,mpi",
+        "-e",
+        "64K",
+        "--json",
+        str(out),
+        with_stderr=True,
+        returncodes=(2,),
+        timeout=120,
+    )
+    said = [ln for ln in (stdout + stderr).splitlines() if ln.strip()]
+    assert "Traceback" not in stdout + stderr
+    assert len(said) == 1, said  # rank 0 says it, once
+    assert said[0].startswith("pycoll-bench: --device cuda cannot run: ranks 0, 1: ")
+    from pycollectives.cuda import cuda_available
+
+    ok, why = cuda_available()
+    assert (why if not ok else "cupy is not installed") in said[0]
+    assert not out.exists()  # refused before anything ran
+
+
+# A stand-in for cupy whose "device" arrays are numpy arrays (the communicator then takes its
+# host path): it runs --device cuda's plumbing without a GPU: buffers made, filled and read
+# back through cupy's calls, timing with stream synchronisation, the copy bound, host-staged
+# MPI, NCCL's refusal where cupy has no NCCL, and the report.
+FAKE_CUPY = """
+import numpy as np
+
+__version__ = "0.0-fake"
+float32, uint8 = np.float32, np.uint8
+
+
+class _Pointer:
+    def __init__(self, a):
+        self.a = a
+        self.ptr = a.__array_interface__["data"][0]
+
+    def copy_from_device(self, src, size):
+        self.a.view(np.uint8)[:size] = src.a.view(np.uint8)[:size]
+
+
+class ndarray(np.ndarray):
+    @property
+    def data(self):
+        return _Pointer(self)
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        if out is None:
+            return np.array(self)
+        out[...] = self
+        return out
+
+    def set(self, arr, stream=None):
+        assert isinstance(arr, np.ndarray) and arr.shape == self.shape, (arr, self.shape)
+        self[...] = arr
+
+
+def empty(n, dtype=float):
+    return np.empty(n, np.dtype(dtype)).view(ndarray)
+
+
+def ones(n, dtype=float):
+    return np.ones(n, np.dtype(dtype)).view(ndarray)
+
+
+def asnumpy(a):
+    return np.array(a)
+
+
+class _Pool:
+    def free_all_blocks(self):
+        pass
+
+
+def get_default_memory_pool():
+    return _Pool()
+
+
+from cupy import cuda  # noqa: E402
+"""
+
+FAKE_CUPY_CUDA = """
+import types
+
+syncs = []
+
+
+class Device:
+    def __init__(self, i):
+        self.id = i
+
+    def use(self):
+        pass
+
+
+class _Stream:
+    ptr = 0
+
+    def synchronize(self):
+        syncs.append(1)
+
+
+def get_current_stream():
+    return _Stream()
+
+
+runtime = types.SimpleNamespace(
+    getDeviceCount=lambda: 1,
+    getDeviceProperties=lambda i: {"name": b"Fake GPU"},
+    memGetInfo=lambda: (64 << 20, 80 << 30),
+    deviceSynchronize=lambda: None,
+)
+"""
+
+FAKE_CUPY_NCCL = "available = False\n"
+
+FAKE_RUN = """
+import sys
+
+import pycollectives.bench.gpu as gpu
+from pycollectives.bench.main import main
+
+gpu.cuda_status = lambda: ("ok", "")  # the fake GPU is usable
+
+if __name__ == "__main__":
+    rc = main(sys.argv[1:])
+    from cupy.cuda import syncs
+
+    print(f"stream synchronisations: {len(syncs)}")
+    sys.exit(rc)
+"""
+
+
+def test_cuda_plumbing_with_a_fake_cupy(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "cupy" / "cuda").mkdir(parents=True)
+    (fake / "cupy" / "__init__.py").write_text(FAKE_CUPY)
+    (fake / "cupy" / "cuda" / "__init__.py").write_text(FAKE_CUPY_CUDA)
+    (fake / "cupy" / "cuda" / "nccl.py").write_text(FAKE_CUPY_NCCL)
+    (fake / "fake_gpu_bench.py").write_text(FAKE_RUN)
+    out = tmp_path / "rows.json"
+    paths = [str(fake), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {"PYTHONPATH": os.pathsep.join(paths)}
+    stdout = run_mpi(
+        2,
+        "run_module.py",
+        "fake_gpu_bench",
+        "all",
+        "--device",
+        "cuda",
+        "--compare",
+        "nccl,mpi",
+        "-b",
+        "64",
+        "-e",
+        "4K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "-c",
+        "1",
+        "-d",
+        "int32",
+        "--json",
+        str(out),
+        env=env,
+        timeout=120,
+    )
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert {r["collective"] for r in rows} == set(F.COLLECTIVES)
+    assert len(ROW.findall(stdout)) == len(rows) == 3 * len(F.COLLECTIVES)  # 64 B, 512 B, 4K
+    assert all(r["oop"]["wrong"] == r["ip"]["wrong"] == 0 for r in rows)
+    assert all("ratio" in r["compare"]["mpi"] for r in rows)  # host-staged MPI ran
+    nccl = {r["compare"]["nccl"]["skipped"] for r in rows}
+    assert len(nccl) == 1 and "cupy 0.0-fake found no NCCL library" in nccl.pop()
+    meta = data["meta"]
+    assert meta["gpus"] == ["Fake GPU"] and meta["devices"] == [0, 0]
+    assert meta["copy_bw_GBs"] > 0 and meta["nccl"].startswith("cupy 0.0-fake")
+    assert "GPU memory copy bandwidth per rank" in stdout
+    assert "# mpi: mpi4py through host memory" in stdout
+    assert "Out of bounds values : 0 OK" in stdout
+    syncs = int(re.search(r"stream synchronisations: (\d+)", stdout).group(1))
+    assert syncs >= 2 * len(rows) * 2  # ours (out of place, in place): after warm-up and timing
+
+
+@pytest.mark.gpu
+def test_cuda_on_a_gpu(tmp_path):
+    """The real thing (``make gpu-test``): every collective on cupy arrays, checked, against
+    NCCL (or NCCL's reason for not running) and host-staged MPI."""
+    from pycollectives.cuda import cuda_status
+
+    state, why = cuda_status()
+    if state == "broken":
+        pytest.fail(f"a GPU is present but CUDA cannot use it: {why}", pytrace=False)
+    if not _bench_can_use_cuda():
+        pytest.skip(why or "cupy is not installed")
+    out = tmp_path / "rows.json"
+    stdout = run_mpi(
+        2,
+        "run_module.py",
+        "pycollectives.bench",
+        "all",
+        "--device",
+        "cuda",
+        "--compare",
+        "nccl,mpi",
+        "-b",
+        "8",
+        "-e",
+        "4M",
+        "-f",
+        "64",
+        "-n",
+        "5",
+        "-w",
+        "2",
+        "-c",
+        "1",
+        "--json",
+        str(out),
+        timeout=300,
+    )
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert {r["collective"] for r in rows} == set(F.COLLECTIVES)
+    assert all(r["oop"]["wrong"] == r["ip"]["wrong"] == 0 for r in rows)
+    assert all(r["oop"]["time_us"] > 0 and r["bound"]["time_us"] > 0 for r in rows)
+    assert all("ratio" in r["compare"]["mpi"] for r in rows)
+    assert all(set(r["compare"]["nccl"]) & {"ratio", "skipped"} for r in rows)
+    assert data["meta"]["cuda_sync"] in ("kernel", "host") and data["meta"]["copy_bw_GBs"] > 0
+    assert "Out of bounds values : 0 OK" in stdout

@@ -1,12 +1,19 @@
 """nccl-tests for pycollectives: sweep sizes, time each collective, compare, plot.
 
     mpiexec -n 2 python -m pycollectives.bench all_reduce -b 8 -e 64M -f 2 -c 1 --compare mpi
+    mpiexec -n 2 python -m pycollectives.bench all_reduce --device cuda --compare nccl,mpi
 
 Prints nccl-tests' table (out-of-place and in-place time, algbw, busbw, #wrong per size;
 with -c 1 every one of -n further iterations is checked against numpy),
 then, with --compare, each peer's time as a multiple of ours (>1: we are faster) and the
 memory bound (see formulas.py). --json FILE writes the same rows; --plot FILE.png draws
-busbw against size. Times are the slowest rank's mean per call.
+busbw against size. Times are the slowest rank's mean per call: -w warm-up calls, then -n
+calls back to back, timed from a barrier until this rank's stream is synchronised.
+
+--device cuda runs on cupy arrays on each rank's GPU (local rank % device count, or
+PYCOLL_DEVICE) through the CUDA transport; peers there are nccl (cupy.cuda.nccl, else
+torch.distributed) and mpi (mpi4py through host memory: copy out, MPI, copy back), and the
+bound is set by the GPU's device-to-device copy bandwidth.
 """
 
 from __future__ import annotations
@@ -57,8 +64,17 @@ def parse_args(argv=None):
     ap.add_argument("-d", "--datatype", default="float32", choices=DTYPES)
     ap.add_argument("-r", "--root", type=int, default=0)
     ap.add_argument("--algo", default=None, help="ring, tree or direct (default: automatic)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--compare", default="", help="comma-separated: mpi, gloo, nccl")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="cpu: numpy arrays (shared memory); cuda: cupy arrays on each rank's GPU",
+    )
+    ap.add_argument(
+        "--compare",
+        default="",
+        help="comma-separated peers: mpi and gloo (--device cpu), nccl and mpi (--device cuda)",
+    )
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("--plot", help="draw busbw vs size to this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
@@ -74,6 +90,10 @@ def parse_args(argv=None):
     unknown = set(args.compare) - {"mpi", "gloo", "nccl"}
     if unknown:
         ap.error(f"--compare: unknown {', '.join(sorted(unknown))} (choose from mpi, gloo, nccl)")
+    if args.device == "cpu" and "nccl" in args.compare:
+        ap.error("--compare nccl needs --device cuda (NCCL runs on GPU arrays)")
+    if args.device == "cuda" and "gloo" in args.compare:
+        ap.error("--compare gloo runs on host arrays (--device cpu); on cuda: nccl, mpi")
     return args
 
 
@@ -96,12 +116,15 @@ def fill(x, rank, op):
     x[...] = v.astype(x.dtype)
 
 
+def input_of(n, rank, op, dt) -> np.ndarray:
+    """A rank's input of `n` elements (see fill), on the host."""
+    x = np.empty(n, dt)
+    fill(x, rank, op)
+    return x
+
+
 def expected(coll, op, root, n, rank, n_in, dt):
-    ins = []
-    for q in range(n):
-        a = np.empty(n_in, dt)
-        fill(a, q, op)
-        ins.append(a.astype(np.float64))
+    ins = [input_of(n_in, q, op, dt).astype(np.float64) for q in range(n)]
     if coll == "all_gather":
         return np.concatenate(ins)
     if coll == "broadcast":
@@ -124,9 +147,32 @@ def count_wrong(got, want, dt):
     return int(np.count_nonzero(np.abs(g - w) > 1e-2 * np.abs(w) + 1e-6))
 
 
+class HostArrays:
+    """Where Sweep's buffers live: numpy arrays in host memory (--device cpu). gpu.Device is
+    the cupy counterpart, with the same five methods."""
+
+    def empty(self, n, dt):
+        return np.empty(n, dt)
+
+    def put(self, dst, src):
+        """Copies the host array `src` into `dst`."""
+        dst[...] = src
+
+    def host(self, a):
+        """`a` readable on the host (after the work queued on it)."""
+        return a
+
+    def sync(self):
+        """Waits until the collectives this rank has queued have finished."""
+
+    def release(self):
+        """Gives cached memory back between sizes."""
+
+
 class Sweep:
-    def __init__(self, args, comm, mpi):
+    def __init__(self, args, comm, mpi, arrays=None):
         self.args, self.comm, self.mpi = args, comm, mpi
+        self.arrays = HostArrays() if arrays is None else arrays
         self.n, self.rank = comm.size, comm.rank
         self.dt = dtype_of(args.datatype)
         self.corrupt = os.environ.get("PYCOLL_BENCH_CORRUPT") == "1"  # test hook for -c
@@ -164,33 +210,44 @@ class Sweep:
             return x[self.rank * out.size : (self.rank + 1) * out.size]
         return out
 
-    def time_one(self, run, coll, n_in, n_out, in_place, check):
-        a, op = self.args, self.args.op
-        x, out = np.empty(n_in, self.dt), np.empty(n_out, self.dt)
-        fill(x, self.rank, op)
-        if coll == "all_gather" and in_place:
-            out[self.rank * n_in : (self.rank + 1) * n_in] = x
+    def time_one(self, run, coll, n_in, n_out, in_place, check, sync=None):
+        """(seconds per call, wrong elements), nccl-tests' way: -w warm-up calls, then -n calls
+        back to back from a barrier until this rank's queued work is done (`sync`, default the
+        arrays' stream), the slowest rank's mean; the checked calls come after."""
+        a, op, mem = self.args, self.args.op, self.arrays
+        sync = mem.sync if sync is None else sync
+        x, out = mem.empty(n_in, self.dt), mem.empty(n_out, self.dt)
+        x_in = input_of(n_in, self.rank, op, self.dt)
+
+        def reset():
+            mem.put(x, x_in)
+            if coll == "all_gather" and in_place:
+                out[self.rank * n_in : (self.rank + 1) * n_in] = x
+
+        reset()
         for _ in range(a.warmup_iters):
             run(x, out, in_place)
+        sync()
         wrong, checks_here = 0, check and not (coll == "reduce" and self.rank != a.root)
         want = expected(coll, op, a.root, self.n, self.rank, n_in, self.dt) if check else None
         self.mpi.Barrier()
         t0 = time.perf_counter()
         for _ in range(a.iters):
             run(x, out, in_place)
+        sync()
         elapsed = time.perf_counter() - t0
         # Checked iterations run apart from the timed ones: each starts from a fresh input
-        # (in-place runs overwrite it) and its result is compared with the reference.
+        # (in-place runs overwrite it) and its result, copied to the host, is compared with
+        # the reference.
         for it in range(a.iters if check else 0):
-            fill(x, self.rank, op)
-            if coll == "all_gather" and in_place:
-                out[self.rank * n_in : (self.rank + 1) * n_in] = x
+            reset()
             run(x, out, in_place)
-            res = self.result_of(coll, x, out, in_place)
+            res = mem.host(self.result_of(coll, x, out, in_place))
             if self.corrupt and it == 0 and self.rank == 0 and res.size:
                 res.flat[0] = res.flat[0] + 3
             if checks_here:
                 wrong += count_wrong(res, want, self.dt)
+        sync()
         t = self.mpi.allreduce(elapsed / a.iters, op=_max())
         return t, self.mpi.allreduce(wrong)
 
@@ -218,6 +275,7 @@ class Sweep:
                 "wrong": wrong,
             }
         row["compare"] = {}
+        self.arrays.release()
         return row
 
     def compare(self, row, name, run):
@@ -228,7 +286,8 @@ class Sweep:
             return
         coll, size = row["collective"], row["size"]
         n_in, n_out, _ = layout(coll, size, self.dt, self.n)
-        t, _ = self.time_one(run, coll, n_in, n_out, False, False)
+        t, _ = self.time_one(run, coll, n_in, n_out, False, False, getattr(run, "sync", None))
+        self.arrays.release()
         row["compare"][name] = {
             "time_us": t * 1e6,
             "busbw": F.busbw(coll, self.n, size, t),

@@ -15,7 +15,9 @@ avoid, for size S (n ranks):
 A copy of B bytes per second moves 2B bytes of traffic per second, so with B the copy
 bandwidth one rank gets while every rank copies at once (measured on buffers far larger than
 the caches), no implementation takes less than traffic / 2B. Messages that fit in cache can
-beat it; it is a bound for large messages.
+beat it; it is a bound for large messages. With --device cuda, B is the device-to-device copy
+bandwidth of the rank's GPU while every rank copies at once: ranks that share one GPU share its
+memory bandwidth, so B is their share of it.
 """
 
 from __future__ import annotations

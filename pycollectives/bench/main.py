@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import platform
+import sys
 
 from pycollectives.bench import formulas as F
-from pycollectives.bench import peers, report
-from pycollectives.bench.cli import Sweep, parse_args
+from pycollectives.bench import gpu, peers, report
+from pycollectives.bench.cli import Sweep, dtype_of, parse_args
+
+
+def refuse(mpi, message: str) -> int:
+    """One line on rank 0's stderr and exit status 2, on every rank (like a usage error)."""
+    if mpi.rank == 0:
+        print(f"pycoll-bench: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:
@@ -16,39 +24,33 @@ def main(argv=None) -> int:
     import pycollectives as pc
 
     mpi = MPI.COMM_WORLD
-    if args.device == "cuda":
-        if mpi.rank == 0:
-            print(
-                "pycoll-bench: --device cuda: this build has no CUDA transport "
-                "(numpy arrays on the host only)"
-            )
-        return 2
     if not 0 <= args.root < mpi.size:
-        if mpi.rank == 0:
-            print(f"pycoll-bench: -r {args.root} is out of range for {mpi.size} ranks")
-        return 2
+        return refuse(mpi, f"-r {args.root} is out of range for {mpi.size} ranks")
+    dev = None
+    if args.device == "cuda":
+        try:
+            dev = gpu.open_device(mpi, dtype_of(args.datatype))
+        except gpu.Unusable as e:
+            return refuse(mpi, f"--device cuda cannot run: {e}")
     comm = pc.Communicator(mpi)
-    sweep = Sweep(args, comm, mpi)
+    sweep = Sweep(args, comm, mpi, dev)
     colls = list(F.COLLECTIVES) if args.collective == "all" else [args.collective]
-    gloo = peers.Gloo(mpi) if "gloo" in args.compare else None
-    copy_bw = peers.copy_bandwidth(mpi) if args.compare else peers.copy_bandwidth(mpi, 64 << 20)
+    if dev is None:
+        copy_bw = peers.copy_bandwidth(mpi) if args.compare else peers.copy_bandwidth(mpi, 64 << 20)
+    else:
+        copy_bw = gpu.copy_bandwidth(mpi, dev)
+        # The CUDA transport is set up by the first GPU collective: here, not in a timed loop.
+        try:
+            comm.all_reduce(dev.cp.ones(1, dev.cp.float32))
+            dev.sync()
+        except pc.CollectiveError as e:  # raised alike on every rank
+            comm.close()
+            return refuse(mpi, f"--device cuda cannot run: {e}")
     sizes = F.sizes(args.minbytes, args.maxbytes, args.stepfactor)
-    progress = report.Progress(len(sizes) * len(colls), mpi.rank == 0)
-    rows = []
-    title = (
-        f"pycollectives {pc.__version__}, {comm.size} ranks, {platform.machine()}, "
-        f"{args.datatype} {args.op}, algorithm {args.algo or 'auto'}"
-    )
+    progress = report.Progress(len(sizes) * len(colls) * (1 + len(args.compare)), mpi.rank == 0)
+    rows_of = {}
     for coll in colls:
-        runners = {}
-        for name in args.compare:
-            if name == "mpi":
-                runners[name] = peers.mpi_runner(mpi, coll, args.op, args.root, sweep.dt)
-            elif name == "gloo":
-                runners[name] = gloo.runner(coll, args.op, args.root, sweep.dt)
-            else:
-                runners[name] = "NCCL needs --device cuda and a GPU"
-        these = []
+        rows_of[coll] = []
         for nbytes in sizes:
             row = sweep.row(coll, nbytes)
             progress.step(f"{coll} {nbytes} B")
@@ -56,35 +58,74 @@ def main(argv=None) -> int:
                 continue
             t = F.bound_time(coll, row["size"], comm.size, copy_bw)
             row["bound"] = {"time_us": t * 1e6, "busbw": F.busbw(coll, comm.size, row["size"], t)}
-            these.append(row)
-        for name, run in runners.items():  # after all of ours (see Sweep.compare)
-            for row in these:
+            rows_of[coll].append(row)
+    progress.total = progress.done + len(args.compare) * sum(map(len, rows_of.values()))
+    # Peers are set up and run after all of our sizes: some leave threads polling (gloo's,
+    # NCCL's proxies), which would slow whatever runs next.
+    gloo = peers.Gloo(mpi) if "gloo" in args.compare else None
+    nccl = gpu.Nccl(mpi, dev) if "nccl" in args.compare else None
+    for coll in colls:
+        for name in args.compare:
+            if name == "mpi" and dev is None:
+                run = peers.mpi_runner(mpi, coll, args.op, args.root, sweep.dt)
+            elif name == "mpi":
+                run = gpu.staged_runner(mpi, coll, args.op, args.root, sweep.dt)
+            elif name == "gloo":
+                run = gloo.runner(coll, args.op, args.root, sweep.dt)
+            else:
+                run = nccl.runner(coll, args.op, args.root, sweep.dt)
+            for row in rows_of[coll]:
                 sweep.compare(row, name, run)
+                progress.step(f"{name} {coll} {row['size']} B")
+    progress.close()
+
+    title = (
+        f"pycollectives {pc.__version__}, {comm.size} ranks, {platform.machine()}, "
+        f"{args.datatype} {args.op}, algorithm {args.algo or 'auto'}"
+    )
+    meta = {
+        "ranks": comm.size,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        "pycollectives": pc.__version__,
+        "copy_bw_GBs": copy_bw,
+        "args": vars(args),
+    }
+    memory, notes = "memory copy bandwidth per rank, all ranks copying", []
+    if dev is not None:
+        gpus = sorted(set(mpi.allgather(dev.name)))
+        sync_mode = getattr(getattr(comm, "_cuda", None), "sync_mode", None)
+        title += f", cuda on {'/'.join(gpus)}, rank devices {dev.devices}"
+        title += f", {sync_mode} sync" if sync_mode else ""
+        meta.update(gpus=gpus, devices=dev.devices, cuda_sync=sync_mode)
+        memory = "GPU memory copy bandwidth per rank (device to device), all ranks copying"
+        if "mpi" in args.compare:
+            notes.append(("mpi", "mpi4py through host memory: copy to host, MPI, copy back"))
+    if nccl is not None:
+        meta["nccl"] = nccl.what
+        if not nccl.reason:
+            notes.append(("nccl", nccl.what))
+    rows = []
+    for coll in colls:
+        these = rows_of[coll]
         rows += these
         if mpi.rank == 0:
-            progress.close()
             print(report.table_header(f"{coll}: {title}"))
             for r in these:
                 print(report.table_row(r))
             if args.compare:
-                print(report.comparison(these, args.compare, copy_bw))
+                print(report.comparison(these, args.compare, copy_bw, memory, notes))
     if mpi.rank == 0:
         print(report.footer(rows))
-        meta = {
-            "ranks": comm.size,
-            "machine": platform.machine(),
-            "processor": platform.processor(),
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-            "pycollectives": pc.__version__,
-            "copy_bw_GBs": copy_bw,
-            "args": vars(args),
-        }
         if args.json:
             report.write_json(args.json, meta, rows)
         if args.plot:
             report.plot(args.plot, rows, args.compare, title)
     if gloo is not None:
         gloo.close()
+    if nccl is not None:
+        nccl.close()
     comm.close()
     wrong = sum(r["oop"]["wrong"] + r["ip"]["wrong"] for r in rows)
     return 1 if wrong else 0

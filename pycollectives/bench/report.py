@@ -79,9 +79,17 @@ def footer(rows: list) -> str:
     )
 
 
-def comparison(rows: list, names: list, copy_bw: float) -> str:
+def comparison(
+    rows: list,
+    names: list,
+    copy_bw: float,
+    memory: str = "memory copy bandwidth per rank, all ranks copying",
+    notes: list = (),
+) -> str:
+    """Each peer's time / ours per size, the bound, then why peers were skipped and `notes`
+    ((peer, text) pairs: what each peer is)."""
     lines = [
-        f"# memory copy bandwidth per rank, all ranks copying: {copy_bw:.2f} GB/s",
+        f"# {memory}: {copy_bw:.2f} GB/s",
         "# peers' time / ours (>1: ours is faster); bound = least possible time",
         "#{:>12} {:>10} {:>10} {}".format(
             "size", "ours us", "bound us", " ".join(f"{n:>14}" for n in names)
@@ -97,6 +105,7 @@ def comparison(rows: list, names: list, copy_bw: float) -> str:
             + " ".join(cells)
         )
     reasons = {(n, c["skipped"]) for r in rows for n, c in r["compare"].items() if "skipped" in c}
+    lines += [f"# {n}: {text}" for n, text in notes]
     lines += [f"# {n}: {why}" for n, why in sorted(reasons)]
     return "\n".join(lines)
 
