@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -123,7 +124,9 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
       launch_regions(call, call_extents(call, rank_, size_), dtype_size(call.dtype), segments_,
                      layout_.total_bytes(), rank_);
   std::vector<std::exception_ptr> errors(opts_.nblocks);
-  std::atomic<int> running{opts_.nblocks};
+  std::mutex mu;
+  std::condition_variable done;
+  int running = opts_.nblocks;
   std::vector<std::thread> blocks;
   for (int b = 0; b < opts_.nblocks; ++b) {
     blocks.emplace_back([&, b] {
@@ -135,16 +138,19 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
         __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);  // stop the other blocks
       }
       set_current_regions(nullptr);
-      running.fetch_sub(1);
+      std::lock_guard<std::mutex> g(mu);
+      if (--running == 0) done.notify_one();
     });
   }
   // The watchdog: device waits cannot see that a peer process died.
-  while (running.load() > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    for (int r = 0; r < size_ && !aborted_.load(); ++r)
-      if (r != rank_ && !shm_.peer_alive(r))
-        abort(str_cat(w.collective, " #", w.seq, ": rank ", r, " (pid ", shm_.pid_of(r),
-                      ") is no longer running"));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!done.wait_for(lock, std::chrono::milliseconds(2), [&] { return running == 0; })) {
+      for (int r = 0; r < size_ && !aborted_.load(); ++r)
+        if (r != rank_ && !shm_.peer_alive(r))
+          abort(str_cat(w.collective, " #", w.seq, ": rank ", r, " (pid ", shm_.pid_of(r),
+                        ") is no longer running"));
+    }
   }
   for (std::thread& t : blocks) t.join();
   if (drill) drill_fault();
