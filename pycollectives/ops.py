@@ -21,26 +21,67 @@ MIN = ReduceOp.MIN
 MAX = ReduceOp.MAX
 AVG = ReduceOp.AVG
 
-# Anything a caller may pass as `op`, mapped to the native code.
-_OP_CODES: dict = {}
-for _op in ReduceOp:
-    _OP_CODES[_op] = int(_op)
-    _OP_CODES[_op.name] = int(_op)
-    _OP_CODES[_op.name.lower()] = int(_op)
+# Names a caller may pass as `op`: "sum", "SUM", ...
+_OP_NAMES = {name: op for op in ReduceOp for name in (op.name, op.name.lower())}
+# Twins in torch.distributed.ReduceOp (by name) and mpi4py's MPI.Op (by identity).
+_TORCH_TWINS = {"SUM": SUM, "PRODUCT": PROD, "MIN": MIN, "MAX": MAX, "AVG": AVG}
+_MPI_TWINS = ("SUM", "PROD", "MIN", "MAX")
+
+
+def _torch_op(op):
+    """The twin of a torch.distributed.ReduceOp, None if `op` is not one; TypeError if it has
+    no twin here (BAND, BOR, BXOR, PREMUL_SUM)."""
+    if not type(op).__module__.startswith("torch."):
+        return None
+    name = getattr(op, "name", None)
+    if name is None:  # a ReduceOp object wrapping a RedOpType
+        import torch.distributed as dist
+
+        name = next((n for n in _TORCH_TWINS if op == getattr(dist.ReduceOp, n)), repr(op))
+    if name not in _TORCH_TWINS:
+        raise TypeError(f"op: torch.distributed.ReduceOp.{name} has no pycollectives equivalent")
+    return _TORCH_TWINS[name]
+
+
+def _mpi_op(op):
+    """The twin of an mpi4py MPI.Op, None if `op` is not one; TypeError if it has no twin."""
+    if type(op).__module__ != "mpi4py.MPI" or type(op).__name__ != "Op":
+        return None
+    from mpi4py import MPI
+
+    for name in _MPI_TWINS:
+        if op == getattr(MPI, name):
+            return ReduceOp[name]
+    raise TypeError(f"op: MPI.Op {op!r} has no pycollectives equivalent (sum, prod, min, max)")
+
+
+def op_code(op) -> int:
+    """Native code of `op`: a ReduceOp (pc.SUM, ...) or its name ("sum", ...), or the twin of a
+    torch.distributed.ReduceOp or an mpi4py MPI.Op. Anything else, plain integers included, is a
+    TypeError: an integer could mean another library's numbering."""
+    if isinstance(op, ReduceOp):
+        return int(op)
+    if isinstance(op, str):
+        try:
+            return int(_OP_NAMES[op])
+        except KeyError:
+            raise ValueError(
+                f"op must be one of {', '.join(o.name.lower() for o in ReduceOp)}, got {op!r}"
+            ) from None
+    twin = _torch_op(op)
+    if twin is None:
+        twin = _mpi_op(op)
+    if twin is None:
+        raise TypeError(
+            f"op must be a pycollectives ReduceOp (pc.SUM, ...), its name, or a torch.distributed"
+            f".ReduceOp or MPI.Op with a twin here, got {op!r} of type {type(op).__name__}"
+        )
+    return int(twin)
+
 
 # Algorithm names and their native codes; None means "choose automatically".
 ALGORITHMS = ("ring", "tree", "direct")
 _ALGO_CODES = {None: 0, "auto": 0, "ring": 1, "tree": 2, "direct": 3}
-
-
-def op_code(op) -> int:
-    """Native code of `op` (a ReduceOp or its name), or a ValueError naming the choices."""
-    try:
-        return _OP_CODES[op]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"op must be one of {', '.join(o.name.lower() for o in ReduceOp)}, got {op!r}"
-        ) from None
 
 
 def algo_code(algorithm) -> int:

@@ -48,7 +48,8 @@ def main():
             ),
             (ValueError, ["out", "elements"], comm.all_reduce, (f32, np.empty(9, np.float32)), {}),
             (ValueError, ["op"], comm.all_reduce, (f32,), {"op": "median"}),
-            (ValueError, ["op"], comm.all_reduce, (f32,), {"op": 17}),
+            (TypeError, ["op", "int"], comm.all_reduce, (f32,), {"op": 17}),
+            (TypeError, ["op", "int"], comm.all_reduce, (f32,), {"op": 1}),  # not PROD
             (ValueError, ["avg", "int32"], comm.all_reduce, (np.ones(4, np.int32),), {"op": "avg"}),
             (ValueError, ["algorithm"], comm.all_reduce, (f32,), {"algorithm": "carrier-pigeon"}),
             (ValueError, ["root", "range"], comm.broadcast, (f32,), {"root": n}),
