@@ -32,6 +32,15 @@ struct Regions {
 const Regions* current_regions();
 void set_current_regions(const Regions* r);
 
+// Installs a launch's regions on this thread for a scope.
+class RegionsScope {
+ public:
+  explicit RegionsScope(const Regions* r) { set_current_regions(r); }
+  ~RegionsScope() { set_current_regions(nullptr); }
+  RegionsScope(const RegionsScope&) = delete;
+  RegionsScope& operator=(const RegionsScope&) = delete;
+};
+
 [[noreturn]] void fail_access(const void* p, size_t bytes, bool write);
 [[noreturn]] void fail(const char* what);
 

@@ -80,15 +80,20 @@ const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
 }
 
 // The buffers the device code may touch in this call.
-static Regions launch_regions(const CollectiveCall& call, const CallExtents& ext, size_t esize,
-                              const std::vector<uint8_t*>& segments, size_t segment_bytes,
-                              int rank) {
+Regions EmuComm::launch_regions(const CollectiveCall& call) const {
+  const CallExtents ext = call_extents(call, rank_, size_);
+  const size_t esize = dtype_size(call.dtype);
   Regions r;
-  for (int q = 0; q < static_cast<int>(segments.size()); ++q)
-    r.list.push_back({segments[q], segment_bytes, q == rank, "device segment", q});
+  for (int q = 0; q < size_; ++q)
+    r.list.push_back({segments_[q], layout_.total_bytes(), q == rank_, "device segment", q});
   r.list.push_back({static_cast<const uint8_t*>(call.in), ext.in * esize, false, "input", -1});
   r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
   return r;
+}
+
+cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) {
+  return cuda::LaunchSetup{rank_,    size_,         layout_,         segments_.data(),
+                           &status_, &error_claim_, opts_.timeout_s, use_flags};
 }
 
 void EmuComm::check_status(const char* name, uint64_t seq) {
@@ -114,15 +119,11 @@ void EmuComm::drill_fault() const {
 // One launch for the whole collective: a thread per block, waiting on device flags.
 void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan,
                               const WaitContext& w) {
-  cuda::LaunchSetup setup{rank_,    size_,         layout_,         segments_.data(),
-                          &status_, &error_claim_, opts_.timeout_s, true};
-  cuda::KernelArgs a =
-      cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(), counters_);
+  cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
+                                              plan.steps.size(), counters_);
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
-  const Regions regions =
-      launch_regions(call, call_extents(call, rank_, size_), dtype_size(call.dtype), segments_,
-                     layout_.total_bytes(), rank_);
+  const Regions regions = launch_regions(call);
   std::vector<std::exception_ptr> errors(opts_.nblocks);
   std::mutex mu;
   std::condition_variable done;
@@ -130,14 +131,13 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
   std::vector<std::thread> blocks;
   for (int b = 0; b < opts_.nblocks; ++b) {
     blocks.emplace_back([&, b] {
-      set_current_regions(&regions);
+      const RegionsScope scope(&regions);
       try {
         run_block(call.dtype, a, b, opts_.threads);
       } catch (...) {
         errors[b] = std::current_exception();
         __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);  // stop the other blocks
       }
-      set_current_regions(nullptr);
       std::lock_guard<std::mutex> g(mu);
       if (--running == 0) done.notify_one();
     });
@@ -162,28 +162,19 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
 // One launch per step, its blocks in turn; the host waits for the peers between launches.
 void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
                             const WaitContext& w) {
-  cuda::LaunchSetup setup{rank_,    size_,         layout_,         segments_.data(),
-                          &status_, &error_claim_, opts_.timeout_s, false};
-  const Regions regions =
-      launch_regions(call, call_extents(call, rank_, size_), dtype_size(call.dtype), segments_,
-                     layout_.total_bytes(), rank_);
-  set_current_regions(&regions);
-  try {
-    for (size_t i = 0; i < plan.steps.size(); ++i) {
-      if (opts_.fault_seq == w.seq && i == static_cast<size_t>(opts_.fault_step)) drill_fault();
-      cuda::host_wait_step(shm_, counters_, plan.steps[i], w);
-      cuda::KernelArgs a =
-          cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(), counters_);
-      a.first_step = static_cast<uint32_t>(i);
-      a.end_step = static_cast<uint32_t>(i + 1);
-      for (int b = 0; b < opts_.nblocks; ++b) run_block(call.dtype, a, b, opts_.threads);
-      cuda::host_publish_step(shm_, counters_, plan.steps[i]);
-    }
-  } catch (...) {
-    set_current_regions(nullptr);
-    throw;
+  const cuda::LaunchSetup setup = launch_setup(false);
+  const Regions regions = launch_regions(call);
+  const RegionsScope scope(&regions);
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    if (opts_.fault_seq == w.seq && i == static_cast<size_t>(opts_.fault_step)) drill_fault();
+    cuda::host_wait_step(shm_, counters_, plan.steps[i], w);
+    cuda::KernelArgs a =
+        cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(), counters_);
+    a.first_step = static_cast<uint32_t>(i);
+    a.end_step = static_cast<uint32_t>(i + 1);
+    for (int b = 0; b < opts_.nblocks; ++b) run_block(call.dtype, a, b, opts_.threads);
+    cuda::host_publish_step(shm_, counters_, plan.steps[i]);
   }
-  set_current_regions(nullptr);
 }
 
 void EmuComm::run(const CollectiveCall& call) {

@@ -19,7 +19,9 @@
 
 #include "algo/call.h"
 #include "cuda/device_step.h"
+#include "cuda/host_sync.h"
 #include "cuda/plan.h"
+#include "emu/emu_checks.h"
 #include "host/executor.h"
 #include "host/shm_segment.h"
 #include "host/shm_transport.h"
@@ -74,6 +76,8 @@ class EmuComm {
   const cuda::Plan& plan_for(const CollectiveCall& call, Algo algo);
   void run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
   void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
+  Regions launch_regions(const CollectiveCall& call) const;
+  cuda::LaunchSetup launch_setup(bool use_flags);
   void check_status(const char* name, uint64_t seq);
   [[noreturn]] void drill_fault() const;
   WaitContext wait_context(const char* name, uint64_t seq) const;
