@@ -294,6 +294,20 @@ void bind_host_comm(py::module_& m) {
           },
           py::arg("collective"), py::arg("bytes"))
       .def(
+          "run",
+          [](HostComm& c, const std::string& collective, py::handle x, py::handle out, int root,
+             int op, int algo, bool async_op, py::handle counts, py::handle in_splits,
+             py::handle out_splits) {
+            const Collective coll = collective_arg(collective);
+            if (!counts.is_none() || !in_splits.is_none() || !out_splits.is_none())
+              throw InvalidArgument(str_cat(collective, ": uneven sizes are not supported"));
+            return dispatch(c, parse_call(coll, x, out, root, op, algo, c.rank(), c.size()),
+                            async_op);
+          },
+          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"),
+          py::arg("algorithm"), py::arg("async_op") = false, py::arg("counts") = py::none(),
+          py::arg("in_splits") = py::none(), py::arg("out_splits") = py::none())
+      .def(
           "all_reduce",
           [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op) {
             return dispatch(
@@ -442,6 +456,32 @@ void bind_schedules(py::module_& m) {
   m.attr("NO_PEER") = kNoPeer;
 }
 
+// The codes of collectives, algorithms, dtypes and ops, by name in code order: the one table
+// the Python layers read (a name's index is its native code).
+void bind_codes(py::module_& m) {
+  py::tuple colls(kNumCollectives), algos(kNumAlgos), dtypes(kNumDTypes), ops(kNumRedOps);
+  py::dict algos_for;
+  py::list reducing;
+  for (int k = 0; k < kNumCollectives; ++k) {
+    const auto c = static_cast<Collective>(k);
+    colls[k] = collective_name(c);
+    py::list supported;
+    for (int a = 1; a < kNumAlgos; ++a)
+      if (algo_supports(static_cast<Algo>(a), c)) supported.append(algo_name(static_cast<Algo>(a)));
+    algos_for[collective_name(c)] = py::tuple(supported);
+    if (carries_partials(c)) reducing.append(collective_name(c));
+  }
+  for (int k = 0; k < kNumAlgos; ++k) algos[k] = algo_name(static_cast<Algo>(k));
+  for (int k = 0; k < kNumDTypes; ++k) dtypes[k] = dtype_name(static_cast<DType>(k));
+  for (int k = 0; k < kNumRedOps; ++k) ops[k] = redop_name(static_cast<RedOp>(k));
+  m.attr("COLLECTIVES") = colls;
+  m.attr("ALGORITHMS") = algos;
+  m.attr("DTYPES") = dtypes;
+  m.attr("OPS") = ops;
+  m.attr("ALGORITHMS_FOR") = algos_for;
+  m.attr("REDUCING") = py::tuple(reducing);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -460,6 +500,7 @@ PYBIND11_MODULE(_C, m) {
   bind_host_comm(m);
   bind_schedules(m);
   bind_emu_comm(m);
+  bind_codes(m);
   m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),
         py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"));
   m.def("check_described_args", &check_described_args, py::arg("collective"), py::arg("x"),

@@ -10,10 +10,12 @@ Example (run with ``mpiexec -n 2 python example.py``)::
         comm.all_reduce(x, op=pc.SUM)   # in place: every rank now holds 0 + 1 + ...
 """
 
+from pycollectives.backends import P2POp
 from pycollectives.communicator import Communicator
 from pycollectives.ddp import DataParallel, DistributedSampler, GradientBucketer
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.ops import ALGORITHMS, AVG, MAX, MIN, PROD, SUM, ReduceOp
+from pycollectives.options import Options
 from pycollectives.work import Work
 
 __version__ = "0.1.0"
@@ -32,6 +34,8 @@ __all__ = [
     "DataParallel",
     "DistributedSampler",
     "GradientBucketer",
+    "Options",
+    "P2POp",
     "ReduceOp",
     "Work",
 ]

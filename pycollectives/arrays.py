@@ -19,17 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Native dtype codes (csrc/common/dtypes.h).
-DTYPE_CODES = {
-    "int8": 0,
-    "uint8": 1,
-    "int32": 2,
-    "int64": 3,
-    "float16": 4,
-    "bfloat16": 5,
-    "float32": 6,
-    "float64": 7,
-}
+from pycollectives.ops import DTYPES
+
+# Native dtype codes, from the core.
+DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}
 DTYPE_SIZES = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8}
 DTYPE_SIZES.update({"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8})
 SUPPORTED = "int8, uint8, int32, int64, float16, bfloat16, float32, float64 in native byte order"
@@ -295,3 +288,20 @@ def current_stream(info: ArrayInfo) -> int:
     if isinstance(info.stream, int):
         return info.stream
     return 0
+
+
+def host_view(obj):
+    """`obj` as a numpy array without a copy when it is a torch CPU tensor (bfloat16 through
+    ml_dtypes); anything else unchanged (the native layer says what is wrong with it)."""
+    if not _is_torch_tensor(obj) or obj.is_cuda or obj.device.type != "cpu":
+        return obj
+    t = obj.detach()
+    if str(t.dtype) == "torch.bfloat16":
+        import ml_dtypes
+        import torch
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    try:
+        return t.numpy()
+    except TypeError:  # a dtype numpy lacks: the caller's error names it
+        return obj

@@ -30,8 +30,8 @@ from __future__ import annotations
 import os
 
 from pycollectives import arrays
-from pycollectives.communicator import _env_number
-from pycollectives.cuda_args import COLLECTIVES, TREE_COLLECTIVES, check_call
+from pycollectives.bootstrap import as_group
+from pycollectives.cuda_args import check_call
 from pycollectives.cuda_env import (  # noqa: F401 (cuda_diagnostics and cuda_status: public)
     _native,
     cuda_available,
@@ -40,44 +40,9 @@ from pycollectives.cuda_env import (  # noqa: F401 (cuda_diagnostics and cuda_st
     mps_active,
 )
 from pycollectives.errors import CollectiveError
-from pycollectives.ops import ALGORITHMS, algo_code, op_code
+from pycollectives.ops import ALGORITHMS_FOR, algo_code, collective_code, op_code
+from pycollectives.options import Options
 from pycollectives.work import InFlight, Work
-
-SYNC_MODES = ("kernel", "host")
-
-DEFAULT_STAGING_BYTES = 1 << 20
-DEFAULT_STAGING_SLOTS = 4
-DEFAULT_BLOCKS = 16
-
-
-def comm_options(timeout: float, environ=None):
-    """The native CudaCommOptions from the environment: the CUDA staging knobs, and the knobs
-    the host path shares (PYCOLL_ONESHOT_BYTES, PYCOLL_DEBUG, PYCOLL_CHECK_MISMATCH)."""
-    environ = os.environ if environ is None else environ
-    opts = _native().CudaCommOptions()
-    opts.timeout = float(timeout)
-
-    def number(name, default, kind):
-        return _env_number(name, default, kind, environ)
-
-    opts.slot_bytes = number("PYCOLL_CUDA_STAGING_BYTES", DEFAULT_STAGING_BYTES, int)
-    opts.nslots = number("PYCOLL_CUDA_STAGING_SLOTS", DEFAULT_STAGING_SLOTS, int)
-    opts.nblocks = number("PYCOLL_CUDA_BLOCKS", DEFAULT_BLOCKS, int)
-    opts.oneshot_max_bytes = number("PYCOLL_ONESHOT_BYTES", opts.oneshot_max_bytes, int)
-    opts.debug = environ.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE")
-    opts.check_mismatch = environ.get("PYCOLL_CHECK_MISMATCH", "1") != "0"
-    return opts
-
-
-def sync_mode_override(environ=None) -> str | None:
-    """``PYCOLL_CUDA_SYNC`` (kernel or host), or None for the automatic choice."""
-    environ = os.environ if environ is None else environ
-    raw = (environ.get("PYCOLL_CUDA_SYNC") or "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if raw not in SYNC_MODES:
-        raise ValueError(f"PYCOLL_CUDA_SYNC={raw!r}: expected kernel, host or auto")
-    return raw
 
 
 def choose_sync_mode(uuids: list, mps: list, forced: list | None = None) -> str:
@@ -225,24 +190,25 @@ class CudaComm:
     ``PYCOLL_DEBUG=INFO``.
     """
 
-    def __init__(self, mpi_comm, rank, size, *, timeout, device=None, arrays=None):
-        from mpi4py import MPI
+    def __init__(
+        self, mpi_comm, rank, size, *, timeout=None, device=None, arrays=None, options=None
+    ):
+        group = as_group(mpi_comm)
+        options = Options.resolve(timeout=timeout) if options is None else options
+        if timeout is not None and timeout != options.timeout:
+            options = options.replace(timeout=float(timeout))
+        timeout = options.timeout
 
-        if (mpi_comm.Get_rank(), mpi_comm.Get_size()) != (rank, size):
+        if (group.rank, group.size) != (rank, size):
             raise ValueError(
-                f"rank/size {rank}/{size} do not match the MPI communicator's "
-                f"{mpi_comm.Get_rank()}/{mpi_comm.Get_size()}"
+                f"rank/size {rank}/{size} do not match the communicator's {group.rank}/{group.size}"
             )
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
         self.rank, self.size = rank, size
         self.device = None
         self._c = None
         self._inflight = InFlight()
-        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        local_rank, node_size = node.Get_rank(), node.Get_size()
-        node.Free()
-        self._forced = (os.environ.get("PYCOLL_ALGO") or "").lower() or None
+        local_rank, node_size = group.local()
+        self._forced = options.algorithm
         opts, native, error, forced_sync = None, None, None, None
         try:
             if node_size != size:
@@ -253,13 +219,11 @@ class CudaComm:
             ok, why = cuda_available()
             if not ok:
                 raise CollectiveError(f"CUDA is not available: {why}")
-            if self._forced is not None and self._forced not in ALGORITHMS:
-                raise ValueError(f"PYCOLL_ALGO={self._forced!r}: expected one of {ALGORITHMS}")
-            forced_sync = sync_mode_override()
+            forced_sync = options.cuda_sync
             cu = _native()
             on = None if arrays is None else arrays_device(arrays)
             self.device = choose_device(device, local_rank, cu.device_count()[0], arrays_device=on)
-            opts = comm_options(timeout)
+            opts = options.cuda_options(cu)
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (opts.slot_bytes, opts.nslots, opts.nblocks),
@@ -274,7 +238,7 @@ class CudaComm:
             error = f"{type(e).__name__}: {e}"
             report = (None, None, None, None, False, None, error)
         # One exchange: a failure on any rank is an error on every rank, never a hang.
-        reports = mpi_comm.allgather(report)
+        reports = group.allgather(report)
         failed = [(r, rep[6]) for r, rep in enumerate(reports) if rep[6] is not None]
         if failed:
             if native is not None:
@@ -296,7 +260,7 @@ class CudaComm:
             native.attach([rep[1] for rep in reports], [rep[2] for rep in reports], self.sync_mode)
         except (CollectiveError, ValueError) as e:
             error = str(e)
-        errors = mpi_comm.allgather(error)
+        errors = group.allgather(error)
         native.unlink()
         failed = [(r, msg) for r, msg in enumerate(errors) if msg is not None]
         if failed:
@@ -349,9 +313,36 @@ class CudaComm:
 
     # -- collectives --------------------------------------------------------------------------
 
-    def run(self, collective, x, out, op, root, algorithm, stream, async_op, result):
+    def run(self, call):
+        """Checks and queues a ``backends.Call``; returns its completion handle (the
+        Communicator's backend protocol)."""
+        if call.counts is not None or call.in_splits is not None:
+            raise CollectiveError(
+                f"{call.collective}: uneven sizes on CUDA arrays are not supported"
+            )
+        return self._launch(
+            call.collective, call.x, call.out, call.op, call.root, call.algorithm, call.stream,
+            call.async_op,
+        )  # fmt: skip
+
+    def p2p(self, ops, async_op):
+        raise CollectiveError(
+            "send/recv of CUDA arrays is not supported by the CUDA transport; copy to host memory"
+        )
+
+    def algorithm_for(self, collective: str, nbytes: int) -> str:
+        return self._forced if self._forced in ALGORITHMS_FOR[collective] else "auto"
+
+    def _queue(self, collective, x, out, op, root, algorithm, stream, async_op, result):
         """Checks and queues one collective (`collective` by name); returns `result`, or a
         ``Work`` with `async_op`. The named methods below are its usual spellings."""
+        completion = self._launch(collective, x, out, op, root, algorithm, stream, async_op)
+        # The arrays stay referenced until the GPU is done with them, waited for or not.
+        work = Work(completion, (x, out), result)
+        self._inflight.add(work)
+        return work if async_op else result
+
+    def _launch(self, collective, x, out, op, root, algorithm, stream, async_op):
         c = self._native_comm()
         op = op_code(op) if isinstance(op, str) else op
         algorithm = (
@@ -363,34 +354,31 @@ class CudaComm:
             collective, x, out, op, root, algorithm, self.rank, self.size, self.device
         )
         if algorithm == 0 and self._forced is not None:
-            if self._forced != "tree" or collective in TREE_COLLECTIVES:
+            if self._forced in ALGORITHMS_FOR[collective]:
                 algorithm = algo_code(self._forced)
         s = arrays.current_stream(xi) if stream is None else arrays.stream_handle(stream)
-        code = COLLECTIVES.index(collective)
+        code = collective_code(collective)
         native = c.run(
             code, xi.ptr, oi.ptr, count, xi.dtype, op or 0, root or 0, algorithm, s, async_op
         )
-        # The arrays stay referenced until the GPU is done with them, waited for or not.
-        work = Work(_CudaCompletion(native, self, s), (x, out), result)
-        self._inflight.add(work)
-        return work if async_op else result
+        return _CudaCompletion(native, self, s)
 
     def all_reduce(self, x, out=None, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out
-        return self.run("all_reduce", x, out, op, None, algorithm, stream, async_op, res)
+        return self._queue("all_reduce", x, out, op, None, algorithm, stream, async_op, res)
 
     def reduce_scatter(self, x, out, op=0, algorithm=None, stream=None, async_op=False):
-        return self.run("reduce_scatter", x, out, op, None, algorithm, stream, async_op, out)
+        return self._queue("reduce_scatter", x, out, op, None, algorithm, stream, async_op, out)
 
     def all_gather(self, x, out, algorithm=None, stream=None, async_op=False):
-        return self.run("all_gather", x, out, None, None, algorithm, stream, async_op, out)
+        return self._queue("all_gather", x, out, None, None, algorithm, stream, async_op, out)
 
     def broadcast(self, x, root=0, algorithm=None, stream=None, async_op=False):
-        return self.run("broadcast", x, None, None, root, algorithm, stream, async_op, x)
+        return self._queue("broadcast", x, None, None, root, algorithm, stream, async_op, x)
 
     def reduce(self, x, out=None, root=0, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out
-        return self.run("reduce", x, out, op, root, algorithm, stream, async_op, res)
+        return self._queue("reduce", x, out, op, root, algorithm, stream, async_op, res)
 
     def barrier(self):
         """Returns once this rank's queued collectives have finished on the GPU and every rank

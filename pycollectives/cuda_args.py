@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from pycollectives import _C, arrays
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
-TREE_COLLECTIVES = ("all_reduce", "broadcast", "reduce")
-
 
 def gpu_array(obj, fn: str, name: str, writable: bool, device) -> arrays.ArrayInfo:
     """Describes a CUDA array argument, or raises TypeError/ValueError saying what is wrong

@@ -21,98 +21,16 @@ code runs, and is tested, on one machine; ``k:cyclic`` deals the ranks out round
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
 from pycollectives import _C
+from pycollectives.bootstrap import MpiGroup
 from pycollectives.errors import CollectiveError, CollectiveTimeout
-from pycollectives.ops import AVG, algo_code
-
-_ALL = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
-_INTER_ALGOS = {c: ("ring", "tree", "direct") for c in _ALL}
-_INTER_ALGOS["reduce_scatter"] = _INTER_ALGOS["all_gather"] = ("ring", "direct")
-
-
-class Topology:
-    """Which node each rank is on.
-
-    ``nodes[i]`` lists the ranks of node i in ascending order; nodes are ordered by their
-    lowest rank. A rank's local rank is its position in its node's list.
-    """
-
-    def __init__(self, node_keys):
-        order: dict = {}
-        for key in node_keys:
-            order.setdefault(key, len(order))
-        self.node_of = [order[k] for k in node_keys]
-        self.nodes = [[] for _ in order]
-        for rank, node in enumerate(self.node_of):
-            self.nodes[node].append(rank)
-        self.local_of = [self.nodes[node].index(r) for r, node in enumerate(self.node_of)]
-
-    @classmethod
-    def discover(cls, comm, ranks_per_node=None, cyclic=False):
-        """Nodes of an mpi4py communicator: the machines (``COMM_TYPE_SHARED``), each split
-        into nodes of `ranks_per_node` ranks if given (consecutive ranks, or dealt out
-        round-robin if `cyclic`). Collective over `comm`."""
-        from mpi4py import MPI
-
-        rank = comm.Get_rank()
-        host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        try:
-            leader = host.bcast(rank, root=0)
-            local, on_host = host.Get_rank(), host.Get_size()
-        finally:
-            host.Free()
-        if not ranks_per_node:
-            part = 0
-        elif cyclic:
-            part = local % max(1, on_host // ranks_per_node)
-        else:
-            part = local // ranks_per_node
-        return cls(comm.allgather((leader, part)))
-
-    @property
-    def size(self) -> int:
-        return len(self.node_of)
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.nodes)
-
-    @property
-    def ranks_per_node(self):
-        """Ranks on every node, or None when nodes differ."""
-        sizes = {len(n) for n in self.nodes}
-        return sizes.pop() if len(sizes) == 1 else None
-
-    def group(self, local_rank: int) -> list:
-        """The ranks with this local rank, one per node, in node order."""
-        return [node[local_rank] for node in self.nodes]
-
-    def describe(self) -> str:
-        return " | ".join(",".join(map(str, n)) for n in self.nodes)
-
-
-def ranks_per_node_from_env():
-    """(ranks per emulated node or None, cyclic) from PYCOLL_RANKS_PER_NODE."""
-    raw = os.environ.get("PYCOLL_RANKS_PER_NODE", "")
-    if raw == "":
-        return None, False
-    number, _, layout = raw.partition(":")
-    try:
-        k = int(number)
-    except ValueError:
-        k = 0
-    if k < 1 or layout not in ("", "cyclic"):
-        raise ValueError(
-            f"PYCOLL_RANKS_PER_NODE={raw!r}: expected a positive integer, optionally followed "
-            "by ':cyclic'"
-        )
-    return k, layout == "cyclic"
+from pycollectives.ops import ALGORITHMS_FOR, AVG, algo_code
+from pycollectives.topology import Topology
 
 
 class _FutureWork:
@@ -146,7 +64,52 @@ class Hierarchical:
     a time in issue order, asynchronous ones on a worker thread.
     """
 
+    @classmethod
+    def connect(cls, group, opts, topology: Topology):
+        """Shared memory inside this node, MPI between nodes: collective over `group` (an
+        ``MpiGroup``; `opts` the communicator's ``Options``)."""
+        from pycollectives.backends import rendezvous
+
+        rank, mpi = group.rank, group.mpi
+        if mpi is None:
+            raise CollectiveError(
+                f"a communicator over {topology.num_nodes} nodes needs MPI between them; "
+                "launch with mpiexec"
+            )
+        if topology.ranks_per_node is None:
+            raise ValueError(
+                "hierarchical collectives need the same number of ranks on every node; nodes "
+                f"have {', '.join(str(len(n)) for n in topology.nodes)} ranks "
+                f"({topology.describe()})"
+            )
+        node_group = MpiGroup(mpi.Split(topology.node_of[rank], key=rank), dup=False)
+        node_group._owned = True  # the split is ours to free
+        host, error = None, None
+        try:
+            host = rendezvous(node_group, opts)
+        except (CollectiveError, ValueError) as e:
+            error = f"rank {rank}: {e}"
+        # One node's failure is every rank's error, not a hang on the other nodes.
+        errors = [e for e in group.allgather(error) if e is not None]
+        if errors:
+            node_group.free()
+            raise CollectiveError("cannot set up the nodes: " + "; ".join(errors))
+        try:
+            from pycollectives import _net
+        except ImportError as e:
+            node_group.free()
+            raise CollectiveError(
+                "this build has no inter-node transport (it was built without MPI headers; "
+                f"reinstall with mpi4py's MPI present): {e}"
+            ) from None
+        net = _net.NetComm(mpi, piece_bytes=opts.net_piece_bytes, window=8, timeout=opts.timeout)
+        inter = opts.inter_algorithm or opts.algorithm
+        hier = cls(topology, rank, host, net, inter_algo=inter)
+        hier._node_group = node_group
+        return hier
+
     def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
+        self._node_group = None
         self.topo = topology
         self.rank = rank
         self.size = topology.size
@@ -199,6 +162,41 @@ class Hierarchical:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._node_group is not None:
+            self._node_group.free()
+            self._node_group = None
+
+    # -- the backend protocol (pycollectives.backends) ----------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        return self.host.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float):
+        self.host.timeout = seconds
+        self.net.timeout = seconds
+
+    def algorithm_for(self, collective: str, nbytes: int) -> str:
+        return "hierarchical"
+
+    def run(self, call):
+        """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
+        a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
+        c, x, out, op, root, async_op = (
+            call.collective, call.x, call.out, call.op, call.root, call.async_op
+        )  # fmt: skip
+        if c == "all_reduce":
+            return self.all_reduce(x, out, op, a, async_op)
+        if c == "reduce_scatter":
+            return self.reduce_scatter(x, out, op, a, async_op)
+        if c == "all_gather":
+            return self.all_gather(x, out, a, async_op)
+        if c == "broadcast":
+            return self.broadcast(x, root, a, async_op)
+        if c == "reduce":
+            return self.reduce(x, out, root, op, a, async_op)
+        raise CollectiveError(f"{c} is not supported on a communicator over several nodes")
 
     def _check_usable(self):
         if self._error is not None:
@@ -206,7 +204,7 @@ class Hierarchical:
 
     def _inter(self, collective, nbytes):
         forced = self.inter_algo
-        if forced is not None and forced in _INTER_ALGOS[collective]:
+        if forced is not None and forced in ALGORITHMS_FOR[collective]:
             return forced
         return "ring"
 

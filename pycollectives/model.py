@@ -33,10 +33,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from pycollectives import _C
-from pycollectives.bench.formulas import bus_factor
+from pycollectives.ops import bus_factor
 
 CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")
-_TREE = ("all_reduce", "broadcast", "reduce")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,22 @@
-"""Reduction operators and algorithm names."""
+"""Reduction operators, and the names of collectives, algorithms and dtypes.
+
+The names come from the native core (``_C``), in code order: a name's index is the code the
+core takes, so no Python table can drift from it.
+"""
 
 from __future__ import annotations
 
 import enum
+
+from pycollectives import _C
+
+COLLECTIVES: tuple = _C.COLLECTIVES
+DTYPES: tuple = _C.DTYPES
+# Algorithm names (without "auto"), and those each collective has.
+ALGORITHMS: tuple = _C.ALGORITHMS[1:]
+ALGORITHMS_FOR: dict = dict(_C.ALGORITHMS_FOR)
+# Collectives that reduce (take op=).
+REDUCING: tuple = _C.REDUCING
 
 
 class ReduceOp(enum.IntEnum):
@@ -20,6 +34,7 @@ PROD = ReduceOp.PROD
 MIN = ReduceOp.MIN
 MAX = ReduceOp.MAX
 AVG = ReduceOp.AVG
+assert tuple(o.name.lower() for o in ReduceOp) == _C.OPS, "ReduceOp out of step with the core"
 
 # Names a caller may pass as `op`: "sum", "SUM", ...
 _OP_NAMES = {name: op for op in ReduceOp for name in (op.name, op.name.lower())}
@@ -79,9 +94,8 @@ def op_code(op) -> int:
     return int(twin)
 
 
-# Algorithm names and their native codes; None means "choose automatically".
-ALGORITHMS = ("ring", "tree", "direct")
-_ALGO_CODES = {None: 0, "auto": 0, "ring": 1, "tree": 2, "direct": 3}
+_ALGO_CODES = {name: code for code, name in enumerate(_C.ALGORITHMS)}
+_ALGO_CODES[None] = 0
 
 
 def algo_code(algorithm) -> int:
@@ -92,3 +106,26 @@ def algo_code(algorithm) -> int:
         raise ValueError(
             f"algorithm must be None or one of {', '.join(ALGORITHMS)}, got {algorithm!r}"
         ) from None
+
+
+def collective_code(collective: str) -> int:
+    """Native code of a collective name."""
+    return COLLECTIVES.index(collective)
+
+
+def dtype_code(name: str) -> int:
+    """Native code of a dtype name ("float32", ...), -1 when unsupported."""
+    return DTYPES.index(name) if name in DTYPES else -1
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw factor, with algbw = bytes / time and bytes the full vector
+    (all_reduce, broadcast, reduce), the gathered or scattered whole (all_gather,
+    reduce_scatter, all_to_all, gather, scatter), or one message (sendrecv)."""
+    if collective in ("broadcast", "reduce", "sendrecv"):
+        return 1.0
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}")
+    if nranks <= 1:
+        return 1.0
+    return (2 if collective == "all_reduce" else 1) * (nranks - 1) / nranks

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from mpi_harness import run_mpi
 
-from pycollectives.communicator import TUNING_FILE, load_tuning
+from pycollectives.options import TUNING_FILE, load_tuning
 
 LOG = re.compile(r"rank (\d+)/(\d+): (\w+) #(\d+) .* algo=(\w+)( \(auto\))?")
 

@@ -27,9 +27,9 @@ from pycollectives.cuda import (
     cuda_diagnostics,
     cuda_status,
     mps_active,
-    sync_mode_override,
 )
 from pycollectives.cuda_args import check_call, gpu_array
+from pycollectives.options import Options
 
 TESTS = Path(__file__).parent
 
@@ -211,11 +211,11 @@ def test_sync_mode_decision():
     assert choose_sync_mode([a, b], [False, False], ["host", "host"]) == "host"
     with pytest.raises(ValueError, match="disagree"):
         choose_sync_mode([a, b], [False, False], ["host", None])
-    assert sync_mode_override({}) is None
-    assert sync_mode_override({"PYCOLL_CUDA_SYNC": "Host"}) == "host"
-    assert sync_mode_override({"PYCOLL_CUDA_SYNC": "auto"}) is None
+    assert Options.resolve(environ={}).cuda_sync is None
+    assert Options.resolve(environ={"PYCOLL_CUDA_SYNC": "Host"}).cuda_sync == "host"
+    assert Options.resolve(environ={"PYCOLL_CUDA_SYNC": "auto"}).cuda_sync is None
     with pytest.raises(ValueError, match="PYCOLL_CUDA_SYNC"):
-        sync_mode_override({"PYCOLL_CUDA_SYNC": "spin"})
+        Options.resolve(environ={"PYCOLL_CUDA_SYNC": "spin"})
 
 
 def test_mps_detection(tmp_path):
@@ -503,11 +503,17 @@ def test_gpu_suite_mps_daemon_that_does_not_start(tmp_path, monkeypatch):
 
 def test_oneshot_limit_reaches_the_cuda_transport():
     # PYCOLL_ONESHOT_BYTES moves the direct all-reduce's one-shot/two-shot switch on both paths.
-    pytest.importorskip("pycollectives._cuda")
-    from pycollectives.cuda import comm_options
+    cu = pytest.importorskip("pycollectives._cuda")
 
-    default = comm_options(30.0, environ={}).oneshot_max_bytes
-    assert comm_options(30.0, environ={"PYCOLL_ONESHOT_BYTES": "0"}).oneshot_max_bytes == 0
-    assert comm_options(30.0, environ={"PYCOLL_ONESHOT_BYTES": "4096"}).oneshot_max_bytes == 4096
-    opts = comm_options(30.0, environ={"PYCOLL_CUDA_BLOCKS": "3"})
+    def cuda_opts(env):
+        return Options.resolve(timeout=30.0, environ=env).cuda_options(cu)
+
+    def host_opts(env):
+        return Options.resolve(timeout=30.0, environ=env).host_options()
+
+    default = cuda_opts({}).oneshot_max_bytes
+    assert cuda_opts({"PYCOLL_ONESHOT_BYTES": "0"}).oneshot_max_bytes == 0
+    assert cuda_opts({"PYCOLL_ONESHOT_BYTES": "4096"}).oneshot_max_bytes == 4096
+    assert host_opts({"PYCOLL_ONESHOT_BYTES": "4096"}).oneshot_max_bytes == 4096
+    opts = cuda_opts({"PYCOLL_CUDA_BLOCKS": "3"})
     assert opts.nblocks == 3 and opts.oneshot_max_bytes == default and opts.timeout == 30.0

@@ -4,7 +4,7 @@
 import pytest
 from mpi_harness import our_segments, run_mpi
 
-from pycollectives.hierarchy import Topology
+from pycollectives.topology import Topology
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
 # (ranks, ranks per node): 2 nodes x 2, 3 nodes x 2, 2 nodes x 3.

@@ -3,12 +3,12 @@
 import pytest
 
 from pycollectives import _C, model
+from pycollectives.ops import ALGORITHMS_FOR
 
 FLAT = [
     (a, c)
-    for a in ("ring", "tree", "direct")
     for c in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
-    if a != "tree" or c in model._TREE
+    for a in ALGORITHMS_FOR[c]
 ]
 
 

@@ -22,19 +22,12 @@ memory bandwidth, so B is their share of it.
 
 from __future__ import annotations
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+from pycollectives.ops import COLLECTIVES as _CORE
+from pycollectives.ops import bus_factor
 
-
-def bus_factor(collective: str, nranks: int) -> float:
-    if nranks <= 1:
-        return 1.0
-    if collective == "all_reduce":
-        return 2 * (nranks - 1) / nranks
-    if collective in ("all_gather", "reduce_scatter"):
-        return (nranks - 1) / nranks
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}")
+# What the sweeps cover: every collective of the core.
+COLLECTIVES = _CORE
+__all__ = ["COLLECTIVES", "algbw", "busbw", "bus_factor"]
 
 
 def algbw(size_bytes: int, seconds: float) -> float:

@@ -1,0 +1,140 @@
+"""The transports a Communicator dispatches to, behind one protocol.
+
+A backend runs calls on one kind of memory and topology:
+
+- ``HostBackend``: numpy arrays on one machine, over shared memory (``_C.HostComm``);
+- ``pycollectives.hierarchy.Hierarchical``: numpy arrays on several nodes (shared memory
+  inside each, MPI between them);
+- ``pycollectives.cuda.CudaComm``: CUDA arrays on one machine, over CUDA IPC.
+
+Each offers ``run(call)``, ``p2p(ops, async_op)``, ``barrier(async_op)``, ``seq``,
+``timeout`` (settable), ``algorithm_for(collective, nbytes)`` and ``close()``. ``run`` and
+``p2p`` return None when the work is done, or a native handle (``wait(timeout)``,
+``is_completed()``, ``seq``) that the Communicator wraps in a ``Work``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pycollectives import _C
+from pycollectives.errors import CollectiveError
+from pycollectives.options import Options, load_tuning
+
+
+@dataclass
+class Call:
+    """One collective as the Communicator hands it to a backend: names and codes checked,
+    arrays not yet (each backend checks its own kind of array before anything moves)."""
+
+    collective: str
+    x: object
+    out: object = None
+    op: int = 0
+    root: int = 0
+    algorithm: int = 0  # native code, 0: automatic
+    async_op: bool = False
+    stream: object = None
+    counts: list | None = None  # uneven all_gather / reduce_scatter
+    in_splits: list | None = None  # all_to_all
+    out_splits: list | None = None
+
+
+@dataclass(frozen=True)
+class P2POp:
+    """One point-to-point operation of ``Communicator.batch_p2p``: ``kind`` "send" or "recv",
+    the array sent or received into, the peer rank, and a tag (an int >= 0)."""
+
+    kind: str
+    array: object
+    peer: int
+    tag: int = 0
+
+    def __post_init__(self):
+        if self.kind not in ("send", "recv"):
+            raise ValueError(f"P2POp kind must be 'send' or 'recv', got {self.kind!r}")
+
+
+def rendezvous(group, opts: Options):
+    """A ``_C.HostComm`` whose segment every rank of `group` has mapped. Every rank reports its
+    configuration and segment (or why it has none) in one exchange, so a failure on one rank
+    is an error on all ranks, never a hang."""
+    host, error = None, None
+    try:
+        host = _C.HostComm(group.rank, group.size, opts.host_options())
+    except (CollectiveError, ValueError) as e:
+        error = str(e)
+    config = (opts.staging_bytes, opts.staging_slots)
+    reports = group.allgather((config, None if host is None else host.segment_name, error))
+    failed = [(r, rep[2]) for r, rep in enumerate(reports) if rep[2] is not None]
+    if failed:
+        raise CollectiveError(
+            "cannot set up shared memory: " + "; ".join(f"rank {r}: {msg}" for r, msg in failed)
+        )
+    if len({rep[0] for rep in reports}) != 1:
+        raise ValueError(
+            "ranks disagree on the staging configuration (staging_bytes, staging_slots): "
+            + ", ".join(f"rank {r}: {rep[0]}" for r, rep in enumerate(reports))
+        )
+    error = None
+    try:
+        host.attach([rep[1] for rep in reports])
+    except CollectiveError as e:
+        error = str(e)
+    errors = group.allgather(error)
+    # Every peer has mapped our segment (or given up): its name is no longer needed.
+    host.unlink()
+    failed = [(r, msg) for r, msg in enumerate(errors) if msg is not None]
+    if failed:
+        raise CollectiveError(
+            "cannot attach shared memory: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
+        )
+    host.set_tuning(load_tuning())
+    if opts.algorithm is not None:
+        host.set_forced(opts.algorithm)
+    return host
+
+
+class HostBackend:
+    """numpy arrays on one machine, over shared memory."""
+
+    def __init__(self, group, opts: Options):
+        self.c = rendezvous(group, opts)
+
+    def run(self, call: Call):
+        return self.c.run(
+            call.collective,
+            call.x,
+            call.out,
+            call.root,
+            call.op,
+            call.algorithm,
+            call.async_op,
+            counts=call.counts,
+            in_splits=call.in_splits,
+            out_splits=call.out_splits,
+        )
+
+    def p2p(self, ops, async_op):
+        return self.c.p2p([(o.kind, o.array, o.peer, o.tag) for o in ops], async_op)
+
+    def barrier(self, async_op):
+        return self.c.barrier(async_op)
+
+    @property
+    def seq(self) -> int:
+        return self.c.seq
+
+    @property
+    def timeout(self) -> float:
+        return self.c.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float):
+        self.c.timeout = seconds
+
+    def algorithm_for(self, collective: str, nbytes: int) -> str:
+        return self.c.choose(collective, nbytes)
+
+    def close(self):
+        self.c = None

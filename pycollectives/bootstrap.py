@@ -1,0 +1,155 @@
+"""Rendezvous: how the ranks of a communicator find each other.
+
+mpiexec is the primary launcher: ranks meet through MPI (``MPI.COMM_WORLD``, or any mpi4py
+communicator). A job launched by torchrun, or any ``env://``-style launcher (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set, each process an MPI world of one), meets
+through torch.distributed's ``TCPStore`` instead, on one machine. Either way the rendezvous
+only exchanges names once; collectives never go through it.
+
+A group offers ``rank``, ``size``, ``allgather(obj) -> list`` and ``mpi`` (the mpi4py
+communicator, or None for a store rendezvous).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+from datetime import timedelta
+
+from pycollectives.errors import CollectiveError
+
+_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_store_groups = itertools.count()  # communicators are made in the same order on every rank
+
+
+class MpiGroup:
+    """Ranks of an mpi4py communicator: its own duplicate, whose errors are returned, not
+    fatal (``dup=False``: `comm` itself, left as it is)."""
+
+    def __init__(self, comm, dup: bool = True):
+        from mpi4py import MPI
+
+        self._owned = dup
+        self.mpi = comm.Dup() if dup else comm
+        if dup:
+            self.mpi.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
+
+    def allgather(self, obj) -> list:
+        return self.mpi.allgather(obj)
+
+    def local(self) -> tuple:
+        """(rank among the ranks of this machine, their number)."""
+        from mpi4py import MPI
+
+        node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            return node.Get_rank(), node.Get_size()
+        finally:
+            node.Free()
+
+    def free(self):
+        if self.mpi is not None and self._owned:
+            self.mpi.Free()
+        self.mpi = None
+
+
+class StoreGroup:
+    """Ranks that meet through a torch.distributed ``TCPStore`` (torchrun, ``env://``), all on
+    one machine. Under torchrun the launcher's own store is joined; otherwise rank 0 hosts it."""
+
+    mpi = None
+
+    def __init__(self, rank: int, size: int, host: str, port: int, timeout: float):
+        try:
+            from torch.distributed import TCPStore
+        except ImportError:
+            raise CollectiveError(
+                f"RANK/WORLD_SIZE say this is rank {rank} of {size} (an env:// launch such as "
+                "torchrun), which needs torch to meet the other ranks; install torch, or launch "
+                "with mpiexec -n N"
+            ) from None
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        self.rank, self.size = rank, size
+        self._prefix = f"pycollectives/{next(_store_groups)}"
+        self._round = 0
+        try:
+            self._store = TCPStore(
+                host,
+                port,
+                size,
+                is_master=rank == 0 and not agent,
+                timeout=timedelta(seconds=timeout),
+                multi_tenant=True,
+            )
+        except Exception as e:  # a refused or timed-out connection: say where we looked
+            raise CollectiveError(
+                f"rank {rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
+            ) from None
+
+    def allgather(self, obj) -> list:
+        self._round += 1
+        keys = [f"{self._prefix}/{self._round}/{r}" for r in range(self.size)]
+        self._store.set(keys[self.rank], pickle.dumps(obj))
+        self._store.wait(keys)
+        return [pickle.loads(self._store.get(k)) for k in keys]
+
+    def local(self) -> tuple:
+        return self.rank, self.size
+
+    def free(self):
+        self._store = None
+
+
+def as_group(comm):
+    """`comm` if it is a group already, else a group over the mpi4py communicator `comm`."""
+    return comm if isinstance(comm, (MpiGroup, StoreGroup)) else MpiGroup(comm, dup=False)
+
+
+def _env_launch(environ) -> tuple | None:
+    """(rank, size, host, port) of an env:// launch, None when none of its variables is set."""
+    present = [v for v in _ENV_VARS if environ.get(v, "") != ""]
+    if not present:
+        return None
+    missing = [v for v in _ENV_VARS if v not in present]
+    if missing:
+        raise CollectiveError(
+            f"an env:// launch sets {', '.join(_ENV_VARS)}; {', '.join(present)} set but "
+            f"{', '.join(missing)} not"
+        )
+    try:
+        rank, size, port = (int(environ[v]) for v in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+    except ValueError:
+        raise CollectiveError(
+            "RANK, WORLD_SIZE and MASTER_PORT must be integers, got "
+            + ", ".join(f"{v}={environ[v]!r}" for v in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+        ) from None
+    if not 0 <= rank < size:
+        raise CollectiveError(f"RANK={rank} is out of range for WORLD_SIZE={size}")
+    return rank, size, environ["MASTER_ADDR"], port
+
+
+def world(mpi_comm=None, timeout: float = 300.0, environ=None):
+    """The group of a new communicator: `mpi_comm`'s ranks when given; otherwise the MPI world,
+    or a TCPStore rendezvous when an env:// launcher started this process as an MPI world of
+    one. A launch whose MPI world and RANK/WORLD_SIZE disagree is an error, never a silent
+    world of one."""
+    from mpi4py import MPI
+
+    if mpi_comm is not None:
+        return MpiGroup(mpi_comm)
+    env = _env_launch(os.environ if environ is None else environ)
+    mpi_rank, mpi_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    if env is None or env[1] == 1 or (env[:2] == (mpi_rank, mpi_size)):
+        if env is not None and env[:2] != (mpi_rank, mpi_size):
+            raise CollectiveError(
+                f"WORLD_SIZE=1 but the MPI world has {mpi_size} ranks: launch with one launcher"
+            )
+        return MpiGroup(MPI.COMM_WORLD)
+    if mpi_size != 1:
+        raise CollectiveError(
+            f"the launch is inconsistent: MPI says rank {mpi_rank} of {mpi_size}, RANK/WORLD_SIZE "
+            f"say rank {env[0]} of {env[1]}; launch with mpiexec or with torchrun, not both"
+        )
+    return StoreGroup(*env, timeout=timeout)

@@ -1,0 +1,174 @@
+"""Configuration of a communicator, read once from arguments and the environment.
+
+``Options.resolve(...)`` reads every ``PYCOLL_*`` knob, checks it, and is then the one source
+the host, hierarchical and CUDA paths are configured from (``host_options()`` and
+``cuda_options()`` fill the native option structs). Explicit arguments win over the
+environment; the environment wins over the defaults.
+
+=========================  ===============  ==================================================
+variable                   default          what
+=========================  ===============  ==================================================
+PYCOLL_TIMEOUT             300              seconds a wait for a peer may last
+PYCOLL_STAGING_BYTES       256 KiB          one host staging slot (a multiple of 64)
+PYCOLL_STAGING_SLOTS       4                slots per host channel (2..64)
+PYCOLL_STREAM_BYTES        256 KiB          host outputs this large bypass the cache
+PYCOLL_ONESHOT_BYTES       (native)         direct all-reduce: one-shot up to here (host, GPU)
+PYCOLL_ALGO                (auto)           force ring, tree or direct where it exists
+PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
+PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
+PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
+PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it)
+PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
+PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
+PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
+PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
+=========================  ===============  ==================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from pycollectives import _C
+from pycollectives.ops import ALGORITHMS
+
+TUNING_FILE = Path(__file__).with_name("tuning.json")
+SYNC_MODES = ("kernel", "host")
+
+
+def env_number(name, default, kind, environ=None):
+    """``kind(environ[name])``, `default` when unset or empty; ValueError naming the variable
+    when it does not parse."""
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def _algorithm(name, environ):
+    raw = (environ.get(name) or "").strip().lower() or None
+    if raw is not None and raw not in ALGORITHMS:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(ALGORITHMS)}")
+    return raw
+
+
+def load_tuning(path=TUNING_FILE) -> list:
+    """Rules (collective, min_ranks, max_ranks, max_bytes, algorithm) from a tuning file
+    written by benchmarks/tune.py; the first matching rule wins, ring when none does."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        return []
+    return [
+        (
+            r["collective"],
+            int(r["min_ranks"]),
+            int(r["max_ranks"]),
+            int(r["max_bytes"]),
+            r["algorithm"],
+        )
+        for r in table.get("rules", [])
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    timeout: float = 300.0
+    staging_bytes: int = 256 * 1024
+    staging_slots: int = 4
+    stream_bytes: int = 256 * 1024
+    oneshot_bytes: int | None = None  # None: each transport's own default
+    algorithm: str | None = None
+    inter_algorithm: str | None = None
+    net_piece_bytes: int = 1 << 20
+    debug: bool = False
+    check_mismatch: bool = True
+    cuda_staging_bytes: int = 1 << 20
+    cuda_staging_slots: int = 4
+    cuda_blocks: int = 16
+    cuda_sync: str | None = None
+
+    @classmethod
+    def resolve(cls, *, timeout=None, staging_bytes=None, staging_slots=None, environ=None):
+        """The options of a communicator: the arguments given, else the environment, else the
+        defaults; ValueError for anything out of range."""
+        env = os.environ if environ is None else environ
+        d = cls()
+
+        def pick(arg, name, default, kind):
+            return kind(arg) if arg is not None else env_number(name, default, kind, env)
+
+        sync = (env.get("PYCOLL_CUDA_SYNC") or "").strip().lower()
+        if sync not in ("", "auto", *SYNC_MODES):
+            raise ValueError(f"PYCOLL_CUDA_SYNC={sync!r}: expected kernel, host or auto")
+        opts = cls(
+            timeout=pick(timeout, "PYCOLL_TIMEOUT", d.timeout, float),
+            staging_bytes=pick(staging_bytes, "PYCOLL_STAGING_BYTES", d.staging_bytes, int),
+            staging_slots=pick(staging_slots, "PYCOLL_STAGING_SLOTS", d.staging_slots, int),
+            stream_bytes=pick(None, "PYCOLL_STREAM_BYTES", d.stream_bytes, int),
+            oneshot_bytes=pick(None, "PYCOLL_ONESHOT_BYTES", None, int),
+            algorithm=_algorithm("PYCOLL_ALGO", env),
+            inter_algorithm=_algorithm("PYCOLL_INTER_ALGO", env),
+            net_piece_bytes=pick(None, "PYCOLL_NET_PIECE_BYTES", d.net_piece_bytes, int),
+            debug=env.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE"),
+            check_mismatch=env.get("PYCOLL_CHECK_MISMATCH", "1") != "0",
+            cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
+            cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
+            cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, int),
+            cuda_sync=None if sync in ("", "auto") else sync,
+        )
+        opts.check()
+        return opts
+
+    def check(self):
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout}")
+        if self.staging_bytes < 64 or self.staging_bytes % 64:
+            raise ValueError(
+                f"staging_bytes must be a positive multiple of 64, got {self.staging_bytes}"
+            )
+        if not 2 <= self.staging_slots <= 64:
+            # A step may hold an incoming slot while it waits for an outgoing one.
+            raise ValueError(f"staging_slots must be in [2, 64], got {self.staging_slots}")
+        if self.oneshot_bytes is not None and self.oneshot_bytes < 0:
+            raise ValueError(f"PYCOLL_ONESHOT_BYTES must be >= 0, got {self.oneshot_bytes}")
+        if self.net_piece_bytes <= 0:
+            raise ValueError(f"PYCOLL_NET_PIECE_BYTES must be positive, got {self.net_piece_bytes}")
+
+    def replace(self, **changes) -> Options:
+        opts = dataclasses.replace(self, **changes)
+        opts.check()
+        return opts
+
+    def host_options(self):
+        """The native options of the shared-memory transport."""
+        o = _C.HostCommOptions()
+        o.timeout = self.timeout
+        o.slot_bytes = self.staging_bytes
+        o.nslots = self.staging_slots
+        o.stream_bytes = self.stream_bytes
+        if self.oneshot_bytes is not None:
+            o.oneshot_max_bytes = self.oneshot_bytes
+        o.debug = self.debug
+        o.check_mismatch = self.check_mismatch
+        return o
+
+    def cuda_options(self, native):
+        """The native options of the CUDA transport (`native`: the ``_cuda`` module)."""
+        o = native.CudaCommOptions()
+        o.timeout = self.timeout
+        o.slot_bytes = self.cuda_staging_bytes
+        o.nslots = self.cuda_staging_slots
+        o.nblocks = self.cuda_blocks
+        if self.oneshot_bytes is not None:
+            o.oneshot_max_bytes = self.oneshot_bytes
+        o.debug = self.debug
+        o.check_mismatch = self.check_mismatch
+        return o

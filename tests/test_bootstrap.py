@@ -1,0 +1,98 @@
+"""Launches other than mpiexec: torchrun and env:// find each other through a TCPStore; a
+launch whose MPI world and RANK/WORLD_SIZE disagree is an error, never a world of one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mpi_harness import run_mpi
+
+from pycollectives import bootstrap
+from pycollectives.errors import CollectiveError
+
+WORKER = Path(__file__).parent / "workers" / "bootstrap.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    env.update(PYTHONUNBUFFERED="1", PYCOLL_TIMEOUT="30", **extra)
+    return env
+
+
+def test_torchrun_bootstrap():
+    pytest.importorskip("torch")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed")
+    cmd = [str(torchrun), "--nproc_per_node", "3", "--master_port", str(_free_port()), str(WORKER)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_clean_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(line for line in proc.stdout.splitlines() if " ok" in line) == [
+        f"rank {r}/3 ok" for r in range(3)
+    ]
+
+
+def test_env_launch_without_torchrun():
+    # Plain env:// variables, as a hand-written launcher sets them: rank 0 hosts the store.
+    pytest.importorskip("torch")
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER)],
+            env=_clean_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out + err
+    assert [o.strip() for o, _ in outs] == ["rank 0/2 ok", "rank 1/2 ok"]
+
+
+def test_env_launch_variables_are_checked():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert bootstrap._env_launch({}) is None
+    assert bootstrap._env_launch(env) == (0, 2, "h", 1)
+    with pytest.raises(CollectiveError, match="MASTER_PORT not"):
+        bootstrap._env_launch({k: v for k, v in env.items() if k != "MASTER_PORT"})
+    with pytest.raises(CollectiveError, match="out of range"):
+        bootstrap._env_launch({**env, "RANK": "2"})
+    with pytest.raises(CollectiveError, match="integers"):
+        bootstrap._env_launch({**env, "WORLD_SIZE": "two"})
+
+
+def test_mpiexec_and_env_variables_that_disagree_are_an_error():
+    out = run_mpi(
+        2,
+        "run_module.py",
+        "pycollectives.examples.train",
+        env={"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+        with_stderr=True,
+        returncodes=(1,),
+    )
+    assert "inconsistent" in out[1] and "mpiexec" in out[1], out[1][-2000:]
+
+
+def test_env_launch_without_torch_names_mpiexec():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import pycollectives as pc\n"
+        "try:\n    pc.Communicator()\nexcept pc.CollectiveError as e:\n    print(e)\n"
+    )
+    env = _clean_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "install torch" in proc.stdout and "mpiexec" in proc.stdout, proc.stdout + proc.stderr
