@@ -73,8 +73,21 @@ class P2PEngine {
   std::shared_ptr<Work> start(const std::vector<P2POp>& ops);
 
  private:
-  struct Batch;
-  struct Op;
+  // Ops submitted together; complete when all of theirs are.
+  struct Batch {
+    size_t remaining = 0;
+    bool done = false;
+    std::exception_ptr error;
+    std::shared_ptr<Work> work;  // asynchronous batches only
+    Clock::time_point deadline;
+    double timeout_s = 0;
+  };
+  struct Op : P2POp {
+    std::shared_ptr<Batch> batch;
+    size_t done_bytes = 0;  // moved so far
+    size_t bytes() const { return count * dtype_size(dtype); }
+    std::string describe() const;  // "send to rank 1 (tag 3, 10 x float32)"
+  };
   using OpPtr = std::shared_ptr<Op>;
   struct Request {
     uint64_t id, tag, count, addr;
@@ -100,26 +113,32 @@ class P2PEngine {
     bool cma = true;
   };
 
+  // Engine (p2p.cpp), all with mu_ held.
   std::shared_ptr<Batch> enqueue(const std::vector<P2POp>& ops, bool async);
   // One pass over every peer; true if anything moved. Errors poison the communicator and fail
-  // every pending op. Call with mu_ held.
+  // every pending op.
   bool progress();
+  void complete(const OpPtr& op);
+  void check_stalled();
+  // Throws E(msg) as the failure of `op` (progress() hands it to that op's batch).
+  template <class E>
+  [[noreturn]] void raise(const OpPtr& op, const std::string& msg) {
+    culprit_ = op;
+    throw E(msg);
+  }
+  void finish(Batch& b);
+  void fail_all(const OpPtr& culprit, std::exception_ptr e);
+  void progress_loop();
+
+  // Channels (p2p_wire.cpp).
   bool progress_peer(int q, Peer& p);
   bool post_requests(int q, Peer& p);
   bool take_pieces(int q, Peer& p);
   bool take_requests(int q, Peer& p);
   bool stream(int q, Peer& p);
   bool write_direct(int q, Peer& p, Transfer& x);
-  void complete(const OpPtr& op);
   void add_send(Peer& p, const OpPtr& send);
   void add_request(Peer& p, const Request& req);
-  void check_stalled();
-  // Throws E(msg) as the failure of `op` (progress() hands it to that op's batch).
-  template <class E>
-  [[noreturn]] void raise(const OpPtr& op, const std::string& msg);
-  void finish(Batch& b);
-  void fail_all(const OpPtr& culprit, std::exception_ptr e);
-  void progress_loop();
 
   HostComm& comm_;
   const ShmTransport& t_;
