@@ -229,6 +229,61 @@ size_t check_described_args(const std::string& collective, std::tuple<uintptr_t,
   return checked_call(collective_arg(collective), xa, oa, root, op, algo, rank, size).count;
 }
 
+// p2p ops as ("send"|"recv", array, peer, tag), every one checked before anything moves.
+// `arrays` collects the arrays, to keep them alive as long as an asynchronous batch.
+std::vector<P2POp> parse_p2p(py::handle ops_obj, int rank, int size, py::list& arrays) {
+  const char* fn = "p2p";
+  if (!py::isinstance<py::list>(ops_obj) && !py::isinstance<py::tuple>(ops_obj))
+    throw InvalidType(str_cat(fn, ": ops must be a list of (kind, array, peer, tag) tuples"));
+  std::vector<P2POp> ops;
+  std::vector<ArrayArg> args;
+  size_t i = 0;
+  for (py::handle item : py::reinterpret_borrow<py::sequence>(ops_obj)) {
+    const std::string where = str_cat("ops[", i++, "]");
+    if (!py::isinstance<py::tuple>(item) || py::len(item) != 4)
+      throw InvalidType(str_cat(fn, ": ", where, " must be a (kind, array, peer, tag) tuple"));
+    auto t = py::reinterpret_borrow<py::tuple>(item);
+    if (!py::isinstance<py::str>(t[0]))
+      throw InvalidType(str_cat(fn, ": ", where, " kind must be \"send\" or \"recv\""));
+    const std::string kind = t[0].cast<std::string>();
+    if (kind != "send" && kind != "recv")
+      throw InvalidArgument(
+          str_cat(fn, ": ", where, " kind must be \"send\" or \"recv\", got \"", kind, "\""));
+    P2POp op;
+    op.kind = kind == "send" ? P2PKind::Send : P2PKind::Recv;
+    const ArrayArg a =
+        array_arg(t[1], fn, str_cat(where, " array").c_str(), op.kind == P2PKind::Recv);
+    for (const char* field : {"peer", "tag"}) {
+      py::handle v = t[field[0] == 'p' ? 2 : 3];
+      if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
+        throw InvalidType(str_cat(fn, ": ", where, " ", field, " must be an int"));
+    }
+    const long long peer = t[2].cast<long long>();
+    if (peer < 0 || peer >= size || peer == rank)
+      throw InvalidArgument(str_cat(fn, ": ", where, " peer ", peer, " is not another rank of ",
+                                    size, " (this is rank ", rank, ")"));
+    const py::int_ tag_obj = t[3];
+    if (tag_obj < py::int_(0) || tag_obj > py::int_(INT64_MAX))
+      throw InvalidArgument(str_cat(fn, ": ", where, " tag must be in [0, 2**63), got ",
+                                    py::str(tag_obj).cast<std::string>()));
+    op.buf = a.ptr;
+    op.count = a.count;
+    op.dtype = a.dtype;
+    op.peer = static_cast<int>(peer);
+    op.tag = tag_obj.cast<uint64_t>();
+    // A receive must not land on bytes another op of the batch reads or writes.
+    for (size_t j = 0; j < args.size(); ++j)
+      if ((op.kind == P2PKind::Recv || ops[j].kind == P2PKind::Recv) &&
+          overlap(a.ptr, a.bytes(), args[j].ptr, args[j].bytes()))
+        throw InvalidArgument(str_cat(fn, ": ", where, " array overlaps the array of ops[", j,
+                                      "] and one of them is received into"));
+    ops.push_back(op);
+    args.push_back(a);
+    arrays.append(t[1]);
+  }
+  return ops;
+}
+
 void bind_host_comm(py::module_& m) {
   py::class_<HostCommOptions>(m, "HostCommOptions")
       .def(py::init<>())
@@ -238,7 +293,19 @@ void bind_host_comm(py::module_& m) {
       .def_readwrite("stream_bytes", &HostCommOptions::stream_bytes)
       .def_readwrite("debug", &HostCommOptions::debug)
       .def_readwrite("oneshot_max_bytes", &HostCommOptions::oneshot_max_bytes)
-      .def_readwrite("check_mismatch", &HostCommOptions::check_mismatch);
+      .def_readwrite("check_mismatch", &HostCommOptions::check_mismatch)
+      .def_readwrite("p2p_cma_min_bytes", &HostCommOptions::p2p_cma_min_bytes)
+      .def_property(
+          "p2p_cma",
+          [](const HostCommOptions& o) {
+            return o.p2p_cma == CmaMode::Use ? "on" : o.p2p_cma == CmaMode::Off ? "off" : "fail";
+          },
+          [](HostCommOptions& o, const std::string& v) {
+            if (v != "on" && v != "off" && v != "fail")
+              throw InvalidArgument(
+                  str_cat("p2p_cma must be \"on\", \"off\" or \"fail\", got \"", v, "\""));
+            o.p2p_cma = v == "on" ? CmaMode::Use : v == "off" ? CmaMode::Off : CmaMode::Fail;
+          });
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def(
@@ -351,6 +418,23 @@ void bind_host_comm(py::module_& m) {
           },
           py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"),
           py::arg("async_op") = false)
+      .def(
+          "p2p",
+          [](HostComm& c, py::handle ops_obj, bool async_op) -> py::object {
+            py::list arrays;
+            const std::vector<P2POp> ops = parse_p2p(ops_obj, c.rank(), c.size(), arrays);
+            if (async_op) {
+              py::object work = py::cast(c.p2p_start(ops));
+              py::detail::keep_alive_impl(work, arrays);  // buffers outlive the batch
+              return work;
+            }
+            {
+              py::gil_scoped_release nogil;
+              c.p2p(ops);
+            }
+            return py::none();
+          },
+          py::arg("ops"), py::arg("async_op") = false)
       .def(
           "barrier",
           [](HostComm& c, bool async_op) {

@@ -17,6 +17,8 @@ class HostCommOptions:
     debug: bool
     oneshot_max_bytes: int
     check_mismatch: bool
+    p2p_cma_min_bytes: int
+    p2p_cma: str  # "on", "off", "fail" (default from PYCOLL_P2P_CMA)
     def __init__(self) -> None: ...
 
 class Work:
@@ -72,6 +74,14 @@ class HostComm:
         async_op: bool = False,
     ) -> Work | None: ...
     def barrier(self, async_op: bool = False) -> Work | None: ...
+    def p2p(
+        self, ops: list[tuple[str, np.ndarray, int, int]], async_op: bool = False
+    ) -> Work | None:
+        """Point-to-point ops ("send" | "recv", array, peer, tag), all checked before anything
+        moves. Blocking: returns None once every op is complete. async_op: returns a Work.
+
+        >>> comm._c.p2p([("send", x, (r + 1) % n, 0), ("recv", y, (r - 1) % n, 0)])
+        """
 
 def schedule(
     algorithm: str,

@@ -38,12 +38,14 @@ void Work::complete(std::exception_ptr error) {
 
 HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
     : opts_(opts),
-      transport_(rank, size, opts.slot_bytes, opts.nslots),
+      transport_(rank, size, opts.slot_bytes, opts.nslots, /*p2p=*/true),
       counters_(size),
       scratch_(opts.slot_bytes),
-      timeout_s_(opts.timeout_s) {}
+      timeout_s_(opts.timeout_s),
+      p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
 
 HostComm::~HostComm() {
+  p2p_.reset();  // fails what is still in flight, while the communicator can still be poisoned
   {
     std::lock_guard<std::mutex> g(queue_mu_);
     stopping_ = true;

@@ -22,6 +22,7 @@
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "host/executor.h"
+#include "host/p2p.h"
 #include "host/shm_transport.h"
 
 namespace pycoll {
@@ -35,6 +36,10 @@ struct HostCommOptions {
   bool debug = false;                    // log every collective and the algorithm chosen to stderr
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
   bool check_mismatch = true;            // publish and check fingerprints (off only to measure)
+  // Point-to-point messages of at least this many bytes are written straight into the
+  // receiver's buffer (process_vm_writev) instead of streaming through the slots.
+  size_t p2p_cma_min_bytes = 64 * 1024;
+  CmaMode p2p_cma = cma_mode_from_env();
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of
@@ -56,6 +61,7 @@ class Work {
 
  private:
   friend class HostComm;
+  friend class P2PEngine;
   void complete(std::exception_ptr error);
 
   mutable std::mutex mu_;
@@ -96,6 +102,11 @@ class HostComm {
   // Queues `call` on the progress thread.
   std::shared_ptr<Work> submit(const CollectiveCall& call);
 
+  // Point-to-point: runs `ops` to completion, or starts them and returns their Work. These
+  // use their own channels and progress, independent of the collectives.
+  void p2p(const std::vector<P2POp>& ops) { p2p_->run(ops); }
+  std::shared_ptr<Work> p2p_start(const std::vector<P2POp>& ops) { return p2p_->start(ops); }
+
  private:
   void execute(const CollectiveCall& call, uint64_t seq);
   WaitContext wait_context(const char* name, uint64_t seq) const;
@@ -124,6 +135,8 @@ class HostComm {
   size_t pending_ = 0;  // queued or running asynchronous calls
   bool stopping_ = false;
   std::thread progress_;
+
+  std::unique_ptr<P2PEngine> p2p_;  // last: it uses the members above until it is gone
 };
 
 }  // namespace pycoll

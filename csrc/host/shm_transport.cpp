@@ -16,13 +16,17 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer.
-int flag_lines(int size) { return 3 * size + 2; }
+// posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer; then, with p2p
+// channels, four counters per peer and the closed flag.
+int collective_flag_lines(int size) { return 3 * size + 2; }
+int flag_lines(int size, bool p2p) {
+  return collective_flag_lines(size) + (p2p ? 4 * size + 1 : 0);
+}
 
 // The fingerprint ring follows the flag lines.
 size_t fingerprint_bytes() { return kFingerprintHistory * sizeof(FingerprintSlot); }
@@ -53,8 +57,12 @@ bool ShmTransport::peer_alive(int r) const {
   return !(kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH);
 }
 
-ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
-    : rank_(rank), size_(size), nslots_(nslots), slot_bytes_(slot_bytes) {
+ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots, bool p2p)
+    : rank_(rank),
+      size_(size),
+      nslots_(nslots),
+      slot_bytes_(slot_bytes),
+      p2p_flags_(collective_flag_lines(size)) {
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(str_cat("rank ", rank, " out of range for size ", size));
   if (slot_bytes < kCacheLine || slot_bytes % kCacheLine != 0)
@@ -65,16 +73,24 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
   if (nslots < 2 || nslots > 64)
     throw InvalidArgument(str_cat("staging slot count must be in [2, 64], got ", nslots));
   flags_offset_ = kPage;
-  fingerprints_offset_ = flags_offset_ + static_cast<size_t>(flag_lines(size)) * kCacheLine;
+  const int nflags = flag_lines(size, p2p);
+  fingerprints_offset_ = flags_offset_ + static_cast<size_t>(nflags) * kCacheLine;
   data_offset_ = round_up(fingerprints_offset_ + fingerprint_bytes(), kPage);
   // One channel per peer (none to ourselves), then the broadcast channel.
   total_bytes_ = data_offset_ + static_cast<size_t>(size) * nslots * slot_bytes;
+  if (p2p) {  // request rings, then data rings, one of each per rank (ours unused)
+    p2p_req_offset_ = round_up(total_bytes_, kPage);
+    p2p_data_offset_ = round_up(
+        p2p_req_offset_ + static_cast<size_t>(size) * kP2PRequestSlots * kP2PRequestBytes, kPage);
+    total_bytes_ =
+        p2p_data_offset_ + static_cast<size_t>(size) * nslots * (kP2PHeaderBytes + slot_bytes);
+  }
 
   own_ = ShmSegment::create("pycoll", total_bytes_);
   uint8_t* b = own_.data();
   auto* h = reinterpret_cast<SegmentHeader*>(b);
   std::memset(b, 0, data_offset_);
-  for (int i = 0; i < flag_lines(size); ++i)
+  for (int i = 0; i < nflags; ++i)
     new (b + flags_offset_ + static_cast<size_t>(i) * kCacheLine) FlagLine{{0}, {}};
   h->version = kVersion;
   h->nranks = static_cast<uint32_t>(size);
@@ -129,6 +145,16 @@ uint8_t* ShmTransport::slot(int from, int to, uint64_t m) const {
 uint8_t* ShmTransport::bcast_slot(int from, uint64_t m) const {
   return base_[from] + data_offset_ + static_cast<size_t>(size_ - 1) * nslots_ * slot_bytes_ +
          static_cast<size_t>(channel::slot_index(m, nslots_)) * slot_bytes_;
+}
+
+uint8_t* ShmTransport::p2p_request(int from, int to, uint64_t m) const {
+  const size_t i = static_cast<size_t>(to) * kP2PRequestSlots + (m - 1) % kP2PRequestSlots;
+  return base_[from] + p2p_req_offset_ + i * kP2PRequestBytes;
+}
+
+uint8_t* ShmTransport::p2p_slot(int from, int to, uint64_t m) const {
+  const size_t i = static_cast<size_t>(to) * nslots_ + channel::slot_index(m, nslots_);
+  return base_[from] + p2p_data_offset_ + i * (kP2PHeaderBytes + slot_bytes_);
 }
 
 FingerprintSlot& ShmTransport::fingerprint(int owner, uint64_t seq) const {

@@ -5,6 +5,12 @@
 // takes part in (posted/consumed, see algo/messages.h for the protocol; every rank writes only
 // its own segment, each counter in its own cache line), and a ring of fingerprints of its
 // recent collectives (see fingerprint.h).
+//
+// A host communicator's segment also holds point-to-point channels (host/p2p.h), apart from the
+// collective ones so that the two never interfere: for each peer p, a ring of
+// kP2PRequestSlots small requests (recvs this rank has posted with p as the source) and a ring
+// of `nslots` data slots towards p, each a kP2PHeaderBytes header then `slot_bytes` of payload;
+// and their posted/consumed counters, in flag lines after the collective ones.
 #pragma once
 
 #include <atomic>
@@ -27,6 +33,10 @@ struct alignas(kCacheLine) FlagLine {
 static_assert(sizeof(FlagLine) == kCacheLine, "flag line");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters need lock-free atomics");
 
+constexpr int kP2PRequestSlots = 64;
+constexpr size_t kP2PRequestBytes = kCacheLine;
+constexpr size_t kP2PHeaderBytes = kCacheLine;
+
 struct SegmentHeader {
   uint64_t magic;
   uint32_t version;
@@ -40,7 +50,8 @@ struct SegmentHeader {
 
 class ShmTransport {
  public:
-  ShmTransport(int rank, int size, size_t slot_bytes, int nslots);
+  // `p2p`: also lay out point-to-point channels (the host communicator's segments).
+  ShmTransport(int rank, int size, size_t slot_bytes, int nslots, bool p2p = false);
   ~ShmTransport();
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
@@ -70,16 +81,40 @@ class ShmTransport {
   std::atomic<uint64_t>& bcast_consumed(int owner, int peer) const {
     return flag(owner, size_ * 2 + 2 + peer);
   }
+  // Point-to-point channels (only with `p2p`). Request `m` (1-based) from `from` to `to`, in
+  // `from`'s segment; data slot `m` (header, then payload) from `from` to `to`.
+  uint8_t* p2p_request(int from, int to, uint64_t m) const;
+  uint8_t* p2p_slot(int from, int to, uint64_t m) const;
+  // Counters in `owner`'s segment of its channels with `peer`: requests it posted to / took
+  // from `peer`, data slots it posted to / took from `peer`.
+  std::atomic<uint64_t>& p2p_req_posted(int owner, int peer) const {
+    return p2p_flag(owner, peer, 0);
+  }
+  std::atomic<uint64_t>& p2p_req_consumed(int owner, int peer) const {
+    return p2p_flag(owner, peer, 1);
+  }
+  std::atomic<uint64_t>& p2p_posted(int owner, int peer) const { return p2p_flag(owner, peer, 2); }
+  std::atomic<uint64_t>& p2p_consumed(int owner, int peer) const {
+    return p2p_flag(owner, peer, 3);
+  }
+  // Non-zero once `owner` has given up its posted receives: nobody may write into them.
+  std::atomic<uint64_t>& p2p_closed(int owner) const { return flag(owner, p2p_flags_ + 4 * size_); }
+
   // `owner`'s fingerprint entry for collective #seq (a ring of recent entries).
   FingerprintSlot& fingerprint(int owner, uint64_t seq) const;
 
  private:
   std::atomic<uint64_t>& flag(int owner, int index) const;
+  std::atomic<uint64_t>& p2p_flag(int owner, int peer, int which) const {
+    return flag(owner, p2p_flags_ + 4 * peer + which);
+  }
   size_t channel_offset(int owner, int to) const;
 
   int rank_, size_, nslots_;
   size_t slot_bytes_;
+  int p2p_flags_;  // index of the first point-to-point flag line
   size_t flags_offset_, fingerprints_offset_, data_offset_, total_bytes_;
+  size_t p2p_req_offset_ = 0, p2p_data_offset_ = 0;
   ShmSegment own_;
   std::vector<ShmSegment> peers_;  // by rank; our own slot stays empty
   std::vector<uint8_t*> base_;     // every rank's mapping, ours included

@@ -66,11 +66,45 @@ class Sleeper {
   explicit Sleeper(long max_ns = 200000) : max_ns_(max_ns), ns_(max_ns < 2000 ? max_ns : 2000) {}
   ~Sleeper();
   void sleep();
+  // Back to the shortest sleep.
+  void reset() { ns_ = max_ns_ < 2000 ? max_ns_ : 2000; }
 
  private:
   long max_ns_;
   long ns_;
   long saved_slack_ = -1;
+};
+
+// Back-off for a loop that makes progress itself between checks (point-to-point): the same
+// spin, yield, sleep ladder as wait_until, restarted by reset() whenever something moved.
+class Backoff {
+ public:
+  explicit Backoff(long max_sleep_ns = 200000) : sleeper_(max_sleep_ns) {}
+  void pause() {
+    if (spins_ < 256) {
+      ++spins_;
+      PYCOLL_CPU_RELAX();
+      return;
+    }
+    const auto now = Clock::now();
+    if (spins_ == 256) {
+      ++spins_;
+      yield_until_ = now + std::chrono::milliseconds(1);
+    }
+    if (now < yield_until_)
+      sched_yield();
+    else
+      sleeper_.sleep();
+  }
+  void reset() {
+    spins_ = 0;
+    sleeper_.reset();
+  }
+
+ private:
+  unsigned spins_ = 0;
+  Clock::time_point yield_until_{};
+  Sleeper sleeper_;
 };
 
 // Waits until `ready()` is true; `peer` is the rank being waited on.

@@ -1,0 +1,219 @@
+#include "host/p2p.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <unordered_set>
+
+#include "common/errors.h"
+#include "host/host_comm.h"
+
+namespace pycoll {
+namespace {
+
+constexpr auto kCheckEvery = std::chrono::milliseconds(10);
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
+
+}  // namespace
+
+CmaMode cma_mode_from_env() {
+  const char* v = std::getenv("PYCOLL_P2P_CMA");
+  if (v == nullptr || *v == 0) return CmaMode::Use;
+  const std::string s(v);
+  return s == "0" || s == "off" ? CmaMode::Off : s == "fail" ? CmaMode::Fail : CmaMode::Use;
+}
+
+std::string P2PEngine::Op::describe() const {
+  return str_cat(kind == P2PKind::Send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
+                 ", ", count, " x ", dtype_name(dtype), ")");
+}
+
+P2PEngine::P2PEngine(HostComm& comm, const ShmTransport& t, size_t cma_min_bytes, CmaMode cma)
+    : comm_(comm),
+      t_(t),
+      cma_min_bytes_(cma_min_bytes),
+      cma_mode_(cma),
+      peers_(t.size()),
+      next_check_(Clock::now()) {}
+
+P2PEngine::~P2PEngine() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = true;
+    if (pending_ != 0)
+      fail_all(nullptr, std::make_exception_ptr(CollectiveError(
+                            "communicator closed with point-to-point operations in flight")));
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void P2PEngine::run(const std::vector<P2POp>& ops) {
+  std::unique_lock<std::mutex> g(mu_);
+  const std::shared_ptr<Batch> b = enqueue(ops, false);
+  ++blocking_;
+  Backoff backoff;
+  while (!b->done) {
+    const bool moved = progress();
+    if (b->done) break;
+    g.unlock();
+    if (moved)
+      backoff.reset();
+    else
+      backoff.pause();
+    g.lock();
+  }
+  --blocking_;
+  g.unlock();
+  cv_.notify_all();  // the progress thread takes over what is left
+  if (b->error) std::rethrow_exception(b->error);
+}
+
+std::shared_ptr<Work> P2PEngine::start(const std::vector<P2POp>& ops) {
+  std::unique_lock<std::mutex> g(mu_);
+  const std::shared_ptr<Batch> b = enqueue(ops, true);
+  progress();  // requests and first pieces go out now, not when the thread wakes
+  if (!b->done && !thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
+  g.unlock();
+  cv_.notify_all();
+  return b->work;
+}
+
+void P2PEngine::progress_loop() {
+  Backoff backoff;
+  std::unique_lock<std::mutex> g(mu_);
+  while (!stopping_) {
+    if (pending_ == 0 || blocking_ > 0) {
+      cv_.wait(g, [&] { return stopping_ || (pending_ > 0 && blocking_ == 0); });
+      backoff.reset();
+      continue;
+    }
+    if (progress()) backoff.reset();
+    g.unlock();
+    backoff.pause();
+    g.lock();
+  }
+}
+
+std::shared_ptr<P2PEngine::Batch> P2PEngine::enqueue(const std::vector<P2POp>& ops, bool async) {
+  if (comm_.poisoned())
+    throw CollectiveError(
+        str_cat("p2p: communicator is unusable after an earlier error: ", comm_.poison_reason()));
+  auto b = std::make_shared<Batch>();
+  b->remaining = ops.size();
+  b->timeout_s = comm_.timeout();
+  b->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(b->timeout_s));
+  if (async) b->work = std::make_shared<Work>();
+  for (const P2POp& in : ops) {
+    auto o = std::make_shared<Op>();
+    static_cast<P2POp&>(*o) = in;
+    o->batch = b;
+    if (comm_.options().debug)
+      std::fprintf(stderr, "pycollectives INFO rank %d/%d: p2p %s%s\n", t_.rank(), t_.size(),
+                   o->describe().c_str(), async ? " async" : "");
+    if (o->kind == P2PKind::Recv)
+      peers_[o->peer].unrequested.push_back(o);
+    else
+      add_send(peers_[o->peer], o);
+  }
+  pending_ += ops.size();
+  if (ops.empty()) finish(*b);
+  return b;
+}
+
+bool P2PEngine::progress() {
+  if (pending_ == 0) return false;
+  try {
+    if (comm_.poisoned())
+      throw CollectiveError(str_cat("p2p: communicator was aborted: ", comm_.poison_reason()));
+    bool moved = false;
+    for (int q = 0; q < t_.size(); ++q)
+      if (q != t_.rank()) moved |= progress_peer(q, peers_[q]);
+    const auto now = Clock::now();
+    if (pending_ != 0 && now >= next_check_) {
+      check_stalled();
+      next_check_ = now + kCheckEvery;
+    }
+    return moved;
+  } catch (const CollectiveError&) {
+    fail_all(culprit_, std::current_exception());
+    culprit_.reset();
+    return true;
+  }
+}
+
+void P2PEngine::complete(const OpPtr& op) {
+  --pending_;
+  if (--op->batch->remaining == 0) finish(*op->batch);
+}
+
+void P2PEngine::finish(Batch& b) {
+  b.done = true;
+  if (b.work) b.work->complete(b.error);
+}
+
+// Every 10 ms: a dead peer fails its ops at once; an op past its batch's deadline times out.
+void P2PEngine::check_stalled() {
+  const auto now = Clock::now();
+  for (int q = 0; q < t_.size(); ++q) {
+    Peer& p = peers_[q];
+    auto check = [&](const OpPtr& o, const char* why) {
+      if (!t_.peer_alive(q))
+        raise<CollectiveError>(o, str_cat(o->describe(), ": rank ", q, " (pid ", t_.pid_of(q),
+                                          ") is no longer running"));
+      if (now >= o->batch->deadline)
+        raise<CollectiveTimeout>(o, str_cat(o->describe(), " timed out after ", o->batch->timeout_s,
+                                            " s: rank ", q, " ", why));
+    };
+    for (const OpPtr& o : p.unrequested) check(o, "did not take this rank's requests");
+    for (const auto& [id, o] : p.awaiting)
+      check(o, o->done_bytes == 0 ? "sent no matching message" : "stopped sending mid-message");
+    for (const OpPtr& o : p.sends) check(o, "posted no matching recv");
+    for (const Transfer& x : p.transfers) check(x.send, "did not drain the staging slots");
+  }
+}
+
+// Poisons the communicator and fails every pending op: `culprit`'s batch with `e`, the others
+// with an error that names it.
+void P2PEngine::fail_all(const OpPtr& culprit, std::exception_ptr e) {
+  const std::string reason = what_of(e);
+  comm_.abort(reason);
+  // Our posted receives are abandoned: no sender may write into their buffers any more.
+  t_.p2p_closed(t_.rank()).store(1, std::memory_order_release);
+  const auto others =
+      std::make_exception_ptr(CollectiveError(str_cat("p2p: communicator was aborted: ", reason)));
+  std::unordered_set<Batch*> batches;
+  std::vector<std::shared_ptr<Batch>> keep;
+  auto add = [&](const OpPtr& o) {
+    if (batches.insert(o->batch.get()).second) keep.push_back(o->batch);
+  };
+  if (culprit) {
+    culprit->batch->error = e;
+    add(culprit);
+  }
+  for (Peer& p : peers_) {
+    for (const OpPtr& o : p.unrequested) add(o);
+    for (const auto& kv : p.awaiting) add(kv.second);
+    for (const OpPtr& o : p.sends) add(o);
+    for (const Transfer& x : p.transfers) add(x.send);
+    p.unrequested.clear();
+    p.awaiting.clear();
+    p.sends.clear();
+    p.requests.clear();
+    p.transfers.clear();
+  }
+  pending_ = 0;
+  for (const auto& b : keep) {
+    if (!b->error) b->error = culprit ? others : e;
+    finish(*b);
+  }
+}
+
+}  // namespace pycoll

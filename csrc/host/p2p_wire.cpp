@@ -1,0 +1,238 @@
+// The point-to-point channels on the wire: requests, pieces, matching, direct writes (the
+// protocol is described in p2p.h).
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "algo/messages.h"
+#include "common/errors.h"
+#include "host/host_comm.h"
+#include "host/p2p.h"
+
+namespace pycoll {
+namespace {
+
+// A recv posted towards its source (one request slot).
+struct WireRequest {
+  uint64_t id, tag, count, addr;
+  uint32_t dtype, pad;
+  uint64_t pad2[3];
+};
+static_assert(sizeof(WireRequest) == kP2PRequestBytes, "request slot");
+
+enum PieceKind : uint32_t { kData = 1, kWritten = 2, kMismatch = 3 };
+
+// The header of a data slot: which receive it belongs to, and where its bytes go. kWritten:
+// the sender has written all `length` bytes into the receive buffer itself. kMismatch: the
+// sender's send (`count` x `dtype`) does not fit the receive; no data follows.
+struct PieceHeader {
+  uint64_t id, offset, length, count;
+  uint32_t kind, dtype;
+  uint64_t pad[3];
+};
+static_assert(sizeof(PieceHeader) == kP2PHeaderBytes, "piece header");
+
+}  // namespace
+
+// Sends and requests of one tag pair up oldest first, so messages of a tag never overtake.
+void P2PEngine::add_send(Peer& p, const OpPtr& send) {
+  auto it = std::find_if(p.requests.begin(), p.requests.end(),
+                         [&](const Request& r) { return r.tag == send->tag; });
+  if (it == p.requests.end()) {
+    p.sends.push_back(send);
+    return;
+  }
+  const bool mismatch = it->count != send->count || it->dtype != send->dtype;
+  p.transfers.push_back(Transfer{send, *it, mismatch});
+  p.requests.erase(it);
+}
+
+void P2PEngine::add_request(Peer& p, const Request& req) {
+  auto it = std::find_if(p.sends.begin(), p.sends.end(),
+                         [&](const OpPtr& s) { return s->tag == req.tag; });
+  if (it == p.sends.end()) {
+    p.requests.push_back(req);
+    return;
+  }
+  const OpPtr send = *it;
+  p.sends.erase(it);
+  const bool mismatch = req.count != send->count || req.dtype != send->dtype;
+  p.transfers.push_back(Transfer{send, req, mismatch});
+}
+
+bool P2PEngine::progress_peer(int q, Peer& p) {
+  bool moved = post_requests(q, p);
+  moved |= take_pieces(q, p);
+  moved |= take_requests(q, p);
+  moved |= stream(q, p);
+  return moved;
+}
+
+bool P2PEngine::post_requests(int q, Peer& p) {
+  const int me = t_.rank();
+  bool moved = false;
+  while (!p.unrequested.empty()) {
+    const uint64_t m = p.requests_posted + 1;
+    if (t_.p2p_req_consumed(q, me).load(std::memory_order_acquire) <
+        channel::consumed_needed(m, kP2PRequestSlots))
+      break;
+    const OpPtr o = p.unrequested.front();
+    auto* r = reinterpret_cast<WireRequest*>(t_.p2p_request(me, q, m));
+    r->id = m;
+    r->tag = o->tag;
+    r->count = o->count;
+    r->addr = reinterpret_cast<uint64_t>(o->buf);
+    r->dtype = static_cast<uint32_t>(o->dtype);
+    t_.p2p_req_posted(me, q).store(m, std::memory_order_release);
+    p.requests_posted = m;
+    p.awaiting.emplace(m, o);
+    p.unrequested.pop_front();
+    moved = true;
+  }
+  return moved;
+}
+
+bool P2PEngine::take_pieces(int q, Peer& p) {
+  const int me = t_.rank();
+  bool moved = false;
+  while (t_.p2p_posted(q, me).load(std::memory_order_acquire) > p.pieces_taken) {
+    const uint64_t m = p.pieces_taken + 1;
+    const uint8_t* slot = t_.p2p_slot(q, me, m);
+    const PieceHeader h = *reinterpret_cast<const PieceHeader*>(slot);
+    auto it = p.awaiting.find(h.id);
+    PYCOLL_CHECK(it != p.awaiting.end(), "rank ", q, " sent a piece for unknown receive ", h.id);
+    const OpPtr o = it->second;
+    if (h.kind == kMismatch)
+      raise<CollectiveMismatch>(
+          o, str_cat(o->describe(), ": the matching send does not fit: rank ", q, " sends ",
+                     h.count, " x ", dtype_name(static_cast<DType>(h.dtype)),
+                     ", this rank receives ", o->count, " x ", dtype_name(o->dtype)));
+    PYCOLL_CHECK(h.offset == o->done_bytes && h.length <= o->bytes() - o->done_bytes,
+                 "piece out of order from rank ", q);
+    if (h.kind == kData) std::memcpy(o->buf + h.offset, slot + kP2PHeaderBytes, h.length);
+    o->done_bytes += h.length;
+    p.pieces_taken = m;
+    t_.p2p_consumed(me, q).store(m, std::memory_order_release);
+    moved = true;
+    if (o->done_bytes == o->bytes()) {
+      p.awaiting.erase(it);
+      complete(o);
+    }
+  }
+  return moved;
+}
+
+bool P2PEngine::take_requests(int q, Peer& p) {
+  const int me = t_.rank();
+  bool moved = false;
+  while (t_.p2p_req_posted(q, me).load(std::memory_order_acquire) > p.requests_taken) {
+    const uint64_t m = p.requests_taken + 1;
+    const WireRequest r = *reinterpret_cast<const WireRequest*>(t_.p2p_request(q, me, m));
+    p.requests_taken = m;
+    t_.p2p_req_consumed(me, q).store(m, std::memory_order_release);
+    PYCOLL_CHECK(r.id == m && valid_dtype(static_cast<int>(r.dtype)), "corrupt request from rank ",
+                 q);
+    add_request(p, Request{r.id, r.tag, r.count, r.addr, static_cast<DType>(r.dtype)});
+    moved = true;
+  }
+  return moved;
+}
+
+// Moves the matched transfers to `q` along, oldest first, as far as the data ring has room.
+bool P2PEngine::stream(int q, Peer& p) {
+  const int me = t_.rank();
+  bool moved = false;
+  while (!p.transfers.empty()) {
+    Transfer& x = p.transfers.front();
+    const OpPtr& o = x.send;
+    bool finished = false;
+    while (!finished) {
+      const uint64_t m = p.pieces_sent + 1;
+      if (t_.p2p_consumed(q, me).load(std::memory_order_acquire) <
+          channel::consumed_needed(m, t_.nslots()))
+        return moved;
+      uint8_t* slot = t_.p2p_slot(me, q, m);
+      PieceHeader h{};
+      h.id = x.req.id;
+      h.offset = o->done_bytes;
+      if (x.mismatch) {
+        h.kind = kMismatch;
+        h.count = o->count;
+        h.dtype = static_cast<uint32_t>(o->dtype);
+      } else if (o->done_bytes == 0 && o->bytes() >= cma_min_bytes_ && p.cma &&
+                 cma_mode_ != CmaMode::Off && write_direct(q, p, x)) {
+        h.kind = kWritten;
+        h.length = o->bytes();
+      } else {
+        h.kind = kData;
+        h.length = std::min(t_.slot_bytes(), o->bytes() - o->done_bytes);
+        std::memcpy(slot + kP2PHeaderBytes, o->buf + o->done_bytes, h.length);
+      }
+      *reinterpret_cast<PieceHeader*>(slot) = h;
+      t_.p2p_posted(me, q).store(m, std::memory_order_release);
+      p.pieces_sent = m;
+      o->done_bytes += h.length;
+      moved = true;
+      finished = x.mismatch || o->done_bytes == o->bytes();
+    }
+    const Transfer done = std::move(x);
+    p.transfers.pop_front();
+    if (done.mismatch)
+      raise<CollectiveMismatch>(
+          done.send,
+          str_cat(done.send->describe(), ": the matching recv does not fit: this rank sends ",
+                  done.send->count, " x ", dtype_name(done.send->dtype), ", rank ", q, " receives ",
+                  done.req.count, " x ", dtype_name(done.req.dtype)));
+    complete(done.send);
+  }
+  return moved;
+}
+
+// Writes the whole message into the receiver's buffer (cross-memory attach). False when the
+// kernel refuses (no permission, no syscall, another PID namespace): from then on this peer's
+// messages go through the slots.
+bool P2PEngine::write_direct(int q, Peer& p, Transfer& x) {
+  const OpPtr& o = x.send;
+  // A receiver that gave up its receives may have freed their buffers.
+  if (t_.p2p_closed(q).load(std::memory_order_acquire) != 0)
+    raise<CollectiveError>(
+        o, str_cat(o->describe(), ": rank ", q, " abandoned its receives after an error"));
+  const size_t n = o->bytes();
+  size_t done = 0;
+  while (done < n) {
+    iovec local{o->buf + done, n - done};
+    iovec remote{reinterpret_cast<void*>(x.req.addr + done), n - done};
+    ssize_t w;
+    if (cma_mode_ == CmaMode::Fail) {
+      w = -1;
+      errno = EPERM;
+    } else {
+      w = process_vm_writev(static_cast<pid_t>(t_.pid_of(q)), &local, 1, &remote, 1, 0);
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : EIO;
+      if (!t_.peer_alive(q))
+        raise<CollectiveError>(o, str_cat(o->describe(), ": rank ", q, " (pid ", t_.pid_of(q),
+                                          ") is no longer running"));
+      if (done == 0 && (err == EPERM || err == ENOSYS || err == ESRCH)) {
+        p.cma = false;
+        if (comm_.options().debug)
+          std::fprintf(stderr,
+                       "pycollectives INFO rank %d/%d: p2p direct writes to rank %d refused (%s); "
+                       "using the staging slots\n",
+                       t_.rank(), t_.size(), q, std::strerror(err));
+        return false;
+      }
+      raise<CollectiveError>(o, str_cat(o->describe(), ": writing into rank ", q,
+                                        "'s buffer failed: ", std::strerror(err)));
+    }
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace pycoll
