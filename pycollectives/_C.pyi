@@ -18,7 +18,7 @@ class HostCommOptions:
     oneshot_max_bytes: int
     check_mismatch: bool
     p2p_cma_min_bytes: int
-    p2p_cma: str  # "on", "off", "fail" (default from PYCOLL_P2P_CMA)
+    p2p_cma: str  # "on", "off", "fail" (pycollectives.Options: PYCOLL_P2P_CMA)
     def __init__(self) -> None: ...
 
 class Work:

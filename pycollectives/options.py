@@ -18,6 +18,8 @@ PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
 PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
 PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
 PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it)
+PYCOLL_P2P_CMA             on               send/recv: direct writes (on, off; fail: test)
+PYCOLL_P2P_DIRECT_BYTES    64 KiB           send/recv: direct writes from this size up
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
@@ -90,6 +92,8 @@ class Options:
     net_piece_bytes: int = 1 << 20
     debug: bool = False
     check_mismatch: bool = True
+    p2p_cma: str = "on"
+    p2p_direct_bytes: int = 64 * 1024
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
@@ -108,6 +112,10 @@ class Options:
         sync = (env.get("PYCOLL_CUDA_SYNC") or "").strip().lower()
         if sync not in ("", "auto", *SYNC_MODES):
             raise ValueError(f"PYCOLL_CUDA_SYNC={sync!r}: expected kernel, host or auto")
+        cma = (env.get("PYCOLL_P2P_CMA") or "on").strip().lower()
+        cma = {"0": "off", "1": "on"}.get(cma, cma)
+        if cma not in ("on", "off", "fail"):
+            raise ValueError(f"PYCOLL_P2P_CMA={cma!r}: expected on, off or fail")
         opts = cls(
             timeout=pick(timeout, "PYCOLL_TIMEOUT", d.timeout, float),
             staging_bytes=pick(staging_bytes, "PYCOLL_STAGING_BYTES", d.staging_bytes, int),
@@ -119,6 +127,8 @@ class Options:
             net_piece_bytes=pick(None, "PYCOLL_NET_PIECE_BYTES", d.net_piece_bytes, int),
             debug=env.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE"),
             check_mismatch=env.get("PYCOLL_CHECK_MISMATCH", "1") != "0",
+            p2p_cma=cma,
+            p2p_direct_bytes=pick(None, "PYCOLL_P2P_DIRECT_BYTES", d.p2p_direct_bytes, int),
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, int),
@@ -158,6 +168,8 @@ class Options:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug
         o.check_mismatch = self.check_mismatch
+        o.p2p_cma = self.p2p_cma
+        o.p2p_cma_min_bytes = self.p2p_direct_bytes
         return o
 
     def cuda_options(self, native):

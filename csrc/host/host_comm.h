@@ -39,7 +39,7 @@ struct HostCommOptions {
   // Point-to-point messages of at least this many bytes are written straight into the
   // receiver's buffer (process_vm_writev) instead of streaming through the slots.
   size_t p2p_cma_min_bytes = 64 * 1024;
-  CmaMode p2p_cma = cma_mode_from_env();
+  CmaMode p2p_cma = CmaMode::Use;  // sends of at least p2p_cma_min_bytes write directly
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of

@@ -22,13 +22,6 @@ std::string what_of(std::exception_ptr e) {
 
 }  // namespace
 
-CmaMode cma_mode_from_env() {
-  const char* v = std::getenv("PYCOLL_P2P_CMA");
-  if (v == nullptr || *v == 0) return CmaMode::Use;
-  const std::string s(v);
-  return s == "0" || s == "off" ? CmaMode::Off : s == "fail" ? CmaMode::Fail : CmaMode::Use;
-}
-
 std::string P2PEngine::Op::describe() const {
   return str_cat(kind == P2PKind::Send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
                  ", ", count, " x ", dtype_name(dtype), ")");

@@ -54,11 +54,9 @@ struct P2POp {
   uint64_t tag = 0;
 };
 
-// How to use cross-memory attach (env PYCOLL_P2P_CMA: "0" never, "fail" pretend the kernel
-// refused, which exercises the fallback).
+// How to use cross-memory attach: Off never, Fail pretend the kernel refused (which exercises
+// the fallback to slots).
 enum class CmaMode { Use, Off, Fail };
-// The default mode, from PYCOLL_P2P_CMA.
-CmaMode cma_mode_from_env();
 
 class P2PEngine {
  public:

@@ -1,4 +1,5 @@
-"""Point-to-point send/recv through HostComm.p2p, against mpi4py's own Send/Recv of the same data.
+"""Point-to-point send/recv (Communicator.send/recv/batch_p2p, and HostComm.p2p's own checks)
+against mpi4py's own Send/Recv of the same data.
 
 Usage: mpiexec -n N python p2p.py matrix|semantics|mismatch-size|mismatch-dtype|timeout|dead|args
 """
@@ -22,6 +23,11 @@ def data(src: int, dst: int, count: int, dt, salt: int = 0) -> np.ndarray:
     return make_input(src * 131 + dst, count, dt, "sum", salt)
 
 
+def p2p(comm, ops, async_op=False):
+    """One batch through the public API: ops as (kind, array, peer, tag)."""
+    return comm.batch_p2p([pc.P2POp(*o) for o in ops], async_op=async_op)
+
+
 def mpi_reference(sends, recvs):
     """What MPI delivers for the same pattern: sends = [(array, dst, tag)], recvs = [(like, src,
     tag)]; moved as bytes, so that every dtype (bfloat16 included) goes through MPI."""
@@ -39,7 +45,7 @@ def check_pattern(comm, sends, recv_specs, what):
     outs = [np.full(c, 77, dt) for c, dt, _, _ in recv_specs]
     ops = [("send", x, d, t) for x, d, t in sends]
     ops += [("recv", o, s, t) for o, (_, _, s, t) in zip(outs, recv_specs)]
-    assert comm._c.p2p(ops) is None
+    assert p2p(comm, ops) is None
     want = mpi_reference(sends, [(o, s, t) for o, (_, _, s, t) in zip(outs, recv_specs)])
     for got, ref in zip(outs, want):
         assert got.tobytes() == ref.tobytes(), f"{what}: differs from MPI ({got[:4]} vs {ref[:4]})"
@@ -62,7 +68,7 @@ def matrix():
             sends = [(data(r, q, count, dt, 1), q, r) for q in peers]
             recvs = [(count, dt, q, q) for q in peers]
             check_pattern(comm, sends, recvs, "all pairs " + what)
-    comm._c.barrier()
+    comm.barrier()
     if r == 0:
         print(f"PASS p2p matrix ranks={n}", flush=True)
     comm.close()
@@ -75,22 +81,22 @@ def semantics():
     count = 3 * SLOT  # several pieces each
     a, b = data(0, 1, count, np.dtype(np.int32), 1), data(0, 1, count, np.dtype(np.int32), 2)
     if r == 0:  # tag 1 then tag 2, both in flight at once
-        w = comm._c.p2p([("send", a, 1, 1), ("send", b, 1, 2)], async_op=True)
+        w = p2p(comm, [("send", a, 1, 1), ("send", b, 1, 2)], async_op=True)
         assert w.wait(timeout=30) and w.is_completed()
     elif r == 1:  # tag 2 first: blocks until it arrives while tag 1's send is pending
         got2, got1 = np.empty_like(b), np.empty_like(a)
-        comm._c.p2p([("recv", got2, 0, 2)])
-        comm._c.p2p([("recv", got1, 0, 1)])
+        assert comm.recv(got2, 0, tag=2) is got2
+        comm.recv(got1, src=0, tag=1)
         assert np.array_equal(got1, a) and np.array_equal(got2, b), "tags crossed"
     # Same tag three times: arrives in order (different sizes so a swap cannot go unnoticed).
     msgs = [np.full(c, i + 1, np.float64) for i, c in enumerate((5000, 1, 300))]
     if r == 0:
-        w = comm._c.p2p([("send", m, 1, 9) for m in msgs], async_op=True)
+        w = p2p(comm, [("send", m, 1, 9) for m in msgs], async_op=True)
         w.wait()
     elif r == 1:
         outs = [np.zeros_like(m) for m in msgs]
         for o in outs:
-            comm._c.p2p([("recv", o, 0, 9)])
+            p2p(comm, [("recv", o, 0, 9)])
         assert all(np.array_equal(o, m) for o, m in zip(outs, msgs)), "same tag overtook"
     # p2p interleaved with collectives.
     x = np.full(1000, r + 1, np.float32)
@@ -98,7 +104,7 @@ def semantics():
     y = np.empty(10, np.int64)
     peer = 1 - r if r < 2 else None
     if peer is not None:
-        comm._c.p2p([("send", np.arange(10) + r, peer, 0), ("recv", y, peer, 0)])
+        p2p(comm, [("send", np.arange(10) + r, peer, 0), ("recv", y, peer, 0)])
         assert np.array_equal(y, np.arange(10) + peer)
     comm.all_reduce(x)
     assert np.all(x == comm.size * sum(range(1, comm.size + 1)))
@@ -106,13 +112,13 @@ def semantics():
     # Only the background progress of rank 0 can complete rank 1's recv.
     big = data(0, 1, 200_000, np.dtype(np.float32))
     if r == 0:
-        w = comm._c.p2p([("send", big, 1, 5)], async_op=True)
+        w = comm.send(big, 1, tag=5, async_op=True)
         comm.barrier()
         w.wait()
     else:
         if r == 1:
             got = np.empty_like(big)
-            comm._c.p2p([("recv", got, 0, 5)])
+            p2p(comm, [("recv", got, 0, 5)])
             assert np.array_equal(got, big)
         comm.barrier()
     if r == 0:
@@ -125,13 +131,13 @@ def mismatch(field):
     r = comm.rank
     if r == 0:
         x = np.ones(10, np.float32)
-        msg = expect(pc.CollectiveMismatch, lambda: comm._c.p2p([("send", x, 1, 4)]), "rank 1")
+        msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, [("send", x, 1, 4)]), "rank 1")
     else:
         y = np.empty(12, np.float32) if field == "size" else np.empty(10, np.int32)
-        msg = expect(pc.CollectiveMismatch, lambda: comm._c.p2p([("recv", y, 0, 4)]), "rank 0")
+        msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, [("recv", y, 0, 4)]), "rank 0")
     want = ["tag 4", "10 x float32", "12 x float32" if field == "size" else "10 x int32"]
     assert all(w in msg for w in want), msg
-    assert comm._c.poisoned
+    assert comm._host.c.poisoned
     print(f"PASS mismatch {field} rank {r}", flush=True)
 
 
@@ -140,11 +146,11 @@ def timeout():
     if comm.rank == 0:
         y = np.empty(4, np.int64)
         t0 = time.monotonic()
-        msg = expect(pc.CollectiveTimeout, lambda: comm._c.p2p([("recv", y, 1, 6)]), "rank 1")
+        msg = expect(pc.CollectiveTimeout, lambda: p2p(comm, [("recv", y, 1, 6)]), "rank 1")
         took = time.monotonic() - t0
         assert "recv from rank 1 (tag 6" in msg and "timed out" in msg, msg
         assert 1.9 < took < 4, took
-        expect(pc.CollectiveError, lambda: comm._c.p2p([("recv", y, 1, 6)]), "earlier error")
+        expect(pc.CollectiveError, lambda: p2p(comm, [("recv", y, 1, 6)]), "earlier error")
         print(f"PASS timeout after {took:.2f} s", flush=True)
     MPI.COMM_WORLD.Barrier()
 
@@ -155,12 +161,12 @@ def dead():
     comm = pc.Communicator(staging_bytes=SLOT, staging_slots=2)
     y = np.empty(1 << 20, np.uint8)
     if comm.rank == 0:
-        w = comm._c.p2p([("recv", y, 1, 1)], async_op=True)
+        w = p2p(comm, [("recv", y, 1, 1)], async_op=True)
         MPI.COMM_WORLD.Barrier()  # our request is in the ring
     else:
         MPI.COMM_WORLD.Barrier()
         # Starting the send matches the request and fills both slots; then rank 1 is gone.
-        comm._c.p2p([("send", y, 0, 1)], async_op=True)
+        p2p(comm, [("send", y, 0, 1)], async_op=True)
         os._exit(0)
     t0 = time.monotonic()
     expect(pc.CollectiveError, lambda: w.wait(timeout=30), "rank 1", "no longer running")
@@ -172,7 +178,9 @@ def dead():
 
 def args():
     comm = pc.Communicator()
-    r, c = comm.rank, comm._c
+    r, c = comm.rank, comm._host.c
+    expect(TypeError, lambda: comm.batch_p2p([("send", np.zeros(1), 1 - r, 0)]), "P2POp")
+    expect(ValueError, lambda: pc.P2POp("put", np.zeros(1), 1 - r), "kind")
     x = np.zeros(4, np.float32)
     bad = [
         (TypeError, [("send", [1, 2], 1 - r, 0)], "numpy"),
