@@ -29,6 +29,7 @@ import numpy as np
 from pycollectives import _C
 from pycollectives.bootstrap import MpiGroup
 from pycollectives.errors import CollectiveError, CollectiveTimeout
+from pycollectives.netp2p import MpiP2P
 from pycollectives.ops import ALGORITHMS_FOR, AVG, algo_code
 from pycollectives.topology import Topology
 
@@ -106,10 +107,12 @@ class Hierarchical:
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
         hier._node_group = node_group
+        hier._p2p = MpiP2P(mpi)  # collective: made with the communicator
         return hier
 
     def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
         self._node_group = None
+        self._p2p = None  # MPI messages to other nodes
         self.topo = topology
         self.rank = rank
         self.size = topology.size
@@ -131,12 +134,12 @@ class Hierarchical:
 
     # -- running ------------------------------------------------------------------------------
 
-    def submit(self, fn, async_op):
+    def submit(self, fn, async_op, collective=True):
         """Runs fn() after every collective issued before it; returns a Work's native handle
-        (async_op) or None."""
+        (async_op) or None. Only collectives count in `seq` (every rank runs them)."""
         self._check_usable()
         seq = self.seq
-        self.seq += 1
+        self.seq += int(collective)
 
         def guarded():
             self._check_usable()
@@ -162,6 +165,9 @@ class Hierarchical:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._p2p is not None:
+            self._p2p.close()
+            self._p2p = None
         if self._node_group is not None:
             self._node_group.free()
             self._node_group = None
@@ -179,6 +185,27 @@ class Hierarchical:
 
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return "hierarchical"
+
+    def p2p(self, ops, async_op):
+        """Messages to ranks of this node over shared memory, to other nodes over MPI."""
+        for o in ops:
+            _check_p2p(o, self.rank, self.size)
+        here = [o for o in ops if self.topo.node_of[o.peer] == self.node]
+        away = [o for o in ops if self.topo.node_of[o.peer] != self.node]
+        if away:
+            self._p2p.check(away)
+        local = [(o.kind, o.array, self.topo.local_of[o.peer], o.tag) for o in here]
+
+        def run(seq):
+            work = self.host.p2p(local, True) if local else None
+            try:
+                if away:
+                    self._p2p.run(away, self.timeout)
+            finally:
+                if work is not None:
+                    work.wait()
+
+        return self.submit(run, async_op, collective=False)
 
     def run(self, call):
         """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
@@ -337,3 +364,23 @@ class Hierarchical:
             self.host.barrier(False)
 
         return self.submit(run, async_op)
+
+
+def _check_p2p(op, rank, size):
+    """The host path's checks of one P2POp, for messages that leave the node."""
+    from pycollectives import arrays
+
+    where = f"p2p {op.kind} with rank {op.peer}"
+    if not isinstance(op.array, np.ndarray):
+        raise TypeError(f"{where}: the array must be a numpy.ndarray")
+    info = arrays.describe(op.array)
+    if info.dtype < 0:
+        raise TypeError(f"{where}: unsupported dtype {info.dtype_name} ({arrays.SUPPORTED})")
+    if not info.contiguous:
+        raise ValueError(f"{where}: the array must be C-contiguous")
+    if op.kind == "recv" and info.readonly:
+        raise ValueError(f"{where}: the array is read-only")
+    if not isinstance(op.peer, int) or not 0 <= op.peer < size or op.peer == rank:
+        raise ValueError(f"{where}: peer {op.peer} is not another rank of {size}")
+    if not isinstance(op.tag, int) or op.tag < 0:
+        raise ValueError(f"{where}: tag must be an int >= 0, got {op.tag!r}")

@@ -58,3 +58,24 @@ def test_p2p_dead_peer_mid_transfer():
 def test_p2p_bad_arguments_move_nothing():
     out = run_mpi(2, "p2p.py", "args", timeout=60)
     assert "PASS args rank 0" in out and "PASS args rank 1" in out
+
+
+# Across emulated nodes: shared memory inside a node, MPI between nodes.
+
+
+def test_p2p_across_nodes_matches_mpi():
+    out = run_mpi(4, "p2p.py", "matrix", env={"PYCOLL_RANKS_PER_NODE": "2"}, timeout=180)
+    assert "PASS p2p matrix ranks=4" in out
+
+
+def test_p2p_semantics_across_nodes():
+    # Cyclic nodes {0, 2} and {1, 3}: the pairs 0-1 the test drives are on different nodes.
+    env = {"PYCOLL_RANKS_PER_NODE": "2:cyclic"}
+    assert "PASS p2p semantics" in run_mpi(4, "p2p.py", "semantics", env=env, timeout=120)
+
+
+@pytest.mark.parametrize("field", ["size", "dtype"])
+def test_p2p_mismatch_across_nodes_raises_on_both_ranks(field):
+    env = {"PYCOLL_RANKS_PER_NODE": "1"}
+    out = run_mpi(2, "p2p.py", f"mismatch-{field}", env=env, timeout=60)
+    assert f"PASS mismatch {field} rank 0" in out and f"PASS mismatch {field} rank 1" in out
