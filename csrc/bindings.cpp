@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <tuple>
 
@@ -152,13 +153,96 @@ CollectiveCall make_call(Collective coll, const ArrayArg& x, const ArrayArg& out
   return call;
 }
 
+// Per-rank element counts as Python gives them: None (even) or a list of integers.
+using CountList = std::optional<std::vector<int64_t>>;
+
+// The split lists of one call: all-gather / reduce-scatter `counts`, all-to-all in/out splits.
+struct Splits {
+  CountList counts, in_splits, out_splits;
+};
+
+// `list` as unsigned counts: one per rank, none negative.
+std::vector<uint64_t> count_list(const char* fn, const char* name, const std::vector<int64_t>& list,
+                                 int size) {
+  if (list.size() != static_cast<size_t>(size))
+    throw InvalidArgument(
+        str_cat(fn, ": ", name, " has ", list.size(), " entries, expected one per rank (", size, ")"));
+  std::vector<uint64_t> r;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] < 0)
+      throw InvalidArgument(str_cat(fn, ": ", name, "[", i, "] is negative (", list[i], ")"));
+    r.push_back(static_cast<uint64_t>(list[i]));
+  }
+  return r;
+}
+
+size_t prefix(const std::vector<uint64_t>& v, int k) {
+  return static_cast<size_t>(std::accumulate(v.begin(), v.begin() + k, uint64_t{0}));
+}
+
+// All-gather / reduce-scatter with per-rank blocks: rank-major and contiguous; the in-place
+// form puts this rank's block where it belongs in the long array.
+CollectiveCall uneven_call(Collective c, const ArrayArg& x, const ArrayArg& out,
+                           const std::vector<int64_t>& list, int algo, int rank, int size) {
+  const char* fn = collective_name(c);
+  check_same_dtype(fn, x, out);
+  std::vector<uint64_t> counts = count_list(fn, "counts", list, size);
+  const size_t total = sum_of(counts), mine = counts[rank];
+  const size_t at = prefix(counts, rank) * dtype_size(x.dtype);
+  CollectiveCall call;
+  if (c == Collective::AllGather) {
+    check_count(fn, "x", x.count, mine, "counts[rank]");
+    check_count(fn, "out", out.count, total, "sum(counts)");
+    check_aliasing(fn, x, out, x.ptr == out.ptr + at);
+  } else {
+    check_count(fn, "x", x.count, total, "sum(counts)");
+    check_count(fn, "out", out.count, mine, "counts[rank]");
+    check_aliasing(fn, x, out, out.ptr == x.ptr + at);
+  }
+  call = make_call(c, x, out, algo, total);
+  call.counts = std::move(counts);
+  return call;
+}
+
+CollectiveCall all_to_all_call(const ArrayArg& x, const ArrayArg& out, const Splits& sp, int algo,
+                               int size) {
+  const char* fn = "all_to_all";
+  check_same_dtype(fn, x, out);
+  check_aliasing(fn, x, out, false);  // no in-place form: blocks move between positions
+  if (sp.in_splits.has_value() != sp.out_splits.has_value())
+    throw InvalidArgument(str_cat(fn, ": give both in_splits and out_splits, or neither"));
+  if (!sp.in_splits) {
+    const size_t n = static_cast<size_t>(size);
+    if (x.count % n != 0)
+      throw InvalidArgument(str_cat(fn, ": x has ", x.count, " elements, not a multiple of ", size,
+                                    " ranks (give in_splits/out_splits for uneven blocks)"));
+    check_count(fn, "out", out.count, x.count, "the size of x");
+    return make_call(Collective::AllToAll, x, out, algo, x.count / n);
+  }
+  std::vector<uint64_t> send = count_list(fn, "in_splits", *sp.in_splits, size);
+  std::vector<uint64_t> recv = count_list(fn, "out_splits", *sp.out_splits, size);
+  check_count(fn, "x", x.count, sum_of(send), "sum(in_splits)");
+  check_count(fn, "out", out.count, sum_of(recv), "sum(out_splits)");
+  CollectiveCall call = make_call(Collective::AllToAll, x, out, algo, 0);
+  call.send_counts = std::move(send);
+  call.recv_counts = std::move(recv);
+  return call;
+}
+
 // The checks that depend on the collective, on arrays already described (numpy here, GPU
 // arrays in pycollectives/cuda_args.py): the errors a caller sees before any byte moves.
-// `out` is `x` in the in-place forms of all_reduce and reduce, and for broadcast. Returns the
-// call to run.
+// `out` is `x` in the in-place forms of all_reduce and reduce, and for broadcast. An array a
+// rank does not use (gather's out, scatter's x off the root) may be absent (null, 0 elements).
+// Returns the call to run.
 CollectiveCall checked_call(Collective c, const ArrayArg& x, const ArrayArg& out, int root,
-                            int op_code, int algo, int rank, int size) {
+                            int op_code, int algo, int rank, int size, const Splits& sp = {}) {
   const char* fn = collective_name(c);
+  if (sp.counts && c != Collective::AllGather && c != Collective::ReduceScatter)
+    throw InvalidArgument(str_cat(fn, ": counts apply to all_gather and reduce_scatter only"));
+  if ((sp.in_splits || sp.out_splits) && c != Collective::AllToAll)
+    throw InvalidArgument(str_cat(fn, ": in_splits/out_splits apply to all_to_all only"));
+  if (has_root(c)) root_arg(fn, root, size);
+  const bool at_root = rank == root;
   CollectiveCall call;
   switch (c) {
     case Collective::AllReduce:
@@ -169,12 +253,20 @@ CollectiveCall checked_call(Collective c, const ArrayArg& x, const ArrayArg& out
       call = make_call(c, x, out, algo, x.count);
       break;
     case Collective::ReduceScatter:
+      if (sp.counts) {
+        call = uneven_call(c, x, out, *sp.counts, algo, rank, size);
+        break;
+      }
       check_same_dtype(fn, x, out);
       check_count(fn, "x", x.count, out.count * size, "size * out.size");
       check_aliasing(fn, x, out, out.ptr == x.ptr + rank * out.bytes());
       call = make_call(c, x, out, algo, out.count);
       break;
     case Collective::AllGather:
+      if (sp.counts) {
+        call = uneven_call(c, x, out, *sp.counts, algo, rank, size);
+        break;
+      }
       check_same_dtype(fn, x, out);
       check_count(fn, "out", out.count, x.count * size, "size * x.size");
       check_aliasing(fn, x, out, x.ptr == out.ptr + rank * x.bytes());
@@ -183,39 +275,90 @@ CollectiveCall checked_call(Collective c, const ArrayArg& x, const ArrayArg& out
     case Collective::Broadcast:
       call = make_call(c, x, x, algo, x.count);
       break;
+    case Collective::AllToAll:
+      call = all_to_all_call(x, out, sp, algo, size);
+      break;
+    case Collective::Gather:
+      // Only the root has an output; the root may gather in place (x already in its block).
+      if (at_root) {
+        if (out.ptr == nullptr && out.count == 0 && x.count != 0)
+          throw InvalidArgument(str_cat(fn, ": out is required on the root"));
+        check_same_dtype(fn, x, out);
+        check_count(fn, "out", out.count, x.count * size, "size * x.size");
+        check_aliasing(fn, x, out, x.ptr == out.ptr + root * x.bytes());
+      }
+      call = make_call(c, x, out, algo, x.count);
+      if (!at_root) call.out = nullptr;
+      break;
+    case Collective::Scatter:
+      // Only the root has an input; the root may scatter in place (out is its own block).
+      if (at_root) {
+        if (x.ptr == nullptr && x.count == 0 && out.count != 0)
+          throw InvalidArgument(str_cat(fn, ": x is required on the root"));
+        check_same_dtype(fn, x, out);
+        check_count(fn, "x", x.count, out.count * size, "size * out.size");
+        check_aliasing(fn, x, out, out.ptr == x.ptr + root * out.bytes());
+      }
+      call = make_call(c, out, out, algo, out.count);
+      call.in = at_root ? x.ptr : nullptr;
+      break;
   }
-  if (c == Collective::Broadcast || c == Collective::Reduce) call.root = root_arg(fn, root, size);
+  if (has_root(c)) call.root = root;
   if (carries_partials(c)) call.op = op_arg(fn, op_code, x.dtype);
   return call;
+}
+
+// Whether `array` of collective `c` may be None on this rank: an array the rank does not use.
+bool may_be_absent(Collective c, const char* array, int rank, int root) {
+  if (rank == root) return false;
+  return (c == Collective::Gather && std::strcmp(array, "out") == 0) ||
+         (c == Collective::Scatter && std::strcmp(array, "x") == 0);
 }
 
 // A call on numpy arrays: each array checked (type, dtype, layout, writability), then the
 // collective's own checks. `out_obj` None: in place (all_reduce, reduce); broadcast has none.
 CollectiveCall parse_call(Collective c, py::handle x_obj, py::handle out_obj, int root, int op,
-                          int algo, int rank, int size) {
+                          int algo, int rank, int size, const Splits& sp = {}) {
   const char* fn = collective_name(c);
   const bool reduces_in_place =
       (c == Collective::AllReduce || c == Collective::Reduce) && out_obj.is_none();
   const bool one_array = c == Collective::Broadcast || reduces_in_place;
-  const ArrayArg x = array_arg(x_obj, fn, "x", one_array);
-  const ArrayArg out = one_array ? x : array_arg(out_obj, fn, "out", true);
-  return checked_call(c, x, out, root, op, algo, rank, size);
+  // Arrays a rank does not use are not looked at beyond their type: gather's out and
+  // scatter's x off the root are left untouched.
+  auto arg = [&](py::handle obj, const char* name, bool writable) {
+    if (may_be_absent(c, name, rank, root)) {
+      ArrayArg absent;
+      if (!obj.is_none()) absent.dtype = array_arg(obj, fn, name, false).dtype;
+      return absent;
+    }
+    return array_arg(obj, fn, name, writable);
+  };
+  ArrayArg x = arg(x_obj, "x", one_array);
+  const ArrayArg out = one_array ? x : arg(out_obj, "out", true);
+  if (c == Collective::Scatter && x.ptr == nullptr) x.dtype = out.dtype;
+  return checked_call(c, x, out, root, op, algo, rank, size, sp);
 }
 
 // The same checks for a communicator whose collectives are composed in Python (several
 // nodes); returns (count, dtype code) of the call.
 std::pair<size_t, int> check_args(const std::string& collective, py::handle x, py::handle out,
-                                  int root, int op, int algo, int rank, int size) {
-  const CollectiveCall call =
-      parse_call(collective_arg(collective), x, out, root, op, algo, rank, size);
+                                  int root, int op, int algo, int rank, int size,
+                                  const CountList& counts, const CountList& in_splits,
+                                  const CountList& out_splits) {
+  const CollectiveCall call = parse_call(collective_arg(collective), x, out, root, op, algo, rank,
+                                         size, Splits{counts, in_splits, out_splits});
   return {call.count, static_cast<int>(call.dtype)};
 }
 
 // The collective's checks on arrays described elsewhere, as (pointer, element count, dtype
-// code), `out` None in the single-array forms; returns the call's count.
-size_t check_described_args(const std::string& collective, std::tuple<uintptr_t, size_t, int> x,
+// code), `out` None in the single-array forms and for gather off the root, `x` None for
+// scatter off the root; returns the call's count.
+size_t check_described_args(const std::string& collective,
+                            std::optional<std::tuple<uintptr_t, size_t, int>> x,
                             std::optional<std::tuple<uintptr_t, size_t, int>> out, int root, int op,
-                            int algo, int rank, int size) {
+                            int algo, int rank, int size, const CountList& counts,
+                            const CountList& in_splits, const CountList& out_splits) {
+  const Collective c = collective_arg(collective);
   auto described = [](const std::tuple<uintptr_t, size_t, int>& t) {
     if (!valid_dtype(std::get<2>(t))) throw InvalidArgument("unknown dtype code");
     ArrayArg a;
@@ -224,9 +367,18 @@ size_t check_described_args(const std::string& collective, std::tuple<uintptr_t,
     a.dtype = static_cast<DType>(std::get<2>(t));
     return a;
   };
-  const ArrayArg xa = described(x);
-  const ArrayArg oa = out ? described(*out) : xa;
-  return checked_call(collective_arg(collective), xa, oa, root, op, algo, rank, size).count;
+  ArrayArg xa, oa;  // absent (null, 0 elements) unless given
+  if (x)
+    xa = described(*x);
+  else if (!may_be_absent(c, "x", rank, root))
+    throw InvalidArgument(str_cat(collective, ": x is required"));
+  if (out)
+    oa = described(*out);
+  else if (!may_be_absent(c, "out", rank, root))
+    oa = xa;  // the single-array forms
+  if (!x) xa.dtype = oa.dtype;
+  return checked_call(c, xa, oa, root, op, algo, rank, size, Splits{counts, in_splits, out_splits})
+      .count;
 }
 
 void bind_host_comm(py::module_& m) {
@@ -304,21 +456,55 @@ void bind_host_comm(py::module_& m) {
           py::arg("async_op") = false)
       .def(
           "reduce_scatter",
-          [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op) {
-            return dispatch(
-                c, parse_call(Collective::ReduceScatter, x, out, 0, op, algo, c.rank(), c.size()),
-                async_op);
+          [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op,
+             const CountList& counts) {
+            return dispatch(c,
+                            parse_call(Collective::ReduceScatter, x, out, 0, op, algo, c.rank(),
+                                       c.size(), Splits{counts, {}, {}}),
+                            async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("algorithm"),
-          py::arg("async_op") = false)
+          py::arg("async_op") = false, py::arg("counts") = py::none())
       .def(
           "all_gather",
-          [](HostComm& c, py::handle x, py::handle out, int algo, bool async_op) {
+          [](HostComm& c, py::handle x, py::handle out, int algo, bool async_op,
+             const CountList& counts) {
+            return dispatch(c,
+                            parse_call(Collective::AllGather, x, out, 0, 0, algo, c.rank(),
+                                       c.size(), Splits{counts, {}, {}}),
+                            async_op);
+          },
+          py::arg("x"), py::arg("out"), py::arg("algorithm"), py::arg("async_op") = false,
+          py::arg("counts") = py::none())
+      .def(
+          "all_to_all",
+          [](HostComm& c, py::handle x, py::handle out, const CountList& in_splits,
+             const CountList& out_splits, int algo, bool async_op) {
+            return dispatch(c,
+                            parse_call(Collective::AllToAll, x, out, 0, 0, algo, c.rank(),
+                                       c.size(), Splits{{}, in_splits, out_splits}),
+                            async_op);
+          },
+          py::arg("x"), py::arg("out"), py::arg("in_splits"), py::arg("out_splits"),
+          py::arg("algorithm"), py::arg("async_op") = false)
+      .def(
+          "gather",
+          [](HostComm& c, py::handle x, py::handle out, int root, int algo, bool async_op) {
             return dispatch(
-                c, parse_call(Collective::AllGather, x, out, 0, 0, algo, c.rank(), c.size()),
+                c, parse_call(Collective::Gather, x, out, root, 0, algo, c.rank(), c.size()),
                 async_op);
           },
-          py::arg("x"), py::arg("out"), py::arg("algorithm"), py::arg("async_op") = false)
+          py::arg("x"), py::arg("out"), py::arg("root"), py::arg("algorithm"),
+          py::arg("async_op") = false)
+      .def(
+          "scatter",
+          [](HostComm& c, py::handle x, py::handle out, int root, int algo, bool async_op) {
+            return dispatch(
+                c, parse_call(Collective::Scatter, x, out, root, 0, algo, c.rank(), c.size()),
+                async_op);
+          },
+          py::arg("x"), py::arg("out"), py::arg("root"), py::arg("algorithm"),
+          py::arg("async_op") = false)
       .def(
           "broadcast",
           [](HostComm& c, py::handle x, int root, int algo, bool async_op) {
@@ -396,7 +582,9 @@ void bind_schedules(py::module_& m) {
       "schedule",
       [](const std::string& algorithm, const std::string& collective, int rank, int size,
          size_t count, int root, size_t piece, size_t acc_bytes, size_t oneshot_max_bytes,
-         size_t shard_align) {
+         size_t shard_align, const std::optional<std::vector<uint64_t>>& counts,
+         const std::optional<std::vector<uint64_t>>& send_counts,
+         const std::optional<std::vector<uint64_t>>& recv_counts) {
         if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0 ||
             shard_align == 0)
           throw InvalidArgument("schedule: bad rank, size, root, piece or shard alignment");
@@ -405,6 +593,15 @@ void bind_schedules(py::module_& m) {
         if (a == Algo::Auto || !algo_supports(a, c))
           throw InvalidArgument(str_cat("schedule: ", algorithm, " has no ", collective));
         ScheduleParams p{rank, size, count, root, piece, acc_bytes, oneshot_max_bytes, shard_align};
+        // Per-rank counts, as ScheduleParams documents them (None: even).
+        auto list = [&](const std::optional<std::vector<uint64_t>>& v, const char* name) {
+          if (v && v->size() != static_cast<size_t>(size))
+            throw InvalidArgument(str_cat("schedule: ", name, " needs one entry per rank"));
+          return v ? v->data() : nullptr;
+        };
+        p.counts = list(counts, "counts");
+        p.send_counts = list(send_counts, "send_counts");
+        p.recv_counts = list(recv_counts, "recv_counts");
         StepRecorder rec;
         make_schedule(a, c, p, rec);
         py::list steps;
@@ -437,7 +634,8 @@ void bind_schedules(py::module_& m) {
       py::arg("algorithm"), py::arg("collective"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root") = 0, py::arg("piece"), py::arg("acc_bytes") = 4,
       py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes,
-      py::arg("shard_align") = 1);
+      py::arg("shard_align") = 1, py::arg("counts") = py::none(),
+      py::arg("send_counts") = py::none(), py::arg("recv_counts") = py::none());
   m.attr("ALL_PEERS") = kAllPeers;
   m.attr("NO_PEER") = kNoPeer;
 }
@@ -461,8 +659,11 @@ PYBIND11_MODULE(_C, m) {
   bind_schedules(m);
   bind_emu_comm(m);
   m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),
-        py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"));
+        py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
+        py::kw_only(), py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
+        py::arg("out_splits") = py::none());
   m.def("check_described_args", &check_described_args, py::arg("collective"), py::arg("x"),
         py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"),
-        py::arg("size"));
+        py::arg("size"), py::kw_only(), py::arg("counts") = py::none(),
+        py::arg("in_splits") = py::none(), py::arg("out_splits") = py::none());
 }

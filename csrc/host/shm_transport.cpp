@@ -16,13 +16,14 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer.
-int flag_lines(int size) { return 3 * size + 2; }
+// posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer, splits_seq,
+// splits_read.
+int flag_lines(int size) { return 3 * size + 4; }
 
 // The fingerprint ring follows the flag lines.
 size_t fingerprint_bytes() { return kFingerprintHistory * sizeof(FingerprintSlot); }
@@ -66,7 +67,8 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots)
     throw InvalidArgument(str_cat("staging slot count must be in [2, 64], got ", nslots));
   flags_offset_ = kPage;
   fingerprints_offset_ = flags_offset_ + static_cast<size_t>(flag_lines(size)) * kCacheLine;
-  data_offset_ = round_up(fingerprints_offset_ + fingerprint_bytes(), kPage);
+  splits_offset_ = fingerprints_offset_ + fingerprint_bytes();
+  data_offset_ = round_up(splits_offset_ + 2 * static_cast<size_t>(size) * sizeof(uint64_t), kPage);
   // One channel per peer (none to ourselves), then the broadcast channel.
   total_bytes_ = data_offset_ + static_cast<size_t>(size) * nslots * slot_bytes;
 
