@@ -79,7 +79,7 @@ Algo HostComm::choose(Collective c, size_t bytes) const {
     if (r.collective == c && size() >= r.min_ranks && size() <= r.max_ranks &&
         bytes <= r.max_bytes && algo_supports(r.algo, c))
       return r.algo;
-  return Algo::Ring;
+  return algo_supports(Algo::Ring, c) ? Algo::Ring : Algo::Direct;
 }
 
 WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
