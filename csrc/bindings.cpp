@@ -165,8 +165,8 @@ struct Splits {
 std::vector<uint64_t> count_list(const char* fn, const char* name, const std::vector<int64_t>& list,
                                  int size) {
   if (list.size() != static_cast<size_t>(size))
-    throw InvalidArgument(
-        str_cat(fn, ": ", name, " has ", list.size(), " entries, expected one per rank (", size, ")"));
+    throw InvalidArgument(str_cat(fn, ": ", name, " has ", list.size(),
+                                  " entries, expected one per rank (", size, ")"));
   std::vector<uint64_t> r;
   for (size_t i = 0; i < list.size(); ++i) {
     if (list[i] < 0)
@@ -481,8 +481,8 @@ void bind_host_comm(py::module_& m) {
           [](HostComm& c, py::handle x, py::handle out, const CountList& in_splits,
              const CountList& out_splits, int algo, bool async_op) {
             return dispatch(c,
-                            parse_call(Collective::AllToAll, x, out, 0, 0, algo, c.rank(),
-                                       c.size(), Splits{{}, in_splits, out_splits}),
+                            parse_call(Collective::AllToAll, x, out, 0, 0, algo, c.rank(), c.size(),
+                                       Splits{{}, in_splits, out_splits}),
                             async_op);
           },
           py::arg("x"), py::arg("out"), py::arg("in_splits"), py::arg("out_splits"),
@@ -633,9 +633,9 @@ void bind_schedules(py::module_& m) {
       },
       py::arg("algorithm"), py::arg("collective"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root") = 0, py::arg("piece"), py::arg("acc_bytes") = 4,
-      py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes,
-      py::arg("shard_align") = 1, py::arg("counts") = py::none(),
-      py::arg("send_counts") = py::none(), py::arg("recv_counts") = py::none());
+      py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes, py::arg("shard_align") = 1,
+      py::arg("counts") = py::none(), py::arg("send_counts") = py::none(),
+      py::arg("recv_counts") = py::none());
   m.attr("ALL_PEERS") = kAllPeers;
   m.attr("NO_PEER") = kNoPeer;
 }

@@ -12,12 +12,11 @@ void direct_alltoall(const ScheduleParams& p, StepSink& sink) {
   // a round skips it on both ends (its length is agreed: the split matrix was checked).
   const size_t rounds_end = std::max(sends.longest(), recvs.longest());
   for (size_t o = 0; o < rounds_end; o += p.piece) {
-    emit(sink, copy(in(sends.off(r) + o), out(recvs.off(r) + o),
-                    piece_len(sends.len(r), o, p.piece)));
+    emit(sink,
+         copy(in(sends.off(r) + o), out(recvs.off(r) + o), piece_len(sends.len(r), o, p.piece)));
     for (int k = 1; k < n; ++k) {
       const int to = mod(r + k, n), from = mod(r - k, n);
-      emit(sink, send(to, in(sends.off(to) + o), piece_len(sends.len(to), o, p.piece),
-                      Wire::Elem));
+      emit(sink, send(to, in(sends.off(to) + o), piece_len(sends.len(to), o, p.piece), Wire::Elem));
       emit(sink, recv(from, out(recvs.off(from) + o), piece_len(recvs.len(from), o, p.piece)));
     }
   }

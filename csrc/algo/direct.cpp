@@ -64,8 +64,8 @@ void direct_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
       const int q = mod(r + d, n);
       emit(sink, send(q, in(b.off(q) + o), piece_len(b.len(q), o, p.piece), Wire::Acc));
     }
-    emit(sink, recv_reduce_copy(kAllPeers, in(b.off(r) + o), out(o),
-                                piece_len(b.len(r), o, p.piece)));
+    emit(sink,
+         recv_reduce_copy(kAllPeers, in(b.off(r) + o), out(o), piece_len(b.len(r), o, p.piece)));
   }
 }
 

@@ -1,11 +1,11 @@
 // Mismatch detection: every rank publishes what it is about to run, and checks its peers'.
 //
 // Before any data moves, a rank writes the fingerprint of collective #seq (collective,
-// algorithm, count, dtype, op, root, and a hash of per-rank counts) into its segment, in a ring of recent entries guarded
-// seqlock-style. A rank checks a peer's entry the first time data arrives from that peer,
-// whenever a wait drags on, and, for peers it never heard from, at the end of the collective.
-// So a disagreement raises CollectiveMismatch on every rank instead of a silent wrong answer
-// or a hang.
+// algorithm, count, dtype, op, root, and a hash of per-rank counts) into its segment, in a ring of
+// recent entries guarded seqlock-style. A rank checks a peer's entry the first time data arrives
+// from that peer, whenever a wait drags on, and, for peers it never heard from, at the end of the
+// collective. So a disagreement raises CollectiveMismatch on every rank instead of a silent wrong
+// answer or a hang.
 #pragma once
 
 #include <atomic>

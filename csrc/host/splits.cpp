@@ -15,9 +15,9 @@ void check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const Wa
   const int n = t.size(), me = t.rank();
   const uint64_t seq = w.seq;
   const size_t row_bytes = static_cast<size_t>(n) * sizeof(uint64_t);
-  PYCOLL_CHECK(send_counts.size() == static_cast<size_t>(n) &&
-                   recv_counts.size() == static_cast<size_t>(n),
-               "split lists");
+  PYCOLL_CHECK(
+      send_counts.size() == static_cast<size_t>(n) && recv_counts.size() == static_cast<size_t>(n),
+      "split lists");
 
   // Our previous splits must have been read by everyone before we overwrite them.
   const uint64_t previous = t.splits_seq(me).load(std::memory_order_relaxed);
@@ -36,9 +36,8 @@ void check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const Wa
   for (int p = 0; p < n; ++p) {
     if (p != me) {
       uint64_t theirs = 0;
-      wait_until(
-          [&] { return (theirs = t.splits_seq(p).load(std::memory_order_acquire)) >= seq; }, w, p,
-          WaitFor::Arrival);
+      wait_until([&] { return (theirs = t.splits_seq(p).load(std::memory_order_acquire)) >= seq; },
+                 w, p, WaitFor::Arrival);
       // A peer that published its splits published its fingerprint first: a different call
       // raises the fingerprint's mismatch, naming the fields.
       guard.check(p);
@@ -57,9 +56,9 @@ void check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const Wa
     for (int p = 0; p < n; ++p)
       if (sends(q, p) != expects(p, q))
         throw CollectiveMismatch(str_cat(
-            "all_to_all #", seq, ": ranks disagree on the splits: rank ", q, " sends ",
-            sends(q, p), " elements to rank ", p, ", but rank ", p, " expects ", expects(p, q),
-            " from rank ", q, " (in_splits of each rank must match out_splits of its peers)"));
+            "all_to_all #", seq, ": ranks disagree on the splits: rank ", q, " sends ", sends(q, p),
+            " elements to rank ", p, ", but rank ", p, " expects ", expects(p, q), " from rank ", q,
+            " (in_splits of each rank must match out_splits of its peers)"));
 }
 
 }  // namespace pycoll

@@ -230,7 +230,9 @@ def mismatch(mpi):
         comm = pc.Communicator(mpi, timeout=30)
         comm._c.all_reduce(np.ones(3, np.int32), None, 0, 0)  # a matching call first
         t0 = time.monotonic()
-        msg = expect(pc.CollectiveMismatch, lambda: call(comm._c), "#2", *words)
+        msg = expect(
+            pc.CollectiveMismatch, lambda call=call, comm=comm: call(comm._c), "#2", *words
+        )
         assert time.monotonic() - t0 < 10, f"{name}: detected late"
         assert comm._c.poisoned, name
         messages = mpi.allgather(msg)
