@@ -56,11 +56,53 @@ class HostComm:
         self, x: np.ndarray, out: np.ndarray | None, op: int, algorithm: int, async_op: bool = False
     ) -> Work | None: ...
     def reduce_scatter(
-        self, x: np.ndarray, out: np.ndarray, op: int, algorithm: int, async_op: bool = False
-    ) -> Work | None: ...
+        self,
+        x: np.ndarray,
+        out: np.ndarray,
+        op: int,
+        algorithm: int,
+        async_op: bool = False,
+        counts: list[int] | None = None,
+    ) -> Work | None:
+        """counts: per-rank block sizes (x.size == sum(counts), out.size == counts[rank])."""
     def all_gather(
-        self, x: np.ndarray, out: np.ndarray, algorithm: int, async_op: bool = False
-    ) -> Work | None: ...
+        self,
+        x: np.ndarray,
+        out: np.ndarray,
+        algorithm: int,
+        async_op: bool = False,
+        counts: list[int] | None = None,
+    ) -> Work | None:
+        """counts: per-rank block sizes (x.size == counts[rank], out.size == sum(counts))."""
+    def all_to_all(
+        self,
+        x: np.ndarray,
+        out: np.ndarray,
+        in_splits: list[int] | None,
+        out_splits: list[int] | None,
+        algorithm: int,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Block j of x goes to rank j; out is rank-major. Splits None: size equal blocks;
+        given (both): elements sent to / received from each rank."""
+    def gather(
+        self,
+        x: np.ndarray,
+        out: np.ndarray | None,
+        root: int,
+        algorithm: int,
+        async_op: bool = False,
+    ) -> Work | None:
+        """out (size * x.size, rank-major) on the root; None (or ignored) elsewhere."""
+    def scatter(
+        self,
+        x: np.ndarray | None,
+        out: np.ndarray,
+        root: int,
+        algorithm: int,
+        async_op: bool = False,
+    ) -> Work | None:
+        """x (size * out.size, rank-major) on the root; None (or ignored) elsewhere."""
     def broadcast(
         self, x: np.ndarray, root: int, algorithm: int, async_op: bool = False
     ) -> Work | None: ...
@@ -95,6 +137,9 @@ def schedule(
     acc_bytes: int = 4,
     oneshot_max_bytes: int = ...,
     shard_align: int = 1,
+    counts: list[int] | None = None,
+    send_counts: list[int] | None = None,
+    recv_counts: list[int] | None = None,
 ) -> list[dict[str, Any]]: ...
 
 class EmuOptions:
@@ -149,14 +194,22 @@ def check_args(
     algorithm: int,
     rank: int,
     size: int,
+    *,
+    counts: list[int] | None = None,
+    in_splits: list[int] | None = None,
+    out_splits: list[int] | None = None,
 ) -> tuple[int, int]: ...
 def check_described_args(
     collective: str,
-    x: tuple[int, int, int],
+    x: tuple[int, int, int] | None,
     out: tuple[int, int, int] | None,
     root: int,
     op: int,
     algorithm: int,
     rank: int,
     size: int,
+    *,
+    counts: list[int] | None = None,
+    in_splits: list[int] | None = None,
+    out_splits: list[int] | None = None,
 ) -> int: ...

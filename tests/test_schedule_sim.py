@@ -7,7 +7,9 @@ broadcast channel per rank read by every peer), one step at a time; a state wher
 move is a deadlock. Checks: every output complete, each contribution exactly once, all-reduce
 results combined in the same order on every rank (so bitwise identical), sender and receiver
 agree on every message's length and format, nothing read from an output before it is written,
-no message longer than a piece, no channel left holding a message.
+no message longer than a piece, no channel left holding a message. All-to-all, gather,
+scatter and the uneven (per-rank counts) forms of all-gather and reduce-scatter run through the
+same simulator: every element delivered exactly once, to its place.
 """
 
 from __future__ import annotations
@@ -34,8 +36,17 @@ def leaves(v, acc):
     return acc
 
 
+def offsets(lens):
+    return [sum(lens[:k]) for k in range(len(lens))]
+
+
 class Sim:
-    def __init__(self, algo, coll, n, count, root, piece, slots, oneshot=64 * 1024):
+    """`counts`: per-rank blocks (all-gather, reduce-scatter); `matrix[q][p]`: elements rank q
+    sends rank p (all-to-all). Each rank's schedule sees only what its rank knows."""
+
+    def __init__(
+        self, algo, coll, n, count, root, piece, slots, oneshot=64 * 1024, counts=None, matrix=None
+    ):
         self.n, self.coll, self.count, self.root, self.piece, self.slots = (
             n,
             coll,
@@ -44,23 +55,40 @@ class Sim:
             piece,
             slots,
         )
-        self.steps = [
-            deque(
-                _C.schedule(algo, coll, r, n, count, root, piece=piece, oneshot_max_bytes=oneshot)
-            )
-            for r in range(n)
-        ]
         m = count
-        in_len = {"reduce_scatter": n * m}.get(coll, m)
-        out_len = {"all_gather": n * m}.get(coll, m)
-        self.inp = [[("x", r, i) for i in range(in_len)] for r in range(n)]
+        self.counts = counts if counts is not None else [m] * n
+        self.matrix = matrix if matrix is not None else [[m] * n for _ in range(n)]
+        self.steps = []
+        for r in range(n):
+            kw = {}
+            if counts is not None:
+                kw["counts"] = counts
+            if matrix is not None:
+                kw["send_counts"] = matrix[r]
+                kw["recv_counts"] = [matrix[q][r] for q in range(n)]
+            s = _C.schedule(
+                algo, coll, r, n, count, root, piece=piece, oneshot_max_bytes=oneshot, **kw
+            )
+            self.steps.append(deque(s))
+        self.inp = [[("x", r, i) for i in range(self.extents(r)[0])] for r in range(n)]
         if coll == "broadcast":  # in place: the root's initial output is the data
-            self.out = [[("x", r, i) for i in range(out_len)] for r in range(n)]
+            self.out = [[("x", r, i) for i in range(m)] for r in range(n)]
         else:
-            self.out = [[None] * out_len for _ in range(n)]
+            self.out = [[None] * self.extents(r)[1] for r in range(n)]
         self.p2p = {}  # (src, dst) -> deque of (payload, is_acc)
         self.bcast = [[] for _ in range(n)]  # src -> list of (payload, is_acc)
         self.cursor = [[0] * n for _ in range(n)]  # reader -> src -> messages read
+
+    def extents(self, r):
+        n, m, root = self.n, self.count, r == self.root
+        total = sum(self.counts)
+        return {
+            "reduce_scatter": (total, self.counts[r]),
+            "all_gather": (self.counts[r], total),
+            "all_to_all": (sum(self.matrix[r]), sum(row[r] for row in self.matrix)),
+            "gather": (m, n * m if root else 0),
+            "scatter": (n * m if root else 0, m),
+        }.get(self.coll, (m, m))
 
     # -- channels -----------------------------------------------------------------------------
 
@@ -179,11 +207,26 @@ class Sim:
                     exactly_once(self.out[r][i], [("x", q, i) for q in range(n)], f"r{r}[{i}]")
                     assert self.out[r][i] == self.out[0][i], f"element {i}: order differs"
             elif coll == "reduce_scatter":
-                for j in range(m):
-                    want = [("x", q, r * m + j) for q in range(n)]
+                base = offsets(self.counts)[r]
+                for j in range(self.counts[r]):
+                    want = [("x", q, base + j) for q in range(n)]
                     exactly_once(self.out[r][j], want, f"r{r}[{j}]")
             elif coll == "all_gather":
-                assert self.out[r] == [("x", k, j) for k in range(n) for j in range(m)]
+                want = [("x", k, j) for k in range(n) for j in range(self.counts[k])]
+                assert self.out[r] == want, f"rank {r}"
+            elif coll == "all_to_all":
+                # Block from q: q's elements for r, from where q keeps them (its send offsets).
+                want = [
+                    ("x", q, offsets(self.matrix[q])[r] + j)
+                    for q in range(n)
+                    for j in range(self.matrix[q][r])
+                ]
+                assert self.out[r] == want, f"rank {r}"
+            elif coll == "gather":
+                want = [("x", k, j) for k in range(n) for j in range(m)] if r == self.root else []
+                assert self.out[r] == want, f"rank {r}"
+            elif coll == "scatter":
+                assert self.out[r] == [("x", self.root, r * m + j) for j in range(m)], f"rank {r}"
             elif coll == "broadcast":
                 assert self.out[r] == [("x", self.root, i) for i in range(m)]
             elif r == self.root:
@@ -249,5 +292,66 @@ def test_simulator_catches_broken_schedules():
     sim = Sim("tree", "all_reduce", 4, 8, 0, 64, 2)
     steps = list(sim.steps[2])
     sim.steps[2] = deque(steps[1::-1] + steps[2:]) if len(steps) > 1 else deque(steps)
+    with pytest.raises(AssertionError):
+        sim.run().check()
+
+
+# -- all-to-all, gather, scatter, uneven all-gather / reduce-scatter ---------------------------
+
+SIZES = [1, 2, 3, 4, 5, 6]
+
+
+def uneven_counts(n, seed):
+    """Per-rank counts with zeros, ones and longer blocks, different for every seed."""
+    return [(seed * 7 + 3 * k * k + k) % 9 if (seed + k) % 3 else 0 for k in range(n)]
+
+
+@pytest.mark.parametrize("coll", ["all_to_all", "gather", "scatter"])
+def test_personalised_collectives(coll):
+    for n, count, piece, k in itertools.product(SIZES, [0, 1, 7, 13], [1, 3, 64], [2, 3]):
+        for root in range(n) if coll != "all_to_all" else [0]:
+            Sim("direct", coll, n, count, root, piece, k).run().check()
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_all_to_all_uneven_splits(n):
+    for seed, piece, k in itertools.product(range(4), [1, 2, 5], [2, 3]):
+        matrix = [uneven_counts(n, seed * n + q) for q in range(n)]
+        Sim("direct", "all_to_all", n, 0, 0, piece, k, matrix=matrix).run().check()
+    zeros = [[0] * n for _ in range(n)]
+    Sim("direct", "all_to_all", n, 0, 0, 2, 2, matrix=zeros).run().check()
+
+
+@pytest.mark.parametrize("algo", ["ring", "direct"])
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
+def test_uneven_counts(algo, coll):
+    for n, seed, piece, k in itertools.product(SIZES, range(5), [1, 3, 64], [2, 3]):
+        counts = uneven_counts(n, seed)
+        Sim(algo, coll, n, 0, 0, piece, k, counts=counts).run().check()
+    Sim(algo, coll, 4, 0, 0, 2, 2, counts=[0, 0, 0, 0]).run().check()
+    Sim(algo, coll, 3, 0, 0, 2, 2, counts=[0, 5, 0]).run().check()
+
+
+def test_all_to_all_peers_in_shifted_order():
+    # At step k of a piece, rank r sends to r+k and receives from r-k: no peer is the target
+    # of two ranks in the same step.
+    n = 5
+    for r in range(n):
+        steps = [
+            s for s in _C.schedule("direct", "all_to_all", r, n, 1, piece=1) if s["kind"] != "copy"
+        ]
+        assert [s["to"] for s in steps[0::2]] == [(r + k) % n for k in range(1, n)]
+        assert [s["from"] for s in steps[1::2]] == [(r - k) % n for k in range(1, n)]
+
+
+def test_simulator_catches_disagreeing_splits():
+    matrix = [[1, 2], [3, 4]]
+    sim = Sim("direct", "all_to_all", 2, 0, 0, 8, 2, matrix=matrix)
+    # Rank 1 expects 4 elements from rank 0 where rank 0 sends 2.
+    sim.steps[1] = deque(
+        _C.schedule(
+            "direct", "all_to_all", 1, 2, 0, piece=8, send_counts=[3, 4], recv_counts=[4, 4]
+        )
+    )
     with pytest.raises(AssertionError):
         sim.run().check()

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <vector>
 
 #include "algo/schedule.h"
 #include "common/dtypes.h"
@@ -15,24 +18,66 @@ struct CollectiveCall {
   Algo algo = Algo::Auto;  // Auto: forced algorithm if set and available, else the tuning table
   const void* in = nullptr;
   void* out = nullptr;
-  size_t count = 0;  // as in ScheduleParams
+  size_t count = 0;  // as in ScheduleParams; with `counts`, their sum; with splits, 0
   DType dtype = DType::Float32;
   RedOp op = RedOp::Sum;
   int root = 0;
+  // Uneven forms (empty: even). Held by value: an asynchronous call outlives its arguments.
+  std::vector<uint64_t> counts;       // all-gather / reduce-scatter: each rank's block
+  std::vector<uint64_t> send_counts;  // all-to-all: this rank's row of the split matrix
+  std::vector<uint64_t> recv_counts;  // all-to-all: this rank's column
+
+  bool uneven() const { return !counts.empty() || !send_counts.empty(); }
+  // Points `p` at this call's uneven counts (they must outlive the schedule).
+  void apply_counts(ScheduleParams& p) const {
+    p.counts = counts.empty() ? nullptr : counts.data();
+    p.send_counts = send_counts.empty() ? nullptr : send_counts.data();
+    p.recv_counts = recv_counts.empty() ? nullptr : recv_counts.data();
+  }
 };
 
+inline size_t sum_of(const std::vector<uint64_t>& v) {
+  return static_cast<size_t>(std::accumulate(v.begin(), v.end(), uint64_t{0}));
+}
+
 // Elements of the input and output arrays that `call` may touch on `rank` of `size`: broadcast
-// works in place on its output, and reduce writes only the root's.
+// works in place on its output, reduce and gather write only the root's, scatter reads only
+// the root's.
 struct CallExtents {
   size_t in = 0, out = 0;
 };
 inline CallExtents call_extents(const CollectiveCall& call, int rank, int size) {
   CallExtents e{call.count, call.count};
   const size_t n = static_cast<size_t>(size);
-  if (call.collective == Collective::ReduceScatter) e.in = call.count * n;
-  if (call.collective == Collective::AllGather) e.out = call.count * n;
-  if (call.collective == Collective::Reduce && rank != call.root) e.out = 0;
-  if (call.collective == Collective::Broadcast) e.in = 0;
+  const bool root = rank == call.root;
+  switch (call.collective) {
+    case Collective::ReduceScatter:
+      e.in = call.counts.empty() ? call.count * n : sum_of(call.counts);
+      if (!call.counts.empty()) e.out = call.counts[rank];
+      break;
+    case Collective::AllGather:
+      e.out = call.counts.empty() ? call.count * n : sum_of(call.counts);
+      if (!call.counts.empty()) e.in = call.counts[rank];
+      break;
+    case Collective::AllToAll:
+      e.in = call.send_counts.empty() ? call.count * n : sum_of(call.send_counts);
+      e.out = call.recv_counts.empty() ? call.count * n : sum_of(call.recv_counts);
+      break;
+    case Collective::Reduce:
+      if (!root) e.out = 0;
+      break;
+    case Collective::Broadcast:
+      e.in = 0;
+      break;
+    case Collective::Gather:
+      e.out = root ? call.count * n : 0;
+      break;
+    case Collective::Scatter:
+      e.in = root ? call.count * n : 0;
+      break;
+    case Collective::AllReduce:
+      break;
+  }
   return e;
 }
 

@@ -54,32 +54,32 @@ void direct_allreduce(const ScheduleParams& p, StepSink& sink) {
 
 void direct_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
-  const size_t m = p.count;
+  const Blocks b(p.counts, p.count, n);
   if (n == 1) {
-    emit(sink, copy(in(0), out(0), m));
+    emit(sink, copy(in(0), out(0), b.len(0)));
     return;
   }
-  for (size_t o = 0; o < m; o += p.piece) {
-    const size_t len = piece_len(m, o, p.piece);
+  for (size_t o = 0; o < b.longest(); o += p.piece) {
     for (int d = 1; d < n; ++d) {
       const int q = mod(r + d, n);
-      emit(sink, send(q, in(static_cast<size_t>(q) * m + o), len, Wire::Acc));
+      emit(sink, send(q, in(b.off(q) + o), piece_len(b.len(q), o, p.piece), Wire::Acc));
     }
-    emit(sink, recv_reduce_copy(kAllPeers, in(static_cast<size_t>(r) * m + o), out(o), len));
+    emit(sink,
+         recv_reduce_copy(kAllPeers, in(b.off(r) + o), out(o), piece_len(b.len(r), o, p.piece)));
   }
 }
 
 void direct_allgather(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
-  const size_t m = p.count;
-  for (size_t o = 0; o < m; o += p.piece) {
-    const size_t len = piece_len(m, o, p.piece);
-    emit(sink, copy(in(o), out(static_cast<size_t>(r) * m + o), len));
+  const Blocks b(p.counts, p.count, n);
+  for (size_t o = 0; o < b.longest(); o += p.piece) {
+    const size_t len = piece_len(b.len(r), o, p.piece);
+    emit(sink, copy(in(o), out(b.off(r) + o), len));
     if (n == 1) continue;
     emit(sink, send(kAllPeers, in(o), len, Wire::Elem));
     for (int d = 1; d < n; ++d) {
       const int q = mod(r - d, n);
-      emit(sink, recv(q, out(static_cast<size_t>(q) * m + o), len, /*bcast=*/true));
+      emit(sink, recv(q, out(b.off(q) + o), piece_len(b.len(q), o, p.piece), /*bcast=*/true));
     }
   }
 }

@@ -59,14 +59,22 @@ struct ScheduleParams {
   int rank = 0;
   int size = 1;
   size_t count = 0;      // elements: of the whole vector (all-reduce, broadcast, reduce), of one
-                         // rank's shard (all-gather, reduce-scatter)
-  int root = 0;          // broadcast / reduce
+                         // rank's shard (all-gather, reduce-scatter) or block (all-to-all,
+                         // gather, scatter)
+  int root = 0;          // broadcast / reduce / gather / scatter
   size_t piece = 1;      // max elements per message
   size_t acc_bytes = 4;  // bytes per element in the accumulation type
   // Direct all-reduce: one-shot up to this many bytes (accumulation type), two-shot above.
   size_t oneshot_max_bytes = 64 * 1024;
   // Ring and two-shot shards hold a multiple of this many elements (the last one fewer).
   size_t shard_align = 1;
+  // Uneven blocks, `size` entries each (nullptr: every block holds `count`). Blocks are
+  // rank-major and contiguous: a block's offset is the sum of the lengths before it.
+  // All-gather / reduce-scatter: the block of each rank (the same list on every rank).
+  const uint64_t* counts = nullptr;
+  // All-to-all: elements this rank sends to / receives from each rank (its row and column).
+  const uint64_t* send_counts = nullptr;
+  const uint64_t* recv_counts = nullptr;
 };
 
 // Receives a schedule's steps one at a time (the executor runs them; tests record them).

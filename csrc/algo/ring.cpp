@@ -48,38 +48,46 @@ void ring_allreduce(const ScheduleParams& p, StepSink& sink) {
 
 void ring_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
-  const size_t m = p.count;
+  const Blocks b(p.counts, p.count, n);
   if (n == 1) {
-    emit(sink, copy(in(0), out(0), m));
+    emit(sink, copy(in(0), out(0), b.len(0)));
     return;
   }
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  for (size_t o = 0; o < m; o += p.piece) {
-    const size_t len = std::min(p.piece, m - o);
-    auto off = [&](int k) { return static_cast<size_t>(k) * m + o; };
-    emit(sink, send(next, in(off(mod(r - 1, n))), len, Wire::Acc));
-    for (int s = 1; s < n - 1; ++s)
-      emit(sink, recv_reduce_send(prev, in(off(mod(r - s - 1, n))), next, len));
-    emit(sink, recv_reduce_copy(prev, in(off(r)), out(o), len));
+  // Piece o of every block at once; a block shorter than o has nothing left (skipped alike
+  // by both ends of each message).
+  for (size_t o = 0; o < b.longest(); o += p.piece) {
+    auto off = [&](int k) { return b.off(k) + o; };
+    auto len = [&](int k) { return piece_len(b.len(k), o, p.piece); };
+    int k = mod(r - 1, n);
+    emit(sink, send(next, in(off(k)), len(k), Wire::Acc));
+    for (int s = 1; s < n - 1; ++s) {
+      k = mod(r - s - 1, n);
+      emit(sink, recv_reduce_send(prev, in(off(k)), next, len(k)));
+    }
+    emit(sink, recv_reduce_copy(prev, in(off(r)), out(o), len(r)));
   }
 }
 
 void ring_allgather(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
-  const size_t m = p.count;
+  const Blocks b(p.counts, p.count, n);
   if (n == 1) {
-    emit(sink, copy(in(0), out(0), m));
+    emit(sink, copy(in(0), out(0), b.len(0)));
     return;
   }
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  for (size_t o = 0; o < m; o += p.piece) {
-    const size_t len = std::min(p.piece, m - o);
-    auto off = [&](int k) { return static_cast<size_t>(k) * m + o; };
-    emit(sink, copy(in(o), out(off(r)), len));
-    emit(sink, send(next, in(o), len, Wire::Elem));
-    for (int t = 1; t < n - 1; ++t)
-      emit(sink, recv_copy_send(prev, out(off(mod(r - t, n))), next, len));
-    emit(sink, recv(prev, out(off(mod(r + 1, n))), len));
+  for (size_t o = 0; o < b.longest(); o += p.piece) {
+    auto off = [&](int k) { return b.off(k) + o; };
+    auto len = [&](int k) { return piece_len(b.len(k), o, p.piece); };
+    emit(sink, copy(in(o), out(off(r)), len(r)));
+    emit(sink, send(next, in(o), len(r), Wire::Elem));
+    for (int t = 1; t < n - 1; ++t) {
+      const int k = mod(r - t, n);
+      emit(sink, recv_copy_send(prev, out(off(k)), next, len(k)));
+    }
+    const int k = mod(r + 1, n);
+    emit(sink, recv(prev, out(off(k)), len(k)));
   }
 }
 

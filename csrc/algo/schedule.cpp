@@ -1,5 +1,6 @@
 #include "algo/schedule.h"
 
+#include "algo/alltoall.h"
 #include "algo/direct.h"
 #include "algo/ring.h"
 #include "algo/tree.h"
@@ -9,7 +10,7 @@ namespace pycoll {
 
 const char* collective_name(Collective c) {
   static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                "reduce"};
+                                "reduce",     "all_to_all",     "gather",     "scatter"};
   return names[static_cast<int>(c)];
 }
 
@@ -19,9 +20,17 @@ const char* algo_name(Algo a) {
 }
 
 bool algo_supports(Algo a, Collective c) {
+  const bool personalised =
+      c == Collective::AllToAll || c == Collective::Gather || c == Collective::Scatter;
   if (a == Algo::Tree)
     return c == Collective::AllReduce || c == Collective::Broadcast || c == Collective::Reduce;
-  return a == Algo::Ring || a == Algo::Direct;
+  if (a == Algo::Ring) return !personalised;
+  return a == Algo::Direct;
+}
+
+bool has_root(Collective c) {
+  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather ||
+         c == Collective::Scatter;
 }
 
 bool carries_partials(Collective c) {
@@ -43,6 +52,8 @@ void make_schedule(Algo a, Collective c, const ScheduleParams& p, StepSink& sink
           return ring_broadcast(p, sink);
         case Collective::Reduce:
           return ring_reduce(p, sink);
+        default:
+          break;
       }
       break;
     case Algo::Tree:
@@ -61,6 +72,12 @@ void make_schedule(Algo a, Collective c, const ScheduleParams& p, StepSink& sink
           return direct_broadcast(p, sink);
         case Collective::Reduce:
           return direct_reduce(p, sink);
+        case Collective::AllToAll:
+          return direct_alltoall(p, sink);
+        case Collective::Gather:
+          return direct_gather(p, sink);
+        case Collective::Scatter:
+          return direct_scatter(p, sink);
       }
       break;
     case Algo::Auto:

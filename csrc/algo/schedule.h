@@ -7,15 +7,27 @@
 
 namespace pycoll {
 
-enum class Collective : int { AllReduce = 0, ReduceScatter, AllGather, Broadcast, Reduce };
+enum class Collective : int {
+  AllReduce = 0,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Reduce,
+  AllToAll,
+  Gather,
+  Scatter
+};
 enum class Algo : int { Auto = 0, Ring = 1, Tree = 2, Direct = 3 };
 constexpr int kNumAlgos = 4;
-constexpr int kNumCollectives = 5;
+constexpr int kNumCollectives = 8;
 
 const char* collective_name(Collective c);
 const char* algo_name(Algo a);
-// Whether `a` has a schedule for `c` (tree covers all-reduce, broadcast and reduce).
+// Whether `a` has a schedule for `c` (tree covers all-reduce, broadcast and reduce; all-to-all,
+// gather and scatter are direct only).
 bool algo_supports(Algo a, Collective c);
+// Whether `c` has a root (broadcast, reduce, gather, scatter).
+bool has_root(Collective c);
 // Whether messages of `c` carry partial reductions (and so travel in the accumulation type).
 bool carries_partials(Collective c);
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "algo/ops.h"
 
@@ -17,6 +19,26 @@ inline BufRef out(size_t off) { return BufRef{Buf::Output, off}; }
 inline size_t piece_len(size_t len, size_t o, size_t piece) {
   return o < len ? std::min(piece, len - o) : size_t{0};
 }
+
+// Rank-major, contiguous blocks: block k holds len(k) elements at off(k). Even (`even` each)
+// when `counts` is null, so one schedule serves both forms.
+class Blocks {
+ public:
+  Blocks(const uint64_t* counts, size_t even, int size) : off_(static_cast<size_t>(size) + 1, 0) {
+    for (int k = 0; k < size; ++k) {
+      const size_t len = counts ? static_cast<size_t>(counts[k]) : even;
+      off_[k + 1] = off_[k] + len;
+      longest_ = std::max(longest_, len);
+    }
+  }
+  size_t off(int k) const { return off_[k]; }
+  size_t len(int k) const { return off_[k + 1] - off_[k]; }
+  size_t longest() const { return longest_; }
+
+ private:
+  std::vector<size_t> off_;
+  size_t longest_ = 0;
+};
 
 inline Step send(int to, BufRef src, size_t n, Wire w, int to2 = kNoPeer) {
   Step s{StepKind::Send};

@@ -237,6 +237,7 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                                         bool async_op) {
   std::lock_guard<std::mutex> g(run_mu_);
   const char* name = collective_name(call.collective);
+  check_device_call(call);
   check_usable(name);
   DeviceGuard dg(device_);
   check_device_status(name);

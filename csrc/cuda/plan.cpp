@@ -53,7 +53,21 @@ class PlanSink final : public StepSink {
 
 }  // namespace
 
+void check_device_call(const CollectiveCall& call) {
+  if (call.barrier) return;
+  if (!device_supports(call.collective))
+    throw InvalidArgument(str_cat(collective_name(call.collective),
+                                  ": not available on the CUDA transport yet (host arrays only)"));
+  if (call.uneven())
+    throw InvalidArgument(str_cat(collective_name(call.collective),
+                                  ": per-rank counts are not available on the CUDA transport yet"));
+}
+
 Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
+  if (!device_supports(c))
+    throw InvalidArgument(str_cat(collective_name(c), ": the CUDA transport has no plan for it"));
+  if (p.counts || p.send_counts || p.recv_counts)
+    throw InvalidArgument("plan: per-rank counts are not available on the CUDA transport");
   if (p.size > kMaxRanks)
     throw InvalidArgument(str_cat("the CUDA transport holds at most ", kMaxRanks, " ranks"));
   Plan plan;

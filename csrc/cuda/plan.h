@@ -25,6 +25,14 @@ struct Plan {
   MessageCounts<std::vector<uint64_t>> moved;  // by peer
 };
 
+// Whether the device kernels run `c` yet: all-to-all, gather and scatter and the uneven forms
+// have host schedules only (their plans would need per-call counts in the plan cache key).
+inline bool device_supports(Collective c) {
+  return c != Collective::AllToAll && c != Collective::Gather && c != Collective::Scatter;
+}
+// Throws InvalidArgument, before anything moves, for a call the device cannot run.
+void check_device_call(const CollectiveCall& call);
+
 // Builds rank p.rank's plan. Throws InvalidArgument when a step does not fit the kernel format.
 Plan build_plan(Algo a, Collective c, const ScheduleParams& p);
 

@@ -183,6 +183,7 @@ void EmuComm::run(const CollectiveCall& call) {
   if (aborted_.load())
     throw CollectiveError(
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
+  cuda::check_device_call(call);
   const uint64_t seq = ++seq_;
   const size_t in_bytes = call_extents(call, rank_, size_).in * dtype_size(call.dtype);
   const Algo algo = call.algo == Algo::Auto

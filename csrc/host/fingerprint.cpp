@@ -1,13 +1,36 @@
 #include "host/fingerprint.h"
 
+#include "algo/call.h"
 #include "common/errors.h"
 #include "host/shm_transport.h"
 #include "host/wait.h"
 
 namespace pycoll {
 
+namespace {
+
+// FNV-1a over a list of per-rank counts; never 0 (0 means even).
+uint64_t hash_counts(const std::vector<uint64_t>& counts) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t v : counts)
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  return h == 0 || h == kSplitsTag ? 1 : h;
+}
+
+}  // namespace
+
+Fingerprint Fingerprint::of_call(uint64_t seq, const CollectiveCall& call, Algo algo) {
+  uint64_t splits = 0;
+  if (!call.counts.empty()) splits = hash_counts(call.counts);
+  if (!call.send_counts.empty()) splits = kSplitsTag;
+  return of_call(seq, call.collective, algo, call.count, call.dtype, call.op, call.root, splits);
+}
+
 Fingerprint Fingerprint::of_call(uint64_t seq, Collective c, Algo algo, uint64_t count, DType dtype,
-                                 RedOp op, int root) {
+                                 RedOp op, int root, uint64_t splits) {
   Fingerprint f;
   f.seq = seq;
   f.kind = static_cast<int>(c);
@@ -15,7 +38,8 @@ Fingerprint Fingerprint::of_call(uint64_t seq, Collective c, Algo algo, uint64_t
   f.count = count;
   f.dtype = static_cast<int>(dtype);
   f.op = carries_partials(c) ? static_cast<int>(op) : 0;
-  f.root = (c == Collective::Broadcast || c == Collective::Reduce) ? root : 0;
+  f.root = has_root(c) ? root : 0;
+  f.splits = splits;
   return f;
 }
 
@@ -25,8 +49,9 @@ uint64_t Fingerprint::packed() const {
          static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
 }
 
-Fingerprint Fingerprint::unpack(uint64_t seq, uint64_t count, uint64_t packed) {
+Fingerprint Fingerprint::unpack(uint64_t seq, uint64_t count, uint64_t packed, uint64_t splits) {
   Fingerprint f;
+  f.splits = splits;
   f.seq = seq;
   f.count = count;
   f.kind = static_cast<int>(packed & 0xff);
@@ -46,7 +71,11 @@ std::string Fingerprint::describe() const {
               " dtype=", valid_dtype(dtype) ? dtype_name(static_cast<DType>(dtype)) : "?");
   if (carries_partials(c))
     s += str_cat(" op=", valid_redop(op) ? redop_name(static_cast<RedOp>(op)) : "?");
-  if (c == Collective::Broadcast || c == Collective::Reduce) s += str_cat(" root=", root);
+  if (has_root(c)) s += str_cat(" root=", root);
+  if (splits == kSplitsTag)
+    s += " splits=per-rank";
+  else if (splits != 0)
+    s += str_cat(" counts=#", std::hex, splits & 0xffffffff, std::dec);
   s += str_cat(" algorithm=",
                algo >= 0 && algo < kNumAlgos ? algo_name(static_cast<Algo>(algo)) : "?");
   return s;
@@ -62,6 +91,7 @@ std::string Fingerprint::differences(const Fingerprint& o) const {
   add(dtype != o.dtype, "dtype");
   add(op != o.op, "op");
   add(root != o.root, "root");
+  add(splits != o.splits, kind == static_cast<int>(Collective::AllToAll) ? "splits" : "counts");
   add(algo != o.algo, "algorithm");
   return d;
 }
@@ -77,6 +107,7 @@ void FingerprintGuard::publish() {
   std::atomic_thread_fence(std::memory_order_release);
   e.count.store(mine_.count, std::memory_order_relaxed);
   e.packed.store(mine_.packed(), std::memory_order_relaxed);
+  e.splits.store(mine_.splits, std::memory_order_relaxed);
   e.seq.store(mine_.seq, std::memory_order_release);
 }
 
@@ -87,9 +118,10 @@ FingerprintGuard::Seen FingerprintGuard::read(int peer, Fingerprint* out) const 
   if (s1 > mine_.seq) return Seen::Gone;  // already reused for a later collective
   const uint64_t count = e.count.load(std::memory_order_relaxed);
   const uint64_t packed = e.packed.load(std::memory_order_relaxed);
+  const uint64_t splits = e.splits.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (e.seq.load(std::memory_order_relaxed) != s1) return Seen::NotYet;  // torn: look again
-  *out = Fingerprint::unpack(s1, count, packed);
+  *out = Fingerprint::unpack(s1, count, packed, splits);
   return out->same_call(mine_) ? Seen::Match : Seen::Mismatch;
 }
 

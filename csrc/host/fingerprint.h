@@ -1,11 +1,11 @@
 // Mismatch detection: every rank publishes what it is about to run, and checks its peers'.
 //
 // Before any data moves, a rank writes the fingerprint of collective #seq (collective,
-// algorithm, count, dtype, op, root) into its segment, in a ring of recent entries guarded
-// seqlock-style. A rank checks a peer's entry the first time data arrives from that peer,
-// whenever a wait drags on, and, for peers it never heard from, at the end of the collective.
-// So a disagreement raises CollectiveMismatch on every rank instead of a silent wrong answer
-// or a hang.
+// algorithm, count, dtype, op, root, and a hash of per-rank counts) into its segment, in a ring of
+// recent entries guarded seqlock-style. A rank checks a peer's entry the first time data arrives
+// from that peer, whenever a wait drags on, and, for peers it never heard from, at the end of the
+// collective. So a disagreement raises CollectiveMismatch on every rank instead of a silent wrong
+// answer or a hang.
 #pragma once
 
 #include <atomic>
@@ -20,6 +20,7 @@ namespace pycoll {
 
 class ShmTransport;
 struct WaitContext;
+struct CollectiveCall;
 
 struct Fingerprint {
   uint64_t seq = 0;
@@ -29,18 +30,28 @@ struct Fingerprint {
   int dtype = 0;
   int op = 0;
   int root = 0;
+  // 0: even. Per-rank counts of all-gather / reduce-scatter (the same list on every rank):
+  // their hash. All-to-all splits (each rank holds its own row): kSplitsTag, the matrix itself
+  // being checked apart (host/splits.h).
+  uint64_t splits = 0;
 
   // The fingerprint of collective #seq as every rank must call it (op and root only where
   // they matter).
   static Fingerprint of_call(uint64_t seq, Collective c, Algo algo, uint64_t count, DType dtype,
-                             RedOp op, int root);
+                             RedOp op, int root, uint64_t splits = 0);
+  // The fingerprint of `call` (its count and split fields included).
+  static Fingerprint of_call(uint64_t seq, const CollectiveCall& call, Algo algo);
   uint64_t packed() const;
-  static Fingerprint unpack(uint64_t seq, uint64_t count, uint64_t packed);
+  static Fingerprint unpack(uint64_t seq, uint64_t count, uint64_t packed, uint64_t splits);
   std::string describe() const;
   // Names of the fields that differ from `o` ("count, dtype").
   std::string differences(const Fingerprint& o) const;
-  bool same_call(const Fingerprint& o) const { return packed() == o.packed() && count == o.count; }
+  bool same_call(const Fingerprint& o) const {
+    return packed() == o.packed() && count == o.count && splits == o.splits;
+  }
 };
+
+constexpr uint64_t kSplitsTag = ~uint64_t{0};
 
 constexpr int kBarrierKind = kNumCollectives;
 constexpr int kFingerprintHistory = 8;
@@ -50,7 +61,7 @@ struct alignas(32) FingerprintSlot {
   std::atomic<uint64_t> seq;  // 0 while being written
   std::atomic<uint64_t> count;
   std::atomic<uint64_t> packed;
-  uint64_t pad;
+  std::atomic<uint64_t> splits;
 };
 
 class FingerprintGuard {

@@ -4,6 +4,7 @@
 
 #include "common/errors.h"
 #include "host/fingerprint.h"
+#include "host/splits.h"
 
 namespace pycoll {
 
@@ -80,7 +81,7 @@ Algo HostComm::choose(Collective c, size_t bytes) const {
     if (r.collective == c && size() >= r.min_ranks && size() <= r.max_ranks &&
         bytes <= r.max_bytes && algo_supports(r.algo, c))
       return r.algo;
-  return Algo::Ring;
+  return algo_supports(Algo::Ring, c) ? Algo::Ring : Algo::Direct;
 }
 
 WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
@@ -110,8 +111,13 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const int n = size();
   const size_t esize = dtype_size(call.dtype);
   const CallExtents ext = call_extents(call, rank(), n);
-  const size_t in_bytes = (call.collective == Collective::Broadcast ? call.count : ext.in) * esize;
-  const Algo algo = call.algo == Algo::Auto ? choose(call.collective, in_bytes) : call.algo;
+  // The choice is keyed on a size every rank agrees on: uneven all-gather blocks differ by
+  // rank, so their mean stands for the even form's block.
+  size_t choice_count = call.collective == Collective::Broadcast ? call.count : ext.in;
+  if (call.collective == Collective::AllGather && !call.counts.empty())
+    choice_count = call.count / static_cast<size_t>(n);
+  const Algo algo =
+      call.algo == Algo::Auto ? choose(call.collective, choice_count * esize) : call.algo;
   if (opts_.debug)
     std::fprintf(
         stderr, "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s\n",
@@ -137,14 +143,18 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   p.piece = opts_.slot_bytes / (partials ? acc_size(call.dtype) : esize);
   p.acc_bytes = acc_size(call.dtype);
   p.oneshot_max_bytes = opts_.oneshot_max_bytes;
+  call.apply_counts(p);
 
-  mine =
-      Fingerprint::of_call(seq, call.collective, algo, call.count, call.dtype, call.op, call.root);
+  mine = Fingerprint::of_call(seq, call, algo);
   FingerprintGuard guard(transport_, mine);
   WaitContext w = wait_context(name, seq);
   if (opts_.check_mismatch) w.fingerprints = &guard;
   try {
     if (w.fingerprints) guard.publish();
+    // Split lists are checked whatever check_mismatch says: a disagreement there would make
+    // peers wait for messages that never come, or overrun an output.
+    if (!call.send_counts.empty())
+      check_split_matrix(transport_, guard, w, call.send_counts, call.recv_counts);
     HostExecutor exec(transport_, counters_, scratch_.data(), w, buf);
     make_schedule(algo, call.collective, p, exec);
     exec.finish();

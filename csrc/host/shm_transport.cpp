@@ -16,14 +16,14 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer; then, with p2p
-// channels, four counters per peer and the closed flag.
-int collective_flag_lines(int size) { return 3 * size + 2; }
+// posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer, splits_seq,
+// splits_read; then, with p2p channels, four counters per peer and the closed flag.
+int collective_flag_lines(int size) { return 3 * size + 4; }
 int flag_lines(int size, bool p2p) {
   return collective_flag_lines(size) + (p2p ? 4 * size + 1 : 0);
 }
@@ -75,7 +75,8 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots, bo
   flags_offset_ = kPage;
   const int nflags = flag_lines(size, p2p);
   fingerprints_offset_ = flags_offset_ + static_cast<size_t>(nflags) * kCacheLine;
-  data_offset_ = round_up(fingerprints_offset_ + fingerprint_bytes(), kPage);
+  splits_offset_ = fingerprints_offset_ + fingerprint_bytes();
+  data_offset_ = round_up(splits_offset_ + 2 * static_cast<size_t>(size) * sizeof(uint64_t), kPage);
   // One channel per peer (none to ourselves), then the broadcast channel.
   total_bytes_ = data_offset_ + static_cast<size_t>(size) * nslots * slot_bytes;
   if (p2p) {  // request rings, then data rings, one of each per rank (ours unused)

@@ -3,8 +3,9 @@
 // A rank's segment holds, for each peer p, a channel of `nslots` staging slots that carries
 // messages to p, a broadcast channel that every peer reads, the counters of the channels it
 // takes part in (posted/consumed, see algo/messages.h for the protocol; every rank writes only
-// its own segment, each counter in its own cache line), and a ring of fingerprints of its
-// recent collectives (see fingerprint.h).
+// its own segment, each counter in its own cache line), a ring of fingerprints of its
+// recent collectives (see fingerprint.h), and the split area of its latest all-to-all with
+// per-rank splits (see splits.h).
 //
 // A host communicator's segment also holds point-to-point channels (host/p2p.h), apart from the
 // collective ones so that the two never interfere: for each peer p, a ring of
@@ -102,6 +103,14 @@ class ShmTransport {
 
   // `owner`'s fingerprint entry for collective #seq (a ring of recent entries).
   FingerprintSlot& fingerprint(int owner, uint64_t seq) const;
+  // `owner`'s split area: the collective its splits were published for, the latest collective
+  // for which `owner` has read every peer's area, and 2 * size counts (its send row, then its
+  // receive column).
+  std::atomic<uint64_t>& splits_seq(int owner) const { return flag(owner, size_ * 3 + 2); }
+  std::atomic<uint64_t>& splits_read(int owner) const { return flag(owner, size_ * 3 + 3); }
+  uint64_t* splits(int owner) const {
+    return reinterpret_cast<uint64_t*>(base_[owner] + splits_offset_);
+  }
 
  private:
   std::atomic<uint64_t>& flag(int owner, int index) const;
@@ -113,7 +122,7 @@ class ShmTransport {
   int rank_, size_, nslots_;
   size_t slot_bytes_;
   int p2p_flags_;  // index of the first point-to-point flag line
-  size_t flags_offset_, fingerprints_offset_, data_offset_, total_bytes_;
+  size_t flags_offset_, fingerprints_offset_, splits_offset_, data_offset_, total_bytes_;
   size_t p2p_req_offset_ = 0, p2p_data_offset_ = 0;
   ShmSegment own_;
   std::vector<ShmSegment> peers_;  // by rank; our own slot stays empty

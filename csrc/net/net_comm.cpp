@@ -379,6 +379,10 @@ NetComm::~NetComm() = default;
 
 void NetComm::run(const NetCall& call) {
   const char* name = collective_name(call.collective);
+  // Its executor sizes buffers from `count` alone: the even collectives of the hierarchy.
+  if (call.collective == Collective::AllToAll || call.collective == Collective::Gather ||
+      call.collective == Collective::Scatter)
+    throw InvalidArgument(str_cat(name, ": not available between nodes yet"));
   if (poisoned_)
     throw CollectiveError(
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));

@@ -1,0 +1,59 @@
+#include "algo/alltoall.h"
+
+#include "algo/steps.h"
+
+namespace pycoll {
+using namespace steps;
+
+void direct_alltoall(const ScheduleParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  const Blocks sends(p.send_counts, p.count, n), recvs(p.recv_counts, p.count, n);
+  // Rounds cover the longest block this rank sends or receives; a pair with nothing left in
+  // a round skips it on both ends (its length is agreed: the split matrix was checked).
+  const size_t rounds_end = std::max(sends.longest(), recvs.longest());
+  for (size_t o = 0; o < rounds_end; o += p.piece) {
+    emit(sink,
+         copy(in(sends.off(r) + o), out(recvs.off(r) + o), piece_len(sends.len(r), o, p.piece)));
+    for (int k = 1; k < n; ++k) {
+      const int to = mod(r + k, n), from = mod(r - k, n);
+      emit(sink, send(to, in(sends.off(to) + o), piece_len(sends.len(to), o, p.piece), Wire::Elem));
+      emit(sink, recv(from, out(recvs.off(from) + o), piece_len(recvs.len(from), o, p.piece)));
+    }
+  }
+}
+
+void direct_gather(const ScheduleParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  const size_t m = p.count;
+  for (size_t o = 0; o < m; o += p.piece) {
+    const size_t len = piece_len(m, o, p.piece);
+    if (r != p.root) {
+      emit(sink, send(p.root, in(o), len, Wire::Elem));
+      continue;
+    }
+    emit(sink, copy(in(o), out(static_cast<size_t>(r) * m + o), len));
+    for (int k = 1; k < n; ++k) {
+      const int q = mod(r + k, n);
+      emit(sink, recv(q, out(static_cast<size_t>(q) * m + o), len));
+    }
+  }
+}
+
+void direct_scatter(const ScheduleParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  const size_t m = p.count;
+  for (size_t o = 0; o < m; o += p.piece) {
+    const size_t len = piece_len(m, o, p.piece);
+    if (r != p.root) {
+      emit(sink, recv(p.root, out(o), len));
+      continue;
+    }
+    emit(sink, copy(in(static_cast<size_t>(r) * m + o), out(o), len));
+    for (int k = 1; k < n; ++k) {
+      const int q = mod(r + k, n);
+      emit(sink, send(q, in(static_cast<size_t>(q) * m + o), len, Wire::Elem));
+    }
+  }
+}
+
+}  // namespace pycoll

@@ -1,0 +1,58 @@
+// Argument checks of the _C module: numpy arrays (or arrays described by pointer, count and
+// dtype) turned into a checked CollectiveCall, with the TypeError / ValueError a caller sees
+// before any byte moves.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "algo/call.h"
+#include "host/p2p.h"
+
+namespace pycoll {
+namespace pyargs {
+
+// Per-rank element counts as Python gives them: None (even) or a list of integers.
+using CountList = std::optional<std::vector<int64_t>>;
+
+// The split lists of one call: all-gather / reduce-scatter `counts`, all-to-all in/out splits.
+struct Splits {
+  CountList counts, in_splits, out_splits;
+};
+
+Collective collective_arg(const std::string& name);
+Algo algo_by_name(const std::string& name);
+
+// A call on numpy arrays: each array checked (type, dtype, layout, writability), then the
+// collective's own checks. `out_obj` None: in place (all_reduce, reduce); broadcast has none;
+// gather's out and scatter's x may be None off the root.
+CollectiveCall parse_call(Collective c, pybind11::handle x_obj, pybind11::handle out_obj, int root,
+                          int op, int algo, int rank, int size, const Splits& sp = {});
+
+// The same checks for a communicator whose collectives are composed in Python (several
+// nodes); returns (count, dtype code) of the call.
+std::pair<size_t, int> check_args(const std::string& collective, pybind11::handle x,
+                                  pybind11::handle out, int root, int op, int algo, int rank,
+                                  int size, const CountList& counts, const CountList& in_splits,
+                                  const CountList& out_splits);
+
+// The collective's checks on arrays described elsewhere, as (pointer, element count, dtype
+// code); returns the call's count.
+size_t check_described_args(const std::string& collective,
+                            std::optional<std::tuple<uintptr_t, size_t, int>> x,
+                            std::optional<std::tuple<uintptr_t, size_t, int>> out, int root, int op,
+                            int algo, int rank, int size, const CountList& counts,
+                            const CountList& in_splits, const CountList& out_splits);
+
+// p2p ops as ("send"|"recv", array, peer, tag), every one checked before anything moves.
+// `arrays` collects the arrays, to keep them alive as long as an asynchronous batch.
+std::vector<P2POp> parse_p2p(pybind11::handle ops_obj, int rank, int size, pybind11::list& arrays);
+
+}  // namespace pyargs
+}  // namespace pycoll

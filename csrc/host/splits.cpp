@@ -1,0 +1,64 @@
+#include "host/splits.h"
+
+#include <cstring>
+
+#include "common/errors.h"
+#include "host/fingerprint.h"
+#include "host/shm_transport.h"
+#include "host/wait.h"
+
+namespace pycoll {
+
+void check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const WaitContext& w,
+                        const std::vector<uint64_t>& send_counts,
+                        const std::vector<uint64_t>& recv_counts) {
+  const int n = t.size(), me = t.rank();
+  const uint64_t seq = w.seq;
+  const size_t row_bytes = static_cast<size_t>(n) * sizeof(uint64_t);
+  PYCOLL_CHECK(
+      send_counts.size() == static_cast<size_t>(n) && recv_counts.size() == static_cast<size_t>(n),
+      "split lists");
+
+  // Our previous splits must have been read by everyone before we overwrite them.
+  const uint64_t previous = t.splits_seq(me).load(std::memory_order_relaxed);
+  for (int p = 0; p < n; ++p) {
+    if (p == me || previous == 0) continue;
+    wait_until([&] { return t.splits_read(p).load(std::memory_order_acquire) >= previous; }, w, p,
+               WaitFor::Arrival);
+  }
+  uint64_t* mine = t.splits(me);
+  std::memcpy(mine, send_counts.data(), row_bytes);
+  std::memcpy(mine + n, recv_counts.data(), row_bytes);
+  t.splits_seq(me).store(seq, std::memory_order_release);
+
+  // Every peer's row and column, once it has published them for this very call.
+  std::vector<uint64_t> matrix(static_cast<size_t>(n) * 2 * n);
+  for (int p = 0; p < n; ++p) {
+    if (p != me) {
+      uint64_t theirs = 0;
+      wait_until([&] { return (theirs = t.splits_seq(p).load(std::memory_order_acquire)) >= seq; },
+                 w, p, WaitFor::Arrival);
+      // A peer that published its splits published its fingerprint first: a different call
+      // raises the fingerprint's mismatch, naming the fields.
+      guard.check(p);
+      if (theirs != seq)
+        throw CollectiveMismatch(str_cat("all_to_all #", seq, ": rank ", p,
+                                         " has moved past this call without running an "
+                                         "all_to_all with splits"));
+    }
+    std::memcpy(&matrix[static_cast<size_t>(p) * 2 * n], t.splits(p), 2 * row_bytes);
+  }
+  t.splits_read(me).store(seq, std::memory_order_release);
+
+  auto sends = [&](int q, int p) { return matrix[static_cast<size_t>(q) * 2 * n + p]; };
+  auto expects = [&](int p, int q) { return matrix[static_cast<size_t>(p) * 2 * n + n + q]; };
+  for (int q = 0; q < n; ++q)
+    for (int p = 0; p < n; ++p)
+      if (sends(q, p) != expects(p, q))
+        throw CollectiveMismatch(str_cat(
+            "all_to_all #", seq, ": ranks disagree on the splits: rank ", q, " sends ", sends(q, p),
+            " elements to rank ", p, ", but rank ", p, " expects ", expects(p, q), " from rank ", q,
+            " (in_splits of each rank must match out_splits of its peers)"));
+}
+
+}  // namespace pycoll
