@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -73,7 +74,8 @@ PYBIND11_MODULE(_net, m) {
           "run",
           [](PyNetComm& c, const std::string& collective, const std::string& algorithm,
              std::vector<int> group, py::array x, py::array out, size_t count, int dtype, int op,
-             int root, int divisor, uint64_t seq) {
+             int root, int divisor, uint64_t seq, std::vector<uint64_t> counts,
+             std::vector<uint64_t> send_counts, std::vector<uint64_t> recv_counts) {
             if (!valid_dtype(dtype) || !valid_redop(op))
               throw InvalidArgument("run: bad dtype or op code");
             NetCall call;
@@ -83,21 +85,27 @@ PYBIND11_MODULE(_net, m) {
               throw InvalidArgument(str_cat(algorithm, " has no ", collective));
             call.dtype = static_cast<DType>(dtype);
             call.op = static_cast<RedOp>(op);
+            call.count = count;
+            call.root = root;
+            call.counts = std::move(counts);
+            call.send_counts = std::move(send_counts);
+            call.recv_counts = std::move(recv_counts);
+            const int me = static_cast<int>(std::find(group.begin(), group.end(), c.comm->rank()) -
+                                            group.begin());
+            const int n = static_cast<int>(group.size());
+            if (me >= n || (!call.counts.empty() && call.counts.size() != group.size()) ||
+                call.send_counts.size() != call.recv_counts.size() ||
+                (!call.send_counts.empty() && call.send_counts.size() != group.size()))
+              throw InvalidArgument(str_cat(collective, ": counts do not fit the group"));
+            const CallExtents e = call_extents(call.shape(), me, n);
             const size_t esize = dtype_size(call.dtype);
-            const size_t n = group.size();
-            const size_t in_count =
-                call.collective == Collective::ReduceScatter ? count * n : count;
-            const size_t out_count = call.collective == Collective::AllGather ? count * n : count;
-            if (static_cast<size_t>(x.itemsize()) != esize ||
-                static_cast<size_t>(out.itemsize()) != esize ||
-                static_cast<size_t>(x.size()) < in_count ||
-                static_cast<size_t>(out.size()) < out_count)
+            if ((e.in && static_cast<size_t>(x.itemsize()) != esize) ||
+                (e.out && static_cast<size_t>(out.itemsize()) != esize) ||
+                static_cast<size_t>(x.size()) < e.in || static_cast<size_t>(out.size()) < e.out)
               throw InvalidArgument(str_cat(collective, ": buffers do not fit the call"));
             call.group = std::move(group);
             call.in = array_data(x);
             call.out = array_data(out);
-            call.count = count;
-            call.root = root;
             call.divisor = divisor;
             call.seq = seq;
             py::gil_scoped_release nogil;
@@ -105,5 +113,7 @@ PYBIND11_MODULE(_net, m) {
           },
           py::arg("collective"), py::arg("algorithm"), py::arg("group"), py::arg("x"),
           py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"),
-          py::arg("divisor"), py::arg("seq"));
+          py::arg("divisor"), py::arg("seq"), py::arg("counts") = std::vector<uint64_t>{},
+          py::arg("send_counts") = std::vector<uint64_t>{},
+          py::arg("recv_counts") = std::vector<uint64_t>{});
 }

@@ -8,6 +8,13 @@ class CollectiveMismatch(CollectiveError): ...
 
 ALL_PEERS: int
 NO_PEER: int
+# Names in code order (a name's index is its native code).
+COLLECTIVES: tuple[str, ...]
+ALGORITHMS: tuple[str, ...]  # "auto" first
+DTYPES: tuple[str, ...]
+OPS: tuple[str, ...]
+ALGORITHMS_FOR: dict[str, tuple[str, ...]]  # the algorithms each collective has
+REDUCING: tuple[str, ...]  # collectives that take an op
 
 class HostCommOptions:
     slot_bytes: int
@@ -52,6 +59,20 @@ class HostComm:
     def set_tuning(self, rules: list[tuple[str, int, int, int, str]]) -> None: ...
     def set_forced(self, algorithm: str) -> None: ...
     def choose(self, collective: str, bytes: int) -> str: ...
+    def run(
+        self,
+        collective: str,
+        x: np.ndarray | None,
+        out: np.ndarray | None,
+        root: int,
+        op: int,
+        algorithm: int,
+        async_op: bool = False,
+        counts: list[int] | None = None,
+        in_splits: list[int] | None = None,
+        out_splits: list[int] | None = None,
+    ) -> Work | None:
+        """Any collective by name (the Communicator's one entry point)."""
     def all_reduce(
         self, x: np.ndarray, out: np.ndarray | None, op: int, algorithm: int, async_op: bool = False
     ) -> Work | None: ...

@@ -290,6 +290,11 @@ def current_stream(info: ArrayInfo) -> int:
     return 0
 
 
+def torch_loaded() -> bool:
+    """Whether torch has been imported (only then can an argument be a torch tensor)."""
+    return "torch" in sys.modules
+
+
 def host_view(obj):
     """`obj` as a numpy array without a copy when it is a torch CPU tensor (bfloat16 through
     ml_dtypes); anything else unchanged (the native layer says what is wrong with it)."""

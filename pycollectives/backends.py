@@ -15,44 +15,47 @@ Each offers ``run(call)``, ``p2p(ops, async_op)``, ``barrier(async_op)``, ``seq`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pycollectives import _C
 from pycollectives.errors import CollectiveError
 from pycollectives.options import Options, load_tuning
 
 
-@dataclass
 class Call:
     """One collective as the Communicator hands it to a backend: names and codes checked,
     arrays not yet (each backend checks its own kind of array before anything moves)."""
 
-    collective: str
-    x: object
-    out: object = None
-    op: int = 0
-    root: int = 0
-    algorithm: int = 0  # native code, 0: automatic
-    async_op: bool = False
-    stream: object = None
-    counts: list | None = None  # uneven all_gather / reduce_scatter
-    in_splits: list | None = None  # all_to_all
-    out_splits: list | None = None
+    __slots__ = ("collective", "x", "out", "op", "root", "algorithm", "async_op", "stream")
+    __slots__ += ("counts", "in_splits", "out_splits")
+
+    def __init__(self, collective, x, out=None, op=0, root=0, algorithm=0, async_op=False,
+                 stream=None, counts=None, in_splits=None, out_splits=None):  # fmt: skip
+        self.collective, self.x, self.out = collective, x, out
+        self.op, self.root, self.algorithm = op, root, algorithm  # native codes; 0: automatic
+        self.async_op, self.stream = async_op, stream
+        self.counts = counts  # uneven all_gather / reduce_scatter
+        self.in_splits, self.out_splits = in_splits, out_splits  # all_to_all
 
 
-@dataclass(frozen=True)
-class P2POp:
-    """One point-to-point operation of ``Communicator.batch_p2p``: ``kind`` "send" or "recv",
-    the array sent or received into, the peer rank, and a tag (an int >= 0)."""
-
+class _P2POp(NamedTuple):
     kind: str
     array: object
     peer: int
     tag: int = 0
 
-    def __post_init__(self):
-        if self.kind not in ("send", "recv"):
-            raise ValueError(f"P2POp kind must be 'send' or 'recv', got {self.kind!r}")
+
+class P2POp(_P2POp):
+    """One point-to-point operation of ``Communicator.batch_p2p``: ``kind`` "send" or "recv",
+    the array sent or received into, the peer rank, and a tag (an int >= 0). A plain tuple
+    underneath, which is what the native layer takes."""
+
+    __slots__ = ()
+
+    def __new__(cls, kind: str, array, peer: int, tag: int = 0):
+        if kind != "send" and kind != "recv":
+            raise ValueError(f"P2POp kind must be 'send' or 'recv', got {kind!r}")
+        return super().__new__(cls, kind, array, peer, tag)
 
 
 def rendezvous(group, opts: Options):
@@ -102,21 +105,12 @@ class HostBackend:
         self.c = rendezvous(group, opts)
 
     def run(self, call: Call):
-        return self.c.run(
-            call.collective,
-            call.x,
-            call.out,
-            call.root,
-            call.op,
-            call.algorithm,
-            call.async_op,
-            counts=call.counts,
-            in_splits=call.in_splits,
-            out_splits=call.out_splits,
-        )
+        c = call
+        return self.c.run(c.collective, c.x, c.out, c.root, c.op, c.algorithm, c.async_op,
+                          c.counts, c.in_splits, c.out_splits)  # fmt: skip
 
     def p2p(self, ops, async_op):
-        return self.c.p2p([(o.kind, o.array, o.peer, o.tag) for o in ops], async_op)
+        return self.c.p2p(ops, async_op)
 
     def barrier(self, async_op):
         return self.c.barrier(async_op)

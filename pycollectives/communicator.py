@@ -140,8 +140,19 @@ class Communicator:
 
     def _run(self, call: Call, result):
         """Hands `call` to the backend of its arrays; returns `result`, or a Work."""
-        backend = self._backend_for(call)
-        return self._finish(backend.run(call), (call.x, call.out), result, call.async_op)
+        host, x, out = self._host, call.x, call.out
+        if (
+            host is not None
+            and type(x) is np.ndarray
+            and call.stream is None
+            and (out is None or type(out) is np.ndarray)
+        ):  # numpy arrays, the common case: the host backend without further questions
+            handle = host.run(call)
+        else:
+            handle = self._backend_for(call).run(call)
+        if handle is None:
+            return result
+        return self._finish(handle, (x, out), result, call.async_op)
 
     def _finish(self, handle, held, result, async_op):
         if handle is None:
@@ -158,7 +169,8 @@ class Communicator:
             return self._cuda
         if call.stream is not None:
             raise TypeError("stream= applies to CUDA arrays; these are host arrays")
-        call.x, call.out = arrays.host_view(call.x), arrays.host_view(call.out)
+        if arrays.torch_loaded():  # torch CPU tensors: their memory, seen as numpy arrays
+            call.x, call.out = arrays.host_view(call.x), arrays.host_view(call.out)
         return host
 
     # -- collectives --------------------------------------------------------------------------
@@ -250,8 +262,9 @@ class Communicator:
         """Starts every ``P2POp`` in `ops` at once and returns one Work for all of them
         (blocking: waits for all), as torch's ``batch_isend_irecv``."""
         ops = list(ops)
-        if not all(isinstance(o, P2POp) for o in ops):
-            raise TypeError("batch_p2p takes a list of pycollectives.P2POp")
+        for o in ops:
+            if type(o) is not P2POp:
+                raise TypeError(f"batch_p2p takes a list of pycollectives.P2POp, got {o!r}")
         if not ops:
             return None
         backend = self._backend()
@@ -261,7 +274,7 @@ class Communicator:
             backend = self._cuda
         elif stream is not None:
             raise TypeError("stream= applies to CUDA arrays; these are host arrays")
-        else:
+        elif arrays.torch_loaded():
             ops = [P2POp(o.kind, arrays.host_view(o.array), o.peer, o.tag) for o in ops]
         handle = backend.p2p(ops, async_op)
         return self._finish(handle, tuple(o.array for o in ops), _result, async_op)

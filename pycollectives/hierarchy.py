@@ -29,6 +29,7 @@ import numpy as np
 from pycollectives import _C
 from pycollectives.bootstrap import MpiGroup
 from pycollectives.errors import CollectiveError, CollectiveTimeout
+from pycollectives.hierarchy_blocks import BlocksAndMessages
 from pycollectives.netp2p import MpiP2P
 from pycollectives.ops import ALGORITHMS_FOR, AVG, algo_code
 from pycollectives.topology import Topology
@@ -56,7 +57,7 @@ class _FutureWork:
         return self._future.done()
 
 
-class Hierarchical:
+class Hierarchical(BlocksAndMessages):
     """The collectives of a communicator over several nodes (see the module docstring).
 
     `host` is this node's shared-memory communicator (a ``_C.HostComm``), `net` the MPI
@@ -108,11 +109,13 @@ class Hierarchical:
         hier = cls(topology, rank, host, net, inter_algo=inter)
         hier._node_group = node_group
         hier._p2p = MpiP2P(mpi)  # collective: made with the communicator
+        hier.mpi = mpi
         return hier
 
     def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
         self._node_group = None
         self._p2p = None  # MPI messages to other nodes
+        self.mpi = None  # every rank's MPI communicator
         self.topo = topology
         self.rank = rank
         self.size = topology.size
@@ -186,33 +189,14 @@ class Hierarchical:
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return "hierarchical"
 
-    def p2p(self, ops, async_op):
-        """Messages to ranks of this node over shared memory, to other nodes over MPI."""
-        for o in ops:
-            _check_p2p(o, self.rank, self.size)
-        here = [o for o in ops if self.topo.node_of[o.peer] == self.node]
-        away = [o for o in ops if self.topo.node_of[o.peer] != self.node]
-        if away:
-            self._p2p.check(away)
-        local = [(o.kind, o.array, self.topo.local_of[o.peer], o.tag) for o in here]
-
-        def run(seq):
-            work = self.host.p2p(local, True) if local else None
-            try:
-                if away:
-                    self._p2p.run(away, self.timeout)
-            finally:
-                if work is not None:
-                    work.wait()
-
-        return self.submit(run, async_op, collective=False)
-
     def run(self, call):
         """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
         a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
         c, x, out, op, root, async_op = (
             call.collective, call.x, call.out, call.op, call.root, call.async_op
         )  # fmt: skip
+        if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
+            return self.flat(call, a)
         if c == "all_reduce":
             return self.all_reduce(x, out, op, a, async_op)
         if c == "reduce_scatter":
@@ -223,7 +207,7 @@ class Hierarchical:
             return self.broadcast(x, root, a, async_op)
         if c == "reduce":
             return self.reduce(x, out, root, op, a, async_op)
-        raise CollectiveError(f"{c} is not supported on a communicator over several nodes")
+        raise CollectiveError(f"{c}: unknown collective")
 
     def _check_usable(self):
         if self._error is not None:
@@ -364,23 +348,3 @@ class Hierarchical:
             self.host.barrier(False)
 
         return self.submit(run, async_op)
-
-
-def _check_p2p(op, rank, size):
-    """The host path's checks of one P2POp, for messages that leave the node."""
-    from pycollectives import arrays
-
-    where = f"p2p {op.kind} with rank {op.peer}"
-    if not isinstance(op.array, np.ndarray):
-        raise TypeError(f"{where}: the array must be a numpy.ndarray")
-    info = arrays.describe(op.array)
-    if info.dtype < 0:
-        raise TypeError(f"{where}: unsupported dtype {info.dtype_name} ({arrays.SUPPORTED})")
-    if not info.contiguous:
-        raise ValueError(f"{where}: the array must be C-contiguous")
-    if op.kind == "recv" and info.readonly:
-        raise ValueError(f"{where}: the array is read-only")
-    if not isinstance(op.peer, int) or not 0 <= op.peer < size or op.peer == rank:
-        raise ValueError(f"{where}: peer {op.peer} is not another rank of {size}")
-    if not isinstance(op.tag, int) or op.tag < 0:
-        raise ValueError(f"{where}: tag must be an int >= 0, got {op.tag!r}")

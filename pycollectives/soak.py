@@ -20,15 +20,11 @@ from collections import Counter
 import numpy as np
 
 import pycollectives as pc
+from pycollectives import ops as _ops
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
-ALGOS = {
-    "all_reduce": (None, "ring", "tree", "direct"),
-    "broadcast": (None, "ring", "tree", "direct"),
-    "reduce": (None, "ring", "tree", "direct"),
-    "all_gather": (None, "ring", "direct"),
-    "reduce_scatter": (None, "ring", "direct"),
-}
+# Every collective of the core, and point-to-point exchanges.
+COLLECTIVES = (*_ops.COLLECTIVES, "sendrecv")
+ALGOS = {c: (None, *_ops.ALGORITHMS_FOR.get(c, ())) for c in COLLECTIVES}
 OPS = ("sum", "prod", "min", "max", "avg")
 
 
@@ -97,6 +93,12 @@ def one(comm, mpi, seed, it, dts, max_count, stats):
     in_place = bool(rng.integers(2))
     stats[coll] += 1
     m = count
+    if coll in ("all_to_all", "gather", "scatter", "sendrecv") or (
+        coll in ("all_gather", "reduce_scatter") and rng.integers(2)
+    ):
+        wrong = _uneven(comm, rng, seed, it, coll, algo, dt, op, root, max(1, count // n))
+        stats["wrong elements"] += wrong
+        return
     if coll in ("reduce_scatter",):
         inputs = [make_input(seed, it, q, n * m, dt, op) for q in range(n)]
     else:
@@ -129,6 +131,59 @@ def one(comm, mpi, seed, it, dts, max_count, stats):
         res = comm.reduce(x, out, root=root, op=op, algorithm=algo)
         wrong = count_wrong(res, reduce_ref(inputs, op, dt), dt, n, op) if r == root else 0
     stats["wrong elements"] += wrong
+
+
+def _uneven(comm, rng, seed, it, coll, algo, dt, op, root, per):
+    """The collectives that move blocks between ranks (some of them empty), and a shifted
+    point-to-point exchange; returns the number of wrong elements on this rank."""
+    n, r = comm.size, comm.rank
+    sizes = rng.integers(0, per + 1, (n, n))  # sizes[i, j]: what i sends j
+    if coll in ("gather", "scatter"):
+        sizes[:] = sizes[0, 0]
+    inputs = [make_input(seed, it, q, int(sizes[q].sum()), dt, op) for q in range(n)]
+    blocks = [np.split(x, np.cumsum(sizes[q])[:-1]) for q, x in enumerate(inputs)]
+    x = inputs[r].copy()
+    if coll == "all_to_all":
+        out = np.empty(int(sizes[:, r].sum()), dt)
+        even = bool(rng.integers(2)) and len(set(sizes.ravel())) == 1
+        splits = (None, None) if even else (sizes[r].tolist(), sizes[:, r].tolist())
+        comm.all_to_all(x, out, *splits, algorithm=algo)
+        want = np.concatenate([blocks[i][r] for i in range(n)])
+    elif coll == "gather":
+        mine = blocks[r][0]
+        out = np.empty(n * mine.size, dt) if r == root else None
+        comm.gather(mine.copy(), out, root=root, algorithm=algo)
+        want = np.concatenate([blocks[i][0] for i in range(n)]) if r == root else None
+    elif coll == "scatter":
+        out = np.empty(blocks[root][r].size, dt)
+        comm.scatter(x if r == root else None, out, root=root, algorithm=algo)
+        want = blocks[root][r]
+    elif coll == "all_gather":
+        counts = [int(c) for c in sizes[:, 0]]
+        mine = make_input(seed, it, r, counts[r], dt, op)
+        out = np.empty(sum(counts), dt)
+        comm.all_gather(mine, out, counts=counts, algorithm=algo)
+        want = np.concatenate([make_input(seed, it, q, counts[q], dt, op) for q in range(n)])
+    elif coll == "reduce_scatter":
+        counts = [int(c) for c in sizes[:, 0]]
+        full = [make_input(seed, it, q, sum(counts), dt, op) for q in range(n)]
+        out = np.empty(counts[r], dt)
+        comm.reduce_scatter(full[r].copy(), out, op=op, counts=counts, algorithm=algo)
+        lo = sum(counts[:r])
+        return count_wrong(out, reduce_ref(full, op, dt)[lo : lo + counts[r]], dt, n, op)
+    else:  # sendrecv: to the rank k ahead, from the rank k behind, on a random tag
+        if n == 1:
+            return 0
+        k, tag = int(rng.integers(1, n)), int(rng.integers(0, 4))
+        dst, src = (r + k) % n, (r - k) % n
+        out = np.empty(blocks[src][r].size, dt)
+        comm.batch_p2p(
+            [pc.P2POp("send", blocks[r][dst].copy(), dst, tag), pc.P2POp("recv", out, src, tag)]
+        )
+        want = blocks[src][r]
+    if want is None:
+        return 0
+    return int(np.count_nonzero(out.view(np.uint8) != want.view(np.uint8)))
 
 
 def main(argv=None):

@@ -43,6 +43,8 @@ int fingerprint_tag(const NetCall& c, int tag_ub) {
   mix(static_cast<uint64_t>(c.root));
   mix(static_cast<uint64_t>(c.algo));
   mix(c.group.size());
+  for (uint64_t v : c.counts) mix(v);  // every rank passes the same list
+  mix(c.send_counts.empty() ? 0 : 1);  // splits differ by rank: that they are given is common
   return static_cast<int>(h % static_cast<uint64_t>(tag_ub));  // 0 .. tag_ub - 1
 }
 
@@ -120,15 +122,12 @@ class NetExecutor {
     int peer;
   };
 
-  size_t input_count() const {
-    const size_t n = call_.group.size();
-    if (call_.collective == Collective::ReduceScatter) return call_.count * n;
-    return call_.count;
-  }
-  size_t output_count() const {
-    const size_t n = call_.group.size();
-    if (call_.collective == Collective::AllGather) return call_.count * n;
-    return call_.count;
+  size_t input_count() const { return extents().in; }
+  size_t output_count() const { return extents().out; }
+  CallExtents extents() const {
+    const int me = static_cast<int>(std::find(call_.group.begin(), call_.group.end(), c_.rank_) -
+                                    call_.group.begin());
+    return call_extents(call_.shape(), me, static_cast<int>(call_.group.size()));
   }
 
   const uint8_t* src_ptr(const Step& s) const {
@@ -379,10 +378,6 @@ NetComm::~NetComm() = default;
 
 void NetComm::run(const NetCall& call) {
   const char* name = collective_name(call.collective);
-  // Its executor sizes buffers from `count` alone: the even collectives of the hierarchy.
-  if (call.collective == Collective::AllToAll || call.collective == Collective::Gather ||
-      call.collective == Collective::Scatter)
-    throw InvalidArgument(str_cat(name, ": not available between nodes yet"));
   if (poisoned_)
     throw CollectiveError(
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
@@ -403,6 +398,8 @@ void NetComm::run(const NetCall& call) {
   p.root = call.root;
   p.acc_bytes = acc_size(call.dtype);
   p.piece = std::max<size_t>(1, opts_.piece_bytes / p.acc_bytes);
+  const CollectiveCall shape = call.shape();
+  shape.apply_counts(p);
   StepRecorder rec;
   make_schedule(call.algo, call.collective, p, rec);
   try {

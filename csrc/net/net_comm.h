@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "algo/call.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 
@@ -45,6 +46,24 @@ struct NetCall {
   int root = 0;     // schedule rank (index into group)
   int divisor = 1;  // avg divides by this
   uint64_t seq = 0;
+  std::vector<uint64_t> counts;       // uneven all-gather / reduce-scatter (as in CollectiveCall)
+  std::vector<uint64_t> send_counts;  // all-to-all with splits
+  std::vector<uint64_t> recv_counts;
+
+  // The call's shape as the schedules and call_extents see it.
+  CollectiveCall shape() const {
+    CollectiveCall c;
+    c.collective = collective;
+    c.algo = algo;
+    c.count = count;
+    c.dtype = dtype;
+    c.op = op;
+    c.root = root;
+    c.counts = counts;
+    c.send_counts = send_counts;
+    c.recv_counts = recv_counts;
+    return c;
+  }
 };
 
 // A message buffer shared by a posted receive and the sends that forward it.

@@ -24,7 +24,9 @@ import time
 
 import numpy as np
 
+from pycollectives.backends import P2POp
 from pycollectives.bench import formulas as F
+from pycollectives.ops import REDUCING
 
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "prod", "min", "max", "avg")
@@ -97,15 +99,27 @@ def parse_args(argv=None):
     return args
 
 
+# Collectives whose in-place form our API has not (their in-place columns stay empty).
+NO_IN_PLACE = ("all_to_all", "gather", "scatter", "sendrecv")
+
+
 def layout(coll, nbytes, dt, n):
     """(input elements, output elements, printed count) for a size, as nccl-tests sizes it:
-    all_gather's size is its output, reduce_scatter's its input; None if too small."""
+    the gathered or scattered whole for all_gather, reduce_scatter, all_to_all, gather and
+    scatter, one message for sendrecv; None if too small."""
     total = nbytes // dt.itemsize
-    if coll in ("all_gather", "reduce_scatter"):
+    if coll == "sendrecv":
+        return (total, total, total) if total and n > 1 else None
+    if coll in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         per = total // n
         if per == 0:
             return None
-        return (per, per * n, per * n) if coll == "all_gather" else (per * n, per, per * n)
+        whole = per * n
+        if coll in ("all_gather", "gather"):
+            return per, whole, whole
+        if coll == "all_to_all":
+            return whole, whole, whole
+        return whole, per, whole
     return (total, total, total) if total else None
 
 
@@ -125,10 +139,16 @@ def input_of(n, rank, op, dt) -> np.ndarray:
 
 def expected(coll, op, root, n, rank, n_in, dt):
     ins = [input_of(n_in, q, op, dt).astype(np.float64) for q in range(n)]
-    if coll == "all_gather":
+    if coll in ("all_gather", "gather"):
         return np.concatenate(ins)
     if coll == "broadcast":
         return ins[root]
+    if coll == "sendrecv":
+        return ins[(rank - 1) % n]
+    if coll == "scatter":
+        return np.split(ins[root], n)[rank]
+    if coll == "all_to_all":
+        return np.concatenate([np.split(x, n)[rank] for x in ins])
     stack = np.stack(ins)
     red = {"sum": np.sum, "avg": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op](
         stack, 0
@@ -198,6 +218,15 @@ class Sweep:
                 )
             elif coll == "broadcast":
                 c.broadcast(x, root=a.root, algorithm=a.algo)
+            elif coll == "all_to_all":
+                c.all_to_all(x, out, algorithm=a.algo)
+            elif coll == "gather":
+                c.gather(x, out if self.rank == a.root else None, root=a.root, algorithm=a.algo)
+            elif coll == "scatter":
+                c.scatter(x if self.rank == a.root else None, out, root=a.root, algorithm=a.algo)
+            elif coll == "sendrecv":
+                n, r = self.n, self.rank
+                c.batch_p2p([P2POp("send", x, (r + 1) % n), P2POp("recv", out, (r - 1) % n)])
             else:
                 c.reduce(x, None if in_place else out, root=a.root, op=a.op, algorithm=a.algo)
 
@@ -228,7 +257,8 @@ class Sweep:
         for _ in range(a.warmup_iters):
             run(x, out, in_place)
         sync()
-        wrong, checks_here = 0, check and not (coll == "reduce" and self.rank != a.root)
+        rooted = coll in ("reduce", "gather") and self.rank != a.root
+        wrong, checks_here = 0, check and not rooted
         want = expected(coll, op, a.root, self.n, self.rank, n_in, self.dt) if check else None
         self.mpi.Barrier()
         t0 = time.perf_counter()
@@ -262,11 +292,15 @@ class Sweep:
             "size": size,
             "count": count,
             "type": self.dt.name,
-            "redop": self.args.op if coll in ("all_reduce", "reduce_scatter", "reduce") else "none",
-            "root": self.args.root if coll in ("broadcast", "reduce") else -1,
+            "redop": self.args.op if coll in REDUCING else "none",
+            "root": self.args.root if coll in ("broadcast", "reduce", "gather", "scatter") else -1,
         }
         check = bool(self.args.check)
+        nan = float("nan")
+        row["ip"] = {"time_us": nan, "algbw": nan, "busbw": nan, "wrong": 0}
         for key, in_place in (("oop", False), ("ip", True)):
+            if in_place and coll in NO_IN_PLACE:
+                continue
             t, wrong = self.time_one(self.ours(coll), coll, n_in, n_out, in_place, check)
             row[key] = {
                 "time_us": t * 1e6,

@@ -25,9 +25,15 @@ from __future__ import annotations
 from pycollectives.ops import COLLECTIVES as _CORE
 from pycollectives.ops import bus_factor
 
-# What the sweeps cover: every collective of the core.
-COLLECTIVES = _CORE
-__all__ = ["COLLECTIVES", "algbw", "busbw", "bus_factor"]
+# What the sweeps cover: every collective of the core, and point-to-point as nccl-tests has it.
+COLLECTIVES = (*_CORE, "sendrecv")
+__all__ = ["COLLECTIVES", "algbw", "busbw", "bus_factor", "collectives_for"]
+
+
+def collectives_for(device: str) -> tuple:
+    """What a sweep of "all" covers on `device` ("cpu" or "cuda": the CUDA transport has no
+    point-to-point messages)."""
+    return COLLECTIVES if device == "cpu" else _CORE
 
 
 def algbw(size_bytes: int, seconds: float) -> float:
@@ -46,8 +52,10 @@ def bound_traffic(collective: str, size_bytes: int, nranks: int) -> float:
         return 2 * s
     if collective == "reduce":
         return (nranks + 1) * s
-    if collective in ("all_gather", "reduce_scatter"):
-        return s + s / nranks
+    if collective in ("all_gather", "reduce_scatter", "gather", "scatter"):
+        return s + s / nranks  # the busiest rank's share of one copy of the whole
+    if collective in ("all_to_all", "sendrecv"):
+        return 2 * s  # every rank's whole buffer is read once and written once
     raise ValueError(f"unknown collective {collective!r}")
 
 

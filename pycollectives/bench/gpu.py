@@ -170,7 +170,7 @@ def staged_runner(mpi, coll: str, op: str, root: int, dt: np.dtype):
             b = bufs[name] = np.empty(a.size, dt)
         return b
 
-    has_result = coll != "reduce" or mpi.rank == root
+    has_result = coll not in ("reduce", "gather") or mpi.rank == root
 
     def run(x, out, in_place):
         hx, ho = buf("x", x), buf("out", out)

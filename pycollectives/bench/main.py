@@ -34,7 +34,7 @@ def main(argv=None) -> int:
             return refuse(mpi, f"--device cuda cannot run: {e}")
     comm = pc.Communicator(mpi)
     sweep = Sweep(args, comm, mpi, dev)
-    colls = list(F.COLLECTIVES) if args.collective == "all" else [args.collective]
+    colls = list(F.collectives_for(args.device)) if args.collective == "all" else [args.collective]
     if dev is None:
         copy_bw = peers.copy_bandwidth(mpi) if args.compare else peers.copy_bandwidth(mpi, 64 << 20)
     else:

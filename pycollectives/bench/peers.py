@@ -8,6 +8,8 @@ import tempfile
 
 import numpy as np
 
+from pycollectives.ops import REDUCING
+
 MPI_OPS = ("sum", "prod", "min", "max")
 
 
@@ -17,7 +19,7 @@ def mpi_runner(mpi, coll, op, root, dt):
 
     if dt.kind not in "iuf" or dt.itemsize == 2:
         return f"MPI has no {dt.name}"
-    if coll in ("all_reduce", "reduce_scatter", "reduce") and op not in MPI_OPS:
+    if coll in REDUCING and op not in MPI_OPS:
         return f"MPI has no {op}"
     mop = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}.get(op, MPI.SUM)
 
@@ -30,6 +32,15 @@ def mpi_runner(mpi, coll, op, root, dt):
             mpi.Reduce_scatter_block(x, out, op=mop)
         elif coll == "broadcast":
             mpi.Bcast(x, root=root)
+        elif coll == "all_to_all":
+            mpi.Alltoall(x, out)
+        elif coll == "gather":
+            mpi.Gather(x, out if mpi.rank == root else None, root=root)
+        elif coll == "scatter":
+            mpi.Scatter(x if mpi.rank == root else None, out, root=root)
+        elif coll == "sendrecv":
+            n, r = mpi.size, mpi.rank
+            mpi.Sendrecv(x, dest=(r + 1) % n, recvbuf=out, source=(r - 1) % n)
         else:
             inplace_root = in_place and mpi.rank == root
             mpi.Reduce(
@@ -71,13 +82,14 @@ class Gloo:
             "min": dist.ReduceOp.MIN,
             "max": dist.ReduceOp.MAX,
         }
-        if op not in ops and coll in ("all_reduce", "reduce_scatter", "reduce"):
+        if op not in ops and coll in REDUCING:
             return f"gloo has no {op}"
         if dt.name == "bfloat16":
             return "no bfloat16 through numpy"
         if coll == "reduce_scatter":
             return "gloo has no reduce_scatter"
         rop = ops.get(op, dist.ReduceOp.SUM)
+        n, rank = self.mpi.size, self.mpi.rank
 
         def run(x, out, in_place):
             tx = torch.from_numpy(x)
@@ -90,6 +102,23 @@ class Gloo:
                 dist.all_gather_into_tensor(torch.from_numpy(out), tx)
             elif coll == "broadcast":
                 dist.broadcast(tx, src=root)
+            elif coll == "all_to_all":
+                dist.all_to_all_single(torch.from_numpy(out), tx)
+            elif coll == "gather":
+                parts = list(torch.from_numpy(out).chunk(n)) if rank == root else None
+                dist.gather(tx, parts, dst=root)
+            elif coll == "scatter":
+                parts = list(tx.chunk(n)) if rank == root else None
+                dist.scatter(torch.from_numpy(out), parts, src=root)
+            elif coll == "sendrecv":
+                ty = torch.from_numpy(out)
+                for w in dist.batch_isend_irecv(
+                    [
+                        dist.P2POp(dist.isend, tx, (rank + 1) % n),
+                        dist.P2POp(dist.irecv, ty, (rank - 1) % n),
+                    ]
+                ):
+                    w.wait()
             else:
                 t = tx if in_place else torch.from_numpy(out)
                 if not in_place:
