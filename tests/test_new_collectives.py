@@ -25,7 +25,7 @@ def test_bad_arguments_raise_before_anything_moves(nranks):
 
 
 # Across emulated nodes (flat over MPI between all ranks, the splits checked first).
-@pytest.mark.parametrize("nranks,per_node", [(4, "2"), (3, "1")])
+@pytest.mark.parametrize("nranks,per_node", [(4, "2"), (6, "3"), (3, "1")])
 def test_new_collectives_across_nodes_match_mpi(nranks, per_node):
     env = {"PYCOLL_RANKS_PER_NODE": per_node}
     out = run_mpi(nranks, "new_collectives.py", "data", env=env, timeout=240)

@@ -63,9 +63,11 @@ def test_p2p_bad_arguments_move_nothing():
 # Across emulated nodes: shared memory inside a node, MPI between nodes.
 
 
-def test_p2p_across_nodes_matches_mpi():
-    out = run_mpi(4, "p2p.py", "matrix", env={"PYCOLL_RANKS_PER_NODE": "2"}, timeout=180)
-    assert "PASS p2p matrix ranks=4" in out
+@pytest.mark.parametrize("nranks,per_node", [(4, "2"), (6, "3")])
+def test_p2p_across_nodes_matches_mpi(nranks, per_node):
+    env = {"PYCOLL_RANKS_PER_NODE": per_node}
+    out = run_mpi(nranks, "p2p.py", "matrix", env=env, timeout=180)
+    assert f"PASS p2p matrix ranks={nranks}" in out
 
 
 def test_p2p_semantics_across_nodes():
