@@ -93,18 +93,18 @@ void bind_host_comm(py::module_& m) {
              const std::vector<std::tuple<std::string, int, int, size_t, std::string>>& rules) {
             std::vector<TuningRule> out;
             for (const auto& [coll, lo, hi, max_bytes, algo] : rules)
-              out.push_back({collective_arg(coll), lo, hi, max_bytes, algo_by_name(algo)});
+              out.push_back({collective_from_name(coll), lo, hi, max_bytes, algo_from_name(algo)});
             c.set_tuning(std::move(out));
           },
           py::arg("rules"))
       .def(
           "set_forced",
-          [](HostComm& c, const std::string& algo) { c.set_forced(algo_by_name(algo)); },
+          [](HostComm& c, const std::string& algo) { c.set_forced(algo_from_name(algo)); },
           py::arg("algorithm"))
       .def(
           "choose",
           [](const HostComm& c, const std::string& coll, size_t bytes) {
-            return std::string(algo_name(c.choose(collective_arg(coll), bytes)));
+            return std::string(algo_name(c.choose(collective_from_name(coll), bytes)));
           },
           py::arg("collective"), py::arg("bytes"))
       .def(
@@ -114,8 +114,8 @@ void bind_host_comm(py::module_& m) {
              const CountList& out_splits) {
             const Splits sp{counts, in_splits, out_splits};
             return dispatch(c,
-                            parse_call(collective_arg(collective), x, out, root, op, algo, c.rank(),
-                                       c.size(), sp),
+                            parse_call(collective_from_name(collective), x, out, root, op, algo,
+                                       c.rank(), c.size(), sp),
                             async_op);
           },
           py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"),
@@ -260,8 +260,8 @@ void bind_emu_comm(py::module_& m) {
           "run",
           [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
              int op, int algo) {
-            const CollectiveCall call =
-                parse_call(collective_arg(collective), x, out, root, op, algo, c.rank(), c.size());
+            const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root,
+                                                   op, algo, c.rank(), c.size());
             py::gil_scoped_release nogil;
             c.run(call);
           },
@@ -281,8 +281,8 @@ void bind_schedules(py::module_& m) {
         if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0 ||
             shard_align == 0)
           throw InvalidArgument("schedule: bad rank, size, root, piece or shard alignment");
-        const Collective c = collective_arg(collective);
-        const Algo a = algo_by_name(algorithm);
+        const Collective c = collective_from_name(collective);
+        const Algo a = algo_from_name(algorithm);
         if (a == Algo::Auto || !algo_supports(a, c))
           throw InvalidArgument(str_cat("schedule: ", algorithm, " has no ", collective));
         ScheduleParams p{rank, size, count, root, piece, acc_bytes, oneshot_max_bytes, shard_align};

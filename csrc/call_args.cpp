@@ -97,39 +97,11 @@ int root_arg(const char* fn, int root, int size) {
   return root;
 }
 
-Algo algo_arg(Collective c, int algo) {
-  const char* fn = collective_name(c);
-  if (algo < 0 || algo >= kNumAlgos)
-    throw InvalidArgument(str_cat(fn, ": unknown algorithm code ", algo));
-  const Algo a = static_cast<Algo>(algo);
-  if (a != Algo::Auto && !algo_supports(a, c)) {
-    std::string avail;
-    for (int k = 1; k < kNumAlgos; ++k)
-      if (algo_supports(static_cast<Algo>(k), c))
-        avail += str_cat(avail.empty() ? "" : ", ", algo_name(static_cast<Algo>(k)));
-    throw InvalidArgument(str_cat(fn, ": algorithm ", algo_name(a), " is not available for ", fn,
-                                  " (available: ", avail, ")"));
-  }
-  return a;
-}
-
-Collective collective_arg(const std::string& name) {
-  for (int k = 0; k < kNumCollectives; ++k)
-    if (name == collective_name(static_cast<Collective>(k))) return static_cast<Collective>(k);
-  throw InvalidArgument(str_cat("unknown collective ", name));
-}
-
-Algo algo_by_name(const std::string& name) {
-  for (int k = 0; k < kNumAlgos; ++k)
-    if (name == algo_name(static_cast<Algo>(k))) return static_cast<Algo>(k);
-  throw InvalidArgument(str_cat("unknown algorithm ", name));
-}
-
 CollectiveCall make_call(Collective coll, const ArrayArg& x, const ArrayArg& out, int algo,
                          size_t count) {
   CollectiveCall call;
   call.collective = coll;
-  call.algo = algo_arg(coll, algo);
+  call.algo = algo_for(coll, algo);
   call.in = x.ptr;
   call.out = out.ptr;
   call.count = count;
@@ -321,8 +293,8 @@ std::pair<size_t, int> check_args(const std::string& collective, py::handle x, p
                                   int root, int op, int algo, int rank, int size,
                                   const CountList& counts, const CountList& in_splits,
                                   const CountList& out_splits) {
-  const CollectiveCall call = parse_call(collective_arg(collective), x, out, root, op, algo, rank,
-                                         size, Splits{counts, in_splits, out_splits});
+  const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root, op, algo,
+                                         rank, size, Splits{counts, in_splits, out_splits});
   return {call.count, static_cast<int>(call.dtype)};
 }
 
@@ -334,7 +306,7 @@ size_t check_described_args(const std::string& collective,
                             std::optional<std::tuple<uintptr_t, size_t, int>> out, int root, int op,
                             int algo, int rank, int size, const CountList& counts,
                             const CountList& in_splits, const CountList& out_splits) {
-  const Collective c = collective_arg(collective);
+  const Collective c = collective_from_name(collective);
   auto described = [](const std::tuple<uintptr_t, size_t, int>& t) {
     if (!valid_dtype(std::get<2>(t))) throw InvalidArgument("unknown dtype code");
     ArrayArg a;

@@ -26,9 +26,6 @@ struct Splits {
   CountList counts, in_splits, out_splits;
 };
 
-Collective collective_arg(const std::string& name);
-Algo algo_by_name(const std::string& name);
-
 // A call on numpy arrays: each array checked (type, dtype, layout, writability), then the
 // collective's own checks. `out_obj` None: in place (all_reduce, reduce); broadcast has none;
 // gather's out and scatter's x may be None off the root.

@@ -27,18 +27,6 @@ MPI_Comm mpi_comm_of(py::handle obj) {
   return *c;
 }
 
-Collective collective_by_name(const std::string& name) {
-  for (int k = 0; k < kNumCollectives; ++k)
-    if (name == collective_name(static_cast<Collective>(k))) return static_cast<Collective>(k);
-  throw InvalidArgument(str_cat("unknown collective ", name));
-}
-
-Algo algo_by_name(const std::string& name) {
-  for (int k = 1; k < kNumAlgos; ++k)
-    if (name == algo_name(static_cast<Algo>(k))) return static_cast<Algo>(k);
-  throw InvalidArgument(str_cat("unknown algorithm ", name));
-}
-
 uint8_t* array_data(const py::array& a) {
   return static_cast<uint8_t*>(const_cast<void*>(a.data()));
 }
@@ -79,8 +67,8 @@ PYBIND11_MODULE(_net, m) {
             if (!valid_dtype(dtype) || !valid_redop(op))
               throw InvalidArgument("run: bad dtype or op code");
             NetCall call;
-            call.collective = collective_by_name(collective);
-            call.algo = algo_by_name(algorithm);
+            call.collective = collective_from_name(collective);
+            call.algo = algo_from_name(algorithm);
             if (!algo_supports(call.algo, call.collective))
               throw InvalidArgument(str_cat(algorithm, " has no ", collective));
             call.dtype = static_cast<DType>(dtype);

@@ -37,6 +37,34 @@ bool carries_partials(Collective c) {
   return c == Collective::AllReduce || c == Collective::ReduceScatter || c == Collective::Reduce;
 }
 
+Algo algo_for(Collective c, int algo) {
+  const char* fn = collective_name(c);
+  if (algo < 0 || algo >= kNumAlgos)
+    throw InvalidArgument(str_cat(fn, ": unknown algorithm code ", algo));
+  const Algo a = static_cast<Algo>(algo);
+  if (a != Algo::Auto && !algo_supports(a, c)) {
+    std::string avail;
+    for (int k = 1; k < kNumAlgos; ++k)
+      if (algo_supports(static_cast<Algo>(k), c))
+        avail += str_cat(avail.empty() ? "" : ", ", algo_name(static_cast<Algo>(k)));
+    throw InvalidArgument(str_cat(fn, ": algorithm ", algo_name(a), " is not available for ", fn,
+                                  " (available: ", avail, ")"));
+  }
+  return a;
+}
+
+Collective collective_from_name(const std::string& name) {
+  for (int k = 0; k < kNumCollectives; ++k)
+    if (name == collective_name(static_cast<Collective>(k))) return static_cast<Collective>(k);
+  throw InvalidArgument(str_cat("unknown collective ", name));
+}
+
+Algo algo_from_name(const std::string& name) {
+  for (int k = 0; k < kNumAlgos; ++k)
+    if (name == algo_name(static_cast<Algo>(k))) return static_cast<Algo>(k);
+  throw InvalidArgument(str_cat("unknown algorithm ", name));
+}
+
 void make_schedule(Algo a, Collective c, const ScheduleParams& p, StepSink& sink) {
   PYCOLL_CHECK(algo_supports(a, c), algo_name(a), " has no ", collective_name(c));
   switch (a) {

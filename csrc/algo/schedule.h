@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "algo/ops.h"
 
@@ -30,6 +31,12 @@ bool algo_supports(Algo a, Collective c);
 bool has_root(Collective c);
 // Whether messages of `c` carry partial reductions (and so travel in the accumulation type).
 bool carries_partials(Collective c);
+
+// Names and codes as the API edges take them (every binding parses through these); an unknown
+// name or a code the collective has no schedule for is an InvalidArgument.
+Collective collective_from_name(const std::string& name);
+Algo algo_from_name(const std::string& name);  // "auto" included
+Algo algo_for(Collective c, int code);         // 0: Auto; else a schedule `c` has
 
 // Emits rank p.rank's steps.
 void make_schedule(Algo a, Collective c, const ScheduleParams& p, StepSink& sink);
