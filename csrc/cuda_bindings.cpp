@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,30 @@ Algo algo_code(Collective c, int a) {
     throw InvalidArgument(str_cat(collective_name(c), ": algorithm ", algo_name(algo),
                                   " is not available for ", collective_name(c)));
   return algo;
+}
+
+// Per-rank lists as pycollectives/cuda_args.py checked them (None: even).
+using CountList = std::optional<std::vector<uint64_t>>;
+
+// Puts the uneven forms' lists into `call`. The arrays' sizes were checked against them in
+// Python; here only what keeps the plan consistent with the call: counts sum to its count,
+// and all-to-all splits come as a pair (their lengths are checked with the call).
+void set_counts(CollectiveCall& call, const CountList& counts, const CountList& in_splits,
+                const CountList& out_splits) {
+  const char* fn = collective_name(call.collective);
+  if (counts) {
+    if (call.collective != Collective::AllGather && call.collective != Collective::ReduceScatter)
+      throw InvalidArgument(str_cat(fn, ": counts apply to all_gather and reduce_scatter only"));
+    if (sum_of(*counts) != call.count)
+      throw InvalidArgument(str_cat(fn, ": count ", call.count, " is not the sum of counts"));
+    call.counts = *counts;
+  }
+  if (in_splits || out_splits) {
+    if (call.collective != Collective::AllToAll || !in_splits || !out_splits)
+      throw InvalidArgument(str_cat(fn, ": in_splits and out_splits go together, on all_to_all"));
+    call.send_counts = *in_splits;
+    call.recv_counts = *out_splits;
+  }
 }
 
 SyncMode mode_arg(const std::string& m) {
@@ -217,7 +242,8 @@ void bind_comm(py::module_& m) {
       .def(
           "run",
           [](CudaComm& c, int collective, uintptr_t in, uintptr_t out, size_t count, int dtype,
-             int op, int root, int algo, uintptr_t stream, bool async_op) {
+             int op, int root, int algo, uintptr_t stream, bool async_op, const CountList& counts,
+             const CountList& in_splits, const CountList& out_splits) {
             CollectiveCall call;
             call.collective = collective_code(collective);
             call.algo = algo_code(call.collective, algo);
@@ -230,12 +256,14 @@ void bind_comm(py::module_& m) {
             call.dtype = static_cast<DType>(dtype);
             call.op = static_cast<RedOp>(op);
             call.root = root;
+            set_counts(call, counts, in_splits, out_splits);
             py::gil_scoped_release nogil;
             return c.run(call, stream_of(stream), async_op);
           },
           py::arg("collective"), py::arg("x_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algorithm"), py::arg("stream"),
-          py::arg("async_op"))
+          py::arg("async_op"), py::kw_only(), py::arg("counts") = py::none(),
+          py::arg("in_splits") = py::none(), py::arg("out_splits") = py::none())
       .def("barrier", &CudaComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
 }
