@@ -91,7 +91,8 @@ void bind_planning(py::module_& m) {
   m.def(
       "plan",
       [](int collective, int algorithm, int rank, int size, size_t count, int root, int dtype,
-         size_t slot_bytes, size_t oneshot_max_bytes) {
+         size_t slot_bytes, size_t oneshot_max_bytes, const CountList& counts,
+         const CountList& send_counts, const CountList& recv_counts) {
         const Collective c = collective_code(collective);
         const Algo a = algo_code(c, algorithm);
         if (a == Algo::Auto) throw InvalidArgument("plan: name an algorithm");
@@ -103,13 +104,17 @@ void bind_planning(py::module_& m) {
         call.count = count;
         call.root = root;
         call.dtype = static_cast<DType>(dtype);
+        set_counts(call, counts, send_counts, recv_counts);
+        check_device_call(call, size);
         const ScheduleParams p = plan_params(call, rank, size, slot_bytes, oneshot_max_bytes);
         if (p.piece == 0) throw InvalidArgument("plan: staging slot smaller than one element");
         return plan_dict(build_plan(a, c, p));
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root"), py::arg("dtype"), py::arg("slot_bytes"),
-      py::arg("oneshot_max_bytes") = CudaCommOptions{}.oneshot_max_bytes);
+      py::arg("oneshot_max_bytes") = CudaCommOptions{}.oneshot_max_bytes, py::kw_only(),
+      py::arg("counts") = py::none(), py::arg("send_counts") = py::none(),
+      py::arg("recv_counts") = py::none());
   m.def(
       "block_slice",
       [](size_t n, int nblocks, int block) {
