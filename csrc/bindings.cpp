@@ -259,14 +259,18 @@ void bind_emu_comm(py::module_& m) {
       .def(
           "run",
           [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
-             int op, int algo) {
-            const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root,
-                                                   op, algo, c.rank(), c.size());
+             int op, int algo, const CountList& counts, const CountList& in_splits,
+             const CountList& out_splits) {
+            const CollectiveCall call =
+                parse_call(collective_from_name(collective), x, out, root, op, algo, c.rank(),
+                           c.size(), Splits{counts, in_splits, out_splits});
             py::gil_scoped_release nogil;
             c.run(call);
           },
           py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
-          py::arg("op") = 0, py::arg("algorithm") = 0);
+          py::arg("op") = 0, py::arg("algorithm") = 0, py::kw_only(),
+          py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
+          py::arg("out_splits") = py::none());
 }
 
 // Schedules as plain tuples, for tests that check them without processes.

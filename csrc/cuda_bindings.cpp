@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,30 @@ Algo algo_code(Collective c, int a) {
   return algo;
 }
 
+// Per-rank lists as pycollectives/cuda_args.py checked them (None: even).
+using CountList = std::optional<std::vector<uint64_t>>;
+
+// Puts the uneven forms' lists into `call`. The arrays' sizes were checked against them in
+// Python; here only what keeps the plan consistent with the call: counts sum to its count,
+// and all-to-all splits come as a pair (their lengths are checked with the call).
+void set_counts(CollectiveCall& call, const CountList& counts, const CountList& in_splits,
+                const CountList& out_splits) {
+  const char* fn = collective_name(call.collective);
+  if (counts) {
+    if (call.collective != Collective::AllGather && call.collective != Collective::ReduceScatter)
+      throw InvalidArgument(str_cat(fn, ": counts apply to all_gather and reduce_scatter only"));
+    if (sum_of(*counts) != call.count)
+      throw InvalidArgument(str_cat(fn, ": count ", call.count, " is not the sum of counts"));
+    call.counts = *counts;
+  }
+  if (in_splits || out_splits) {
+    if (call.collective != Collective::AllToAll || !in_splits || !out_splits)
+      throw InvalidArgument(str_cat(fn, ": in_splits and out_splits go together, on all_to_all"));
+    call.send_counts = *in_splits;
+    call.recv_counts = *out_splits;
+  }
+}
+
 SyncMode mode_arg(const std::string& m) {
   if (m == "kernel") return SyncMode::Kernel;
   if (m == "host") return SyncMode::Host;
@@ -66,7 +91,8 @@ void bind_planning(py::module_& m) {
   m.def(
       "plan",
       [](int collective, int algorithm, int rank, int size, size_t count, int root, int dtype,
-         size_t slot_bytes, size_t oneshot_max_bytes) {
+         size_t slot_bytes, size_t oneshot_max_bytes, const CountList& counts,
+         const CountList& send_counts, const CountList& recv_counts) {
         const Collective c = collective_code(collective);
         const Algo a = algo_code(c, algorithm);
         if (a == Algo::Auto) throw InvalidArgument("plan: name an algorithm");
@@ -78,13 +104,17 @@ void bind_planning(py::module_& m) {
         call.count = count;
         call.root = root;
         call.dtype = static_cast<DType>(dtype);
+        set_counts(call, counts, send_counts, recv_counts);
+        check_device_call(call, size);
         const ScheduleParams p = plan_params(call, rank, size, slot_bytes, oneshot_max_bytes);
         if (p.piece == 0) throw InvalidArgument("plan: staging slot smaller than one element");
         return plan_dict(build_plan(a, c, p));
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root"), py::arg("dtype"), py::arg("slot_bytes"),
-      py::arg("oneshot_max_bytes") = CudaCommOptions{}.oneshot_max_bytes);
+      py::arg("oneshot_max_bytes") = CudaCommOptions{}.oneshot_max_bytes, py::kw_only(),
+      py::arg("counts") = py::none(), py::arg("send_counts") = py::none(),
+      py::arg("recv_counts") = py::none());
   m.def(
       "block_slice",
       [](size_t n, int nblocks, int block) {
@@ -217,7 +247,8 @@ void bind_comm(py::module_& m) {
       .def(
           "run",
           [](CudaComm& c, int collective, uintptr_t in, uintptr_t out, size_t count, int dtype,
-             int op, int root, int algo, uintptr_t stream, bool async_op) {
+             int op, int root, int algo, uintptr_t stream, bool async_op, const CountList& counts,
+             const CountList& in_splits, const CountList& out_splits) {
             CollectiveCall call;
             call.collective = collective_code(collective);
             call.algo = algo_code(call.collective, algo);
@@ -230,12 +261,14 @@ void bind_comm(py::module_& m) {
             call.dtype = static_cast<DType>(dtype);
             call.op = static_cast<RedOp>(op);
             call.root = root;
+            set_counts(call, counts, in_splits, out_splits);
             py::gil_scoped_release nogil;
             return c.run(call, stream_of(stream), async_op);
           },
           py::arg("collective"), py::arg("x_ptr"), py::arg("out_ptr"), py::arg("count"),
           py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algorithm"), py::arg("stream"),
-          py::arg("async_op"))
+          py::arg("async_op"), py::kw_only(), py::arg("counts") = py::none(),
+          py::arg("in_splits") = py::none(), py::arg("out_splits") = py::none())
       .def("barrier", &CudaComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
 }

@@ -316,7 +316,8 @@ class Communicator:
         if self._cuda_error is not None:
             raise CollectiveError(self._cuda_error)
         check_call(name, call.x, call.out, call.op, call.root, call.algorithm, self.rank,
-                   self.size, None)  # fmt: skip
+                   self.size, None, counts=call.counts, in_splits=call.in_splits,
+                   out_splits=call.out_splits)  # fmt: skip
         if self.topology.num_nodes > 1:
             raise CollectiveError(
                 f"{name}: CUDA arrays on a communicator over {self.topology.num_nodes} "

@@ -125,6 +125,11 @@ def arrays_device(objs) -> int | None:
     return seen[0][1] if seen else None
 
 
+def _splits(counts=None, in_splits=None, out_splits=None) -> dict:
+    """The per-rank lists of a call as keywords (None: the even form)."""
+    return {"counts": counts, "in_splits": in_splits, "out_splits": out_splits}
+
+
 class _CudaCompletion:
     """What a ``Work`` asks of an asynchronous CUDA collective (``async_op=True``), queued on
     the communicator's stream behind the caller's stream.
@@ -175,7 +180,13 @@ class CudaComm:
         all_gather(x, out, algorithm, stream, async_op)           # out: size * x.size
         broadcast(x, root, algorithm, stream, async_op)
         reduce(x, out, root, op, algorithm, stream, async_op)     # out None: in place
+        all_to_all(x, out, in_splits, out_splits, algorithm, stream, async_op)
+        gather(x, out, root, algorithm, stream, async_op)         # out: the root's only
+        scatter(x, out, root, algorithm, stream, async_op)        # x: the root's only
         barrier()
+
+    ``all_gather`` and ``reduce_scatter`` also take ``counts=`` (each rank's block, uneven);
+    ``all_to_all`` splits are what this rank sends to / receives from each rank (None: even).
         close()
 
     Each returns the output array, or a ``pycollectives.Work`` with ``async_op=True``. The
@@ -316,13 +327,9 @@ class CudaComm:
     def run(self, call):
         """Checks and queues a ``backends.Call``; returns its completion handle (the
         Communicator's backend protocol)."""
-        if call.counts is not None or call.in_splits is not None:
-            raise CollectiveError(
-                f"{call.collective}: uneven sizes on CUDA arrays are not supported"
-            )
         return self._launch(
             call.collective, call.x, call.out, call.op, call.root, call.algorithm, call.stream,
-            call.async_op,
+            call.async_op, _splits(call.counts, call.in_splits, call.out_splits),
         )  # fmt: skip
 
     def p2p(self, ops, async_op):
@@ -333,16 +340,19 @@ class CudaComm:
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return self._forced if self._forced in ALGORITHMS_FOR[collective] else "auto"
 
-    def _queue(self, collective, x, out, op, root, algorithm, stream, async_op, result):
-        """Checks and queues one collective (`collective` by name); returns `result`, or a
-        ``Work`` with `async_op`. The named methods below are its usual spellings."""
-        completion = self._launch(collective, x, out, op, root, algorithm, stream, async_op)
+    def _queue(self, collective, x, out, op, root, algorithm, stream, async_op, result, **splits):
+        """Checks and queues one collective (`collective` by name; `splits`: counts, in_splits,
+        out_splits); returns `result`, or a ``Work`` with `async_op`. The named methods below
+        are its usual spellings."""
+        completion = self._launch(
+            collective, x, out, op, root, algorithm, stream, async_op, _splits(**splits)
+        )
         # The arrays stay referenced until the GPU is done with them, waited for or not.
         work = Work(completion, (x, out), result)
         self._inflight.add(work)
         return work if async_op else result
 
-    def _launch(self, collective, x, out, op, root, algorithm, stream, async_op):
+    def _launch(self, collective, x, out, op, root, algorithm, stream, async_op, splits):
         c = self._native_comm()
         op = op_code(op) if isinstance(op, str) else op
         algorithm = (
@@ -351,27 +361,35 @@ class CudaComm:
             else (int(algorithm))
         )
         xi, oi, count = check_call(
-            collective, x, out, op, root, algorithm, self.rank, self.size, self.device
+            collective, x, out, op, root, algorithm, self.rank, self.size, self.device, **splits
         )
         if algorithm == 0 and self._forced is not None:
             if self._forced in ALGORITHMS_FOR[collective]:
                 algorithm = algo_code(self._forced)
+        # (An absent array's info is its partner's: the same library and stream.)
         s = arrays.current_stream(xi) if stream is None else arrays.stream_handle(stream)
         code = collective_code(collective)
         native = c.run(
-            code, xi.ptr, oi.ptr, count, xi.dtype, op or 0, root or 0, algorithm, s, async_op
-        )
+            code, xi.ptr, oi.ptr, count, xi.dtype, op or 0, root or 0, algorithm, s, async_op,
+            **splits,
+        )  # fmt: skip
         return _CudaCompletion(native, self, s)
 
     def all_reduce(self, x, out=None, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out
         return self._queue("all_reduce", x, out, op, None, algorithm, stream, async_op, res)
 
-    def reduce_scatter(self, x, out, op=0, algorithm=None, stream=None, async_op=False):
-        return self._queue("reduce_scatter", x, out, op, None, algorithm, stream, async_op, out)
+    def reduce_scatter(
+        self, x, out, op=0, algorithm=None, stream=None, async_op=False, counts=None
+    ):
+        return self._queue(
+            "reduce_scatter", x, out, op, None, algorithm, stream, async_op, out, counts=counts
+        )
 
-    def all_gather(self, x, out, algorithm=None, stream=None, async_op=False):
-        return self._queue("all_gather", x, out, None, None, algorithm, stream, async_op, out)
+    def all_gather(self, x, out, algorithm=None, stream=None, async_op=False, counts=None):
+        return self._queue(
+            "all_gather", x, out, None, None, algorithm, stream, async_op, out, counts=counts
+        )
 
     def broadcast(self, x, root=0, algorithm=None, stream=None, async_op=False):
         return self._queue("broadcast", x, None, None, root, algorithm, stream, async_op, x)
@@ -379,6 +397,20 @@ class CudaComm:
     def reduce(self, x, out=None, root=0, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out
         return self._queue("reduce", x, out, op, root, algorithm, stream, async_op, res)
+
+    def all_to_all(
+        self, x, out, in_splits=None, out_splits=None, algorithm=None, stream=None, async_op=False
+    ):
+        return self._queue(
+            "all_to_all", x, out, None, None, algorithm, stream, async_op, out,
+            in_splits=in_splits, out_splits=out_splits,
+        )  # fmt: skip
+
+    def gather(self, x, out=None, root=0, algorithm=None, stream=None, async_op=False):
+        return self._queue("gather", x, out, None, root, algorithm, stream, async_op, out)
+
+    def scatter(self, x, out, root=0, algorithm=None, stream=None, async_op=False):
+        return self._queue("scatter", x, out, None, root, algorithm, stream, async_op, out)
 
     def barrier(self):
         """Returns once this rank's queued collectives have finished on the GPU and every rank

@@ -3,6 +3,8 @@ arrays, raised as ValueError/TypeError before anything is queued."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from pycollectives import _C, arrays
 
 
@@ -30,23 +32,42 @@ def gpu_array(obj, fn: str, name: str, writable: bool, device) -> arrays.ArrayIn
     return info
 
 
-def check_call(collective, x, out, op, root, algorithm, rank, size, device):
+def check_call(
+    collective, x, out, op, root, algorithm, rank, size, device, *, counts=None, in_splits=None,
+    out_splits=None,
+):  # fmt: skip
     """Validates one call; returns (x info, out info, count) for the native layer. The arrays
     are described here; the collective's own checks (sizes, dtypes, overlap, op, root,
-    algorithm) are the host path's (``_C.check_described_args``)."""
+    algorithm, per-rank counts and splits) are the host path's (``_C.check_described_args``).
+
+    An array the rank does not use may be None: gather's `out` and scatter's `x` off the root.
+    Its info is then that of the other array, with pointer 0 and no elements."""
     fn = collective
-    single = collective == "broadcast" or out is None
+    off_root = rank != (root or 0)
+    absent_x = x is None and collective == "scatter" and off_root
+    absent_out = out is None and collective == "gather" and off_root
+    # Otherwise a missing `out` is the single-array form (in place), checked as such.
+    single = collective == "broadcast" or (out is None and not (absent_out or absent_x))
     written = collective == "broadcast" or (out is None and collective in ("all_reduce", "reduce"))
-    xi = gpu_array(x, fn, "x", written, device)
-    oi = xi if single else gpu_array(out, fn, "out", True, device)
+    xi = None if absent_x else gpu_array(x, fn, "x", written, device)
+    oi = xi if single else (None if absent_out else gpu_array(out, fn, "out", True, device))
     count = _C.check_described_args(
         collective,
-        (xi.ptr, xi.count, xi.dtype),
-        None if oi is xi else (oi.ptr, oi.count, oi.dtype),
+        None if xi is None else (xi.ptr, xi.count, xi.dtype),
+        None if oi is None or oi is xi else (oi.ptr, oi.count, oi.dtype),
         root or 0,
         op or 0,
         algorithm or 0,
         rank,
         size,
+        counts=counts,
+        in_splits=in_splits,
+        out_splits=out_splits,
     )
+    # Past the checks, at least one array is there (the native layer sees pointer 0 for the
+    # one that is not, and never touches it: call_extents gives it no elements).
+    if xi is None:
+        xi = dataclasses.replace(oi, ptr=0, count=0)
+    if oi is None:
+        oi = dataclasses.replace(xi, ptr=0, count=0)
     return xi, oi, count

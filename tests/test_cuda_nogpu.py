@@ -292,7 +292,7 @@ def test_cuda_comm_device_is_decided_collectively(case):
     assert out.count(f"PASS {case}") == 3, out
 
 
-@pytest.mark.parametrize("case", ["communicator", "communicator_forced"])
+@pytest.mark.parametrize("case", ["communicator", "communicator_forced", "communicator_new"])
 def test_communicator_device_is_that_of_the_first_gpu_call(case):
     env = {"PYCOLL_DEVICE": "0"} if case == "communicator_forced" else {"PYCOLL_DEVICE": ""}
     out = run_mpi(3, "gpu_fake_native.py", case, env=env, timeout=120)

@@ -10,14 +10,53 @@ from pycollectives import _C
 cu = pytest.importorskip("pycollectives._cuda")
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
+CODES = {name: i for i, name in enumerate(COLLECTIVES + ["all_to_all", "gather", "scatter"])}
 ALGOS = {"ring": 1, "tree": 2, "direct": 3}
 FLOAT16, FLOAT32 = 4, 6
 BUFS = {0: "", 1: "in", 2: "out"}
+PARTIAL = ("all_reduce", "reduce_scatter", "reduce")
 
 
-def plans(collective, algo, size, count, root, dtype, slot):
-    c = COLLECTIVES.index(collective)
-    return [cu.plan(c, ALGOS[algo], r, size, count, root, dtype, slot) for r in range(size)]
+def plans(collective, algo, size, count, root, dtype, slot, lists=None):
+    """Every rank's plan; `lists(rank)`: that rank's per-rank counts as keywords."""
+    c = CODES[collective]
+    return [
+        cu.plan(c, ALGOS[algo], r, size, count, root, dtype, slot, **(lists(r) if lists else {}))
+        for r in range(size)
+    ]
+
+
+def check_plans(collective, algo, size, count, root, slot, lists=None):
+    """Each rank's plan is its schedule's steps in the kernel's format, no message is larger
+    than a slot, and what one rank sends on a channel the other end receives."""
+    for dtype in (FLOAT32, FLOAT16):
+        acc = 4
+        partial = collective in PARTIAL
+        esize = 4 if dtype == FLOAT32 else 2
+        piece = slot // (acc if partial else esize)
+        ps = plans(collective, algo, size, count, root, dtype, slot, lists)
+        for r, p in enumerate(ps):
+            kw = lists(r) if lists else {}
+            want = _C.schedule(
+                algo, collective, r, size, count, root, piece, acc, shard_align=16, **kw
+            )
+            assert len(p["steps"]) == len(want)
+            for got, w in zip(p["steps"], want):
+                kind, flags, src_buf, dst_buf, frm, frm2, to, to2, n, src_off, dst_off = got
+                assert kind == w["kind"]
+                assert (frm, frm2, to, to2) == (w["from"], w["from2"], w["to"], w["to2"])
+                assert n == w["count"]
+                if kind != "copy":  # a local copy needs no staging slot
+                    assert n * (acc if partial else esize) <= slot
+                assert bool(flags & 1) == w["recv_acc"] and bool(flags & 2) == w["send_acc"]
+                assert bool(flags & 4) == w["bcast"]
+                assert (BUFS[src_buf], src_off) == w["src"]
+                assert (BUFS[dst_buf], dst_off) == w["dst"]
+        for a in range(size):
+            for b in range(size):
+                if a != b:
+                    assert ps[a]["sent"][b] == ps[b]["received"][a]
+                    assert ps[a]["bcast_sent"] == ps[b]["bcast_received"][a]
 
 
 CASES = [
@@ -32,34 +71,42 @@ CASES = [
 
 @pytest.mark.parametrize("collective,algo,size,count", CASES)
 def test_plan_is_the_schedule(collective, algo, size, count):
-    slot = 4096
-    for dtype in (FLOAT32, FLOAT16):
-        acc = 4
-        partial = collective in ("all_reduce", "reduce_scatter", "reduce")
-        esize = 4 if dtype == FLOAT32 else 2
-        piece = slot // (acc if partial else esize)
-        root = size - 1
-        ps = plans(collective, algo, size, count, root, dtype, slot)
-        for r, p in enumerate(ps):
-            want = _C.schedule(algo, collective, r, size, count, root, piece, acc, shard_align=16)
-            assert len(p["steps"]) == len(want)
-            for got, w in zip(p["steps"], want):
-                kind, flags, src_buf, dst_buf, frm, frm2, to, to2, n, src_off, dst_off = got
-                assert kind == w["kind"]
-                assert (frm, frm2, to, to2) == (w["from"], w["from2"], w["to"], w["to2"])
-                assert n == w["count"]
-                if kind != "copy":  # a local copy needs no staging slot
-                    assert n * (acc if partial else esize) <= slot
-                assert bool(flags & 1) == w["recv_acc"] and bool(flags & 2) == w["send_acc"]
-                assert bool(flags & 4) == w["bcast"]
-                assert (BUFS[src_buf], src_off) == w["src"]
-                assert (BUFS[dst_buf], dst_off) == w["dst"]
-        # What one rank sends on a channel, the other end receives.
-        for a in range(size):
-            for b in range(size):
-                if a != b:
-                    assert ps[a]["sent"][b] == ps[b]["received"][a]
-                    assert ps[a]["bcast_sent"] == ps[b]["bcast_received"][a]
+    check_plans(collective, algo, size, count, size - 1, 4096)
+
+
+@pytest.mark.parametrize("collective", ["all_to_all", "gather", "scatter"])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+@pytest.mark.parametrize("count", [0, 1, 7, 5000])
+def test_direct_only_plans_are_the_schedule(collective, size, count):
+    for root in range(size) if collective != "all_to_all" else [0]:
+        check_plans(collective, "direct", size, count, root, 4096)
+
+
+def split_matrix(size, long):
+    """Row q: what rank q sends to each rank; zeros, short blocks and one long one."""
+    return [[(q * 3 + p * 5) % 4 * (q != p or q == 1) + long * (p == q == 0) for p in range(size)]
+            for q in range(size)]  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("long", [0, 5000])
+def test_plans_with_per_rank_counts_are_the_schedule(size, long):
+    m = split_matrix(size, long)
+    splits = lambda r: {"send_counts": m[r], "recv_counts": [row[r] for row in m]}  # noqa: E731
+    check_plans("all_to_all", "direct", size, 0, 0, 4096, splits)
+    counts = m[0]  # the same list on every rank
+    for collective in ("all_gather", "reduce_scatter"):
+        for algo in ("ring", "direct"):
+            check_plans(collective, algo, size, sum(counts), 0, 4096, lambda r: {"counts": counts})
+
+
+def test_plans_with_per_rank_counts_refuse_bad_lists():
+    with pytest.raises(ValueError, match="entries"):
+        cu.plan(CODES["all_gather"], 1, 0, 3, 3, 0, FLOAT32, 4096, counts=[1, 2])
+    with pytest.raises(ValueError, match="sum of counts"):
+        cu.plan(CODES["all_gather"], 1, 0, 2, 4, 0, FLOAT32, 4096, counts=[1, 2])
+    with pytest.raises(ValueError, match="together"):
+        cu.plan(CODES["all_to_all"], 3, 0, 2, 0, 0, FLOAT32, 4096, send_counts=[1, 2])
 
 
 @pytest.mark.parametrize("algo", ["ring", "direct"])

@@ -28,6 +28,26 @@ def test_emulated_matrix(mode, collective, nranks, staging):
         assert f"PASS {collective} {algo} {mode} ranks={nranks}" in out
 
 
+NEW_PARTS = ["all_to_all", "gather_scatter", "all_gather_v", "reduce_scatter_v"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("part", NEW_PARTS)
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_emulated_new_collectives(mode, part, nranks):
+    # all_to_all (even and split), gather and scatter from every root, uneven all_gather and
+    # reduce_scatter: every dtype, 4 KiB slots, against MPI and numpy (workers/new_collectives.py).
+    out = run_mpi(nranks, "emulated.py", mode, part)
+    assert f"PASS {part} {mode} ranks={nranks}" in out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_emulated_split_and_count_mismatch(mode, nranks):
+    out = run_mpi(nranks, "emulated.py", mode, "split_mismatch")
+    assert f"PASS split_mismatch {mode} ranks={nranks}" in out
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("blocks", [1, 7])
 def test_emulated_block_counts(mode, blocks):

@@ -81,4 +81,31 @@ inline CallExtents call_extents(const CollectiveCall& call, int rank, int size) 
   return e;
 }
 
+// Elements the automatic algorithm choice is keyed on: a size every rank agrees on, so that
+// every rank picks the same schedule. The input for the even forms (the whole vector for
+// broadcast); uneven all-gather blocks differ by rank, so their mean stands for the even
+// form's block; all-to-all and scatter count the full send buffer (split all-to-alls have no
+// agreed size, but only the direct schedule runs them).
+inline size_t choice_count(const CollectiveCall& call, int size) {
+  const size_t n = static_cast<size_t>(size);
+  switch (call.collective) {
+    case Collective::ReduceScatter:  // uneven: count is already sum(counts)
+      return call.counts.empty() ? call.count * n : call.count;
+    case Collective::AllGather:
+      return call.counts.empty() ? call.count : call.count / n;
+    case Collective::AllToAll:
+    case Collective::Scatter:
+      return call.count * n;
+    default:
+      return call.count;
+  }
+}
+
+// Whether `call` moves nothing on `rank`: its schedule has no step there, so no plan is needed.
+// (A rank whose split row and column are all zeros idles while its peers exchange.)
+inline bool moves_nothing(const CollectiveCall& call, int rank, int size) {
+  const CallExtents e = call_extents(call, rank, size);
+  return e.in == 0 && e.out == 0;
+}
+
 }  // namespace pycoll

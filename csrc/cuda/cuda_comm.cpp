@@ -7,6 +7,8 @@
 #include "cuda/cuda_check.h"
 #include "cuda/host_sync.h"
 #include "cuda/launch.h"
+#include "host/fingerprint.h"
+#include "host/splits.h"
 
 namespace pycoll {
 namespace cuda {
@@ -237,15 +239,15 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                                         bool async_op) {
   std::lock_guard<std::mutex> g(run_mu_);
   const char* name = collective_name(call.collective);
-  check_device_call(call);
+  check_device_call(call, size_);
   check_usable(name);
   DeviceGuard dg(device_);
   check_device_status(name);
   const uint64_t seq = ++seq_;
-  const int esize = static_cast<int>(dtype_size(call.dtype));
-  size_t in_count = call.count;
-  if (call.collective == Collective::ReduceScatter) in_count *= size_;
-  const Algo algo = call.algo == Algo::Auto ? choose(call.collective, in_count * esize) : call.algo;
+  const size_t esize = dtype_size(call.dtype);
+  const Algo algo = call.algo == Algo::Auto
+                        ? choose(call.collective, choice_count(call, size_) * esize)
+                        : call.algo;
   if (opts_.debug)
     std::fprintf(stderr,
                  "pycollectives INFO rank %d/%d cuda:%d %s #%llu count=%zu %s %s root=%d algo=%s%s "
@@ -254,19 +256,23 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                  dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
                  call.algo == Algo::Auto ? " (auto)" : "",
                  mode_ == SyncMode::Kernel ? "kernel" : "host");
-  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call.collective, algo, call.count,
-                                                    call.dtype, call.op, call.root));
+  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
   WaitContext w = wait_context(name, seq);
   try {
     if (opts_.check_mismatch) {
       w.fingerprints = &guard;
       guard.publish();
-      guard.finish(w);  // every peer runs this very call: only now may anything be queued
     }
+    // Split lists are checked whatever check_mismatch says: kernels of ranks that disagree
+    // would wait for messages that never come, or write past an output.
+    if (!call.send_counts.empty())
+      check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
+    // Every peer runs this very call: only now may anything be queued.
+    if (opts_.check_mismatch) guard.finish(w);
     auto work = std::make_shared<CudaWork>(events_, device_, seq);
     PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
     PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-    if (call.count != 0) {
+    if (!moves_nothing(call, rank_, size_)) {
       const CachedPlan& cp = plan_for(call, algo);
       if (mode_ == SyncMode::Kernel)
         run_kernel_mode(call, cp);

@@ -1,5 +1,6 @@
 #include "cuda/plan.h"
 
+#include <initializer_list>
 #include <limits>
 
 #include "common/errors.h"
@@ -53,21 +54,48 @@ class PlanSink final : public StepSink {
 
 }  // namespace
 
-void check_device_call(const CollectiveCall& call) {
+void check_device_call(const CollectiveCall& call, int size) {
+  if (size > kMaxRanks)
+    throw InvalidArgument(str_cat("the CUDA transport holds at most ", kMaxRanks, " ranks"));
   if (call.barrier) return;
-  if (!device_supports(call.collective))
-    throw InvalidArgument(str_cat(collective_name(call.collective),
-                                  ": not available on the CUDA transport yet (host arrays only)"));
-  if (call.uneven())
-    throw InvalidArgument(str_cat(collective_name(call.collective),
-                                  ": per-rank counts are not available on the CUDA transport yet"));
+  // The schedules read `size` entries of each list: a shorter one would be read past its end.
+  const size_t n = static_cast<size_t>(size);
+  for (const std::vector<uint64_t>* v : {&call.counts, &call.send_counts, &call.recv_counts})
+    if (!v->empty() && v->size() != n)
+      throw InvalidArgument(str_cat(collective_name(call.collective), ": per-rank lists need ",
+                                    size, " entries, got ", v->size()));
+  if (call.send_counts.empty() != call.recv_counts.empty())
+    throw InvalidArgument("all_to_all: in_splits and out_splits go together");
+}
+
+namespace {
+
+// FNV-1a over the lists, each preceded by its length (so that moving an entry from one list
+// to the next changes the hash).
+uint64_t hash_lists(std::initializer_list<const std::vector<uint64_t>*> lists) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+  };
+  for (const std::vector<uint64_t>* v : lists) {
+    mix(v->size());
+    for (uint64_t x : *v) mix(x);
+  }
+  return h;
+}
+
+}  // namespace
+
+PlanKey::PlanKey(const CollectiveCall& call, Algo algo)
+    : shape{static_cast<int>(call.collective), call.count, static_cast<int>(algo),
+            static_cast<int>(call.dtype), call.root},
+      counts(call.counts),
+      send_counts(call.send_counts),
+      recv_counts(call.recv_counts) {
+  if (call.uneven()) counts_hash = hash_lists({&counts, &send_counts, &recv_counts});
 }
 
 Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
-  if (!device_supports(c))
-    throw InvalidArgument(str_cat(collective_name(c), ": the CUDA transport has no plan for it"));
-  if (p.counts || p.send_counts || p.recv_counts)
-    throw InvalidArgument("plan: per-rank counts are not available on the CUDA transport");
   if (p.size > kMaxRanks)
     throw InvalidArgument(str_cat("the CUDA transport holds at most ", kMaxRanks, " ranks"));
   Plan plan;
@@ -90,6 +118,7 @@ ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_
   // Shards that start on 16-byte boundaries keep every slice vectorised (16 elements are
   // whole 16-byte words for every element type).
   p.shard_align = kSliceAlign;
+  call.apply_counts(p);
   return p;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "algo/call.h"
@@ -25,48 +26,61 @@ struct Plan {
   MessageCounts<std::vector<uint64_t>> moved;  // by peer
 };
 
-// Whether the device kernels run `c` yet: all-to-all, gather and scatter and the uneven forms
-// have host schedules only (their plans would need per-call counts in the plan cache key).
-inline bool device_supports(Collective c) {
-  return c != Collective::AllToAll && c != Collective::Gather && c != Collective::Scatter;
-}
-// Throws InvalidArgument, before anything moves, for a call the device cannot run.
-void check_device_call(const CollectiveCall& call);
+// Throws InvalidArgument, before anything moves, for a call the device cannot run: more ranks
+// than the kernel arguments hold, or per-rank lists that do not have one entry per rank.
+void check_device_call(const CollectiveCall& call, int size);
 
 // Builds rank p.rank's plan. Throws InvalidArgument when a step does not fit the kernel format.
 Plan build_plan(Algo a, Collective c, const ScheduleParams& p);
 
 // The schedule parameters of `call` on the device: pieces of one staging slot (in the wire
-// type of the collective's messages), ring and two-shot shards of whole 16-byte words.
+// type of the collective's messages), ring and two-shot shards of whole 16-byte words. The
+// per-rank counts point into `call`, which must outlive the parameters.
 ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
                            size_t oneshot_max_bytes);
 
 // The automatic choice on the device: direct up to `direct_max_bytes` (of the input), ring
-// above.
+// above; direct always for the collectives that have no ring (all-to-all, gather, scatter).
 inline Algo device_choose(Collective c, size_t bytes, size_t direct_max_bytes) {
+  if (!algo_supports(Algo::Ring, c)) return Algo::Direct;
   if (bytes <= direct_max_bytes && algo_supports(Algo::Direct, c)) return Algo::Direct;
   return Algo::Ring;
 }
 
-// Plans by call shape (the steps depend on the element sizes, not on the op). When full, every
-// entry is dropped at once, after `drop_all` has released them (launches may still read them).
+// What a plan is a function of: the call's shape (the steps depend on the element sizes, not
+// on the op) and its per-rank counts. The counts' hash orders keys cheaply; the lists
+// themselves decide equality, so two calls whose lists merely hash alike never share a plan.
+struct PlanKey {
+  std::tuple<int, size_t, int, int, int> shape;  // collective, count, algo, dtype, root
+  uint64_t counts_hash = 0;
+  std::vector<uint64_t> counts, send_counts, recv_counts;
+
+  PlanKey(const CollectiveCall& call, Algo algo);
+  bool operator<(const PlanKey& o) const {
+    return std::tie(shape, counts_hash, counts, send_counts, recv_counts) <
+           std::tie(o.shape, o.counts_hash, o.counts, o.send_counts, o.recv_counts);
+  }
+};
+
+// Plans by PlanKey. When full, every entry is dropped at once, after `drop_all` has released
+// them (launches may still read them). Calls whose splits change every time (a mixture of
+// experts' all-to-all) each build a plan, and refill the cache in 256 calls.
 template <class Entry>
 class PlanCache {
  public:
   static constexpr size_t kCapacity = 256;
-  using Key = std::tuple<int, size_t, int, int, int>;
+  using Key = PlanKey;
 
   template <class Make, class DropAll>
   Entry& get(const CollectiveCall& call, Algo algo, Make&& make, DropAll&& drop_all) {
-    const Key key{static_cast<int>(call.collective), call.count, static_cast<int>(algo),
-                  static_cast<int>(call.dtype), call.root};
+    Key key(call, algo);
     auto it = entries_.find(key);
     if (it != entries_.end()) return it->second;
     if (entries_.size() >= kCapacity) {
       drop_all(entries_);
       entries_.clear();
     }
-    return entries_.emplace(key, make()).first->second;
+    return entries_.emplace(std::move(key), make()).first->second;
   }
   size_t size() const { return entries_.size(); }
   std::map<Key, Entry>& entries() { return entries_; }

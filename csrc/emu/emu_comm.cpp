@@ -13,6 +13,7 @@
 #include "cuda/host_sync.h"
 #include "emu/emu_device.h"
 #include "host/fingerprint.h"
+#include "host/splits.h"
 
 namespace pycoll {
 namespace emu {
@@ -183,22 +184,23 @@ void EmuComm::run(const CollectiveCall& call) {
   if (aborted_.load())
     throw CollectiveError(
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
-  cuda::check_device_call(call);
+  cuda::check_device_call(call, size_);
   const uint64_t seq = ++seq_;
-  const size_t in_bytes = call_extents(call, rank_, size_).in * dtype_size(call.dtype);
-  const Algo algo = call.algo == Algo::Auto
-                        ? choose(call.collective, call.collective == Collective::Broadcast
-                                                      ? call.count * dtype_size(call.dtype)
-                                                      : in_bytes)
-                        : call.algo;
-  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call.collective, algo, call.count,
-                                                    call.dtype, call.op, call.root));
+  const Algo algo =
+      call.algo == Algo::Auto
+          ? choose(call.collective, choice_count(call, size_) * dtype_size(call.dtype))
+          : call.algo;
+  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
   WaitContext w = wait_context(name, seq);
   try {
     w.fingerprints = &guard;
     guard.publish();
-    guard.finish(w);  // every peer runs this very call: only now may anything move
-    if (call.count == 0) return;
+    // As on the GPU (cuda_comm.cpp): the split matrix, then every peer's fingerprint, before
+    // anything moves.
+    if (!call.send_counts.empty())
+      check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
+    guard.finish(w);
+    if (moves_nothing(call, rank_, size_)) return;
     const cuda::Plan& plan = plan_for(call, algo);
     if (opts_.kernel_mode)
       run_kernel_mode(call, plan, w);

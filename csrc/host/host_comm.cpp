@@ -111,13 +111,8 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const int n = size();
   const size_t esize = dtype_size(call.dtype);
   const CallExtents ext = call_extents(call, rank(), n);
-  // The choice is keyed on a size every rank agrees on: uneven all-gather blocks differ by
-  // rank, so their mean stands for the even form's block.
-  size_t choice_count = call.collective == Collective::Broadcast ? call.count : ext.in;
-  if (call.collective == Collective::AllGather && !call.counts.empty())
-    choice_count = call.count / static_cast<size_t>(n);
   const Algo algo =
-      call.algo == Algo::Auto ? choose(call.collective, choice_count * esize) : call.algo;
+      call.algo == Algo::Auto ? choose(call.collective, choice_count(call, n) * esize) : call.algo;
   if (opts_.debug)
     std::fprintf(
         stderr, "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s\n",

@@ -9,8 +9,11 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   MODE: kernel or host; STAGING: small (4 KiB slots: multi-piece messages) or default (64 KiB);
   ALGOS: comma-separated (default ring,tree,direct,auto); BLOCKS: blocks per launch (default 4).
   Special COLLECTIVE values: shapes (more than 256 distinct call shapes, back to back),
-  resize (sizes changing within the slot window), and the fault drills dead_peer, timeout,
-  mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective).
+  resize (sizes changing within the slot window), the fault drills dead_peer, timeout,
+  mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective), and
+  all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
+  workers/new_collectives.py, against MPI's Alltoall(v), Gather, Scatter, Allgatherv and
+  numpy) and split_mismatch (ranks disagreeing on splits, counts or root).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 from collectives import TREE_COLLECTIVES, Checker
 from common import make_input, reference, run_main
 from mpi4py import MPI
+from new_collectives import Data
 
 import pycollectives as pc
 from pycollectives import _C
@@ -32,7 +36,8 @@ STAGING = {"small": 4096, "default": 64 * 1024}
 
 
 class EmulatedDevice:
-    """The five collectives of pc.Communicator over the emulated device."""
+    """The collectives of pc.Communicator over the emulated device. Its launches are
+    synchronous: `async_op` is accepted (the shared test bodies pass it) and changes nothing."""
 
     def __init__(self, mpi, mode="kernel", staging="default", blocks=4, timeout=60.0, fault=None):
         o = _C.EmuOptions()
@@ -56,12 +61,12 @@ class EmulatedDevice:
         self.dev.run("all_reduce", x, out, 0, op_code(op), algo_code(algorithm))
         return x if out is None else out
 
-    def reduce_scatter(self, x, out, op="sum", algorithm=None):
-        self.dev.run("reduce_scatter", x, out, 0, op_code(op), algo_code(algorithm))
+    def reduce_scatter(self, x, out, op="sum", algorithm=None, counts=None, async_op=False):
+        self.dev.run("reduce_scatter", x, out, 0, op_code(op), algo_code(algorithm), counts=counts)
         return out
 
-    def all_gather(self, x, out, algorithm=None):
-        self.dev.run("all_gather", x, out, 0, 0, algo_code(algorithm))
+    def all_gather(self, x, out, algorithm=None, counts=None, async_op=False):
+        self.dev.run("all_gather", x, out, 0, 0, algo_code(algorithm), counts=counts)
         return out
 
     def broadcast(self, x, root=0, algorithm=None):
@@ -71,6 +76,19 @@ class EmulatedDevice:
     def reduce(self, x, out=None, root=0, op="sum", algorithm=None):
         self.dev.run("reduce", x, out, root, op_code(op), algo_code(algorithm))
         return x if out is None else out
+
+    def all_to_all(self, x, out, in_splits=None, out_splits=None, algorithm=None, async_op=False):
+        code = algo_code(algorithm)
+        self.dev.run("all_to_all", x, out, 0, 0, code, in_splits=in_splits, out_splits=out_splits)
+        return out
+
+    def gather(self, x, out=None, root=0, algorithm=None, async_op=False):
+        self.dev.run("gather", x, out, root, 0, algo_code(algorithm))
+        return out
+
+    def scatter(self, x, out, root=0, algorithm=None, async_op=False):
+        self.dev.run("scatter", x, out, root, 0, algo_code(algorithm))
+        return out
 
     def barrier(self):
         self.mpi.Barrier()
@@ -170,6 +188,78 @@ def faults(mpi, mode, what):
     raise AssertionError(f"{what}: no error on rank {mpi.rank}")
 
 
+NEW_COLLECTIVES = ("all_to_all", "gather_scatter", "all_gather_v", "reduce_scatter_v")
+
+
+def new_collectives(mpi, mode, part):
+    """The host path's own test body for `part` (workers/new_collectives.py: every dtype,
+    counts 0/1/7/multi-piece, uneven splits with zeros, every root), on the device code."""
+    d = Data(EmulatedDevice(mpi, mode, "small", blocks=3), mpi)
+    getattr(d, part)()
+    mpi.Barrier()
+    if mpi.rank == 0:
+        print(f"PASS {part} {mode} ranks={mpi.size} calls={d.calls}")
+
+
+def split_mismatch(mpi, mode):
+    """Ranks that disagree on splits, counts, sizes or root: CollectiveMismatch on every rank,
+    before anything moves, naming the field (for splits: the same words everywhere)."""
+    n, r = mpi.size, mpi.rank
+    last = r == n - 1
+    m = [[1 + q + p for p in range(n)] for q in range(n)]
+    col = [m[q][r] + (1 if last and q == 0 else 0) for q in range(n)]
+    counts = [1 + q for q in range(n)]
+    bad = counts[:-1] + [counts[-1] + last]
+    i4, f4 = np.int32, np.float32
+    cases = {
+        "splits": (
+            lambda d: d.all_to_all(np.ones(sum(m[r]), i4), np.ones(sum(col), i4), m[r], col),
+            ["splits", f"rank 0 sends {m[0][n - 1]} elements to rank {n - 1}"],
+        ),
+        "even vs splits": (
+            lambda d: d.all_to_all(
+                np.ones(n, i4), np.ones(n, i4), *([[1] * n] * 2 if last else [])
+            ),
+            ["splits"],
+        ),
+        "all_gather counts": (
+            lambda d: d.all_gather(np.ones(bad[r], f4), np.ones(sum(bad), f4), counts=bad),
+            ["counts"],
+        ),
+        "reduce_scatter counts": (
+            lambda d: d.reduce_scatter(np.ones(sum(bad), f4), np.ones(bad[r], f4), counts=bad),
+            ["counts"],
+        ),
+        "gather count": (
+            lambda d: d.gather(
+                np.ones(3 + last, np.int8), np.ones(n * 3, np.int8) if r == 0 else None
+            ),
+            ["count"],
+        ),
+        "scatter root": (
+            lambda d: d.scatter(np.ones(2 * n, np.float64), np.ones(2, np.float64), int(last)),
+            ["root"],
+        ),
+    }
+    for name, (call, words) in cases.items():
+        d = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=30.0)
+        d.all_reduce(np.ones(3, np.int32))  # a matching call first
+        t0 = time.monotonic()
+        try:
+            call(d)
+        except pc.CollectiveMismatch as e:
+            msg = str(e)
+        else:
+            raise AssertionError(f"{name}: no CollectiveMismatch on rank {r}")
+        assert time.monotonic() - t0 < 10, f"{name}: detected late"
+        assert "#2" in msg and all(w in msg for w in words), f"{name}: {msg}"
+        assert d.dev.poisoned, name
+        if name == "splits":  # every rank checked the same matrix
+            assert len(set(mpi.allgather(msg))) == 1, name
+    if r == 0:
+        print(f"PASS split_mismatch {mode} ranks={n} cases={len(cases)}")
+
+
 def main():
     mode, collective = sys.argv[1], sys.argv[2]
     staging = sys.argv[3] if len(sys.argv) > 3 else "default"
@@ -180,6 +270,10 @@ def main():
         shapes(mpi, mode)
     elif collective == "resize":
         resize(mpi, mode)
+    elif collective in NEW_COLLECTIVES:
+        new_collectives(mpi, mode, collective)
+    elif collective == "split_mismatch":
+        split_mismatch(mpi, mode)
     elif collective in ("dead_peer", "timeout", "mismatch", "dies_mid", "stalls_mid"):
         faults(mpi, mode, collective)
     else:

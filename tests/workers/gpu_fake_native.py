@@ -10,6 +10,9 @@ Usage: mpiexec -n 3 python gpu_fake_native.py CASE
   communicator  pc.Communicator: the first GPU collective's arrays choose the device
   communicator_forced   pc.Communicator under PYCOLL_DEVICE=0, rank 1's arrays on device 1:
                 CollectiveError on every rank, and later GPU calls say why
+  communicator_new      pc.Communicator's all_to_all (splits), gather, scatter (arrays absent
+                off the root) and uneven all_gather / reduce_scatter reach the native layer
+                with their pointers, counts and lists
 """
 
 from __future__ import annotations
@@ -55,9 +58,12 @@ class FakeNativeComm:
     def check(self):
         pass
 
-    def run(self, collective, x_ptr, out_ptr, count, dtype, op, root, algorithm, stream, a):
+    def run(
+        self, collective, x_ptr, out_ptr, count, dtype, op, root, algorithm, stream, a, **lists
+    ):
         self.seq += 1
         self.calls.append((collective, x_ptr, out_ptr, count))
+        self.lists = lists
         return FakeWork(self.seq)
 
     def barrier(self):
@@ -128,6 +134,43 @@ def local_default(mpi):
     return local % NDEV
 
 
+def ptr(a) -> int:
+    return a.__cuda_array_interface__["data"][0]
+
+
+def communicator_new(pc, mpi):
+    """What the Communicator hands the native layer for the collectives with per-rank lists
+    and for the rooted ones whose arrays are absent off the root."""
+    from pycollectives.ops import collective_code
+
+    r, n = mpi.rank, mpi.size
+    dev = local_default(mpi)
+    with pc.Communicator(timeout=20) as comm:
+        send = [q + r for q in range(n)]  # rank q sends q + p to rank p: column p is p + q
+        recv = [r + q for q in range(n)]
+        x, out = FakeCudaArray(sum(send), dev), FakeCudaArray(sum(recv), dev)
+        comm.all_to_all(x, out, send, recv)
+        native = comm._cuda._c
+        want = (collective_code("all_to_all"), ptr(x), ptr(out), 0)
+        assert native.calls[-1] == want, native.calls[-1]
+        assert native.lists == {"counts": None, "in_splits": send, "out_splits": recv}
+        counts = [1 + q for q in range(n)]
+        x, out = FakeCudaArray(counts[r], dev), FakeCudaArray(sum(counts), dev)
+        comm.all_gather(x, out, counts=counts)
+        assert native.calls[-1][3] == sum(counts) and native.lists["counts"] == counts
+        comm.reduce_scatter(out, x, counts=counts)
+        assert native.calls[-1][1:] == (ptr(out), ptr(x), sum(counts)), native.calls[-1]
+        x = FakeCudaArray(4, dev)
+        full = FakeCudaArray(4 * n, dev) if r == 1 else None
+        comm.gather(x, full, root=1)
+        assert native.calls[-1][1:] == (ptr(x), ptr(full) if r == 1 else 0, 4), native.calls[-1]
+        comm.scatter(full, x, root=1)
+        assert native.calls[-1][1:] == (ptr(full) if r == 1 else 0, ptr(x), 4), native.calls[-1]
+        assert native.lists == {"counts": None, "in_splits": None, "out_splits": None}
+        mine, too_long = FakeCudaArray(counts[r], dev), FakeCudaArray(sum(counts) + 1, dev)
+        expect(ValueError, lambda: comm.all_gather(mine, too_long, counts=counts), "out has")
+
+
 def main():
     case = sys.argv[1]
     install_fake_native()
@@ -180,6 +223,8 @@ def main():
         comm.all_reduce(h)
         assert (h == n * (n - 1) // 2).all()
         comm.close()
+    elif case == "communicator_new":
+        communicator_new(pc, mpi)
     else:
         raise SystemExit(f"unknown case {case}")
     print(f"PASS {case} rank={r}", flush=True)
