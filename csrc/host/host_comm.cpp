@@ -43,7 +43,8 @@ HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
       counters_(size),
       scratch_(opts.slot_bytes),
       timeout_s_(opts.timeout_s),
-      p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
+      p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_eager_max_bytes,
+                                       opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
 
 HostComm::~HostComm() {
   p2p_.reset();  // fails what is still in flight, while the communicator can still be poisoned
