@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/errors.h"
+#include "host/direct_blocks.h"
 #include "host/fingerprint.h"
 #include "host/splits.h"
 
@@ -145,6 +146,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   p.acc_bytes = acc_size(call.dtype);
   p.oneshot_max_bytes = opts_.oneshot_max_bytes;
   call.apply_counts(p);
+  p.direct_min_count = direct_min_count(call, algo, opts_.p2p_cma_min_bytes, opts_.p2p_cma);
 
   mine = Fingerprint::of_call(seq, call, algo);
   FingerprintGuard guard(transport_, mine);
@@ -160,6 +162,15 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     make_schedule(algo, call.collective, p, exec);
     exec.finish();
     if (w.fingerprints) guard.finish(w);
+    // Every peer runs this collective (checked just above): the blocks left out of the
+    // schedule cannot wait for a rank that is elsewhere.
+    const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
+    if (!direct.empty()) {
+      if (opts_.debug)
+        std::fprintf(stderr, "pycollectives INFO rank %d/%d: %s #%llu: %zu blocks in one copy\n",
+                     rank(), n, name, static_cast<unsigned long long>(seq), direct.size());
+      p2p_->run(direct);
+    }
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
     throw;

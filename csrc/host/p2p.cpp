@@ -117,7 +117,6 @@ std::shared_ptr<P2PEngine::Batch> P2PEngine::enqueue(const std::vector<P2POp>& o
     Peer& p = peers_[o->peer];
     if (o->kind == P2PKind::Recv) {
       o->ordinal = ++p.recv_ordinals[o->tag];
-      p.unmatched_recvs.emplace(Key{o->tag, o->ordinal}, o);
       p.unrequested.push_back(o);
     } else {
       o->ordinal = ++p.send_ordinals[o->tag];
@@ -173,8 +172,7 @@ void P2PEngine::check_stalled() {
         raise<CollectiveTimeout>(o, str_cat(o->describe(), " timed out after ", o->batch->timeout_s,
                                             " s: rank ", q, " ", why));
     };
-    for (const OpPtr& o : p.unrequested)
-      if (!o->done) check(o, "did not take this rank's requests");
+    for (const OpPtr& o : p.unrequested) check(o, "did not take this rank's requests");
     for (const auto& [id, o] : p.awaiting)
       check(o, o->done_bytes == 0 ? "sent no matching message" : "stopped sending mid-message");
     for (const OpPtr& o : p.sends) check(o, "posted no matching recv");
@@ -202,8 +200,7 @@ void P2PEngine::fail_all(const OpPtr& culprit, std::exception_ptr e) {
     add(culprit);
   }
   for (Peer& p : peers_) {
-    for (const OpPtr& o : p.unrequested)
-      if (!o->done) add(o);
+    for (const OpPtr& o : p.unrequested) add(o);
     for (const auto& kv : p.awaiting) add(kv.second);
     for (const OpPtr& o : p.sends) add(o);
     for (const Transfer& x : p.transfers) add(x.send);

@@ -12,9 +12,10 @@
 //     header (tag, ordinal k, count, dtype) and payload into one data slot at once, without
 //     waiting for the request. The receiver matches it to its k-th recv of that tag, or, when
 //     that recv is not posted yet, copies it to a per-peer unexpected queue so the ring keeps
-//     flowing. The send completes once written AND its request has arrived: the request
-//     carries the receive's count and dtype, so the sender reaches the same verdict as the
-//     receiver without another message, and a mismatch raises CollectiveMismatch on both.
+//     flowing (a recv claims eager messages only once its request is out). The send completes once
+//     written AND its request has arrived: the request carries the receive's count and dtype, so
+//     the sender reaches the same verdict as the receiver without another message, and a mismatch
+//     raises CollectiveMismatch on both.
 //   Rendezvous (larger, or the request was already there): data streams in pieces whose
 //     header names the receive id, offset and length; the receiver copies each piece into the
 //     posted buffer. Messages of at least `cma_min_bytes` are instead written straight into
@@ -102,7 +103,6 @@ class P2PEngine {
     size_t done_bytes = 0;  // moved so far
     uint64_t ordinal = 0;   // this op is the ordinal-th of its kind, peer and tag (from 1)
     uint64_t recv_id = 0;   // recv: its request's number once posted
-    bool done = false;
     // Eager send: written into the ring; its request seen, and whether that request fits.
     bool eager = false, written = false, matched = false, mismatch = false;
     uint64_t want_count = 0;  // the matching recv's count and dtype (for the error message)
@@ -133,7 +133,8 @@ class P2PEngine {
     std::deque<OpPtr> unrequested;
     std::unordered_map<uint64_t, OpPtr> awaiting;
     uint64_t requests_posted = 0, pieces_taken = 0;
-    // Recvs an eager message may still complete, and eager messages no recv has claimed yet.
+    // Requested recvs an eager message may still complete, and eager messages no requested
+    // recv has claimed yet.
     std::unordered_map<uint64_t, uint64_t> recv_ordinals;  // by tag: recvs posted so far
     std::map<Key, OpPtr> unmatched_recvs;
     std::map<Key, Unexpected> unexpected;

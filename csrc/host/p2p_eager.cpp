@@ -40,8 +40,8 @@ bool P2PEngine::write_eager(int q, Peer& p) {
   return moved;
 }
 
-// An eager message in the ring: into its recv if posted, else into the unexpected queue (the
-// slot must be freed now, or later messages behind it could never arrive).
+// An eager message in the ring: into its recv if that has posted its request, else into the
+// unexpected queue (the slot must be freed now, or messages behind it could never arrive).
 void P2PEngine::take_eager(int q, Peer& p, const uint8_t* slot) {
   const PieceHeader h = *reinterpret_cast<const PieceHeader*>(slot);
   PYCOLL_CHECK(valid_dtype(static_cast<int>(h.dtype)) && h.length <= t_.slot_bytes() &&
@@ -78,16 +78,13 @@ void P2PEngine::settle_eager(int q, const OpPtr& o) {
         o, str_cat(o->describe(), ": the matching recv does not fit: this rank sends ", o->count,
                    " x ", dtype_name(o->dtype), ", rank ", q, " receives ", o->want_count, " x ",
                    dtype_name(o->want_dtype)));
-  o->done = true;
   complete(o);
 }
 
-// A recv is complete: nothing may match it any more (its request may still be unposted; it
-// goes out later as the sender's verdict).
+// A recv is complete: nothing may match it any more.
 void P2PEngine::complete_recv(Peer& p, const OpPtr& o) {
   p.unmatched_recvs.erase(Key{o->tag, o->ordinal});
-  if (o->recv_id != 0) p.awaiting.erase(o->recv_id);
-  o->done = true;
+  p.awaiting.erase(o->recv_id);
   complete(o);
 }
 

@@ -89,17 +89,19 @@ bool P2PEngine::post_requests(int q, Peer& p) {
     p.requests_posted = m;
     p.unrequested.pop_front();
     moved = true;
-    // An eager message may have completed it already; the request still goes out, as the
-    // sender's verdict.
-    if (o->done) continue;
     o->recv_id = m;
     p.awaiting.emplace(m, o);
-    auto u = p.unexpected.find(Key{o->tag, o->ordinal});
-    if (u != p.unexpected.end()) {
-      const Unexpected msg = std::move(u->second);
-      p.unexpected.erase(u);
-      deliver_eager(q, p, o, msg.count, msg.dtype, msg.data.data());
+    // Only now may an eager message complete it: the sender learns the verdict from this
+    // request, so a mismatch raised here is raised there too.
+    const Key key{o->tag, o->ordinal};
+    auto u = p.unexpected.find(key);
+    if (u == p.unexpected.end()) {
+      p.unmatched_recvs.emplace(key, o);
+      continue;
     }
+    const Unexpected msg = std::move(u->second);
+    p.unexpected.erase(u);
+    deliver_eager(q, p, o, msg.count, msg.dtype, msg.data.data());
   }
   return moved;
 }
