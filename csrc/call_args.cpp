@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -339,7 +340,10 @@ std::vector<P2POp> parse_p2p(py::handle ops_obj, int rank, int size, py::list& a
   std::vector<ArrayArg> args;
   size_t i = 0;
   for (py::handle item : py::reinterpret_borrow<py::sequence>(ops_obj)) {
-    const std::string where = str_cat("ops[", i++, "]");
+    // Formatted without streams: this runs for every op of every call (latency matters).
+    char where[32], what[48];
+    std::snprintf(where, sizeof where, "ops[%zu]", i++);
+    std::snprintf(what, sizeof what, "%s array", where);
     if (!py::isinstance<py::tuple>(item) || py::len(item) != 4)
       throw InvalidType(str_cat(fn, ": ", where, " must be a (kind, array, peer, tag) tuple"));
     auto t = py::reinterpret_borrow<py::tuple>(item);
@@ -351,8 +355,7 @@ std::vector<P2POp> parse_p2p(py::handle ops_obj, int rank, int size, py::list& a
           str_cat(fn, ": ", where, " kind must be \"send\" or \"recv\", got \"", kind, "\""));
     P2POp op;
     op.kind = kind == "send" ? P2PKind::Send : P2PKind::Recv;
-    const ArrayArg a =
-        array_arg(t[1], fn, str_cat(where, " array").c_str(), op.kind == P2PKind::Recv);
+    const ArrayArg a = array_arg(t[1], fn, what, op.kind == P2PKind::Recv);
     for (const char* field : {"peer", "tag"}) {
       py::handle v = t[field[0] == 'p' ? 2 : 3];
       if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
@@ -362,15 +365,16 @@ std::vector<P2POp> parse_p2p(py::handle ops_obj, int rank, int size, py::list& a
     if (peer < 0 || peer >= size || peer == rank)
       throw InvalidArgument(str_cat(fn, ": ", where, " peer ", peer, " is not another rank of ",
                                     size, " (this is rank ", rank, ")"));
-    const py::int_ tag_obj = t[3];
-    if (tag_obj < py::int_(0) || tag_obj > py::int_(INT64_MAX))
+    int overflow = 0;
+    const long long tag = PyLong_AsLongLongAndOverflow(t[3].ptr(), &overflow);
+    if (overflow != 0 || tag < 0)  // [0, 2**63): the tags above are the communicator's own
       throw InvalidArgument(str_cat(fn, ": ", where, " tag must be in [0, 2**63), got ",
-                                    py::str(tag_obj).cast<std::string>()));
+                                    py::str(t[3]).cast<std::string>()));
     op.buf = a.ptr;
     op.count = a.count;
     op.dtype = a.dtype;
     op.peer = static_cast<int>(peer);
-    op.tag = tag_obj.cast<uint64_t>();
+    op.tag = static_cast<uint64_t>(tag);
     // A receive must not land on bytes another op of the batch reads or writes.
     for (size_t j = 0; j < args.size(); ++j)
       if ((op.kind == P2PKind::Recv || ops[j].kind == P2PKind::Recv) &&

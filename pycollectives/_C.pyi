@@ -24,6 +24,7 @@ class HostCommOptions:
     debug: bool
     oneshot_max_bytes: int
     check_mismatch: bool
+    p2p_eager_max_bytes: int
     p2p_cma_min_bytes: int
     p2p_cma: str  # "on", "off", "fail" (pycollectives.Options: PYCOLL_P2P_CMA)
     def __init__(self) -> None: ...

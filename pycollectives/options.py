@@ -19,7 +19,9 @@ PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
 PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
 PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it)
 PYCOLL_P2P_CMA             on               send/recv: direct writes (on, off; fail: test)
-PYCOLL_P2P_DIRECT_BYTES    64 KiB           send/recv: direct writes from this size up
+PYCOLL_P2P_EAGER_BYTES     4 KiB            send/recv: eager sends up to here (one slot at most)
+PYCOLL_P2P_DIRECT_BYTES    64 KiB           send/recv, all-to-all, gather, scatter: direct
+                                            writes from this size up
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
@@ -93,6 +95,7 @@ class Options:
     debug: bool = False
     check_mismatch: bool = True
     p2p_cma: str = "on"
+    p2p_eager_bytes: int = 4096
     p2p_direct_bytes: int = 64 * 1024
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
@@ -128,6 +131,7 @@ class Options:
             debug=env.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE"),
             check_mismatch=env.get("PYCOLL_CHECK_MISMATCH", "1") != "0",
             p2p_cma=cma,
+            p2p_eager_bytes=pick(None, "PYCOLL_P2P_EAGER_BYTES", d.p2p_eager_bytes, int),
             p2p_direct_bytes=pick(None, "PYCOLL_P2P_DIRECT_BYTES", d.p2p_direct_bytes, int),
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
@@ -149,6 +153,8 @@ class Options:
             raise ValueError(f"staging_slots must be in [2, 64], got {self.staging_slots}")
         if self.oneshot_bytes is not None and self.oneshot_bytes < 0:
             raise ValueError(f"PYCOLL_ONESHOT_BYTES must be >= 0, got {self.oneshot_bytes}")
+        if self.p2p_eager_bytes < 0:
+            raise ValueError(f"PYCOLL_P2P_EAGER_BYTES must be >= 0, got {self.p2p_eager_bytes}")
         if self.net_piece_bytes <= 0:
             raise ValueError(f"PYCOLL_NET_PIECE_BYTES must be positive, got {self.net_piece_bytes}")
 
@@ -169,6 +175,7 @@ class Options:
         o.debug = self.debug
         o.check_mismatch = self.check_mismatch
         o.p2p_cma = self.p2p_cma
+        o.p2p_eager_max_bytes = self.p2p_eager_bytes
         o.p2p_cma_min_bytes = self.p2p_direct_bytes
         return o
 

@@ -30,9 +30,22 @@ def test_p2p_semantics_and_debug_log():
     assert "rank 0/3: p2p send to rank 1 (tag 1, 12288 x int32) async" in err
 
 
+@pytest.mark.parametrize("eager_bytes", ["4096", "0"])
+def test_p2p_eager_matched_unexpected_and_mixed_with_rendezvous(eager_bytes):
+    # "0": every non-empty message waits for its request, as a reference for the same checks.
+    env = {"PYCOLL_P2P_EAGER_BYTES": eager_bytes}
+    assert "PASS p2p eager" in run_mpi(2, "p2p.py", "eager", env=env, timeout=120)
+
+
+def test_p2p_eager_mismatch_from_unexpected_queue_raises_on_both_ranks():
+    out = run_mpi(2, "p2p.py", "mismatch-late", timeout=60)
+    assert "PASS mismatch late rank 0" in out and "PASS mismatch late rank 1" in out
+
+
+@pytest.mark.parametrize("eager_bytes", ["4096", "0"])
 @pytest.mark.parametrize("field", ["size", "dtype"])
-def test_p2p_mismatch_raises_on_both_ranks(field):
-    out = run_mpi(2, "p2p.py", f"mismatch-{field}", timeout=60)
+def test_p2p_mismatch_raises_on_both_ranks(field, eager_bytes):
+    out = run_mpi(2, "p2p.py", f"mismatch-{field}", env={"PYCOLL_P2P_EAGER_BYTES": eager_bytes})
     assert f"PASS mismatch {field} rank 0" in out and f"PASS mismatch {field} rank 1" in out
 
 

@@ -75,6 +75,9 @@ struct ScheduleParams {
   // All-to-all: elements this rank sends to / receives from each rank (its row and column).
   const uint64_t* send_counts = nullptr;
   const uint64_t* recv_counts = nullptr;
+  // All-to-all, gather, scatter: blocks between different ranks of at least this many
+  // elements are left out (the caller moves them in one copy; host/direct_blocks.h). 0: none.
+  size_t direct_min_count = 0;
 };
 
 // Receives a schedule's steps one at a time (the executor runs them; tests record them).

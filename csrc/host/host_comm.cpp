@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/errors.h"
+#include "host/direct_blocks.h"
 #include "host/fingerprint.h"
 #include "host/splits.h"
 
@@ -43,7 +44,8 @@ HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
       counters_(size),
       scratch_(opts.slot_bytes),
       timeout_s_(opts.timeout_s),
-      p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
+      p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_eager_max_bytes,
+                                       opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
 
 HostComm::~HostComm() {
   p2p_.reset();  // fails what is still in flight, while the communicator can still be poisoned
@@ -139,6 +141,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   p.acc_bytes = acc_size(call.dtype);
   p.oneshot_max_bytes = opts_.oneshot_max_bytes;
   call.apply_counts(p);
+  p.direct_min_count = direct_min_count(call, algo, opts_.p2p_cma_min_bytes, opts_.p2p_cma);
 
   mine = Fingerprint::of_call(seq, call, algo);
   FingerprintGuard guard(transport_, mine);
@@ -154,6 +157,15 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     make_schedule(algo, call.collective, p, exec);
     exec.finish();
     if (w.fingerprints) guard.finish(w);
+    // Every peer runs this collective (checked just above): the blocks left out of the
+    // schedule cannot wait for a rank that is elsewhere.
+    const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
+    if (!direct.empty()) {
+      if (opts_.debug)
+        std::fprintf(stderr, "pycollectives INFO rank %d/%d: %s #%llu: %zu blocks in one copy\n",
+                     rank(), n, name, static_cast<unsigned long long>(seq), direct.size());
+      p2p_->run(direct);
+    }
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
     throw;

@@ -36,6 +36,9 @@ struct HostCommOptions {
   bool debug = false;                    // log every collective and the algorithm chosen to stderr
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
   bool check_mismatch = true;            // publish and check fingerprints (off only to measure)
+  // Point-to-point sends of at most this many bytes (capped to one slot) go eagerly, before
+  // the receiver asks for them.
+  size_t p2p_eager_max_bytes = 4096;
   // Point-to-point messages of at least this many bytes are written straight into the
   // receiver's buffer (process_vm_writev) instead of streaming through the slots.
   size_t p2p_cma_min_bytes = 64 * 1024;

@@ -1,5 +1,6 @@
 #include "host/p2p.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <unordered_set>
@@ -27,9 +28,11 @@ std::string P2PEngine::Op::describe() const {
                  ", ", count, " x ", dtype_name(dtype), ")");
 }
 
-P2PEngine::P2PEngine(HostComm& comm, const ShmTransport& t, size_t cma_min_bytes, CmaMode cma)
+P2PEngine::P2PEngine(HostComm& comm, const ShmTransport& t, size_t eager_max_bytes,
+                     size_t cma_min_bytes, CmaMode cma)
     : comm_(comm),
       t_(t),
+      eager_max_bytes_(std::min(eager_max_bytes, t.slot_bytes())),
       cma_min_bytes_(cma_min_bytes),
       cma_mode_(cma),
       peers_(t.size()),
@@ -108,13 +111,17 @@ std::shared_ptr<P2PEngine::Batch> P2PEngine::enqueue(const std::vector<P2POp>& o
     auto o = std::make_shared<Op>();
     static_cast<P2POp&>(*o) = in;
     o->batch = b;
-    if (comm_.options().debug)
+    if (comm_.options().debug && o->tag < kInternalTag)  // collectives log themselves
       std::fprintf(stderr, "pycollectives INFO rank %d/%d: p2p %s%s\n", t_.rank(), t_.size(),
                    o->describe().c_str(), async ? " async" : "");
-    if (o->kind == P2PKind::Recv)
-      peers_[o->peer].unrequested.push_back(o);
-    else
-      add_send(peers_[o->peer], o);
+    Peer& p = peers_[o->peer];
+    if (o->kind == P2PKind::Recv) {
+      o->ordinal = ++p.recv_ordinals[o->tag];
+      p.unrequested.push_back(o);
+    } else {
+      o->ordinal = ++p.send_ordinals[o->tag];
+      add_send(p, o);
+    }
   }
   pending_ += ops.size();
   if (ops.empty()) finish(*b);
@@ -170,6 +177,7 @@ void P2PEngine::check_stalled() {
       check(o, o->done_bytes == 0 ? "sent no matching message" : "stopped sending mid-message");
     for (const OpPtr& o : p.sends) check(o, "posted no matching recv");
     for (const Transfer& x : p.transfers) check(x.send, "did not drain the staging slots");
+    for (const OpPtr& o : p.eager_out) check(o, "did not drain the staging slots");
   }
 }
 
@@ -196,7 +204,11 @@ void P2PEngine::fail_all(const OpPtr& culprit, std::exception_ptr e) {
     for (const auto& kv : p.awaiting) add(kv.second);
     for (const OpPtr& o : p.sends) add(o);
     for (const Transfer& x : p.transfers) add(x.send);
+    for (const OpPtr& o : p.eager_out) add(o);
     p.unrequested.clear();
+    p.unmatched_recvs.clear();
+    p.unexpected.clear();
+    p.eager_out.clear();
     p.awaiting.clear();
     p.sends.clear();
     p.requests.clear();

@@ -1,36 +1,48 @@
 // Point-to-point send/recv with tags over the shared-memory transport's p2p channels.
 //
-// Protocol (receiver-driven, so nothing is ever buffered beyond the fixed slots):
-//   1. A recv posts a request (tag, count, dtype, receive id, buffer address) on its request
-//      ring towards the source. The receive id is the request's number on that ring.
-//   2. The sender takes requests in order and matches each to its oldest unmatched send of the
-//      same tag (and a new send to the oldest unmatched request of its tag), so messages of one
-//      pair and tag are never overtaken, while different tags complete in any order.
-//   3. A matched pair is checked (count and dtype); a mismatch is sent to the receiver as a
-//      piece of its own, and both sides raise CollectiveMismatch.
-//   4. Data streams through the sender->receiver data ring in pieces whose header names the
-//      receive id, offset and length; the receiver copies each piece into the posted buffer.
-//      Messages of at least `cma_min_bytes` are instead written straight into the receiver's
-//      buffer with process_vm_writev (one copy instead of two), then announced by a header-only
-//      piece; where the kernel refuses (EPERM, ENOSYS) that peer falls back to the slots.
-// A receiver always drains its data ring (every piece belongs to a posted recv), and a sender
-// only waits for room in it, so progress of both ranks suffices for every op to complete.
+// Matching rule: the k-th send of tag t from rank a to rank b pairs with the k-th recv of tag
+// t that b posts with source a (MPI's non-overtaking rule without wildcards), so both ends
+// can tell which message meets which receive from sequence numbers alone, and different tags
+// complete in any order.
+//
+// Every recv posts a request (tag, count, dtype, receive id, buffer address) on its request
+// ring towards the source; the receive id is the request's number on that ring. The sender
+// pairs requests with its sends of the same tag, oldest first. Data then moves one of two ways:
+//   Eager (at most `eager_max_bytes`, issued before its request arrived): the sender puts
+//     header (tag, ordinal k, count, dtype) and payload into one data slot at once, without
+//     waiting for the request. The receiver matches it to its k-th recv of that tag, or, when
+//     that recv is not posted yet, copies it to a per-peer unexpected queue so the ring keeps
+//     flowing (a recv claims eager messages only once its request is out). The send completes once
+//     written AND its request has arrived: the request carries the receive's count and dtype, so
+//     the sender reaches the same verdict as the receiver without another message, and a mismatch
+//     raises CollectiveMismatch on both.
+//   Rendezvous (larger, or the request was already there): data streams in pieces whose
+//     header names the receive id, offset and length; the receiver copies each piece into the
+//     posted buffer. Messages of at least `cma_min_bytes` are instead written straight into
+//     the receiver's buffer with process_vm_writev (one copy instead of two), then announced by
+//     a header-only piece; where the kernel refuses (EPERM, ENOSYS) that peer falls back to the
+//     slots. A mismatch is sent to the receiver as a piece of its own; both sides raise.
+// A receiver always drains its data ring (every piece belongs to a posted recv or goes to the
+// unexpected queue, at most one slot's payload per message), and a sender only waits for room
+// in it, so progress of both ranks suffices for every op to complete.
 //
 // Progress: one thread at a time (mu_) advances every pending op of the rank. A blocking call
-// progresses until its own batch is done; asynchronous batches are progressed by a thread
-// started on first use, which sleeps while nothing is pending and stands aside while a
-// blocking call progresses.
+// progresses on the calling thread until its own batch is done (no hand-off to another
+// thread); asynchronous batches are progressed by a thread started on first use, which sleeps
+// while nothing is pending and stands aside while a blocking call progresses.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/dtypes.h"
@@ -60,7 +72,13 @@ enum class CmaMode { Use, Off, Fail };
 
 class P2PEngine {
  public:
-  P2PEngine(HostComm& comm, const ShmTransport& t, size_t cma_min_bytes, CmaMode cma);
+  // Tags from kInternalTag up are the communicator's own (collectives moving large blocks
+  // through this engine); users' tags stay below it.
+  static constexpr uint64_t kInternalTag = uint64_t{1} << 63;
+
+  // Sends of at most `eager_max_bytes` (capped to one slot) go eagerly.
+  P2PEngine(HostComm& comm, const ShmTransport& t, size_t eager_max_bytes, size_t cma_min_bytes,
+            CmaMode cma);
   ~P2PEngine();
   P2PEngine(const P2PEngine&) = delete;
   P2PEngine& operator=(const P2PEngine&) = delete;
@@ -83,6 +101,12 @@ class P2PEngine {
   struct Op : P2POp {
     std::shared_ptr<Batch> batch;
     size_t done_bytes = 0;  // moved so far
+    uint64_t ordinal = 0;   // this op is the ordinal-th of its kind, peer and tag (from 1)
+    uint64_t recv_id = 0;   // recv: its request's number once posted
+    // Eager send: written into the ring; its request seen, and whether that request fits.
+    bool eager = false, written = false, matched = false, mismatch = false;
+    uint64_t want_count = 0;  // the matching recv's count and dtype (for the error message)
+    DType want_dtype = DType::Float32;
     size_t bytes() const { return count * dtype_size(dtype); }
     std::string describe() const;  // "send to rank 1 (tag 3, 10 x float32)"
   };
@@ -90,6 +114,13 @@ class P2PEngine {
   struct Request {
     uint64_t id, tag, count, addr;
     DType dtype;
+  };
+  using Key = std::pair<uint64_t, uint64_t>;  // (tag, ordinal)
+  // An eager message that arrived before its recv was posted.
+  struct Unexpected {
+    uint64_t count;
+    DType dtype;
+    std::vector<uint8_t> data;
   };
   struct Transfer {
     OpPtr send;
@@ -102,11 +133,18 @@ class P2PEngine {
     std::deque<OpPtr> unrequested;
     std::unordered_map<uint64_t, OpPtr> awaiting;
     uint64_t requests_posted = 0, pieces_taken = 0;
+    // Requested recvs an eager message may still complete, and eager messages no requested
+    // recv has claimed yet.
+    std::unordered_map<uint64_t, uint64_t> recv_ordinals;  // by tag: recvs posted so far
+    std::map<Key, OpPtr> unmatched_recvs;
+    std::map<Key, Unexpected> unexpected;
     // As sender: unmatched sends (issue order), unmatched requests (arrival order), matched
     // transfers (streamed in match order).
     std::deque<OpPtr> sends;
     std::deque<Request> requests;
     std::deque<Transfer> transfers;
+    std::unordered_map<uint64_t, uint64_t> send_ordinals;  // by tag: sends issued so far
+    std::deque<OpPtr> eager_out;                           // eager sends not yet written
     uint64_t requests_taken = 0, pieces_sent = 0;
     bool cma = true;
   };
@@ -136,10 +174,21 @@ class P2PEngine {
   bool stream(int q, Peer& p);
   bool write_direct(int q, Peer& p, Transfer& x);
   void add_send(Peer& p, const OpPtr& send);
-  void add_request(Peer& p, const Request& req);
+  void add_request(int q, Peer& p, const Request& req);
+
+  // Eager messages (p2p_eager.cpp).
+  bool write_eager(int q, Peer& p);
+  void take_eager(int q, Peer& p, const uint8_t* slot);
+  // Delivers an eager message (count x dtype, `data`) into recv `o`, or raises the mismatch.
+  void deliver_eager(int q, Peer& p, const OpPtr& o, uint64_t count, DType dtype,
+                     const uint8_t* data);
+  // An eager send both written and matched completes (or raises its mismatch).
+  void settle_eager(int q, const OpPtr& o);
+  void complete_recv(Peer& p, const OpPtr& o);
 
   HostComm& comm_;
   const ShmTransport& t_;
+  const size_t eager_max_bytes_;
   const size_t cma_min_bytes_;
   const CmaMode cma_mode_;
   std::vector<Peer> peers_;

@@ -1,5 +1,7 @@
-// The point-to-point channels on the wire: requests, pieces, matching, direct writes (the
-// protocol is described in p2p.h).
+// The point-to-point channels on the wire: requests, rendezvous pieces, matching, direct
+// writes (the protocol is described in p2p.h; eager messages are in p2p_eager.cpp).
+#include "host/p2p_wire.h"
+
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -13,36 +15,24 @@
 #include "host/p2p.h"
 
 namespace pycoll {
-namespace {
+using p2p_wire::kData;
+using p2p_wire::kMismatch;
+using p2p_wire::kWritten;
+using p2p_wire::PieceHeader;
+using WireRequest = p2p_wire::Request;
 
-// A recv posted towards its source (one request slot).
-struct WireRequest {
-  uint64_t id, tag, count, addr;
-  uint32_t dtype, pad;
-  uint64_t pad2[3];
-};
-static_assert(sizeof(WireRequest) == kP2PRequestBytes, "request slot");
-
-enum PieceKind : uint32_t { kData = 1, kWritten = 2, kMismatch = 3 };
-
-// The header of a data slot: which receive it belongs to, and where its bytes go. kWritten:
-// the sender has written all `length` bytes into the receive buffer itself. kMismatch: the
-// sender's send (`count` x `dtype`) does not fit the receive; no data follows.
-struct PieceHeader {
-  uint64_t id, offset, length, count;
-  uint32_t kind, dtype;
-  uint64_t pad[3];
-};
-static_assert(sizeof(PieceHeader) == kP2PHeaderBytes, "piece header");
-
-}  // namespace
-
-// Sends and requests of one tag pair up oldest first, so messages of a tag never overtake.
+// Sends and requests of one tag pair up oldest first, so messages of a tag never overtake. A
+// small send whose request has not arrived goes eagerly; it still waits in `sends` for its
+// request, which carries the verdict.
 void P2PEngine::add_send(Peer& p, const OpPtr& send) {
   auto it = std::find_if(p.requests.begin(), p.requests.end(),
                          [&](const Request& r) { return r.tag == send->tag; });
   if (it == p.requests.end()) {
     p.sends.push_back(send);
+    if (send->bytes() <= eager_max_bytes_) {
+      send->eager = true;
+      p.eager_out.push_back(send);
+    }
     return;
   }
   const bool mismatch = it->count != send->count || it->dtype != send->dtype;
@@ -50,7 +40,7 @@ void P2PEngine::add_send(Peer& p, const OpPtr& send) {
   p.requests.erase(it);
 }
 
-void P2PEngine::add_request(Peer& p, const Request& req) {
+void P2PEngine::add_request(int q, Peer& p, const Request& req) {
   auto it = std::find_if(p.sends.begin(), p.sends.end(),
                          [&](const OpPtr& s) { return s->tag == req.tag; });
   if (it == p.sends.end()) {
@@ -60,11 +50,20 @@ void P2PEngine::add_request(Peer& p, const Request& req) {
   const OpPtr send = *it;
   p.sends.erase(it);
   const bool mismatch = req.count != send->count || req.dtype != send->dtype;
+  if (send->eager) {  // its data goes (or went) out on its own; the request is its verdict
+    send->matched = true;
+    send->mismatch = mismatch;
+    send->want_count = req.count;
+    send->want_dtype = req.dtype;
+    if (send->written) settle_eager(q, send);
+    return;
+  }
   p.transfers.push_back(Transfer{send, req, mismatch});
 }
 
 bool P2PEngine::progress_peer(int q, Peer& p) {
-  bool moved = post_requests(q, p);
+  bool moved = write_eager(q, p);
+  moved |= post_requests(q, p);
   moved |= take_pieces(q, p);
   moved |= take_requests(q, p);
   moved |= stream(q, p);
@@ -88,9 +87,21 @@ bool P2PEngine::post_requests(int q, Peer& p) {
     r->dtype = static_cast<uint32_t>(o->dtype);
     t_.p2p_req_posted(me, q).store(m, std::memory_order_release);
     p.requests_posted = m;
-    p.awaiting.emplace(m, o);
     p.unrequested.pop_front();
     moved = true;
+    o->recv_id = m;
+    p.awaiting.emplace(m, o);
+    // Only now may an eager message complete it: the sender learns the verdict from this
+    // request, so a mismatch raised here is raised there too.
+    const Key key{o->tag, o->ordinal};
+    auto u = p.unexpected.find(key);
+    if (u == p.unexpected.end()) {
+      p.unmatched_recvs.emplace(key, o);
+      continue;
+    }
+    const Unexpected msg = std::move(u->second);
+    p.unexpected.erase(u);
+    deliver_eager(q, p, o, msg.count, msg.dtype, msg.data.data());
   }
   return moved;
 }
@@ -102,6 +113,13 @@ bool P2PEngine::take_pieces(int q, Peer& p) {
     const uint64_t m = p.pieces_taken + 1;
     const uint8_t* slot = t_.p2p_slot(q, me, m);
     const PieceHeader h = *reinterpret_cast<const PieceHeader*>(slot);
+    if (h.kind == p2p_wire::kEager) {
+      take_eager(q, p, slot);
+      p.pieces_taken = m;
+      t_.p2p_consumed(me, q).store(m, std::memory_order_release);
+      moved = true;
+      continue;
+    }
     auto it = p.awaiting.find(h.id);
     PYCOLL_CHECK(it != p.awaiting.end(), "rank ", q, " sent a piece for unknown receive ", h.id);
     const OpPtr o = it->second;
@@ -117,10 +135,7 @@ bool P2PEngine::take_pieces(int q, Peer& p) {
     p.pieces_taken = m;
     t_.p2p_consumed(me, q).store(m, std::memory_order_release);
     moved = true;
-    if (o->done_bytes == o->bytes()) {
-      p.awaiting.erase(it);
-      complete(o);
-    }
+    if (o->done_bytes == o->bytes()) complete_recv(p, o);
   }
   return moved;
 }
@@ -135,7 +150,7 @@ bool P2PEngine::take_requests(int q, Peer& p) {
     t_.p2p_req_consumed(me, q).store(m, std::memory_order_release);
     PYCOLL_CHECK(r.id == m && valid_dtype(static_cast<int>(r.dtype)), "corrupt request from rank ",
                  q);
-    add_request(p, Request{r.id, r.tag, r.count, r.addr, static_cast<DType>(r.dtype)});
+    add_request(q, p, Request{r.id, r.tag, r.count, r.addr, static_cast<DType>(r.dtype)});
     moved = true;
   }
   return moved;

@@ -1,9 +1,10 @@
 """All-to-all, gather, scatter and uneven all-gather / reduce-scatter against MPI's own.
 
-Usage: mpiexec -n N python new_collectives.py data|mismatch|args
+Usage: mpiexec -n N python new_collectives.py data|blocks|mismatch|args
 data:     every dtype, counts 0, 1, 7 and multi-piece, uneven splits with zeros, every root,
           in place where the collective has that form, async_op, against mpi4py's Alltoall,
           Alltoallv, Gather, Scatter, Allgatherv and Reduce_scatter.
+blocks:   all-to-all, gather and scatter of data, run with a low PYCOLL_P2P_DIRECT_BYTES.
 mismatch: ranks that disagree on splits, counts, sizes or root all raise CollectiveMismatch.
 args:     bad arguments raise TypeError / ValueError on the calling rank before anything moves.
 data runs through the Communicator's own methods; mismatch and args call the native
@@ -174,6 +175,17 @@ def data(mpi):
     return f"calls={d.calls}"
 
 
+def blocks(mpi):
+    """All-to-all, gather and scatter with blocks from PYCOLL_P2P_DIRECT_BYTES up (the test
+    sets it low) moved in one copy, small blocks of the same call through the schedule."""
+    with pc.Communicator(mpi, staging_bytes=4096) as comm:
+        d = Data(comm, mpi)
+        d.all_to_all()
+        d.gather_scatter()
+        comm.barrier()
+    return f"calls={d.calls}"
+
+
 def mismatch(mpi):
     n, r = mpi.size, mpi.rank
     last = r == n - 1
@@ -333,7 +345,7 @@ def args(mpi):
 def main():
     mode = sys.argv[1]
     mpi = MPI.COMM_WORLD
-    summary = {"data": data, "mismatch": mismatch, "args": args}[mode](mpi)
+    summary = {"data": data, "blocks": blocks, "mismatch": mismatch, "args": args}[mode](mpi)
     if mpi.rank == 0:
         print(f"PASS {mode} ranks={mpi.size} {summary}")
 

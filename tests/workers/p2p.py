@@ -1,7 +1,8 @@
 """Point-to-point send/recv (Communicator.send/recv/batch_p2p, and HostComm.p2p's own checks)
 against mpi4py's own Send/Recv of the same data.
 
-Usage: mpiexec -n N python p2p.py matrix|semantics|mismatch-size|mismatch-dtype|timeout|dead|args
+Usage: mpiexec -n N python p2p.py matrix|semantics|eager|mismatch-size|mismatch-dtype|
+                                  mismatch-late|timeout|dead|args
 """
 
 from __future__ import annotations
@@ -126,6 +127,76 @@ def semantics():
     comm.close()
 
 
+def eager():
+    """Small sends go out before their recv is posted (PYCOLL_P2P_EAGER_BYTES, the test sets
+    it): matched, unexpected then posted, many more than the ring holds, mixed with large
+    messages of the same tag, all in issue order per tag."""
+    comm = pc.Communicator(staging_bytes=SLOT)
+    r, world = comm.rank, MPI.COMM_WORLD
+    small = [data(0, 1, c, np.dtype(np.int64), i) for i, c in enumerate((1, 0, 17, SLOT // 8))]
+    # Matched: the recv is posted (its request is out) before the send starts.
+    if r == 1:
+        outs = [np.zeros_like(m) for m in small]
+        w = p2p(comm, [("recv", o, 0, 10 + i) for i, o in enumerate(outs)], async_op=True)
+        world.Barrier()
+        w.wait(timeout=30)
+        assert all(np.array_equal(o, m) for o, m in zip(outs, small)), "eager matched"
+    else:
+        world.Barrier()
+        p2p(comm, [("send", m, 1, 10 + i) for i, m in enumerate(small)])
+    # Unexpected: 40 messages (ten times the ring) on 40 tags, received newest first, so that
+    # every older one must be queued to reach it.
+    msgs = [data(0, 1, 1 + i, np.dtype(np.float32), i) for i in range(40)]
+    if r == 0:
+        w = p2p(comm, [("send", m, 1, 100 + i) for i, m in enumerate(msgs)], async_op=True)
+        world.Barrier()
+        w.wait(timeout=30)
+    else:
+        world.Barrier()
+        time.sleep(0.05)  # let them all be written (as far as the ring holds)
+        outs = [np.zeros_like(m) for m in msgs]
+        for i in reversed(range(40)):
+            assert comm.recv(outs[i], 0, tag=100 + i) is outs[i]
+        assert all(np.array_equal(o, m) for o, m in zip(outs, msgs)), "unexpected queue"
+    # One tag, eager and rendezvous (slots and direct writes) interleaved: issue order holds,
+    # whichever way the recvs are posted (one at a time, or all in one batch).
+    sizes = (9000, 3, 70_000, 0, 500, 1, 20_000)
+    mixed = [np.full(c, i + 1, np.float64) for i, c in enumerate(sizes)]
+    for batch in (False, True):
+        if r == 0:
+            p2p(comm, [("send", m, 1, 7) for m in mixed], async_op=True).wait(timeout=30)
+        elif r == 1:
+            outs = [np.zeros_like(m) for m in mixed]
+            if batch:
+                p2p(comm, [("recv", o, 0, 7) for o in outs])
+            else:
+                for o in outs:
+                    comm.recv(o, 0, tag=7)
+            assert all(np.array_equal(o, m) for o, m in zip(outs, mixed)), "same tag overtook"
+    comm.barrier()
+    if r == 0:
+        print("PASS p2p eager", flush=True)
+    comm.close()
+
+
+def mismatch_late():
+    """An eager message that does not fit a recv posted after it arrived (it waited in the
+    unexpected queue): both ranks raise."""
+    comm = pc.Communicator(staging_bytes=SLOT)
+    r = comm.rank
+    if r == 0:
+        ops = [("send", np.ones(10, np.float32), 1, 4), ("send", np.ones(3, np.int8), 1, 8)]
+        msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, ops), "rank 1")
+    else:
+        ok = np.zeros(3, np.int8)
+        comm.recv(ok, 0, tag=8)  # drains tag 4's message into the unexpected queue
+        assert np.all(ok == 1)
+        y = np.empty(11, np.float32)
+        msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, [("recv", y, 0, 4)]), "rank 0")
+    assert all(w in msg for w in ("tag 4", "10 x float32", "11 x float32")), msg
+    print(f"PASS mismatch late rank {r}", flush=True)
+
+
 def mismatch(field):
     comm = pc.Communicator(staging_bytes=SLOT)
     r = comm.rank
@@ -215,4 +286,5 @@ if __name__ == "__main__":
     modes = {"matrix": matrix, "semantics": semantics, "timeout": timeout, "dead": dead}
     modes |= {"args": args, "mismatch-size": lambda: mismatch("size")}
     modes["mismatch-dtype"] = lambda: mismatch("dtype")
+    modes |= {"eager": eager, "mismatch-late": mismatch_late}
     run_main(modes[sys.argv[1]])
