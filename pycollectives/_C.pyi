@@ -144,7 +144,7 @@ class HostComm:
         """Point-to-point ops ("send" | "recv", array, peer, tag), all checked before anything
         moves. Blocking: returns None once every op is complete. async_op: returns a Work.
 
-        >>> comm._c.p2p([("send", x, (r + 1) % n, 0), ("recv", y, (r - 1) % n, 0)])
+        >>> comm._host.c.p2p([("send", x, (r + 1) % n, 0), ("recv", y, (r - 1) % n, 0)])
         """
 
 def schedule(

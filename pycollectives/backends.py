@@ -103,14 +103,12 @@ class HostBackend:
 
     def __init__(self, group, opts: Options):
         self.c = rendezvous(group, opts)
+        self.p2p = self.c.p2p  # p2p(ops, async_op): P2POps are the tuples the native layer takes
 
     def run(self, call: Call):
         c = call
         return self.c.run(c.collective, c.x, c.out, c.root, c.op, c.algorithm, c.async_op,
                           c.counts, c.in_splits, c.out_splits)  # fmt: skip
-
-    def p2p(self, ops, async_op):
-        return self.c.p2p(ops, async_op)
 
     def barrier(self, async_op):
         return self.c.barrier(async_op)
@@ -131,4 +129,4 @@ class HostBackend:
         return self.c.choose(collective, nbytes)
 
     def close(self):
-        self.c = None
+        self.c = self.p2p = None

@@ -262,21 +262,25 @@ class Communicator:
         """Starts every ``P2POp`` in `ops` at once and returns one Work for all of them
         (blocking: waits for all), as torch's ``batch_isend_irecv``."""
         ops = list(ops)
+        numpy = True
         for o in ops:
             if type(o) is not P2POp:
                 raise TypeError(f"batch_p2p takes a list of pycollectives.P2POp, got {o!r}")
-        if not ops:
-            return None
-        backend = self._backend()
-        if any(arrays.is_cuda_array(o.array) for o in ops):
+            numpy = numpy and type(o.array) is np.ndarray
+        host = self._backend()
+        if numpy and stream is None:  # the common case: straight to the host backend
+            handle = host.p2p(ops, async_op) if ops else None
+        elif any(arrays.is_cuda_array(o.array) for o in ops):
             if self._cuda is None:
                 raise CollectiveError("send/recv of CUDA arrays needs a GPU collective first")
-            backend = self._cuda
+            handle = self._cuda.p2p(ops, async_op)
         elif stream is not None:
             raise TypeError("stream= applies to CUDA arrays; these are host arrays")
-        elif arrays.torch_loaded():
+        else:  # torch CPU tensors are seen as numpy arrays; anything else, the native error
             ops = [P2POp(o.kind, arrays.host_view(o.array), o.peer, o.tag) for o in ops]
-        handle = backend.p2p(ops, async_op)
+            handle = host.p2p(ops, async_op)
+        if handle is None:
+            return _result
         return self._finish(handle, tuple(o.array for o in ops), _result, async_op)
 
     # -- Python objects -----------------------------------------------------------------------
