@@ -27,13 +27,14 @@ Example (``mpiexec -n 2 python example.py``)::
 
 from __future__ import annotations
 
-import os
-
 from pycollectives import arrays
 from pycollectives.bootstrap import as_group
 from pycollectives.cuda_args import check_call
-from pycollectives.cuda_env import (  # noqa: F401 (cuda_diagnostics and cuda_status: public)
+from pycollectives.cuda_env import (  # noqa: F401 (the device choices and statuses: public)
     _native,
+    arrays_device,
+    choose_device,
+    choose_sync_mode,
     cuda_available,
     cuda_diagnostics,
     cuda_status,
@@ -43,86 +44,6 @@ from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS_FOR, algo_code, collective_code, op_code
 from pycollectives.options import Options
 from pycollectives.work import InFlight, Work
-
-
-def choose_sync_mode(uuids: list, mps: list, forced: list | None = None) -> str:
-    """The synchronisation every rank uses, from every rank's device UUID, MPS state and
-    override (lists indexed by rank, the same on every rank).
-
-    "kernel" (device-side waits in one launch) when every rank has a GPU of its own, or when
-    MPS runs everywhere so that kernels of different processes run side by side; "host"
-    (host-side waits between launches) when ranks time-slice a shared GPU.
-    """
-    wanted = {f for f in (forced or []) if f is not None}
-    if len(wanted) > 1 or (wanted and None in (forced or [])):
-        raise ValueError(f"ranks disagree on PYCOLL_CUDA_SYNC: {list(forced)}")
-    if wanted:
-        return wanted.pop()
-    shared = len(set(uuids)) < len(uuids)
-    if not shared:
-        return "kernel"
-    return "kernel" if all(mps) else "host"
-
-
-def choose_device(
-    device, local_rank: int, device_count: int, environ=None, arrays_device: int | None = None
-) -> int:
-    """The device of this rank: `device` if given, else ``PYCOLL_DEVICE``; without either,
-    `arrays_device` (the device of the arrays the communicator is made for), else
-    ``local_rank % device_count``.
-
-    Raises ValueError when the chosen device does not exist, or when the arrays are on another
-    device than the one chosen explicitly.
-    """
-    environ = os.environ if environ is None else environ
-    source = f"device={device}"
-    if device is None and environ.get("PYCOLL_DEVICE", "") != "":
-        raw = environ["PYCOLL_DEVICE"]
-        try:
-            device = int(raw)
-        except ValueError:
-            raise ValueError(f"PYCOLL_DEVICE={raw!r} is not a device number") from None
-        source = f"PYCOLL_DEVICE={raw}"
-    if device is None and arrays_device is not None:
-        device, source = arrays_device, "the arrays"
-    if device is None:
-        if device_count < 1:
-            raise ValueError("no CUDA device to choose from")
-        return local_rank % device_count
-    device = int(device)
-    if not 0 <= device < device_count:
-        raise ValueError(
-            f"device {device} ({source}) does not exist (this machine has {device_count})"
-        )
-    if arrays_device is not None and arrays_device != device:
-        raise ValueError(
-            f"the arrays are on CUDA device {arrays_device}, but {source} chose device {device} "
-            f"for the communicator: put them on device {device}, or choose device {arrays_device}"
-        )
-    return device
-
-
-def arrays_device(objs) -> int | None:
-    """The CUDA device of the arrays in `objs` (None entries skipped), or None when none can
-    be told. Raises ValueError when they are on different devices."""
-    objs = list(objs)
-    names = ["x", "out"] if len(objs) == 2 else [f"array {i}" for i in range(len(objs))]
-    seen = []
-    for name, obj in zip(names, objs):
-        if obj is None:
-            continue
-        try:
-            dev = arrays.describe(obj).device
-        except TypeError as e:
-            raise ValueError(f"{name}: {e}") from None
-        if dev is not None and dev != arrays.HOST:
-            seen.append((name, dev))
-    if len({dev for _, dev in seen}) > 1:
-        raise ValueError(
-            "the arrays are on different CUDA devices: "
-            + ", ".join(f"{name} on device {dev}" for name, dev in seen)
-        )
-    return seen[0][1] if seen else None
 
 
 def _splits(counts=None, in_splits=None, out_splits=None) -> dict:
