@@ -109,6 +109,27 @@ void bind_host_comm(py::module_& m) {
           },
           py::arg("collective"), py::arg("bytes"))
       .def(
+          "run_call",
+          [](HostComm& c, py::handle call) {
+            // A pycollectives.backends.Call, read attribute by attribute (interned names).
+            static const py::str kColl("collective"), kX("x"), kOut("out"), kRoot("root"),
+                kOp("op"), kAlgo("algorithm"), kAsync("async_op"), kCounts("counts"),
+                kIn("in_splits"), kOutS("out_splits");
+            auto counts = [&](const py::str& name) -> CountList {
+              py::object v = call.attr(name);
+              if (v.is_none()) return std::nullopt;
+              return v.cast<std::vector<int64_t>>();
+            };
+            const Splits sp{counts(kCounts), counts(kIn), counts(kOutS)};
+            return dispatch(c,
+                            parse_call(collective_from_name(call.attr(kColl).cast<std::string>()),
+                                       call.attr(kX), call.attr(kOut), call.attr(kRoot).cast<int>(),
+                                       call.attr(kOp).cast<int>(), call.attr(kAlgo).cast<int>(),
+                                       c.rank(), c.size(), sp),
+                            call.attr(kAsync).cast<bool>());
+          },
+          py::arg("call"))
+      .def(
           "run",
           [](HostComm& c, const std::string& collective, py::handle x, py::handle out, int root,
              int op, int algo, bool async_op, const CountList& counts, const CountList& in_splits,

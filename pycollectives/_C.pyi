@@ -73,7 +73,9 @@ class HostComm:
         in_splits: list[int] | None = None,
         out_splits: list[int] | None = None,
     ) -> Work | None:
-        """Any collective by name (the Communicator's one entry point)."""
+        """Any collective by name."""
+    def run_call(self, call: Any) -> Work | None:
+        """A pycollectives.backends.Call (the host backend's run)."""
     def all_reduce(
         self, x: np.ndarray, out: np.ndarray | None, op: int, algorithm: int, async_op: bool = False
     ) -> Work | None: ...

@@ -103,12 +103,9 @@ class HostBackend:
 
     def __init__(self, group, opts: Options):
         self.c = rendezvous(group, opts)
-        self.p2p = self.c.p2p  # p2p(ops, async_op): P2POps are the tuples the native layer takes
-
-    def run(self, call: Call):
-        c = call
-        return self.c.run(c.collective, c.x, c.out, c.root, c.op, c.algorithm, c.async_op,
-                          c.counts, c.in_splits, c.out_splits)  # fmt: skip
+        # Straight to the native layer: run(call) reads the Call's fields; p2p(ops, async_op)
+        # takes the P2POps as the tuples they are.
+        self.run, self.p2p = self.c.run_call, self.c.p2p
 
     def barrier(self, async_op):
         return self.c.barrier(async_op)
@@ -129,4 +126,4 @@ class HostBackend:
         return self.c.choose(collective, nbytes)
 
     def close(self):
-        self.c = self.p2p = None
+        self.c = self.run = self.p2p = None
