@@ -110,23 +110,20 @@ void bind_host_comm(py::module_& m) {
           py::arg("collective"), py::arg("bytes"))
       .def(
           "run_call",
-          [](HostComm& c, py::handle call) {
-            // A pycollectives.backends.Call, read attribute by attribute (interned names).
-            static const py::str kColl("collective"), kX("x"), kOut("out"), kRoot("root"),
-                kOp("op"), kAlgo("algorithm"), kAsync("async_op"), kCounts("counts"),
-                kIn("in_splits"), kOutS("out_splits");
-            auto counts = [&](const py::str& name) -> CountList {
-              py::object v = call.attr(name);
-              if (v.is_none()) return std::nullopt;
-              return v.cast<std::vector<int64_t>>();
+          [](HostComm& c, const py::tuple& call) {
+            // A pycollectives.backends.Call, read by position: (collective, x, out, op, root,
+            // algorithm, async_op, stream, counts, in_splits, out_splits).
+            if (call.size() != 11) throw InvalidArgument("run_call: expected a Call");
+            auto counts = [&](size_t i) -> CountList {
+              if (call[i].is_none()) return std::nullopt;
+              return call[i].cast<std::vector<int64_t>>();
             };
-            const Splits sp{counts(kCounts), counts(kIn), counts(kOutS)};
+            const Splits sp{counts(8), counts(9), counts(10)};
             return dispatch(c,
-                            parse_call(collective_from_name(call.attr(kColl).cast<std::string>()),
-                                       call.attr(kX), call.attr(kOut), call.attr(kRoot).cast<int>(),
-                                       call.attr(kOp).cast<int>(), call.attr(kAlgo).cast<int>(),
-                                       c.rank(), c.size(), sp),
-                            call.attr(kAsync).cast<bool>());
+                            parse_call(collective_from_name(call[0].cast<std::string>()), call[1],
+                                       call[2], call[4].cast<int>(), call[3].cast<int>(),
+                                       call[5].cast<int>(), c.rank(), c.size(), sp),
+                            call[6].cast<bool>());
           },
           py::arg("call"))
       .def(

@@ -22,20 +22,22 @@ from pycollectives.errors import CollectiveError
 from pycollectives.options import Options, load_tuning
 
 
-class Call:
+class Call(NamedTuple):
     """One collective as the Communicator hands it to a backend: names and codes checked,
-    arrays not yet (each backend checks its own kind of array before anything moves)."""
+    arrays not yet (each backend checks its own kind of array before anything moves). A tuple,
+    which the native host layer reads by position."""
 
-    __slots__ = ("collective", "x", "out", "op", "root", "algorithm", "async_op", "stream")
-    __slots__ += ("counts", "in_splits", "out_splits")
-
-    def __init__(self, collective, x, out=None, op=0, root=0, algorithm=0, async_op=False,
-                 stream=None, counts=None, in_splits=None, out_splits=None):  # fmt: skip
-        self.collective, self.x, self.out = collective, x, out
-        self.op, self.root, self.algorithm = op, root, algorithm  # native codes; 0: automatic
-        self.async_op, self.stream = async_op, stream
-        self.counts = counts  # uneven all_gather / reduce_scatter
-        self.in_splits, self.out_splits = in_splits, out_splits  # all_to_all
+    collective: str
+    x: object
+    out: object = None
+    op: int = 0  # native codes
+    root: int = 0
+    algorithm: int = 0  # 0: automatic
+    async_op: bool = False
+    stream: object = None
+    counts: list | None = None  # uneven all_gather / reduce_scatter
+    in_splits: list | None = None  # all_to_all
+    out_splits: list | None = None
 
 
 class _P2POp(NamedTuple):

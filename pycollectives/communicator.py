@@ -54,7 +54,7 @@ class Communicator:
         self.options = Options.resolve(
             timeout=timeout, staging_bytes=staging_bytes, staging_slots=staging_slots
         )
-        self._host = None
+        self._host = self._fast_run = None
         self._cuda = None  # the CUDA transport, made by the first operation on GPU arrays
         self._cuda_error = None
         self._group = bootstrap.world(mpi_comm, self.options.timeout)
@@ -75,6 +75,8 @@ class Communicator:
             raise
         self.rank, self.size = self._group.rank, self._group.size
         self._inflight = InFlight()
+        # One machine: numpy calls go straight to the native run (see _run).
+        self._fast_run = self._host.run if isinstance(self._host, HostBackend) else None
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -88,7 +90,7 @@ class Communicator:
             if self._cuda is not None:
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
         finally:
-            self._cuda = None
+            self._cuda = self._fast_run = None
             self._host.close()
             self._host = None
             self._group.free()
@@ -138,21 +140,22 @@ class Communicator:
 
     # -- dispatch -----------------------------------------------------------------------------
 
-    def _run(self, call: Call, result):
-        """Hands `call` to the backend of its arrays; returns `result`, or a Work."""
-        host, x, out = self._host, call.x, call.out
+    def _run(self, args: tuple, result):
+        """Runs the call whose fields, in ``Call``'s order, are `args` (a plain tuple: the
+        host backend reads it as it is) on the backend of its arrays; returns `result`, or a
+        Work."""
+        x, out = args[1], args[2]
         if (
-            host is not None
+            self._fast_run is not None
             and type(x) is np.ndarray
-            and call.stream is None
+            and args[7] is None  # stream
             and (out is None or type(out) is np.ndarray)
-        ):  # numpy arrays, the common case: the host backend without further questions
-            handle = host.run(call)
+        ):  # numpy arrays, the common case: straight to the shared-memory transport
+            handle = self._fast_run(args)
         else:
-            handle = self._backend_for(call).run(call)
-        if handle is None:
-            return result
-        return self._finish(handle, (x, out), result, call.async_op)
+            backend, call = self._backend_for(Call._make(args))
+            handle = backend.run(call)
+        return self._finish(handle, (x, out), result, args[6])
 
     def _finish(self, handle, held, result, async_op):
         if handle is None:
@@ -162,16 +165,17 @@ class Communicator:
         return work if async_op else result
 
     def _backend_for(self, call: Call):
+        """(the backend of `call`'s arrays, the call as that backend takes it)."""
         host = self._backend()
         if arrays.is_cuda_array(call.x) or arrays.is_cuda_array(call.out):
             if self._cuda is None:
                 self._start_cuda(call)
-            return self._cuda
+            return self._cuda, call
         if call.stream is not None:
             raise TypeError("stream= applies to CUDA arrays; these are host arrays")
         if arrays.torch_loaded():  # torch CPU tensors: their memory, seen as numpy arrays
-            call.x, call.out = arrays.host_view(call.x), arrays.host_view(call.out)
-        return host
+            call = call._replace(x=arrays.host_view(call.x), out=arrays.host_view(call.out))
+        return host, call
 
     # -- collectives --------------------------------------------------------------------------
     # Each takes algorithm= ("ring", "tree", "direct"; None: automatic) and async_op=: with
@@ -183,8 +187,9 @@ class Communicator:
     def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`),
         bitwise identical on every rank. Returns the output array."""
-        call = Call("all_reduce", x, out, op_code(op), 0, algo_code(algorithm), async_op, stream)
-        return self._run(call, x if out is None else out)
+        op, algorithm = op_code(op), algo_code(algorithm)
+        args = ("all_reduce", x, out, op, 0, algorithm, async_op, stream, None, None, None)
+        return self._run(args, x if out is None else out)
 
     def reduce_scatter(
         self, x, out, op=SUM, counts=None, algorithm=None, async_op=False, stream=None
@@ -204,14 +209,16 @@ class Communicator:
 
     def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""
-        call = Call("broadcast", x, None, 0, root, algo_code(algorithm), async_op, stream)
-        return self._run(call, x)
+        algorithm = algo_code(algorithm)
+        args = ("broadcast", x, None, 0, root, algorithm, async_op, stream, None, None, None)
+        return self._run(args, x)
 
     def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
         Elsewhere `out` is checked but not written. Returns the output array."""
-        call = Call("reduce", x, out, op_code(op), root, algo_code(algorithm), async_op, stream)
-        return self._run(call, x if out is None else out)
+        op, algorithm = op_code(op), algo_code(algorithm)
+        args = ("reduce", x, out, op, root, algorithm, async_op, stream, None, None, None)
+        return self._run(args, x if out is None else out)
 
     def all_to_all(
         self, x, out, in_splits=None, out_splits=None, algorithm=None, async_op=False, stream=None
@@ -227,14 +234,16 @@ class Communicator:
     def gather(self, x, out=None, root=0, algorithm=None, async_op=False, stream=None):
         """Gathers every rank's `x` into the root's `out` (``size * x.size``, rank-major);
         `out` is None off the root."""
-        call = Call("gather", x, out, 0, root, algo_code(algorithm), async_op, stream)
-        return self._run(call, out)
+        algorithm = algo_code(algorithm)
+        args = ("gather", x, out, 0, root, algorithm, async_op, stream, None, None, None)
+        return self._run(args, out)
 
     def scatter(self, x, out, root=0, algorithm=None, async_op=False, stream=None):
         """Block r of the root's `x` (``size * out.size`` elements) goes to rank r's `out`;
         `x` is None off the root."""
-        call = Call("scatter", x, out, 0, root, algo_code(algorithm), async_op, stream)
-        return self._run(call, out)
+        algorithm = algo_code(algorithm)
+        args = ("scatter", x, out, 0, root, algorithm, async_op, stream, None, None, None)
+        return self._run(args, out)
 
     def barrier(self, async_op=False):
         """Returns once every rank has entered the barrier (after this rank's earlier work).

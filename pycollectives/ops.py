@@ -74,8 +74,8 @@ def op_code(op) -> int:
     """Native code of `op`: a ReduceOp (pc.SUM, ...) or its name ("sum", ...), or the twin of a
     torch.distributed.ReduceOp or an mpi4py MPI.Op. Anything else, plain integers included, is a
     TypeError: an integer could mean another library's numbering."""
-    if isinstance(op, ReduceOp):
-        return int(op)
+    if type(op) is ReduceOp:
+        return op._value_
     if isinstance(op, str):
         try:
             return int(_OP_NAMES[op])
