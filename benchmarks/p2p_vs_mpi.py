@@ -8,7 +8,7 @@ shared memory), printed as a second reference column. Under `mpiexec -n 2` it do
 
 Per size and operation, each rank exchanges `bytes` with the other (sendrecv: one send and one
 recv of `bytes`; all_to_all: a 2 x `bytes` array, one block per rank):
-  native  HostComm.p2p([send, recv]) / HostComm.run("all_to_all", ...): the C++ call alone
+  native  HostComm.p2p([send, recv]) / HostComm.run_call(("all_to_all", ...)): the C++ call alone
   api     Communicator.batch_p2p / Communicator.all_to_all: what users call
   mpi     Sendrecv / Alltoall on the same buffers
 Times are the slowest rank's mean per iteration over a timed batch, best of --rounds batches
@@ -66,7 +66,8 @@ def variants(comm, mpi, nbytes, mpi_only):
         api_ops = [pc.P2POp("send", x, peer, 0), pc.P2POp("recv", y, peer, 0)]
         sr["native"] = lambda: host.p2p(ops)
         sr["api"] = lambda: comm.batch_p2p(api_ops)
-        a2a["native"] = lambda: host.run("all_to_all", xa, ya, 0, 0, 0, False)
+        call = ("all_to_all", xa, ya, 0, 0, 0, False, None, None, None, None)
+        a2a["native"] = lambda: host.run_call(call)
         a2a["api"] = lambda: comm.all_to_all(xa, ya)
 
     def check_sr():

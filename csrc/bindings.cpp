@@ -127,20 +127,6 @@ void bind_host_comm(py::module_& m) {
           },
           py::arg("call"))
       .def(
-          "run",
-          [](HostComm& c, const std::string& collective, py::handle x, py::handle out, int root,
-             int op, int algo, bool async_op, const CountList& counts, const CountList& in_splits,
-             const CountList& out_splits) {
-            const Splits sp{counts, in_splits, out_splits};
-            return dispatch(c,
-                            parse_call(collective_from_name(collective), x, out, root, op, algo,
-                                       c.rank(), c.size(), sp),
-                            async_op);
-          },
-          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"),
-          py::arg("algorithm"), py::arg("async_op") = false, py::arg("counts") = py::none(),
-          py::arg("in_splits") = py::none(), py::arg("out_splits") = py::none())
-      .def(
           "all_reduce",
           [](HostComm& c, py::handle x, py::handle out, int op, int algo, bool async_op) {
             return dispatch(
@@ -401,6 +387,13 @@ PYBIND11_MODULE(_C, m) {
   bind_schedules(m);
   bind_emu_comm(m);
   bind_codes(m);
+  m.def(
+      "check_p2p",
+      [](py::handle ops, int rank, int size) {
+        py::list arrays;
+        parse_p2p(ops, rank, size, arrays);
+      },
+      py::arg("ops"), py::arg("rank"), py::arg("size"));
   m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),
         py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
         py::kw_only(), py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),

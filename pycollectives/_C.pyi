@@ -60,22 +60,10 @@ class HostComm:
     def set_tuning(self, rules: list[tuple[str, int, int, int, str]]) -> None: ...
     def set_forced(self, algorithm: str) -> None: ...
     def choose(self, collective: str, bytes: int) -> str: ...
-    def run(
-        self,
-        collective: str,
-        x: np.ndarray | None,
-        out: np.ndarray | None,
-        root: int,
-        op: int,
-        algorithm: int,
-        async_op: bool = False,
-        counts: list[int] | None = None,
-        in_splits: list[int] | None = None,
-        out_splits: list[int] | None = None,
-    ) -> Work | None:
-        """Any collective by name."""
     def run_call(self, call: Any) -> Work | None:
-        """A pycollectives.backends.Call (the host backend's run)."""
+        """Any collective: a pycollectives.backends.Call, or a plain tuple of its fields in
+        order (collective, x, out, op, root, algorithm, async_op, stream, counts, in_splits,
+        out_splits)."""
     def all_reduce(
         self, x: np.ndarray, out: np.ndarray | None, op: int, algorithm: int, async_op: bool = False
     ) -> Work | None: ...
@@ -208,6 +196,9 @@ class EmuComm:
     def run(
         self, collective: str, x: Any, out: Any, root: int = 0, op: int = 0, algorithm: int = 0
     ) -> None: ...
+
+def check_p2p(ops: list[tuple[str, Any, int, int]], rank: int, size: int) -> None:
+    """HostComm.p2p's argument checks (TypeError / ValueError), moving nothing."""
 
 def check_args(
     collective: str,

@@ -141,12 +141,12 @@ def world(mpi_comm=None, timeout: float = 300.0, environ=None):
         return MpiGroup(mpi_comm)
     env = _env_launch(os.environ if environ is None else environ)
     mpi_rank, mpi_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    if env is None or env[1] == 1 or (env[:2] == (mpi_rank, mpi_size)):
-        if env is not None and env[:2] != (mpi_rank, mpi_size):
-            raise CollectiveError(
-                f"WORLD_SIZE=1 but the MPI world has {mpi_size} ranks: launch with one launcher"
-            )
+    if env is None or env[:2] == (mpi_rank, mpi_size):
         return MpiGroup(MPI.COMM_WORLD)
+    if env[1] == 1:
+        raise CollectiveError(
+            f"WORLD_SIZE=1 but the MPI world has {mpi_size} ranks: launch with one launcher"
+        )
     if mpi_size != 1:
         raise CollectiveError(
             f"the launch is inconsistent: MPI says rank {mpi_rank} of {mpi_size}, RANK/WORLD_SIZE "

@@ -44,8 +44,7 @@ class BlocksAndMessages:
 
     def p2p(self, ops, async_op):
         """Messages to ranks of this node over shared memory, to other nodes over MPI."""
-        for o in ops:
-            _check_p2p(o, self.rank, self.size)
+        _C.check_p2p(ops, self.rank, self.size)  # the host path's checks, on global ranks
         here = [o for o in ops if self.topo.node_of[o.peer] == self.node]
         away = [o for o in ops if self.topo.node_of[o.peer] != self.node]
         if away:
@@ -62,26 +61,6 @@ class BlocksAndMessages:
                     work.wait()
 
         return self.submit(run, async_op, collective=False)
-
-
-def _check_p2p(op, rank, size):
-    """The host path's checks of one P2POp, for messages that leave the node."""
-    from pycollectives import arrays
-
-    where = f"p2p {op.kind} with rank {op.peer}"
-    if not isinstance(op.array, np.ndarray):
-        raise TypeError(f"{where}: the array must be a numpy.ndarray")
-    info = arrays.describe(op.array)
-    if info.dtype < 0:
-        raise TypeError(f"{where}: unsupported dtype {info.dtype_name} ({arrays.SUPPORTED})")
-    if not info.contiguous:
-        raise ValueError(f"{where}: the array must be C-contiguous")
-    if op.kind == "recv" and info.readonly:
-        raise ValueError(f"{where}: the array is read-only")
-    if not isinstance(op.peer, int) or not 0 <= op.peer < size or op.peer == rank:
-        raise ValueError(f"{where}: peer {op.peer} is not another rank of {size}")
-    if not isinstance(op.tag, int) or op.tag < 0:
-        raise ValueError(f"{where}: tag must be an int >= 0, got {op.tag!r}")
 
 
 def _check_splits(rows, seq):
