@@ -19,6 +19,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
 #include "cuda/plan.h"
+#include "cuda/staging.h"
 
 namespace py = pybind11;
 using namespace pycoll;
@@ -273,6 +274,38 @@ void bind_comm(py::module_& m) {
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
 }
 
+// Host staging for send/recv of device arrays (pycollectives/cuda_p2p.py).
+void bind_staging(py::module_& m) {
+  py::class_<PinnedBuffer>(m, "PinnedBuffer", py::buffer_protocol())
+      .def(py::init<size_t>(), py::arg("nbytes"))
+      .def_property_readonly(
+          "ptr", [](const PinnedBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); })
+      .def_property_readonly("nbytes", &PinnedBuffer::bytes)
+      .def_buffer([](PinnedBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.bytes())}, {py::ssize_t{1}});
+      });
+  m.def(
+      "copy_async",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes, int device, uintptr_t stream) {
+        copy_async(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes, device,
+                   stream_of(stream));
+      },
+      py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("device"), py::arg("stream"));
+  py::class_<StreamMark>(m, "StreamMark")
+      .def(py::init([](int device, uintptr_t stream) {
+             return std::make_unique<StreamMark>(device, stream_of(stream));
+           }),
+           py::arg("device"), py::arg("stream"))
+      .def("done", &StreamMark::done)
+      .def(
+          "wait",
+          [](const StreamMark& s, double timeout, const std::string& what) {
+            s.wait(timeout, what.c_str());
+          },
+          py::arg("timeout"), py::arg("what"), py::call_guard<py::gil_scoped_release>());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cuda, m) {
@@ -281,4 +314,5 @@ PYBIND11_MODULE(_cuda, m) {
   bind_planning(m);
   bind_runtime(m);
   bind_comm(m);
+  bind_staging(m);
 }

@@ -57,6 +57,7 @@ class Communicator:
         self._host = self._fast_run = None
         self._cuda = None  # the CUDA transport, made by the first operation on GPU arrays
         self._cuda_error = None
+        self._staged = None  # send/recv of GPU arrays, made by the first one
         self._group = bootstrap.world(mpi_comm, self.options.timeout)
         try:
             per_node, cyclic = ranks_per_node_from_env()
@@ -90,7 +91,7 @@ class Communicator:
             if self._cuda is not None:
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
         finally:
-            self._cuda = self._fast_run = None
+            self._cuda = self._fast_run = self._staged = None
             self._host.close()
             self._host = None
             self._group.free()
@@ -280,9 +281,7 @@ class Communicator:
         if numpy and stream is None:  # the common case: straight to the host backend
             handle = host.p2p(ops, async_op) if ops else None
         elif any(arrays.is_cuda_array(o.array) for o in ops):
-            if self._cuda is None:
-                raise CollectiveError("send/recv of CUDA arrays needs a GPU collective first")
-            handle = self._cuda.p2p(ops, async_op)
+            handle = self._staged_p2p().run(ops, async_op, stream)
         elif stream is not None:
             raise TypeError("stream= applies to CUDA arrays; these are host arrays")
         else:  # torch CPU tensors are seen as numpy arrays; anything else, the native error
@@ -291,6 +290,21 @@ class Communicator:
         if handle is None:
             return _result
         return self._finish(handle, tuple(o.array for o in ops), _result, async_op)
+
+    def _staged_p2p(self):
+        """send/recv of GPU arrays: through page-locked host memory (``cuda_p2p``)."""
+        if self._staged is None:
+            from pycollectives.cuda_env import _native
+            from pycollectives.cuda_p2p import StagedP2P
+
+            try:
+                native = _native()
+            except ImportError as e:
+                raise CollectiveError(f"send/recv of CUDA arrays: no CUDA support ({e})") from e
+            self._staged = StagedP2P(
+                self._backend().p2p, self.rank, self.size, lambda: self.timeout, native
+            )
+        return self._staged
 
     # -- Python objects -----------------------------------------------------------------------
 

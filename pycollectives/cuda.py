@@ -253,11 +253,6 @@ class CudaComm:
             call.async_op, _splits(call.counts, call.in_splits, call.out_splits),
         )  # fmt: skip
 
-    def p2p(self, ops, async_op):
-        raise CollectiveError(
-            "send/recv of CUDA arrays is not supported by the CUDA transport; copy to host memory"
-        )
-
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return self._forced if self._forced in ALGORITHMS_FOR[collective] else "auto"
 

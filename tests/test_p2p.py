@@ -112,3 +112,13 @@ def test_check_p2p_is_the_host_paths_checks():
         _C.check_p2p([("send", [1.0], 1, 0)], 0, 3)
     with pytest.raises(ValueError, match="read-only"):
         _C.check_p2p([("recv", np.frombuffer(b"abcd", np.uint8), 1, 0)], 0, 3)
+
+
+# send/recv of GPU arrays, staged through host memory, with host memory standing in for the
+# GPU's and a fake CUDA module whose copies run only when their stream does (no GPU needed).
+@pytest.mark.parametrize(
+    "case,nranks", [("matrix", 2), ("matrix", 3), ("semantics", 2), ("mismatch", 2), ("bad", 2)]
+)
+def test_gpu_send_recv_staged_through_host_memory(case, nranks):
+    out = run_mpi(nranks, "gpu_staged_p2p.py", case, timeout=180)
+    assert out.count(f"PASS staged {case}") == nranks, out

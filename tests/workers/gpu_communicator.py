@@ -88,6 +88,38 @@ def check_data_parallel(comm):
         assert float(g[0][3, 3]) == comm.size - 1, float(g[0][3, 3])
 
 
+def check_send_recv(comm):
+    """GPU send/recv (staged through host memory) against the values sent, every size class."""
+    r, n = comm.rank, comm.size
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    for count in (0, 1, 1000, 70_000, 1 << 20):
+        x = cp.arange(count, dtype=cp.float32) + r
+        out = cp.full(count, -1, cp.float32)
+        comm.batch_p2p([pc.P2POp("send", x, nxt, tag=3), pc.P2POp("recv", out, prv, tag=3)])
+        cp.cuda.get_current_stream().synchronize()
+        assert np.array_equal(cp.asnumpy(out), np.arange(count, dtype=np.float32) + prv), count
+    # Asynchronous, tags received in the other order, on a stream of our own.
+    s = cp.cuda.Stream(non_blocking=True)
+    a, b = cp.full(5000, r, cp.int64), cp.full(3, r + 10, cp.int64)
+    got_a, got_b = cp.zeros(5000, cp.int64), cp.zeros(3, cp.int64)
+    sends = comm.batch_p2p([pc.P2POp("send", a, nxt, 1), pc.P2POp("send", b, nxt, 2)], True, s)
+    w2 = comm.recv(got_b, prv, tag=2, async_op=True, stream=s)
+    w1 = comm.recv(got_a, prv, tag=1, async_op=True, stream=s)
+    for w in (w2, w1, sends):
+        w.wait()
+    s.synchronize()
+    assert (cp.asnumpy(got_a) == prv).all() and (cp.asnumpy(got_b) == prv + 10).all()
+    try:  # a size mismatch raises on both ends
+        if r == 0:
+            comm.send(cp.zeros(10, cp.float32), 1, tag=9)
+        elif r == 1:
+            comm.recv(cp.zeros(12, cp.float32), 0, tag=9)
+    except pc.CollectiveMismatch:
+        pass
+    else:
+        assert r > 1, "a mismatched GPU send/recv went through"
+
+
 def comm_gather(comm, a):
     return MPI.COMM_WORLD.allgather(cp.asnumpy(a))
 
@@ -98,6 +130,7 @@ def main():
         check_collectives(comm)
         check_streams_and_async(comm)
         check_data_parallel(comm)
+        check_send_recv(comm)
         print(f"PASS communicator rank={comm.rank}")
 
 
