@@ -20,8 +20,9 @@ PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective
 PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it)
 PYCOLL_P2P_CMA             on               send/recv: direct writes (on, off; fail: test)
 PYCOLL_P2P_EAGER_BYTES     4 KiB            send/recv: eager sends up to here (one slot at most)
-PYCOLL_P2P_DIRECT_BYTES    64 KiB           send/recv, all-to-all, gather, scatter: direct
-                                            writes from this size up
+PYCOLL_P2P_DIRECT_BYTES    4 MiB            send/recv, all-to-all, gather, scatter: direct
+                                            writes from this size up (and all-to-all, gather,
+                                            scatter blocks over send/recv from 64 KiB or it)
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
@@ -96,7 +97,7 @@ class Options:
     check_mismatch: bool = True
     p2p_cma: str = "on"
     p2p_eager_bytes: int = 4096
-    p2p_direct_bytes: int = 64 * 1024
+    p2p_direct_bytes: int = 4 << 20
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16

@@ -15,12 +15,13 @@ def test_new_collectives_match_mpi(nranks):
 @pytest.mark.parametrize("cma", ["on", "fail"])
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_large_blocks_in_one_copy_match_mpi(nranks, cma):
-    # From 1 KiB up: the 1500-element blocks (even and uneven splits) go directly, the small
-    # ones of the same call through the schedule; "fail": direct writes refused, p2p slots.
+    # From 1 KiB up: the 1500-element blocks (even and uneven splits) go point-to-point and are
+    # written directly, the small ones of the same call through the schedule; "fail": direct
+    # writes refused, p2p slots.
     env = {"PYCOLL_P2P_DIRECT_BYTES": "1024", "PYCOLL_P2P_CMA": cma, "PYCOLL_DEBUG": "INFO"}
     out, err = run_mpi(nranks, "new_collectives.py", "blocks", env=env, with_stderr=True)
     assert f"PASS blocks ranks={nranks}" in out
-    assert "all_to_all #" in err and "blocks in one copy" in err
+    assert "all_to_all #" in err and "blocks point-to-point" in err
     assert ("using the staging slots" in err) == (cma == "fail")
 
 

@@ -10,13 +10,20 @@ def test_p2p_matches_mpi(nranks):
     assert f"PASS p2p matrix ranks={nranks}" in run_mpi(nranks, "p2p.py", "matrix", timeout=120)
 
 
+def test_p2p_direct_writes_match_mpi():
+    # From 64 KiB up (the default is 4 MiB) messages are written straight into the receiver's
+    # buffer.
+    out = run_mpi(2, "p2p.py", "matrix", env={"PYCOLL_P2P_DIRECT_BYTES": "65536"}, timeout=120)
+    assert "PASS p2p matrix ranks=2" in out
+
+
 def test_p2p_slot_fallback_when_direct_writes_are_refused():
     # "fail": the kernel's refusal of process_vm_writev is simulated; data goes through slots.
     out, err = run_mpi(
         2,
         "p2p.py",
         "matrix",
-        env={"PYCOLL_P2P_CMA": "fail", "PYCOLL_DEBUG": "INFO"},
+        env={"PYCOLL_P2P_CMA": "fail", "PYCOLL_P2P_DIRECT_BYTES": "65536", "PYCOLL_DEBUG": "INFO"},
         with_stderr=True,
         timeout=120,
     )

@@ -76,7 +76,7 @@ struct ScheduleParams {
   const uint64_t* send_counts = nullptr;
   const uint64_t* recv_counts = nullptr;
   // All-to-all, gather, scatter: blocks between different ranks of at least this many
-  // elements are left out (the caller moves them in one copy; host/direct_blocks.h). 0: none.
+  // elements are left out (the caller moves them point-to-point; host/direct_blocks.h). 0: none.
   size_t direct_min_count = 0;
 };
 

@@ -4,12 +4,13 @@
 
 namespace pycoll {
 
-size_t direct_min_count(const CollectiveCall& call, Algo algo, size_t min_bytes, CmaMode cma) {
+size_t direct_min_count(const CollectiveCall& call, Algo algo, size_t min_bytes) {
   const bool blocks = call.collective == Collective::AllToAll ||
                       call.collective == Collective::Gather ||
                       call.collective == Collective::Scatter;
-  // Without direct writes the p2p slots would copy twice too: the schedule is as good.
-  if (call.barrier || !blocks || algo != Algo::Direct || cma == CmaMode::Off) return 0;
+  // Even without direct writes the engine beats the schedule here: both ranks copy at once,
+  // where the schedule's piece-by-piece messages keep them waiting on each other.
+  if (call.barrier || !blocks || algo != Algo::Direct) return 0;
   const size_t esize = dtype_size(call.dtype);
   return std::max<size_t>(1, (min_bytes + esize - 1) / esize);
 }

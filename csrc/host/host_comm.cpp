@@ -1,5 +1,6 @@
 #include "host/host_comm.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "common/errors.h"
@@ -141,7 +142,8 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   p.acc_bytes = acc_size(call.dtype);
   p.oneshot_max_bytes = opts_.oneshot_max_bytes;
   call.apply_counts(p);
-  p.direct_min_count = direct_min_count(call, algo, opts_.p2p_cma_min_bytes, opts_.p2p_cma);
+  p.direct_min_count =
+      direct_min_count(call, algo, std::min(kBlockP2PBytes, opts_.p2p_cma_min_bytes));
 
   mine = Fingerprint::of_call(seq, call, algo);
   FingerprintGuard guard(transport_, mine);
@@ -162,7 +164,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
     if (!direct.empty()) {
       if (opts_.debug)
-        std::fprintf(stderr, "pycollectives INFO rank %d/%d: %s #%llu: %zu blocks in one copy\n",
+        std::fprintf(stderr, "pycollectives INFO rank %d/%d: %s #%llu: %zu blocks point-to-point\n",
                      rank(), n, name, static_cast<unsigned long long>(seq), direct.size());
       p2p_->run(direct);
     }

@@ -177,7 +177,7 @@ def data(mpi):
 
 def blocks(mpi):
     """All-to-all, gather and scatter with blocks from PYCOLL_P2P_DIRECT_BYTES up (the test
-    sets it low) moved in one copy, small blocks of the same call through the schedule."""
+    sets it low) moved point-to-point, small blocks of the same call through the schedule."""
     with pc.Communicator(mpi, staging_bytes=4096) as comm:
         d = Data(comm, mpi)
         d.all_to_all()
