@@ -56,12 +56,20 @@ class MpiGroup:
 
 
 class StoreGroup:
-    """Ranks that meet through a torch.distributed ``TCPStore`` (torchrun, ``env://``), all on
-    one machine. Under torchrun the launcher's own store is joined; otherwise rank 0 hosts it."""
+    """Ranks that meet through a torch.distributed store (torchrun, ``env://``, or the store
+    torch hands a process-group backend), all on one machine."""
 
     mpi = None
 
-    def __init__(self, rank: int, size: int, host: str, port: int, timeout: float):
+    def __init__(self, rank: int, size: int, store):
+        self.rank, self.size, self._store = rank, size, store
+        self._prefix = f"pycollectives/{next(_store_groups)}"
+        self._round = 0
+
+    @classmethod
+    def connect(cls, rank: int, size: int, host: str, port: int, timeout: float):
+        """Joins the ``TCPStore`` at host:port: under torchrun the launcher's own store,
+        otherwise the one rank 0 hosts."""
         try:
             from torch.distributed import TCPStore
         except ImportError:
@@ -71,11 +79,8 @@ class StoreGroup:
                 "with mpiexec -n N"
             ) from None
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        self.rank, self.size = rank, size
-        self._prefix = f"pycollectives/{next(_store_groups)}"
-        self._round = 0
         try:
-            self._store = TCPStore(
+            store = TCPStore(
                 host,
                 port,
                 size,
@@ -87,6 +92,7 @@ class StoreGroup:
             raise CollectiveError(
                 f"rank {rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
             ) from None
+        return cls(rank, size, store)
 
     def allgather(self, obj) -> list:
         self._round += 1
@@ -131,10 +137,13 @@ def _env_launch(environ) -> tuple | None:
 
 
 def world(mpi_comm=None, timeout: float = 300.0, environ=None):
-    """The group of a new communicator: `mpi_comm`'s ranks when given; otherwise the MPI world,
+    """The group of a new communicator: `mpi_comm`'s ranks when given (or `mpi_comm` itself,
+    when it is a group already); otherwise the MPI world,
     or a TCPStore rendezvous when an env:// launcher started this process as an MPI world of
     one. A launch whose MPI world and RANK/WORLD_SIZE disagree is an error, never a silent
     world of one."""
+    if isinstance(mpi_comm, (MpiGroup, StoreGroup)):
+        return mpi_comm
     from mpi4py import MPI
 
     if mpi_comm is not None:
@@ -152,4 +161,4 @@ def world(mpi_comm=None, timeout: float = 300.0, environ=None):
             f"the launch is inconsistent: MPI says rank {mpi_rank} of {mpi_size}, RANK/WORLD_SIZE "
             f"say rank {env[0]} of {env[1]}; launch with mpiexec or with torchrun, not both"
         )
-    return StoreGroup(*env, timeout=timeout)
+    return StoreGroup.connect(*env, timeout=timeout)

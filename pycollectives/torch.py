@@ -1,4 +1,14 @@
-"""PyTorch adapter: ``DistributedDataParallel(module, comm)``.
+"""PyTorch: the ``"pycollectives"`` torch.distributed backend, and ``DistributedDataParallel``.
+
+Importing this module registers the backend (``pycollectives.torch_backend``)::
+
+    import torch.distributed as dist
+    import pycollectives.torch as pct
+    pct.init_process_group()       # mpiexec, or torchrun / env:// (then the same as
+                                   # dist.init_process_group("pycollectives"))
+    dist.all_reduce(t)             # on pycollectives; stock DDP, new_group, ... likewise
+
+``DistributedDataParallel(module, comm)`` is pycollectives' own data-parallel wrapper:
 
 Gradients of the wrapped module's parameters live in pycollectives' buckets (``p.grad`` is a
 view into a bucket, as torch DDP's ``gradient_as_bucket_view``); a post-accumulate-grad hook
@@ -20,7 +30,47 @@ import contextlib
 import numpy as np
 import torch
 
+from pycollectives import torch_backend
 from pycollectives.ddp.bucketer import GradientBucketer
+
+torch_backend.register()
+BACKEND = torch_backend.NAME
+
+
+def init_process_group(*, timeout=None, **kwargs):
+    """``dist.init_process_group("pycollectives", ...)`` that also works under mpiexec with
+    nothing set: rank and size come from MPI, and rank 0's host and a free port from it are
+    agreed over MPI for torch's store. Under torchrun or another env:// launch (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set) those are used as they are.
+    `timeout` (seconds or a timedelta) bounds every operation's wait for a peer."""
+    import os
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if os.environ.get("RANK", "") == "" and os.environ.get("WORLD_SIZE", "") == "":
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        where = None
+        if world.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                where = (socket.gethostname(), s.getsockname()[1])
+        host, port = world.bcast(where, root=0)
+        os.environ.update(
+            RANK=str(world.Get_rank()),
+            WORLD_SIZE=str(world.Get_size()),
+            MASTER_ADDR=os.environ.get("MASTER_ADDR") or host,
+            MASTER_PORT=os.environ.get("MASTER_PORT") or str(port),
+        )
+    if timeout is not None and not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    dist.init_process_group(BACKEND, **kwargs)
+
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,16 @@ def run_mpi(
 def our_segments() -> set:
     """This user's pycollectives segments currently in /dev/shm."""
     return {f for f in os.listdir("/dev/shm") if f.startswith(f"pycoll-{os.getuid()}-")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra) -> dict:
+    """This process's environment without MPI's launch variables (for other launchers)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    env.update(PYTHONUNBUFFERED="1", PYCOLL_TIMEOUT="30", **extra)
+    return env

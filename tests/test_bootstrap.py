@@ -3,32 +3,20 @@ launch whose MPI world and RANK/WORLD_SIZE disagree is an error, never a world o
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mpi_harness import clean_env as _clean_env
+from mpi_harness import free_port as _free_port
 from mpi_harness import run_mpi
 
 from pycollectives import bootstrap
 from pycollectives.errors import CollectiveError
 
 WORKER = Path(__file__).parent / "workers" / "bootstrap.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
-    env.update(PYTHONUNBUFFERED="1", PYCOLL_TIMEOUT="30", **extra)
-    return env
 
 
 def test_torchrun_bootstrap():

@@ -1,0 +1,379 @@
+"""pycollectives as a torch.distributed backend: ``"pycollectives"``.
+
+``import pycollectives.torch`` registers it for ``cpu`` and ``cuda`` devices; then
+``dist.init_process_group("pycollectives")`` works under torchrun or any ``env://`` launch, and
+``pycollectives.torch.init_process_group()`` under mpiexec with nothing set. Each process group
+(the default one, and every ``dist.new_group`` / ``DeviceMesh`` subgroup) is one
+``pc.Communicator``, made over the store torch hands the backend (over MPI for a default group
+that is the mpiexec world, which also covers several machines). ``timeout=`` becomes the
+communicator's timeout.
+
+Every operation is issued asynchronously on the communicator (it runs on its progress thread,
+in issue order) and returns a ``Work`` whose ``wait()``, ``is_completed()`` and
+``get_future()`` behave as torch's own: a blocking torch call simply waits. Futures complete
+from a helper thread once their operation has, so DDP's communication hooks overlap with
+backward. Tensors pass without copies where the layout allows (CPU tensors are host memory;
+CUDA tensors take the CUDA transport, ordered on the current stream); lists of separate
+tensors (``all_gather`` into a list, ``reduce_scatter`` from one, ``all_to_all`` of lists,
+``gather``, ``scatter``) go through one contiguous buffer.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from pycollectives import bootstrap
+from pycollectives.communicator import Communicator
+from pycollectives.errors import CollectiveError
+
+NAME = "pycollectives"
+_BOOL_OPS = {"SUM": "max", "MAX": "max", "MIN": "min", "PRODUCT": "min"}  # logical or / and
+
+
+_SUPPORTED = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+
+
+def _op_name(op) -> str:
+    for name in _SUPPORTED + ("BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        if op == getattr(dist.ReduceOp, name, None):
+            break
+    else:
+        name = repr(op)
+    if name not in _SUPPORTED:
+        raise ValueError(
+            f"the pycollectives backend reduces with SUM, AVG, PRODUCT, MIN or MAX, not {name}"
+        )
+    return name
+
+
+def _reduce_op(op, tensor):
+    """(tensor as the communicator takes it, op name) for a torch ReduceOp."""
+    name = _op_name(op)
+    if tensor.dtype == torch.bool:
+        return tensor.view(torch.uint8), _BOOL_OPS.get(name, "max")
+    return tensor, {"PRODUCT": "prod"}.get(name, name.lower())
+
+
+def _plain(t):
+    """`t` as the communicator takes it: bool as uint8 (same bytes)."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+def _contiguous(t, what):
+    if not t.is_contiguous():
+        raise ValueError(f"the pycollectives backend needs contiguous tensors ({what})")
+    return _plain(t)
+
+
+def _flat_like(tensors):
+    """One contiguous buffer holding `tensors` back to back."""
+    first = tensors[0]
+    return torch.empty(sum(t.numel() for t in tensors), dtype=first.dtype, device=first.device)
+
+
+def _pack(tensors):
+    """`tensors` copied into one contiguous buffer."""
+    flat = _flat_like(tensors)
+    off = 0
+    for t in tensors:
+        flat[off : off + t.numel()].copy_(t.reshape(-1))
+        off += t.numel()
+    return flat
+
+
+def _unpacker(flat, tensors):
+    """A function that copies `flat` back into `tensors`."""
+
+    def unpack():
+        off = 0
+        for t in tensors:
+            t.copy_(flat[off : off + t.numel()].view(t.shape))
+            off += t.numel()
+
+    return unpack
+
+
+class _Completer:
+    """One thread per process group that completes futures as their operations finish."""
+
+    def __init__(self):
+        self._q = queue.Queue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def add(self, work):
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True)
+                self._thread.start()
+        self._q.put(work)
+
+    def _loop(self):
+        while True:
+            work = self._q.get()
+            if work is None:
+                return
+            work._complete_future()
+
+    def stop(self):
+        if self._thread is not None:
+            self._q.put(None)
+
+
+class Work(dist.distributed_c10d.Work):
+    """The torch-side handle of one backend operation (one or more communicator Works)."""
+
+    def __init__(self, works, result, pg, post=None):
+        super().__init__()
+        self._works = [w for w in works if w is not None]
+        self._result, self._pg, self._post = result, pg, post
+        self._fut = None
+        self._lock = threading.Lock()
+        self._error = None
+        self._finished = False
+
+    def _finish(self, timeout=None):
+        with self._lock:
+            if self._finished:
+                if self._error is not None:
+                    raise self._error
+                return
+            try:
+                for w in self._works:
+                    w.wait(timeout)
+                if self._post is not None:
+                    self._post()
+            except BaseException as e:
+                if all(w.is_completed() for w in self._works):  # not merely out of time
+                    self._error, self._finished = e, True
+                raise
+            self._finished = True
+            self._works = []
+
+    def wait(self, timeout=None):
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds() if timeout.total_seconds() > 0 else None
+        self._finish(timeout)
+        return True
+
+    def is_completed(self):
+        return self._finished or all(w.is_completed() for w in self._works)
+
+    def is_success(self):
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        return self._result
+
+    def _complete_future(self):
+        try:
+            self._finish()
+        except BaseException as e:
+            self._fut.set_exception(e)
+        else:
+            self._fut.set_result(self._result)
+
+    def get_future(self):
+        with self._lock:
+            fut, self._fut = self._fut, self._fut or Future()
+        if fut is not None:
+            return fut
+        if self._finished or not self._works:
+            self._complete_future()
+        else:
+            self._pg._completer.add(self)
+        return self._fut
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """A torch process group over a ``pc.Communicator`` (see the module's docstring)."""
+
+    def __init__(self, comm: Communicator, rank: int, size: int):
+        super().__init__(rank, size)
+        self.comm = comm
+        self._completer = _Completer()
+
+    def getBackendName(self):
+        return NAME
+
+    def _work(self, works, result, post=None):
+        return Work(works, result, self, post)
+
+    def shutdown(self):
+        self._completer.stop()
+        self.comm.close()
+
+    # -- reductions ---------------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts):
+        works = []
+        for t in tensors:
+            x, op = _reduce_op(opts.reduceOp, _contiguous(t, "all_reduce"))
+            works.append(self.comm.all_reduce(x, op=op, async_op=True))
+        return self._work(works, tensors)
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts):
+        t = _contiguous(tensors[0], "reduce")
+        x, op = _reduce_op(opts.reduceOp, t)
+        return self._work([self.comm.reduce(x, root=opts.rootRank, op=op, async_op=True)], tensors)
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        works = []
+        for out, inputs in zip(outputs, input_lists):
+            flat, op = _reduce_op(opts.reduceOp, _pack(inputs))
+            o = _contiguous(out, "reduce_scatter output")
+            works.append(self.comm.reduce_scatter(flat, o, op=op, async_op=True))
+        return self._work(works, outputs)
+
+    def reduce_scatter_single(self, output, input, opts):
+        x, op = _reduce_op(opts.reduceOp, _contiguous(input, "reduce_scatter input"))
+        o = _contiguous(output, "reduce_scatter output")
+        return self._work([self.comm.reduce_scatter(x, o, op=op, async_op=True)], [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._work([w for tw in works for w in tw._works], outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- data movement ------------------------------------------------------------------------
+
+    def broadcast(self, tensors, opts):
+        works = [
+            self.comm.broadcast(_contiguous(t, "broadcast"), root=opts.rootRank, async_op=True)
+            for t in tensors
+        ]
+        return self._work(works, tensors)
+
+    def allgather(self, output_lists, inputs, opts):
+        works, posts = [], []
+        for outs, x in zip(output_lists, inputs):
+            flat = _flat_like(outs)
+            works.append(
+                self.comm.all_gather(_contiguous(x, "all_gather"), _plain(flat), async_op=True)
+            )
+            posts.append(_unpacker(flat, outs))
+        return self._work(works, output_lists, lambda: [p() for p in posts])
+
+    def allgather_coalesced(self, output_lists, inputs, opts):
+        return self.allgather(output_lists, inputs, opts)
+
+    def all_gather_single(self, output, input, opts):
+        o = _contiguous(output, "all_gather output")
+        x = _contiguous(input, "all_gather input")
+        return self._work([self.comm.all_gather(x, o, async_op=True)], [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._work([w for tw in works for w in tw._works], outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts):
+        x = _contiguous(input, "all_to_all input")
+        o = _contiguous(output, "all_to_all output")
+        n = self.comm.size
+        if not input_splits and not output_splits:
+            work = self.comm.all_to_all(x, o, async_op=True)
+        else:
+            in_rows = list(input_splits) or [input.shape[0] // n] * n
+            out_rows = list(output_splits) or [output.shape[0] // n] * n
+            in_row = input[0].numel() if input.dim() > 0 and input.shape[0] else 1
+            out_row = output[0].numel() if output.dim() > 0 and output.shape[0] else 1
+            work = self.comm.all_to_all(
+                x,
+                o,
+                in_splits=[r * in_row for r in in_rows],
+                out_splits=[r * out_row for r in out_rows],
+                async_op=True,
+            )
+        return self._work([work], [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs, inputs, opts):
+        flat_in = _plain(_pack(inputs))
+        flat_out = _flat_like(outputs)
+        work = self.comm.all_to_all(
+            flat_in,
+            _plain(flat_out),
+            in_splits=[t.numel() for t in inputs],
+            out_splits=[t.numel() for t in outputs],
+            async_op=True,
+        )
+        return self._work([work], outputs, _unpacker(flat_out, outputs))
+
+    def gather(self, output_lists, inputs, opts):
+        root = opts.rootRank
+        x = _contiguous(inputs[0], "gather input")
+        if self.comm.rank == root:
+            outs = output_lists[0]
+            flat = _flat_like(outs)
+            work = self.comm.gather(x, _plain(flat), root=root, async_op=True)
+            return self._work([work], output_lists, _unpacker(flat, outs))
+        return self._work([self.comm.gather(x, None, root=root, async_op=True)], output_lists)
+
+    def scatter(self, outputs, input_lists, opts):
+        root = opts.rootRank
+        o = _contiguous(outputs[0], "scatter output")
+        x = _plain(_pack(input_lists[0])) if self.comm.rank == root else None
+        return self._work([self.comm.scatter(x, o, root=root, async_op=True)], outputs)
+
+    # -- point to point -----------------------------------------------------------------------
+
+    def send(self, tensors, dst, tag):
+        works = [self.comm.send(_contiguous(t, "send"), dst, tag, async_op=True) for t in tensors]
+        return self._work(works, tensors)
+
+    def recv(self, tensors, src, tag):
+        works = [self.comm.recv(_contiguous(t, "recv"), src, tag, async_op=True) for t in tensors]
+        return self._work(works, tensors)
+
+    def recv_anysource(self, tensors, tag):
+        raise CollectiveError("the pycollectives backend cannot receive from any source")
+
+    def barrier(self, opts=None):
+        return self._work([self.comm.barrier(async_op=True)], [])
+
+
+def _group(store, rank, size):
+    """The rendezvous of a backend: for the default group of an mpiexec launch, the MPI world
+    (which may span several machines); otherwise the store torch hands the backend (one
+    machine). Every rank of a group decides alike: the default group is made before
+    ``dist.is_initialized()``, and its ranks are the MPI world's under mpiexec."""
+    if not dist.is_initialized() and size > 1:
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        if (world.Get_rank(), world.Get_size()) == (rank, size):
+            return bootstrap.MpiGroup(world)
+    return bootstrap.StoreGroup(rank, size, store)
+
+
+def create(store, rank, size, timeout):
+    """The creator torch calls for every process group of this backend."""
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    comm = Communicator(_group(store, rank, size), timeout=seconds)
+    return ProcessGroup(comm, rank, size)
+
+
+def register():
+    """Registers the backend with torch (once)."""
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, create, devices=["cpu", "cuda"])
