@@ -201,9 +201,24 @@ class ProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self.comm = comm
         self._completer = _Completer()
+        self._name, self._desc = "", ""
 
     def getBackendName(self):
         return NAME
+
+    # The group's name and description (torch keeps them in its backends; this group is its
+    # own backend).
+    def getGroupName(self):
+        return self._name
+
+    def setGroupName(self, name):
+        self._name = name
+
+    def getGroupDesc(self):
+        return self._desc
+
+    def setGroupDesc(self, desc):
+        self._desc = desc
 
     def _work(self, works, result, post=None):
         return Work(works, result, self, post)
@@ -366,14 +381,19 @@ def _group(store, rank, size):
     return bootstrap.StoreGroup(rank, size, store)
 
 
-def create(store, rank, size, timeout):
-    """The creator torch calls for every process group of this backend."""
+def create(opts, backend_options=None):
+    """The creator torch calls for every process group of this backend (its extended form:
+    `opts` also names the group, which DeviceMesh and functional collectives look it up by)."""
+    timeout = opts.timeout
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    comm = Communicator(_group(store, rank, size), timeout=seconds)
-    return ProcessGroup(comm, rank, size)
+    rank, size = opts.group_rank, opts.group_size
+    comm = Communicator(_group(opts.store, rank, size), timeout=seconds)
+    pg = ProcessGroup(comm, rank, size)
+    pg.setGroupName(opts.group_id)
+    return pg
 
 
 def register():
     """Registers the backend with torch (once)."""
     if NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(NAME, create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu", "cuda"])

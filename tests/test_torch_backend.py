@@ -1,6 +1,7 @@
 """pycollectives as a torch.distributed backend (see workers/torch_backend.py): every operation
-torch sends a backend against gloo in the same job, stock DistributedDataParallel against
-gloo, clear errors; launched by mpiexec and by torchrun."""
+torch sends a backend against gloo in the same job; stock DistributedDataParallel,
+ZeroRedundancyOptimizer, FSDP2, tensor parallel and pipelining against gloo; clear errors;
+launched by mpiexec and by torchrun."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def test_every_operation_matches_gloo(nranks):
 def test_stock_ddp_trains_as_on_gloo(nranks):
     out = run_mpi(nranks, "torch_backend.py", "ddp", timeout=300)
     assert out.count("PASS torch ddp") == nranks, out
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_zero_fsdp_tensor_parallel_and_pipelining_train_as_on_gloo(nranks):
+    out = run_mpi(nranks, "torch_backend.py", "parallel", timeout=300)
+    assert out.count("PASS torch parallel") == nranks, out
 
 
 def test_unsupported_ops_and_layouts_are_refused():

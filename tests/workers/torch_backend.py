@@ -1,9 +1,9 @@
 """The "pycollectives" torch.distributed backend against gloo in the same job: every operation
 torch sends a backend, on every dtype, gives gloo's result (or, where gloo has no such
-operation or dtype, the value computed here); stock DistributedDataParallel trains to gloo's
-parameters.
+operation or dtype, the value computed here); stock DistributedDataParallel, ZeRO, FSDP2,
+tensor parallel and pipelining (GPipe, 1F1B) train to gloo's parameters.
 
-Usage: mpiexec -n N python torch_backend.py ops|ddp|errors
+Usage: mpiexec -n N python torch_backend.py ops|ddp|parallel|errors
 (or under torchrun, where pycollectives.torch.init_process_group is dist.init_process_group)
 """
 
@@ -231,6 +231,125 @@ def check_ddp(gloo):
     print(f"PASS torch ddp rank={r}")
 
 
+def _mesh(group):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
+
+
+def _batches(rank, steps, width=12):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(8, width, generator=g) for _ in range(steps)]
+
+
+def _mlp(width=12, depth=3):
+    torch.manual_seed(0)  # the same on every rank: FSDP and TP expect replicas to start alike
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+
+
+def _full(params):
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in params]
+
+
+def _close(a, b, what):
+    for i, (p, q) in enumerate(zip(a, b)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"{what}: parameter {i}")
+
+
+def zero_run(group, r):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(), process_group=group)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2, process_group=group
+    )
+    for x in _batches(r, 3):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
+def fsdp_run(group, r):
+    from torch.distributed.fsdp import fully_shard
+
+    model, mesh = _mlp(), _mesh(group)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in _batches(r, 3):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
+def tp_run(group, r):
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    n = dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(12, 8 * n), torch.nn.ReLU(), torch.nn.Linear(8 * n, 12)
+    )
+    parallelize_module(model, _mesh(group), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in _batches(0, 3):  # tensor parallel: every rank sees the same batch
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
+def pipeline_run(group, r, schedule):
+    from torch.distributed import pipelining
+
+    n = dist.get_world_size()
+    torch.manual_seed(0)
+    stages = [torch.nn.Sequential(torch.nn.Linear(12, 12), torch.nn.Tanh()) for _ in range(n)]
+    stage = pipelining.PipelineStage(stages[r], r, n, torch.device("cpu"), group=group)
+    cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule]
+    sched = cls(stage, n_microbatches=4, loss_fn=lambda out, target: (out - target).square().mean())
+    opt = torch.optim.SGD(stages[r].parameters(), lr=0.1)
+    losses = []
+    for x in _batches(0, 2):
+        if r == 0:
+            sched.step(x)
+        elif r == n - 1:
+            sched.step(target=torch.zeros_like(x), losses=losses)
+        else:
+            sched.step()
+        opt.step()
+        opt.zero_grad()
+    return _full(stages[r].parameters()) + ([torch.stack(losses)] if losses else [])
+
+
+def check_parallel(gloo):
+    """ZeRO, FSDP2, tensor parallel and pipelining on our backend give gloo's parameters."""
+    r = dist.get_rank()
+    runs = {
+        "ZeroRedundancyOptimizer": zero_run,
+        "fully_shard": fsdp_run,
+        "parallelize_module": tp_run,
+        "pipelining GPipe": lambda g, r: pipeline_run(g, r, "gpipe"),
+        "pipelining 1F1B": lambda g, r: pipeline_run(g, r, "1f1b"),
+    }
+    for name, run in runs.items():
+        _close(run(None, r), run(gloo, r), name)
+        dist.barrier()
+    print(f"PASS torch parallel rank={r}")
+
+
 def check_errors(gloo):
     r = dist.get_rank()
     for op, words in ((dist.ReduceOp.BAND, "BAND"), (dist.ReduceOp.BXOR, "BXOR")):
@@ -259,7 +378,9 @@ def main():
         pct.init_process_group(timeout=60)
     assert dist.get_backend() == "pycollectives", dist.get_backend()
     gloo = dist.new_group(backend="gloo")
-    {"ops": check_ops, "ddp": check_ddp, "errors": check_errors}[sys.argv[1]](gloo)
+    cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
+    cases["errors"] = check_errors
+    cases[sys.argv[1]](gloo)
     dist.destroy_process_group()
 
 
