@@ -151,6 +151,15 @@ def check_ops(gloo):
             dist.recv(b, 0, tag=1)
             same(a, torch.full((5,), 2.0), "recv tag 2")
             same(b, torch.full((3,), 1.0), "recv tag 1")
+    # torch's functional collectives (DTensor's) dispatch to the backend from C++.
+    import torch.distributed._functional_collectives as funcol
+
+    world = dist.group.WORLD
+    same(funcol.all_reduce(torch.ones(4), "sum", world), torch.full((4,), float(n)), "funcol")
+    got = funcol.all_gather_tensor(torch.full((2,), float(r)), 0, world)
+    same(got, torch.arange(n).repeat_interleave(2).float(), "funcol all_gather_tensor")
+    got = funcol.reduce_scatter_tensor(torch.arange(2.0 * n), "sum", 0, world)
+    same(got, n * torch.arange(2.0 * r, 2.0 * r + 2), "funcol reduce_scatter_tensor")
     # A subgroup of the first two ranks (every rank makes it, as torch requires).
     sub = dist.new_group([0, 1 % n])
     if r < 2:
