@@ -34,6 +34,11 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--bucket-view",
+        action="store_true",
+        help="torch DDP with gradient_as_bucket_view=True (no copies into its buckets)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
@@ -49,7 +54,11 @@ def main():
     pct.init_process_group()  # the default group: the "pycollectives" backend
     gloo = dist.new_group(backend="gloo")
     comm = pc.Communicator()
-    DDP = torch.nn.parallel.DistributedDataParallel
+    def DDP(module, **kw):
+        return torch.nn.parallel.DistributedDataParallel(
+            module, gradient_as_bucket_view=args.bucket_view, **kw
+        )
+
     models = {
         "local": copy.deepcopy(base),
         "ours": OurDDP(copy.deepcopy(base), comm),
@@ -88,7 +97,8 @@ def main():
     if r == 0:
         print(
             f"# {nparams / 1e6:.1f} M parameters, batch {args.batch}/rank, {n} ranks, "
-            f"1 thread/rank, median of {args.rounds} x {args.steps} steps"
+            f"1 thread/rank, median of {args.rounds} x {args.steps} steps; torch DDP "
+            f"gradient_as_bucket_view={args.bucket_view}"
         )
         for k in ("local", "ours", "torch_ours", "torch_gloo", "allreduce"):
             print(f"  {k:>12}: {t[k] * 1e3:8.1f} ms")
