@@ -54,6 +54,7 @@ def main():
     pct.init_process_group()  # the default group: the "pycollectives" backend
     gloo = dist.new_group(backend="gloo")
     comm = pc.Communicator()
+
     def DDP(module, **kw):
         return torch.nn.parallel.DistributedDataParallel(
             module, gradient_as_bucket_view=args.bucket_view, **kw

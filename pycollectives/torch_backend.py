@@ -11,8 +11,8 @@ communicator's timeout.
 Every operation is issued asynchronously on the communicator (it runs on its progress thread,
 in issue order) and returns a ``Work`` whose ``wait()``, ``is_completed()`` and
 ``get_future()`` behave as torch's own: a blocking torch call simply waits. Futures complete
-from a helper thread once their operation has, so DDP's communication hooks overlap with
-backward. Tensors pass without copies where the layout allows (CPU tensors are host memory;
+from a helper thread once their operation has (DDP's communication hooks chain on them).
+Tensors pass without copies where the layout allows (CPU tensors are host memory;
 CUDA tensors take the CUDA transport, ordered on the current stream); lists of separate
 tensors (``all_gather`` into a list, ``reduce_scatter`` from one, ``all_to_all`` of lists,
 ``gather``, ``scatter``) go through one contiguous buffer.
