@@ -73,21 +73,100 @@ def init_process_group(*, timeout=None, **kwargs):
 
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+try:  # bfloat16 buckets are numpy arrays of ml_dtypes' bfloat16
+    import ml_dtypes
+
+    _NUMPY_DTYPES[torch.bfloat16] = ml_dtypes.bfloat16
+except ImportError:
+    pass
+
+_BUFFER_DTYPES = set(_NUMPY_DTYPES) | {
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+}
+
+# torch DDP's arguments: those that mean something here, and those refused by name.
+_ACCEPTED = {
+    "device_ids": "CPU modules take none",
+    "output_device": "CPU modules take none",
+    "dim": "batches are split by the caller",
+    "gradient_as_bucket_view": "gradients are always views into the buckets",
+    "static_graph": "buckets are laid out again after the first step anyway",
+}
+_REFUSED = {
+    "process_group": "pass a pycollectives Communicator as `comm`",
+    "mixed_precision": "cast the module instead",
+    "delay_all_reduce_named_params": "not supported",
+    "param_to_hook_all_reduce": "not supported",
+    "init_sync": "parameters are always broadcast from rank 0",
+    "skip_all_reduce_unused_params": "not supported",
+}
+
+
+def _torch_view(a: np.ndarray) -> torch.Tensor:
+    """A numpy bucket view as a tensor on the same memory (bfloat16 through int16)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its parameters are broadcast from rank 0 and their gradients averaged.
 
     Args:
-        module: a CPU ``torch.nn.Module`` (float32, float64 or float16 parameters).
-        comm: a ``pc.Communicator``.
+        module: a CPU ``torch.nn.Module`` (float32, float64, float16 or bfloat16 parameters;
+            bfloat16 needs ml_dtypes).
+        comm: a ``pc.Communicator`` (None: ``pc.Communicator()``).
         bucket_cap_mb / first_bucket_mb: as ``GradientBucketer``.
+        broadcast_buffers: as torch DDP: rank 0's buffers (BatchNorm's running statistics,
+            ...) are broadcast at the start of every forward pass that records gradients
+            (outside ``no_sync``).
+        find_unused_parameters: as torch DDP: parameters that got no gradient in a backward
+            pass contribute zeros to the average (otherwise that is an error naming them).
+
+    torch DDP's other arguments are accepted where they mean nothing here (``device_ids``,
+    ``output_device``, ``dim``, ``gradient_as_bucket_view``, ``static_graph``) and refused by
+    name otherwise (``process_group``, ``mixed_precision``, ...).
     """
 
-    def __init__(self, module, comm, bucket_cap_mb=25.0, first_bucket_mb=1.0):
+    def __init__(
+        self,
+        module,
+        comm=None,
+        bucket_cap_mb=25.0,
+        first_bucket_mb=1.0,
+        *,
+        broadcast_buffers=True,
+        find_unused_parameters=False,
+        **torch_kwargs,
+    ):
         super().__init__()
+        for key, value in torch_kwargs.items():
+            if key in _REFUSED:
+                raise TypeError(
+                    f"DistributedDataParallel: {key} is not supported ({_REFUSED[key]})"
+                )
+            if key not in _ACCEPTED:
+                raise TypeError(f"DistributedDataParallel: unexpected argument {key!r}")
+            if key in ("device_ids", "output_device") and value not in (None, [], "cpu"):
+                raise ValueError(
+                    f"DistributedDataParallel: {key}={value!r}: this build moves host memory only"
+                )
+            if key == "dim" and value != 0:
+                raise ValueError(
+                    f"DistributedDataParallel: dim={value} is not supported ({_ACCEPTED[key]})"
+                )
+        if comm is None:
+            import pycollectives as pc
+
+            comm = pc.Communicator()
         self.module = module
         self.comm = comm
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         for name, p in named:
             if p.device.type != "cpu":
@@ -97,12 +176,14 @@ class DistributedDataParallel(torch.nn.Module):
             if p.dtype not in _NUMPY_DTYPES:
                 raise TypeError(f"parameter {name} has unsupported dtype {p.dtype}")
         self._params = [p for _, p in named]
+        self._buffers_synced = [b for b in module.buffers() if b.numel()]
+        for name, b in module.named_buffers():
+            if b.numel() and b.dtype not in _BUFFER_DTYPES:
+                raise TypeError(f"buffer {name} has unsupported dtype {b.dtype}")
         with torch.no_grad():
             for p in self._params:
-                comm.broadcast(p.detach().numpy(), root=0)
-            for b in module.buffers():
-                if b.dtype in _NUMPY_DTYPES:
-                    comm.broadcast(b.detach().numpy(), root=0)
+                comm.broadcast(p.detach(), root=0)
+            self._sync_buffers()
         self.bucketer = GradientBucketer(
             comm,
             [(tuple(p.shape), _NUMPY_DTYPES[p.dtype]) for p in self._params],
@@ -112,12 +193,18 @@ class DistributedDataParallel(torch.nn.Module):
         )
         self._attach()
         self._queued = False
+        self._fired = set()
         for i, p in enumerate(self._params):
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i, p))
 
+    def _sync_buffers(self):
+        for b in self._buffers_synced:
+            t = b.detach()
+            self.comm.broadcast(t.view(torch.uint8) if t.dtype == torch.bool else t, root=0)
+
     def _attach(self):
         """Points every p.grad at its bucket view (keeping the current values)."""
-        self._views = [torch.from_numpy(v) for v in self.bucketer.grads]
+        self._views = [_torch_view(v) for v in self.bucketer.grads]
         for p, v in zip(self._params, self._views):
             if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
                 v.copy_(p.grad)
@@ -133,14 +220,25 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        self._fired.add(i)
         self.bucketer.mark_ready(i)
 
     def _backward_done(self):
         self._queued = False
+        if self.find_unused_parameters and self.bucketer.syncing:
+            for i, v in enumerate(self._views):
+                if i not in self._fired:  # no gradient this pass: zeros to the average
+                    v.zero_()
+                    self._params[i].grad = v
+                    self.bucketer.mark_ready(i)
+        self._fired.clear()
         self.bucketer.synchronize()
         self._attach()  # the first step may have laid the buckets out anew
 
     def forward(self, *args, **kwargs):
+        if self.broadcast_buffers and torch.is_grad_enabled() and self.bucketer.syncing:
+            with torch.no_grad():
+                self._sync_buffers()
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -193,6 +193,11 @@ class GradientBucketer:
         keep = [v.copy() for v in self._views]
         self._layout([int(i) for i in order], keep)
 
+    @property
+    def syncing(self) -> bool:
+        """False inside ``no_sync()``."""
+        return not self._no_sync
+
     @contextlib.contextmanager
     def no_sync(self):
         """Steps inside skip communication: gradients accumulate locally, and the first step

@@ -38,6 +38,62 @@ def train(model, batches, lr=0.1):
     return model
 
 
+class BranchNet(torch.nn.Module):
+    """BatchNorm (buffers), and a branch used only on rank 0's even steps (unused parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(20, 32)
+        self.bn = torch.nn.BatchNorm1d(32)
+        self.b = torch.nn.Linear(32, 5)
+        self.extra = torch.nn.Linear(32, 5)
+
+    def forward(self, x, use_extra=False):
+        h = torch.relu(self.bn(self.a(x)))
+        return self.b(h) + (self.extra(h) if use_extra else 0)
+
+
+def run_semantics(model, r, dtype, steps=4):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(10 + r)
+    for step in range(steps):
+        x = (torch.randn(8, 20, generator=g) + r).to(dtype)
+        y = torch.randint(0, 5, (8,), generator=g)
+        out = model(x, use_extra=(r == 0 and step % 2 == 0))
+        torch.nn.functional.cross_entropy(out.float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return model.module
+
+
+def check_torch_semantics(comm, r, n):
+    """Buffers broadcast every forward, unused parameters, bfloat16: as torch DDP on gloo."""
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        torch.manual_seed(5 + r)  # replicas start apart: the wrappers broadcast rank 0's
+        base = BranchNet().to(dtype)
+        ours = run_semantics(
+            OurDDP(copy.deepcopy(base), comm, find_unused_parameters=True, device_ids=None),
+            r,
+            dtype,
+        )
+        theirs = run_semantics(
+            torch.nn.parallel.DistributedDataParallel(
+                copy.deepcopy(base), find_unused_parameters=True
+            ),
+            r,
+            dtype,
+        )
+        for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=f"{dtype} {name}")
+    for bad, words in (({"process_group": None}, "Communicator"), ({"bogus": 1}, "bogus")):
+        try:
+            OurDDP(BranchNet(), comm, **bad)
+        except TypeError as e:
+            assert words in str(e), e
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
 def main():
     world = MPI.COMM_WORLD
     n, r = world.size, world.rank
@@ -106,6 +162,7 @@ def main():
         want = sum(s[i] for s in sums) / n
         np.testing.assert_allclose(gi.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
+    check_torch_semantics(comm, r, n)
     dist.destroy_process_group()
     comm.close()
     world.Barrier()
