@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -374,6 +375,10 @@ def check_errors(gloo):
         assert "contiguous" in str(e), e
     else:
         raise AssertionError("a non-contiguous tensor was accepted")
+    # init_process_group(timeout=60) and new_group(timeout=...) bound our waits.
+    assert dist.distributed_c10d._get_default_group().comm.timeout == 60
+    short = dist.new_group(timeout=timedelta(seconds=7))
+    assert short.comm.timeout == 7, short.comm.timeout
     t = torch.ones(5)
     dist.all_reduce(t)  # still usable
     assert (t == dist.get_world_size()).all()
