@@ -8,8 +8,9 @@
 that is the mpiexec world, which also covers several machines). ``timeout=`` becomes the
 communicator's timeout.
 
-Every operation is issued asynchronously on the communicator (it runs on its progress thread,
-in issue order) and returns a ``Work`` whose ``wait()``, ``is_completed()`` and
+Collectives of 1 MiB and more, and every send/recv, are issued asynchronously on the
+communicator (its progress thread runs them in issue order); smaller collectives run at once
+on the calling thread. Each returns a ``Work`` whose ``wait()``, ``is_completed()`` and
 ``get_future()`` behave as torch's own: a blocking torch call simply waits. Futures complete
 from a helper thread once their operation has (DDP's communication hooks chain on them).
 Tensors pass without copies where the layout allows (CPU tensors are host memory;
@@ -24,13 +25,15 @@ import queue
 import threading
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from pycollectives import bootstrap
+from pycollectives import arrays, bootstrap
 from pycollectives.communicator import Communicator
 from pycollectives.errors import CollectiveError
+from pycollectives.work import Work as PcWork
 
 NAME = "pycollectives"
 _BOOL_OPS = {"SUM": "max", "MAX": "max", "MIN": "min", "PRODUCT": "min"}  # logical or / and
@@ -39,12 +42,19 @@ _BOOL_OPS = {"SUM": "max", "MAX": "max", "MIN": "min", "PRODUCT": "min"}  # logi
 _SUPPORTED = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 
 
+_OP_NAMES: dict = {}  # RedOpType -> name, filled as ops are met
+
+
 def _op_name(op) -> str:
-    for name in _SUPPORTED + ("BAND", "BOR", "BXOR", "PREMUL_SUM"):
-        if op == getattr(dist.ReduceOp, name, None):
-            break
-    else:
-        name = repr(op)
+    name = _OP_NAMES.get(op.op)
+    if name is None:
+        for name in _SUPPORTED + ("BAND", "BOR", "BXOR", "PREMUL_SUM"):
+            if op == getattr(dist.ReduceOp, name, None):
+                break
+        else:
+            name = repr(op)
+        if name in _SUPPORTED:
+            _OP_NAMES[op.op] = name
     if name not in _SUPPORTED:
         raise ValueError(
             f"the pycollectives backend reduces with SUM, AVG, PRODUCT, MIN or MAX, not {name}"
@@ -53,22 +63,45 @@ def _op_name(op) -> str:
 
 
 def _reduce_op(op, tensor):
-    """(tensor as the communicator takes it, op name) for a torch ReduceOp."""
+    """(`tensor` as the communicator takes it, op name) for a torch ReduceOp."""
     name = _op_name(op)
     if tensor.dtype == torch.bool:
-        return tensor.view(torch.uint8), _BOOL_OPS.get(name, "max")
-    return tensor, {"PRODUCT": "prod"}.get(name, name.lower())
+        return _plain(tensor), _BOOL_OPS.get(name, "max")
+    return _plain(tensor), {"PRODUCT": "prod"}.get(name, name.lower())
+
+
+# Collectives on fewer bytes run on the calling thread (microseconds), larger ones on the
+# communicator's progress thread, so that they overlap with what the caller does meanwhile
+# (handing an operation over costs tens of microseconds on a busy machine). Point-to-point
+# operations always go asynchronously: a blocking send would wait for its receiver.
+ASYNC_BYTES = 1 << 20
+
+
+def _async(a, times=1) -> bool:
+    nbytes = a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.element_size()
+    return nbytes * times >= ASYNC_BYTES
 
 
 def _plain(t):
-    """`t` as the communicator takes it: bool as uint8 (same bytes)."""
-    return t.view(torch.uint8) if t.dtype == torch.bool else t
+    """`t` as the communicator takes it: a CPU tensor as a numpy view of its memory (the
+    communicator's fastest path), bool as uint8 (the same bytes); a CUDA tensor as it is."""
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    if not t.is_cpu:
+        return t
+    if t.dtype == torch.bfloat16:
+        return arrays.host_view(t)
+    return t.detach().numpy()
+
+
+def _checked(t, what):
+    if not t.is_contiguous():
+        raise ValueError(f"the pycollectives backend needs contiguous tensors ({what})")
+    return t
 
 
 def _contiguous(t, what):
-    if not t.is_contiguous():
-        raise ValueError(f"the pycollectives backend needs contiguous tensors ({what})")
-    return _plain(t)
+    return _plain(_checked(t, what))
 
 
 def _flat_like(tensors):
@@ -131,7 +164,7 @@ class Work(dist.distributed_c10d.Work):
 
     def __init__(self, works, result, pg, post=None):
         super().__init__()
-        self._works = [w for w in works if w is not None]
+        self._works = [w for w in works if isinstance(w, PcWork)]  # not those already done
         self._result, self._pg, self._post = result, pg, post
         self._fut = None
         self._lock = threading.Lock()
@@ -232,30 +265,31 @@ class ProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts):
         works = []
         for t in tensors:
-            x, op = _reduce_op(opts.reduceOp, _contiguous(t, "all_reduce"))
-            works.append(self.comm.all_reduce(x, op=op, async_op=True))
+            x, op = _reduce_op(opts.reduceOp, _checked(t, "all_reduce"))
+            works.append(self.comm.all_reduce(x, op=op, async_op=_async(x)))
         return self._work(works, tensors)
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts):
-        t = _contiguous(tensors[0], "reduce")
-        x, op = _reduce_op(opts.reduceOp, t)
-        return self._work([self.comm.reduce(x, root=opts.rootRank, op=op, async_op=True)], tensors)
+        x, op = _reduce_op(opts.reduceOp, _checked(tensors[0], "reduce"))
+        return self._work(
+            [self.comm.reduce(x, root=opts.rootRank, op=op, async_op=_async(x))], tensors
+        )
 
     def reduce_scatter(self, outputs, input_lists, opts):
         works = []
         for out, inputs in zip(outputs, input_lists):
             flat, op = _reduce_op(opts.reduceOp, _pack(inputs))
             o = _contiguous(out, "reduce_scatter output")
-            works.append(self.comm.reduce_scatter(flat, o, op=op, async_op=True))
+            works.append(self.comm.reduce_scatter(flat, o, op=op, async_op=_async(flat)))
         return self._work(works, outputs)
 
     def reduce_scatter_single(self, output, input, opts):
-        x, op = _reduce_op(opts.reduceOp, _contiguous(input, "reduce_scatter input"))
+        x, op = _reduce_op(opts.reduceOp, _checked(input, "reduce_scatter input"))
         o = _contiguous(output, "reduce_scatter output")
-        return self._work([self.comm.reduce_scatter(x, o, op=op, async_op=True)], [output])
+        return self._work([self.comm.reduce_scatter(x, o, op=op, async_op=_async(x))], [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -268,10 +302,10 @@ class ProcessGroup(dist.ProcessGroup):
     # -- data movement ------------------------------------------------------------------------
 
     def broadcast(self, tensors, opts):
-        works = [
-            self.comm.broadcast(_contiguous(t, "broadcast"), root=opts.rootRank, async_op=True)
-            for t in tensors
-        ]
+        works = []
+        for t in tensors:
+            x = _contiguous(t, "broadcast")
+            works.append(self.comm.broadcast(x, root=opts.rootRank, async_op=_async(x)))
         return self._work(works, tensors)
 
     def allgather(self, output_lists, inputs, opts):
@@ -279,7 +313,9 @@ class ProcessGroup(dist.ProcessGroup):
         for outs, x in zip(output_lists, inputs):
             flat = _flat_like(outs)
             works.append(
-                self.comm.all_gather(_contiguous(x, "all_gather"), _plain(flat), async_op=True)
+                self.comm.all_gather(
+                    _contiguous(x, "all_gather"), _plain(flat), async_op=_async(flat)
+                )
             )
             posts.append(_unpacker(flat, outs))
         return self._work(works, output_lists, lambda: [p() for p in posts])
@@ -290,7 +326,7 @@ class ProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts):
         o = _contiguous(output, "all_gather output")
         x = _contiguous(input, "all_gather input")
-        return self._work([self.comm.all_gather(x, o, async_op=True)], [output])
+        return self._work([self.comm.all_gather(x, o, async_op=_async(o))], [output])
 
     _allgather_base = all_gather_single
 
@@ -305,7 +341,7 @@ class ProcessGroup(dist.ProcessGroup):
         o = _contiguous(output, "all_to_all output")
         n = self.comm.size
         if not input_splits and not output_splits:
-            work = self.comm.all_to_all(x, o, async_op=True)
+            work = self.comm.all_to_all(x, o, async_op=_async(x))
         else:
             in_rows = list(input_splits) or [input.shape[0] // n] * n
             out_rows = list(output_splits) or [output.shape[0] // n] * n
@@ -316,7 +352,7 @@ class ProcessGroup(dist.ProcessGroup):
                 o,
                 in_splits=[r * in_row for r in in_rows],
                 out_splits=[r * out_row for r in out_rows],
-                async_op=True,
+                async_op=_async(x),
             )
         return self._work([work], [output])
 
@@ -330,7 +366,7 @@ class ProcessGroup(dist.ProcessGroup):
             _plain(flat_out),
             in_splits=[t.numel() for t in inputs],
             out_splits=[t.numel() for t in outputs],
-            async_op=True,
+            async_op=_async(flat_in),
         )
         return self._work([work], outputs, _unpacker(flat_out, outputs))
 
@@ -340,15 +376,19 @@ class ProcessGroup(dist.ProcessGroup):
         if self.comm.rank == root:
             outs = output_lists[0]
             flat = _flat_like(outs)
-            work = self.comm.gather(x, _plain(flat), root=root, async_op=True)
+            work = self.comm.gather(x, _plain(flat), root=root, async_op=_async(flat))
             return self._work([work], output_lists, _unpacker(flat, outs))
-        return self._work([self.comm.gather(x, None, root=root, async_op=True)], output_lists)
+        return self._work(
+            [self.comm.gather(x, None, root=root, async_op=_async(x, self.comm.size))], output_lists
+        )
 
     def scatter(self, outputs, input_lists, opts):
         root = opts.rootRank
         o = _contiguous(outputs[0], "scatter output")
         x = _plain(_pack(input_lists[0])) if self.comm.rank == root else None
-        return self._work([self.comm.scatter(x, o, root=root, async_op=True)], outputs)
+        return self._work(
+            [self.comm.scatter(x, o, root=root, async_op=_async(o, self.comm.size))], outputs
+        )
 
     # -- point to point -----------------------------------------------------------------------
 
@@ -364,7 +404,7 @@ class ProcessGroup(dist.ProcessGroup):
         raise CollectiveError("the pycollectives backend cannot receive from any source")
 
     def barrier(self, opts=None):
-        return self._work([self.comm.barrier(async_op=True)], [])
+        return self._work([self.comm.barrier()], [])
 
 
 def _group(store, rank, size):
