@@ -52,8 +52,7 @@ bool StreamMark::done() const {
 }
 
 void StreamMark::wait(double timeout_s, const char* what) const {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
+  const auto deadline = deadline_after(timeout_s);
   Backoff backoff;
   while (!done()) {
     if (Clock::now() > deadline)

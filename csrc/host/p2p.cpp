@@ -104,8 +104,7 @@ std::shared_ptr<P2PEngine::Batch> P2PEngine::enqueue(const std::vector<P2POp>& o
   auto b = std::make_shared<Batch>();
   b->remaining = ops.size();
   b->timeout_s = comm_.timeout();
-  b->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(b->timeout_s));
+  b->deadline = deadline_after(b->timeout_s);
   if (async) b->work = std::make_shared<Work>();
   for (const P2POp& in : ops) {
     auto o = std::make_shared<Op>();

@@ -26,6 +26,12 @@ class ShmTransport;
 class FingerprintGuard;
 using Clock = std::chrono::steady_clock;
 
+// The time point `seconds` from now.
+inline Clock::time_point deadline_after(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 // Why we wait (for the error message if the wait fails).
 enum class WaitFor { Data, Space, Barrier, Arrival };
 
@@ -46,8 +52,7 @@ struct WaitContext {
     w.collective = collective;
     w.seq = seq;
     w.timeout_s = timeout_s;
-    w.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s));
+    w.deadline = deadline_after(timeout_s);
     w.transport = transport;
     w.abort = abort;
     return w;

@@ -71,8 +71,7 @@ class NetExecutor {
                              call.group.begin())),
         in_place_(overlap(call.in, input_count() * elem_, call.out, output_count() * elem_)),
         timeout_s_(c.timeout_s_.load()),
-        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(timeout_s_))) {
+        deadline_(deadline_after(timeout_s_)) {
     for (size_t i = 0; i < c_.pool_.size(); ++i) free_.push_back(static_cast<int>(i));
     // Every incoming message, in the order the steps consume them.
     for (const Step& s : steps_) {
