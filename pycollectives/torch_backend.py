@@ -112,12 +112,7 @@ def _flat_like(tensors):
 
 def _pack(tensors):
     """`tensors` copied into one contiguous buffer."""
-    flat = _flat_like(tensors)
-    off = 0
-    for t in tensors:
-        flat[off : off + t.numel()].copy_(t.reshape(-1))
-        off += t.numel()
-    return flat
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def _unpacker(flat, tensors):
@@ -286,16 +281,19 @@ class ProcessGroup(dist.ProcessGroup):
             works.append(self.comm.reduce_scatter(flat, o, op=op, async_op=_async(flat)))
         return self._work(works, outputs)
 
-    def reduce_scatter_single(self, output, input, opts):
+    def _reduce_scatter_one(self, output, input, opts):
         x, op = _reduce_op(opts.reduceOp, _checked(input, "reduce_scatter input"))
         o = _contiguous(output, "reduce_scatter output")
-        return self._work([self.comm.reduce_scatter(x, o, op=op, async_op=_async(x))], [output])
+        return self.comm.reduce_scatter(x, o, op=op, async_op=_async(x))
+
+    def reduce_scatter_single(self, output, input, opts):
+        return self._work([self._reduce_scatter_one(output, input, opts)], [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._work([w for tw in works for w in tw._works], outputs)
+        works = [self._reduce_scatter_one(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._work(works, outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -323,16 +321,19 @@ class ProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(self, output_lists, inputs, opts):
         return self.allgather(output_lists, inputs, opts)
 
-    def all_gather_single(self, output, input, opts):
+    def _all_gather_one(self, output, input):
         o = _contiguous(output, "all_gather output")
         x = _contiguous(input, "all_gather input")
-        return self._work([self.comm.all_gather(x, o, async_op=_async(o))], [output])
+        return self.comm.all_gather(x, o, async_op=_async(o))
+
+    def all_gather_single(self, output, input, opts):
+        return self._work([self._all_gather_one(output, input)], [output])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return self._work([w for tw in works for w in tw._works], outputs)
+        works = [self._all_gather_one(o, i) for o, i in zip(outputs, inputs)]
+        return self._work(works, outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
