@@ -290,6 +290,17 @@ def current_stream(info: ArrayInfo) -> int:
     return 0
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a dtype name; bfloat16 is ml_dtypes' (TypeError without it)."""
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        raise TypeError("bfloat16 as a numpy array needs ml_dtypes installed") from e
+    return np.dtype(ml_dtypes.bfloat16)
+
+
 def torch_loaded() -> bool:
     """Whether torch has been imported (only then can an argument be a torch tensor)."""
     return "torch" in sys.modules

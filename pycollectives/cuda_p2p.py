@@ -22,16 +22,6 @@ from pycollectives import _C, arrays
 from pycollectives.backends import P2POp
 
 
-def _numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError as e:  # the staging buffer needs a numpy bfloat16
-            raise TypeError("send/recv of bfloat16 GPU arrays needs ml_dtypes installed") from e
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
 class StagingPool:
     """Page-locked host buffers by size class (powers of two, from 64 KiB); a buffer is reused
     once the copies queued on it have finished, and never freed before."""
@@ -79,7 +69,7 @@ class _Staged:
     def __init__(self, kind, info, stream, buf):
         self.kind, self.info, self.stream, self.buf = kind, info, stream, buf
         self.view = np.frombuffer(buf, np.uint8, count=info.nbytes).view(
-            _numpy_dtype(info.dtype_name)
+            arrays.numpy_dtype(info.dtype_name)
         )
 
 
@@ -131,8 +121,10 @@ class StagedP2P:
             handle = self._host_p2p(host_ops, async_op)
         except BaseException:
             for s in staged:  # the host is done with them; a send's copy may still run
-                mark = s.kind == "send" and self._native.StreamMark(s.info.device, s.stream)
-                self.pool.give(s.buf, mark or None)
+                mark = None
+                if s.kind == "send":
+                    mark = self._native.StreamMark(s.info.device, s.stream)
+                self.pool.give(s.buf, mark)
             raise
         if not async_op:
             self.land(staged)

@@ -20,6 +20,7 @@ from collections import Counter
 import numpy as np
 
 import pycollectives as pc
+from pycollectives import arrays
 from pycollectives import ops as _ops
 
 # Every collective of the core, and point-to-point exchanges.
@@ -33,10 +34,8 @@ def dtypes():
         np.dtype(t) for t in ("int8", "uint8", "int32", "int64", "float16", "float32", "float64")
     ]
     try:
-        import ml_dtypes
-
-        out.append(np.dtype(ml_dtypes.bfloat16))
-    except ImportError:
+        out.append(arrays.numpy_dtype("bfloat16"))
+    except TypeError:  # no ml_dtypes
         pass
     return out
 

@@ -26,11 +26,15 @@ Example (``mpiexec -n 2 python train.py``)::
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+from datetime import timedelta
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from pycollectives import torch_backend
+from pycollectives import arrays, torch_backend
 from pycollectives.ddp.bucketer import GradientBucketer
 
 torch_backend.register()
@@ -43,12 +47,6 @@ def init_process_group(*, timeout=None, **kwargs):
     agreed over MPI for torch's store. Under torchrun or another env:// launch (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set) those are used as they are.
     `timeout` (seconds or a timedelta) bounds every operation's wait for a peer."""
-    import os
-    import socket
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     if os.environ.get("RANK", "") == "" and os.environ.get("WORLD_SIZE", "") == "":
         from mpi4py import MPI
 
@@ -74,10 +72,8 @@ def init_process_group(*, timeout=None, **kwargs):
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 try:  # bfloat16 buckets are numpy arrays of ml_dtypes' bfloat16
-    import ml_dtypes
-
-    _NUMPY_DTYPES[torch.bfloat16] = ml_dtypes.bfloat16
-except ImportError:
+    _NUMPY_DTYPES[torch.bfloat16] = arrays.numpy_dtype("bfloat16")
+except TypeError:  # no ml_dtypes
     pass
 
 _BUFFER_DTYPES = set(_NUMPY_DTYPES) | {
