@@ -13,7 +13,12 @@
 #include "call_args.h"
 #include "common/errors.h"
 #include "emu/emu_comm.h"
+#include "host/host_capi.h"
 #include "host/host_comm.h"
+
+namespace pycoll {
+const pycoll_host_api* host_api();  // host_capi.cpp
+}
 
 namespace py = pybind11;
 using namespace pycoll;
@@ -79,6 +84,8 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("segment_name", &HostComm::segment_name)
       .def("attach", &HostComm::attach, py::arg("names"))
       .def("unlink", &HostComm::unlink)
+      // For host_api callers (the torch backend): this communicator as their `comm` argument.
+      .def_property_readonly("address", [](HostComm& c) { return reinterpret_cast<uintptr_t>(&c); })
       .def_property_readonly("rank", &HostComm::rank)
       .def_property_readonly("size", &HostComm::size)
       .def_property_readonly("seq", &HostComm::seq)
@@ -384,6 +391,8 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   bind_host_comm(m);
+  // The C interface of host/host_capi.h, for extensions built apart from this one.
+  m.attr("host_api") = py::capsule(static_cast<const void*>(host_api()), PYCOLL_HOST_API_NAME);
   bind_schedules(m);
   bind_emu_comm(m);
   bind_codes(m);

@@ -299,6 +299,19 @@ std::pair<size_t, int> check_args(const std::string& collective, py::handle x, p
   return {call.count, static_cast<int>(call.dtype)};
 }
 
+CollectiveCall described_call(Collective c, const void* x, size_t x_count, void* out,
+                              size_t out_count, int dtype, int root, int op, int algo, int rank,
+                              int size) {
+  if (!valid_dtype(dtype)) throw InvalidArgument(str_cat("unknown dtype code ", dtype));
+  ArrayArg xa, oa;
+  xa.ptr = static_cast<uint8_t*>(const_cast<void*>(x));
+  xa.count = x_count;
+  oa.ptr = static_cast<uint8_t*>(out);
+  oa.count = out_count;
+  xa.dtype = oa.dtype = static_cast<DType>(dtype);
+  return checked_call(c, xa, oa, root, op, algo, rank, size, Splits{});
+}
+
 // The collective's checks on arrays described elsewhere, as (pointer, element count, dtype
 // code), `out` None in the single-array forms and for gather off the root, `x` None for
 // scatter off the root; returns the call's count.

@@ -47,6 +47,12 @@ size_t check_described_args(const std::string& collective,
                             int algo, int rank, int size, const CountList& counts,
                             const CountList& in_splits, const CountList& out_splits);
 
+// A call on arrays given by pointer and element count (an absent array: null, 0 elements),
+// both of dtype code `dtype`, with parse_call's checks.
+CollectiveCall described_call(Collective c, const void* x, size_t x_count, void* out,
+                              size_t out_count, int dtype, int root, int op, int algo, int rank,
+                              int size);
+
 // p2p ops as ("send"|"recv", array, peer, tag), every one checked before anything moves.
 // `arrays` collects the arrays, to keep them alive as long as an asynchronous batch.
 std::vector<P2POp> parse_p2p(pybind11::handle ops_obj, int rank, int size, pybind11::list& arrays);

@@ -39,6 +39,7 @@ from pycollectives.ddp.bucketer import GradientBucketer
 
 torch_backend.register()
 BACKEND = torch_backend.NAME
+communicator = torch_backend.communicator
 
 
 def init_process_group(*, timeout=None, **kwargs):

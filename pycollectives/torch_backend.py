@@ -8,6 +8,13 @@
 that is the mpiexec world, which also covers several machines). ``timeout=`` becomes the
 communicator's timeout.
 
+Where the package was built against the installed torch, each group's backend is the C++
+``pycollectives._torch.Backend``: all_reduce, broadcast, reduce, all_gather and reduce_scatter
+into one tensor (and their coalesced forms) and barrier on CPU tensors go from torch's
+dispatcher straight to the shared-memory communicator, without Python; every other call (and
+CUDA tensors, and groups over several machines) reaches the Python ``ProcessGroup`` of this
+module, which it wraps. ``PYCOLL_TORCH_NATIVE=0`` uses the Python one alone.
+
 Collectives of 1 MiB and more, and every send/recv, are issued asynchronously on the
 communicator (its progress thread runs them in issue order); smaller collectives run at once
 on the calling thread. Each returns a ``Work`` whose ``wait()``, ``is_completed()`` and
@@ -21,6 +28,7 @@ tensors (``all_gather`` into a list, ``reduce_scatter`` from one, ``all_to_all``
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from datetime import timedelta
@@ -422,6 +430,17 @@ def _group(store, rank, size):
     return bootstrap.StoreGroup(rank, size, store)
 
 
+def _native():
+    """pycollectives._torch, or None where it was not built (or PYCOLL_TORCH_NATIVE=0)."""
+    if os.environ.get("PYCOLL_TORCH_NATIVE", "1").strip() == "0":
+        return None
+    try:
+        from pycollectives import _torch
+    except ImportError:
+        return None
+    return _torch
+
+
 def create(opts, backend_options=None):
     """The creator torch calls for every process group of this backend (its extended form:
     `opts` also names the group, which DeviceMesh and functional collectives look it up by)."""
@@ -431,7 +450,23 @@ def create(opts, backend_options=None):
     comm = Communicator(_group(opts.store, rank, size), timeout=seconds)
     pg = ProcessGroup(comm, rank, size)
     pg.setGroupName(opts.group_id)
-    return pg
+    native = _native()
+    if native is None:
+        return pg
+    host = comm._host.c if comm._fast_run is not None else None  # one machine: shared memory
+    return native.Backend(pg, host, rank, size, ASYNC_BYTES)
+
+
+def communicator(group=None) -> Communicator:
+    """The ``pc.Communicator`` under a process group of this backend (default: the default
+    group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroup):
+        pg = pg._get_backend(torch.device("cpu"))
+        pg = getattr(pg, "fallback", pg)
+    if not isinstance(pg, ProcessGroup):
+        raise ValueError(f"{group!r} is not a process group of the {NAME} backend")
+    return pg.comm
 
 
 def register():

@@ -17,9 +17,18 @@ pytest.importorskip("torch")
 WORKER = Path(__file__).parent / "workers" / "torch_backend.py"
 
 
-@pytest.mark.parametrize("nranks", [2, 3])
-def test_every_operation_matches_gloo(nranks):
-    out = run_mpi(nranks, "torch_backend.py", "ops", timeout=240)
+def test_the_cpp_backend_is_built_where_torch_is():
+    # make test builds against the installed torch; without the C++ half the backend would
+    # still work, through Python, and nothing else would notice.
+    from pycollectives import _torch  # noqa: F401
+
+
+@pytest.mark.parametrize("nranks,native", [(2, "1"), (3, "1"), (2, "0")])
+def test_every_operation_matches_gloo(nranks, native):
+    # native "0": the Python backend alone (what the C++ one hands CUDA tensors and
+    # multi-node groups to).
+    env = {"PYCOLL_TORCH_NATIVE": native}
+    out = run_mpi(nranks, "torch_backend.py", "ops", timeout=240, env=env)
     assert out.count("PASS torch ops") == nranks, out
 
 
@@ -35,8 +44,9 @@ def test_zero_fsdp_tensor_parallel_and_pipelining_train_as_on_gloo(nranks):
     assert out.count("PASS torch parallel") == nranks, out
 
 
-def test_unsupported_ops_and_layouts_are_refused():
-    out = run_mpi(2, "torch_backend.py", "errors")
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_unsupported_ops_and_layouts_are_refused_and_errors_named(native):
+    out = run_mpi(2, "torch_backend.py", "errors", env={"PYCOLL_TORCH_NATIVE": native})
     assert out.count("PASS torch errors") == 2, out
 
 

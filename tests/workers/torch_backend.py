@@ -9,7 +9,9 @@ Usage: mpiexec -n N python torch_backend.py ops|ddp|parallel|errors
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import warnings
 from datetime import timedelta
 
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from common import run_main
 
+import pycollectives as pc
 import pycollectives.torch as pct
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
@@ -101,6 +104,7 @@ def check_ops(gloo):
     part = torch.empty(4, dtype=torch.int64)
     dist.scatter(part, [torch.full((4,), q) for q in range(n)] if r == 0 else None, src=0)
     same(part, torch.full((4,), r), "scatter")
+    check_async(gloo)
     # Coalesced forms, AVG, bool, objects, futures.
     ts = [value(r, 10, torch.float32), value(r, 3, torch.float32)]
     ws = [t.clone() for t in ts]
@@ -360,6 +364,53 @@ def check_parallel(gloo):
     print(f"PASS torch parallel rank={r}")
 
 
+def check_async(gloo):
+    """Operations of 1 MiB and more run on the communicator's progress thread: results, Work
+    and futures as for the small ones, callbacks that issue collectives, several in flight."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    count = 300_000
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        x = value(r, count, dtype, salt=2)
+        a, b = x.clone(), x.clone()
+        dist.all_reduce(a, op=dist.ReduceOp.MAX)
+        dist.all_reduce(b, op=dist.ReduceOp.MAX, group=gloo)
+        same(a, b, f"async all_reduce MAX {dtype}")
+        a = x.clone()
+        dist.broadcast(a, n - 1)
+        same(a, value(n - 1, count, dtype, salt=2), f"async broadcast {dtype}")
+        a = x.clone()
+        dist.reduce(a, 1 % n)
+        if r == 1 % n:
+            same(a, sum(value(q, count, dtype, salt=2) for q in range(n)).to(dtype), "async reduce")
+        flat = torch.empty(n * count, dtype=dtype)
+        dist.all_gather_into_tensor(flat, x)
+        same(flat, torch.cat([value(q, count, dtype, salt=2) for q in range(n)]), "async gather")
+        part = torch.empty(count // n, dtype=dtype)
+        dist.reduce_scatter_tensor(part, x)
+        want = sum(value(q, count, dtype, salt=2) for q in range(n)).to(dtype)
+        same(part, want.chunk(n)[r], f"async reduce_scatter {dtype}")
+    # Several in flight, one dropped unwaited (its tensors stay alive until it is done), and
+    # a future whose callback issues collectives itself.
+    ts = [torch.full((count,), float(k + r)) for k in range(3)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    dist.all_reduce(torch.ones(count), async_op=True)
+    fut = dist.all_reduce(torch.ones(count), async_op=True).get_future()
+
+    def then(f):
+        small = f.value()[0][:4].clone()
+        dist.all_reduce(small)
+        return small
+
+    same(fut.then(then).wait(), torch.full((4,), float(n * n)), "callback issuing a collective")
+    for k, (w, t) in enumerate(zip(works, ts)):
+        w.wait()
+        assert w.is_completed() and w.is_success()
+        same(t, torch.full((count,), float(n * k + n * (n - 1) / 2)), f"in flight {k}")
+    coal = [torch.full((count,), 1.0), torch.full((7,), 2.0)]
+    dist.all_reduce_coalesced(coal)
+    same(coal[0], torch.full((count,), float(n)), "async all_reduce_coalesced")
+
+
 def check_errors(gloo):
     r = dist.get_rank()
     for op, words in ((dist.ReduceOp.BAND, "BAND"), (dist.ReduceOp.BXOR, "BXOR")):
@@ -376,12 +427,43 @@ def check_errors(gloo):
     else:
         raise AssertionError("a non-contiguous tensor was accepted")
     # init_process_group(timeout=60) and new_group(timeout=...) bound our waits.
-    assert dist.distributed_c10d._get_default_group().comm.timeout == 60
+    assert pct.communicator().timeout == 60
     short = dist.new_group(timeout=timedelta(seconds=7))
-    assert short.comm.timeout == 7, short.comm.timeout
+    assert pct.communicator(short).timeout == 7, pct.communicator(short).timeout
     t = torch.ones(5)
     dist.all_reduce(t)  # still usable
     assert (t == dist.get_world_size()).all()
+    # A bounded wait on an asynchronous operation whose peer is late: CollectiveTimeout, and
+    # the operation goes on to complete.
+    big = torch.ones(1 << 20)
+    if r == 1:
+        time.sleep(1.0)
+    work = dist.all_reduce(big, async_op=True)
+    if r == 0:
+        try:
+            work.wait(timeout=timedelta(seconds=0.1))
+        except pc.CollectiveTimeout as e:
+            assert "not complete after" in str(e), e
+        else:
+            raise AssertionError("Work.wait(timeout) returned while the peer was late")
+    work.wait()
+    assert (big == dist.get_world_size()).all()
+    # Ranks that disagree: CollectiveMismatch on both, that group unusable, the others fine.
+    odd = dist.new_group()
+    try:
+        dist.all_reduce(torch.ones(8 if r == 0 else 16), group=odd)
+    except pc.CollectiveMismatch as e:
+        assert "disagree" in str(e), e
+    else:
+        raise AssertionError("a mismatch went unnoticed")
+    try:
+        dist.all_reduce(torch.ones(8), group=odd)
+    except pc.CollectiveError as e:
+        assert "unusable" in str(e), e
+    else:
+        raise AssertionError("a poisoned group ran a collective")
+    dist.all_reduce(t)
+    assert (t == dist.get_world_size() ** 2).all()
     print(f"PASS torch errors rank={r}")
 
 
@@ -391,6 +473,13 @@ def main():
     else:
         pct.init_process_group(timeout=60)
     assert dist.get_backend() == "pycollectives", dist.get_backend()
+    # The C++ backend serves the groups unless PYCOLL_TORCH_NATIVE=0 asks for the Python one.
+    world = dist.group.WORLD
+    native = os.environ.get("PYCOLL_TORCH_NATIVE", "1") != "0"
+    if native:
+        assert world._get_backend(torch.device("cpu")).native, "not the C++ backend"
+    else:
+        assert isinstance(world, pct.torch_backend.ProcessGroup), type(world)
     gloo = dist.new_group(backend="gloo")
     cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
     cases["errors"] = check_errors

@@ -1,0 +1,559 @@
+// pycollectives._torch: the "pycollectives" torch.distributed backend as a c10d::Backend.
+//
+// The collectives a training loop calls most (all_reduce, broadcast, reduce, all_gather and
+// reduce_scatter into one tensor, their coalesced forms, barrier) on CPU tensors go from torch's
+// dispatcher straight to the host communicator, through _C's C interface (host/host_capi.h):
+// no Python, no GIL, no copy. Everything else (lists of separate tensors, all-to-all, gather,
+// scatter, send/recv, CUDA tensors, communicators over several nodes) goes to the Python
+// backend (pycollectives.torch_backend.ProcessGroup), which this object wraps.
+//
+// As there: calls on fewer than `async_bytes` run on the calling thread; larger ones are queued
+// on the communicator's progress thread, and a completion thread of this backend marks their
+// futures (so a future's callbacks never run on the progress thread, and may issue collectives)
+// and releases their tensors.
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <utility>
+#include <vector>
+
+#include "algo/schedule.h"
+#include "common/dtypes.h"
+#include "host/host_capi.h"
+
+namespace py = pybind11;
+
+namespace pycoll_torch {
+namespace {
+
+using pycoll::Collective;
+using pycoll::DType;
+using pycoll::RedOp;
+
+const pycoll_host_api* g_api = nullptr;
+// pycollectives' exception classes (held for the life of the process).
+PyObject* g_error = nullptr;
+PyObject* g_timeout = nullptr;
+PyObject* g_mismatch = nullptr;
+
+// A failed status as the exception the Python API raises for it: ValueError / TypeError for
+// bad arguments (torch maps c10's), pycollectives' own classes for failed collectives.
+[[noreturn]] void raise(const pycoll_status& st) {
+  const std::string msg = st.message;
+  switch (st.code) {
+    case PYCOLL_INVALID_TYPE:
+      TORCH_CHECK_TYPE(false, msg);
+      break;
+    case PYCOLL_INVALID_VALUE:
+      TORCH_CHECK_VALUE(false, msg);
+      break;
+    default:
+      break;
+  }
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    PyObject* cls = st.code == PYCOLL_TIMEOUT    ? g_timeout
+                    : st.code == PYCOLL_MISMATCH ? g_mismatch
+                                                 : g_error;
+    PyErr_SetString(cls, msg.c_str());
+    throw py::error_already_set();
+  }
+  throw c10::DistBackendError(msg, {});
+}
+
+// The element type of `t` as _C codes it; false when the host path does not carry it.
+bool dtype_code(const at::Tensor& t, int* code) {
+  switch (t.scalar_type()) {
+    case at::kChar:
+      *code = static_cast<int>(DType::Int8);
+      return true;
+    case at::kByte:
+    case at::kBool:
+      *code = static_cast<int>(DType::UInt8);
+      return true;
+    case at::kInt:
+      *code = static_cast<int>(DType::Int32);
+      return true;
+    case at::kLong:
+      *code = static_cast<int>(DType::Int64);
+      return true;
+    case at::kHalf:
+      *code = static_cast<int>(DType::Float16);
+      return true;
+    case at::kBFloat16:
+      *code = static_cast<int>(DType::BFloat16);
+      return true;
+    case at::kFloat:
+      *code = static_cast<int>(DType::Float32);
+      return true;
+    case at::kDouble:
+      *code = static_cast<int>(DType::Float64);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A torch reduction as _C's op code. bool tensors travel as uint8: SUM and MAX are a logical
+// or (max), MIN and PRODUCT a logical and (min).
+int op_code(const c10d::ReduceOp& op, const at::Tensor& t) {
+  using R = c10d::ReduceOp::RedOpType;
+  const bool boolean = t.scalar_type() == at::kBool;
+  switch (op.op_) {
+    case R::SUM:
+      return static_cast<int>(boolean ? RedOp::Max : RedOp::Sum);
+    case R::AVG:
+      return static_cast<int>(boolean ? RedOp::Max : RedOp::Avg);
+    case R::PRODUCT:
+      return static_cast<int>(boolean ? RedOp::Min : RedOp::Prod);
+    case R::MIN:
+      return static_cast<int>(RedOp::Min);
+    case R::MAX:
+      return static_cast<int>(RedOp::Max);
+    default:
+      break;
+  }
+  static const char* names[] = {"SUM",  "AVG", "PRODUCT", "MIN",        "MAX",
+                                "BAND", "BOR", "BXOR",    "PREMUL_SUM", "UNUSED"};
+  const auto k = static_cast<size_t>(op.op_);
+  TORCH_CHECK_VALUE(false,
+                    "the pycollectives backend reduces with SUM, AVG, PRODUCT, MIN or MAX, not ",
+                    k < 10 ? names[k] : "an unknown op");
+  return -1;  // not reached
+}
+
+// The asynchronous calls of one torch operation: their handles, the tensors they use (alive
+// until they complete), and the future torch sees.
+struct Pending {
+  std::vector<void*> handles;
+  std::vector<at::Tensor> keep;
+  std::vector<at::Tensor> outputs;
+  c10::intrusive_ptr<c10::ivalue::Future> future =
+      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+
+  ~Pending() {
+    for (void* h : handles) g_api->release(h);
+  }
+  // Waits for every call, up to `timeout_s` each (< 0: until it completes): the first status
+  // that is not OK, else OK.
+  pycoll_status wait(double timeout_s) const {
+    pycoll_status st{PYCOLL_OK, {0}};
+    for (void* h : handles)
+      if (g_api->wait(h, timeout_s, &st) != PYCOLL_OK) break;
+    return st;
+  }
+  bool done() const {
+    for (void* h : handles)
+      if (!g_api->done(h)) return false;
+    return true;
+  }
+};
+
+// The Work of a natively run operation: complete at once (run on the calling thread) or
+// pending on the progress thread.
+class NativeWork : public c10d::Work {
+ public:
+  NativeWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+             std::shared_ptr<Pending> pending)
+      : Work(rank, type), outputs_(std::move(outputs)), pending_(std::move(pending)) {}
+
+  bool isCompleted() override { return !pending_ || pending_->done(); }
+  bool isSuccess() const override {
+    return !pending_ || (pending_->future->completed() && !pending_->future->hasError());
+  }
+  std::exception_ptr exception() const override {
+    return pending_ && pending_->future->completed() && pending_->future->hasError()
+               ? pending_->future->exception_ptr()
+               : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!pending_) return true;
+    const double seconds = timeout.count() <= 0 ? -1.0 : timeout.count() / 1000.0;  // 0: none
+    pycoll_status st = pending_->wait(seconds);
+    if (st.code == PYCOLL_PENDING) {
+      st.code = PYCOLL_TIMEOUT;
+      std::snprintf(st.message, sizeof(st.message),
+                    "Work.wait: not complete after %.3f s (the collective goes on)", seconds);
+    }
+    if (st.code != PYCOLL_OK) raise(st);
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    if (pending_) return pending_->future;
+    auto fut =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    fut->markCompleted(c10::IValue(outputs_));
+    return fut;
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  std::shared_ptr<Pending> pending_;
+};
+
+// The Work a Python backend method returned, kept alive with its Python object.
+class FallbackWork : public c10d::Work {
+ public:
+  explicit FallbackWork(py::object work)
+      : work_(work.cast<c10::intrusive_ptr<c10d::Work>>()), py_(std::move(work)) {}
+  ~FallbackWork() override {
+    if (!Py_IsInitialized()) {
+      py_.release();  // the interpreter is gone: nothing left to free it with
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    py_ = py::object();
+  }
+  bool isCompleted() override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("is_completed")().cast<bool>();
+  }
+  bool isSuccess() const override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("is_success")().cast<bool>();
+  }
+  std::vector<at::Tensor> result() override { return work_->result(); }
+  bool wait(std::chrono::milliseconds timeout) override { return work_->wait(timeout); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return work_->getFuture(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  py::object py_;
+};
+
+class Backend : public c10d::Backend {
+ public:
+  // `fallback`: the Python backend; `host`: its communicator's pycollectives._C.HostComm, or
+  // None where calls must go through Python (several nodes).
+  Backend(py::object fallback, py::object host, int rank, int size, size_t async_bytes)
+      : c10d::Backend(rank, size), fallback_(std::move(fallback)), async_bytes_(async_bytes) {
+    if (!host.is_none()) {
+      comm_ = reinterpret_cast<void*>(host.attr("address").cast<uintptr_t>());
+      host_ = std::move(host);
+    }
+  }
+
+  ~Backend() override {
+    stop_completer();
+    if (!Py_IsInitialized()) {
+      host_.release();
+      fallback_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    host_ = py::object();
+    fallback_ = py::object();
+  }
+
+  const std::string getBackendName() const override { return "pycollectives"; }
+  py::object fallback() const { return fallback_; }
+  bool native() const { return comm_ != nullptr; }
+
+  // -- natively run ---------------------------------------------------------------------------
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    if (!host_tensors(tensors)) return fallback_call("allreduce", tensors, opts);
+    std::vector<pycoll_call> calls;
+    for (auto& t : tensors)
+      calls.push_back(call(Collective::AllReduce, t, t, op_code(opts.reduceOp, t)));
+    return start(c10d::OpType::ALLREDUCE, calls, tensors, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    if (!host_tensors(tensors)) return fallback_call("allreduce_coalesced", tensors, opts);
+    std::vector<pycoll_call> calls;
+    for (auto& t : tensors)
+      calls.push_back(call(Collective::AllReduce, t, t, op_code(opts.reduceOp, t)));
+    return start(c10d::OpType::ALLREDUCE_COALESCED, calls, tensors, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    if (tensors.size() != 1 || !host_tensors(tensors))
+      return fallback_call("reduce", tensors, opts);
+    auto& t = tensors[0];
+    std::vector<pycoll_call> calls{
+        call(Collective::Reduce, t, t, op_code(opts.reduceOp, t), opts.rootRank)};
+    return start(c10d::OpType::REDUCE, calls, tensors, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    if (!host_tensors(tensors)) return fallback_call("broadcast", tensors, opts);
+    std::vector<pycoll_call> calls;
+    for (auto& t : tensors) calls.push_back(call(Collective::Broadcast, t, t, 0, opts.rootRank));
+    return start(c10d::OpType::BROADCAST, calls, tensors, tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& opts) override {
+    std::vector<at::Tensor> outs{out}, ins{in};
+    return allgather_into_tensor_coalesced(outs, ins, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+      const c10d::AllgatherOptions& opts) override {
+    if (outs.size() != ins.size() || !host_tensors(outs, ins))
+      return outs.size() == 1 ? fallback_call("_allgather_base", outs[0], ins[0], opts)
+                              : fallback_call("allgather_into_tensor_coalesced", outs, ins, opts);
+    std::vector<pycoll_call> calls;
+    for (size_t i = 0; i < outs.size(); ++i)
+      calls.push_back(call(Collective::AllGather, ins[i], outs[i]));
+    return start(c10d::OpType::_ALLGATHER_BASE, calls, outs, ins);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> outs{out}, ins{in};
+    return reduce_scatter_tensor_coalesced(outs, ins, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
+      const c10d::ReduceScatterOptions& opts) override {
+    if (outs.size() != ins.size() || !host_tensors(outs, ins))
+      return outs.size() == 1 ? fallback_call("_reduce_scatter_base", outs[0], ins[0], opts)
+                              : fallback_call("reduce_scatter_tensor_coalesced", outs, ins, opts);
+    std::vector<pycoll_call> calls;
+    for (size_t i = 0; i < outs.size(); ++i)
+      calls.push_back(
+          call(Collective::ReduceScatter, ins[i], outs[i], op_code(opts.reduceOp, ins[i])));
+    return start(c10d::OpType::_REDUCE_SCATTER_BASE, calls, outs, ins);
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    if (!comm_) return fallback_call("barrier", opts);
+    pycoll_call b{};
+    b.barrier = 1;
+    std::vector<at::Tensor> none;
+    return start(c10d::OpType::BARRIER, {b}, none, none);
+  }
+
+  // -- through the Python backend -------------------------------------------------------------
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outs,
+                                           std::vector<at::Tensor>& ins,
+                                           const c10d::AllgatherOptions& opts) override {
+    return fallback_call("allgather", outs, ins, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
+                                                     std::vector<at::Tensor>& ins,
+                                                     const c10d::AllgatherOptions& opts) override {
+    return fallback_call("allgather_coalesced", outs, ins, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outs,
+                                        std::vector<at::Tensor>& ins,
+                                        const c10d::GatherOptions& opts) override {
+    return fallback_call("gather", outs, ins, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outs,
+                                         std::vector<std::vector<at::Tensor>>& ins,
+                                         const c10d::ScatterOptions& opts) override {
+    return fallback_call("scatter", outs, ins, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outs,
+                                                std::vector<std::vector<at::Tensor>>& ins,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    return fallback_call("reduce_scatter", outs, ins, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    return fallback_call("alltoall_base", out, in, out_splits, in_splits, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outs,
+                                          std::vector<at::Tensor>& ins,
+                                          const c10d::AllToAllOptions& opts) override {
+    return fallback_call("alltoall", outs, ins, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return fallback_call("send", tensors, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return fallback_call("recv", tensors, src, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return fallback_call("recv_anysource", tensors, tag);
+  }
+
+  void shutdown() override {
+    stop_completer();  // every queued call done (their waits are bounded)
+    py::gil_scoped_acquire gil;
+    comm_ = nullptr;  // from here on the Python backend answers, and says it is closed
+    host_ = py::object();
+    fallback_.attr("shutdown")();
+  }
+
+ private:
+  // Whether every tensor can go straight to the host communicator: CPU, dense, contiguous,
+  // of one element type the host path carries. Otherwise the Python backend answers (with
+  // the CUDA transport, or the error the case calls for).
+  bool host_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) const {
+    if (!comm_ || a.empty()) return false;
+    int code, first;
+    if (!dtype_code(a[0], &first)) return false;
+    const auto type = a[0].scalar_type();
+    for (const auto* list : {&a, &b})
+      for (const auto& t : *list)
+        if (!t.device().is_cpu() || t.layout() != at::kStrided || !t.is_contiguous() ||
+            t.scalar_type() != type || !dtype_code(t, &code))
+          return false;
+    return true;
+  }
+
+  pycoll_call call(Collective c, const at::Tensor& in, const at::Tensor& out, int op = 0,
+                   int root = 0) const {
+    pycoll_call k{};
+    k.collective = static_cast<int>(c);
+    k.in = in.data_ptr();
+    k.in_count = static_cast<size_t>(in.numel());
+    k.out = out.data_ptr();
+    k.out_count = static_cast<size_t>(out.numel());
+    dtype_code(in, &k.dtype);
+    k.op = op;
+    k.root = root;
+    return k;
+  }
+
+  // Runs `calls` (small: here and now; else queued on the progress thread).
+  c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, const std::vector<pycoll_call>& calls,
+                                       std::vector<at::Tensor>& outputs,
+                                       std::vector<at::Tensor>& inputs) {
+    size_t bytes = 0;
+    for (const auto& t : outputs) bytes += t.nbytes();
+    for (const auto& t : inputs) bytes = std::max<size_t>(bytes, t.nbytes());
+    pycoll_status st;
+    if (bytes < async_bytes_) {
+      for (const auto& k : calls)
+        if (g_api->run(comm_, &k, &st) != PYCOLL_OK) raise(st);
+      return c10::make_intrusive<NativeWork>(rank_, type, outputs, nullptr);
+    }
+    auto p = std::make_shared<Pending>();
+    p->outputs = outputs;
+    p->keep = inputs;
+    p->keep.insert(p->keep.end(), outputs.begin(), outputs.end());
+    for (const auto& k : calls) {
+      void* h = nullptr;
+      if (g_api->submit(comm_, &k, &h, &st) != PYCOLL_OK) {
+        if (p->handles.empty()) raise(st);  // nothing started: a plain error, as for a run
+        // Later calls refused after earlier ones started (only a failing communicator does
+        // this): the operation fails as a whole once those are done.
+        p->future->setError(std::make_exception_ptr(c10::DistBackendError(st.message, {})));
+        break;
+      }
+      p->handles.push_back(h);
+    }
+    track(p);
+    return c10::make_intrusive<NativeWork>(rank_, type, outputs, std::move(p));
+  }
+
+  // The completion thread: marks the futures of queued operations in order, then lets their
+  // tensors go.
+  void track(const std::shared_ptr<Pending>& p) {
+    std::lock_guard<std::mutex> g(mu_);
+    queue_.push_back(p);
+    if (!completer_.joinable()) completer_ = std::thread([this] { complete_loop(); });
+    cv_.notify_one();
+  }
+
+  void complete_loop() {
+    for (;;) {
+      std::shared_ptr<Pending> p;
+      {
+        std::unique_lock<std::mutex> g(mu_);
+        cv_.wait(g, [&] { return !queue_.empty() || stopping_; });
+        if (queue_.empty()) return;
+        p = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const pycoll_status st = p->wait(-1.0);
+      if (!p->future->completed()) {
+        if (st.code == PYCOLL_OK)
+          p->future->markCompleted(c10::IValue(p->outputs));
+        else
+          p->future->setError(std::make_exception_ptr(c10::DistBackendError(st.message, {})));
+      }
+      p->keep.clear();
+    }
+  }
+
+  void stop_completer() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stopping_ = true;
+      cv_.notify_one();
+    }
+    if (completer_.joinable()) {
+      if (Py_IsInitialized() && PyGILState_Check()) {
+        py::gil_scoped_release nogil;  // a future's callbacks may need the GIL
+        completer_.join();
+      } else {
+        completer_.join();
+      }
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    stopping_ = false;
+  }
+
+  // The same operation on the Python backend (whose Work keeps its Python object alive).
+  template <class... A>
+  c10::intrusive_ptr<c10d::Work> fallback_call(const char* name, A&... args) {
+    py::gil_scoped_acquire gil;
+    return c10::make_intrusive<FallbackWork>(fallback_.attr(name)(args...));
+  }
+
+  py::object fallback_, host_;
+  void* comm_ = nullptr;  // host_'s communicator, null: everything through fallback_
+  size_t async_bytes_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Pending>> queue_;
+  bool stopping_ = false;
+  std::thread completer_;
+};
+
+}  // namespace
+}  // namespace pycoll_torch
+
+PYBIND11_MODULE(_torch, m) {
+  using pycoll_torch::Backend;
+  m.doc() = "pycollectives' torch.distributed backend in C++ (private; see pycollectives.torch)";
+  py::module_::import("torch.distributed");  // c10d's Backend and Work types
+  py::module_ core = py::module_::import("pycollectives._C");
+  auto* api = static_cast<const pycoll_host_api*>(
+      PyCapsule_GetPointer(core.attr("host_api").ptr(), PYCOLL_HOST_API_NAME));
+  if (api == nullptr) throw py::error_already_set();
+  if (api->version != PYCOLL_HOST_API_VERSION || api->struct_size < sizeof(pycoll_host_api))
+    throw std::runtime_error("pycollectives._torch was built for another pycollectives._C");
+  pycoll_torch::g_api = api;
+  pycoll_torch::g_error = py::object(core.attr("CollectiveError")).release().ptr();
+  pycoll_torch::g_timeout = py::object(core.attr("CollectiveTimeout")).release().ptr();
+  pycoll_torch::g_mismatch = py::object(core.attr("CollectiveMismatch")).release().ptr();
+
+  py::class_<Backend, c10::intrusive_ptr<Backend>, c10d::Backend>(m, "Backend")
+      .def(py::init(
+               [](py::object fallback, py::object host, int rank, int size, size_t async_bytes) {
+                 return c10::make_intrusive<Backend>(std::move(fallback), std::move(host), rank,
+                                                     size, async_bytes);
+               }),
+           py::arg("fallback"), py::arg("host"), py::arg("rank"), py::arg("size"),
+           py::arg("async_bytes"))
+      .def_property_readonly("fallback", &Backend::fallback)
+      .def_property_readonly("native", &Backend::native);
+}
