@@ -42,12 +42,13 @@ BACKEND = torch_backend.NAME
 communicator = torch_backend.communicator
 
 
-def init_process_group(*, timeout=None, **kwargs):
+def init_process_group(*, timeout=None, backend=BACKEND, **kwargs):
     """``dist.init_process_group("pycollectives", ...)`` that also works under mpiexec with
     nothing set: rank and size come from MPI, and rank 0's host and a free port from it are
     agreed over MPI for torch's store. Under torchrun or another env:// launch (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set) those are used as they are.
-    `timeout` (seconds or a timedelta) bounds every operation's wait for a peer."""
+    `timeout` (seconds or a timedelta) bounds every operation's wait for a peer; `backend`
+    another torch backend launched the same way (to compare)."""
     if os.environ.get("RANK", "") == "" and os.environ.get("WORLD_SIZE", "") == "":
         from mpi4py import MPI
 
@@ -68,7 +69,7 @@ def init_process_group(*, timeout=None, **kwargs):
         timeout = timedelta(seconds=float(timeout))
     if timeout is not None:
         kwargs["timeout"] = timeout
-    dist.init_process_group(BACKEND, **kwargs)
+    dist.init_process_group(backend, **kwargs)
 
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
@@ -94,13 +95,56 @@ _ACCEPTED = {
     "static_graph": "buckets are laid out again after the first step anyway",
 }
 _REFUSED = {
-    "process_group": "pass a pycollectives Communicator as `comm`",
+    "process_group": "pass a pycollectives Communicator as `comm` (or use torch's own "
+    "DistributedDataParallel on the pycollectives backend)",
     "mixed_precision": "cast the module instead",
     "delay_all_reduce_named_params": "not supported",
     "param_to_hook_all_reduce": "not supported",
     "init_sync": "parameters are always broadcast from rank 0",
     "skip_all_reduce_unused_params": "not supported",
 }
+
+
+class GradBucket:
+    """What a communication hook gets (torch's ``dist.GradBucket`` methods): one bucket of
+    gradients, not yet averaged."""
+
+    def __init__(self, index, count, buffer, params, grads):
+        self._index, self._count, self._buffer = index, count, buffer
+        self._params, self._grads = params, grads
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return self._index == self._count - 1
+
+    def buffer(self) -> torch.Tensor:
+        """The bucket's flat gradients (its memory: writing here writes the gradients)."""
+        return self._buffer
+
+    def set_buffer(self, tensor: torch.Tensor):
+        self._buffer.copy_(tensor)
+
+    def parameters(self) -> list:
+        return list(self._params)
+
+    def gradients(self) -> list:
+        return list(self._grads)
+
+
+class _HookWork:
+    """A hook's future as the bucketer waits for it: its value lands in the bucket."""
+
+    def __init__(self, fut, buffer):
+        self._fut, self._buffer = fut, buffer
+
+    def wait(self):
+        out = self._fut.wait()
+        if isinstance(out, (list, tuple)):
+            out = out[0]
+        if out.data_ptr() != self._buffer.data_ptr():
+            self._buffer.copy_(out)
 
 
 def _torch_view(a: np.ndarray) -> torch.Tensor:
@@ -126,7 +170,8 @@ class DistributedDataParallel(torch.nn.Module):
 
     torch DDP's other arguments are accepted where they mean nothing here (``device_ids``,
     ``output_device``, ``dim``, ``gradient_as_bucket_view``, ``static_graph``) and refused by
-    name otherwise (``process_group``, ``mixed_precision``, ...).
+    name otherwise (``process_group``, ``mixed_precision``, ...). ``register_comm_hook`` takes
+    torch's hooks (``hook(state, bucket) -> Future``).
     """
 
     def __init__(
@@ -193,6 +238,32 @@ class DistributedDataParallel(torch.nn.Module):
         self._fired = set()
         for i, p in enumerate(self._params):
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i, p))
+
+    def register_comm_hook(self, state, hook):
+        """As torch DDP's: ``hook(state, bucket)`` runs for each bucket once its gradients are
+        final (``bucket.buffer()``: their sum on this rank, not yet averaged) and returns a
+        ``torch.futures.Future`` of the tensor to write back (the average). torch's own hooks
+        work (``default_hooks.allreduce_hook``, ``fp16_compress_hook``, ...; their `state` is a
+        torch process group, None for the default one). Register before the first backward,
+        once."""
+        if self.bucketer.reduce is not None:
+            raise RuntimeError("register_comm_hook may be called only once")
+        if self.bucketer.launch_times:
+            raise RuntimeError("register_comm_hook must be called before the first backward")
+        if not callable(hook):
+            raise TypeError(f"hook must be callable, got {hook!r}")
+
+        def reduce(bucket):
+            buf = _torch_view(bucket.buffer)
+            params = [self._params[i] for i in bucket.params]
+            grads = [self._views[i] for i in bucket.params]
+            count = len(self.bucketer.buckets)
+            fut = hook(state, GradBucket(bucket.index, count, buf, params, grads))
+            if not isinstance(fut, torch._C.Future):  # torch.futures.Future, or .then()'s
+                raise TypeError(f"a comm hook must return a torch.futures.Future, got {fut!r}")
+            return _HookWork(fut, buf)
+
+        self.bucketer.reduce = reduce
 
     def _sync_buffers(self):
         for b in self._buffers_synced:

@@ -26,3 +26,14 @@ def test_train_relaunches_itself_with_ranks_flag():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "with 2 ranks" in proc.stdout
     assert "replicas bit-identical across 2 ranks: yes" in proc.stdout
+
+
+def test_torch_ddp_example_trains_on_the_backend():
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    out = run_mpi(2, "run_module.py", "pycollectives.examples.torch_ddp", "--epochs", "3")
+    m = re.search(r"pycollectives: 2 ranks, \d+ steps .* test accuracy ([0-9.]+)", out)
+    assert m and float(m.group(1)) > 0.8, out
+    assert "replicas identical: yes" in out, out

@@ -107,6 +107,8 @@ class GradientBucketer:
         self._op, self._algorithm = op, algorithm
         self._rebuild_pending = rebuild
         self._no_sync = False
+        # reduce(bucket) -> an object with wait(): replaces the all-reduce (a comm hook).
+        self.reduce = None
         self.launch_times: list[float] = []  # perf_counter() when each bucket's all-reduce began
         self._layout(list(reversed(range(len(self._shapes)))))
 
@@ -157,11 +159,14 @@ class GradientBucketer:
         while self._next < len(self.buckets) and self._pending[self._next] == 0:
             bucket = self.buckets[self._next]
             self.launch_times.append(time.perf_counter())
-            self._works.append(
-                self.comm.all_reduce(
-                    bucket.buffer, op=self._op, algorithm=self._algorithm, async_op=True
+            if self.reduce is not None:
+                self._works.append(self.reduce(bucket))
+            else:
+                self._works.append(
+                    self.comm.all_reduce(
+                        bucket.buffer, op=self._op, algorithm=self._algorithm, async_op=True
+                    )
                 )
-            )
             self._next += 1
 
     def synchronize(self):

@@ -94,6 +94,46 @@ def check_torch_semantics(comm, r, n):
             raise AssertionError(f"{bad} was accepted")
 
 
+def check_comm_hooks(comm, r, n, batches):
+    """register_comm_hook: torch's fp16 hook gives torch DDP's parameters (gloo, same hook);
+    a hook's value is what lands in the gradients; misuse is refused."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    base = make_model(3)
+    ours = OurDDP(copy.deepcopy(base), comm, bucket_cap_mb=0.01, first_bucket_mb=0.005)
+    ours.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    theirs = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base))
+    theirs.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    train(ours, batches)
+    train(theirs, batches)
+    for p, q in zip(ours.module.parameters(), theirs.module.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-3)
+    # A hook returning zeros: no parameter moves (plain SGD), on every bucket.
+    calls = []
+
+    def zeros(state, bucket):
+        calls.append((state, bucket.index(), bucket.is_last(), len(bucket.parameters())))
+        fut = torch.futures.Future()
+        fut.set_result(torch.zeros_like(bucket.buffer()))
+        return fut
+
+    still = OurDDP(copy.deepcopy(base), comm, bucket_cap_mb=0.01, first_bucket_mb=0.005)
+    still.register_comm_hook("s", zeros)
+    train(still, batches[:2])
+    for p, q in zip(still.module.parameters(), base.parameters()):
+        assert torch.equal(p, q), "a comm hook's result did not reach the gradients"
+    nb = len(still.bucketer.buckets)
+    assert len(calls) == 2 * nb and calls[nb - 1][2] and calls[0][0] == "s", calls
+    assert sum(c[3] for c in calls[:nb]) == len(list(base.parameters())), calls
+    for bad, err in (((None, zeros), RuntimeError), ((None, 5), TypeError)):
+        try:
+            (still if err is RuntimeError else OurDDP(make_model(), comm)).register_comm_hook(*bad)
+        except err:
+            pass
+        else:
+            raise AssertionError(f"register_comm_hook{bad} was accepted")
+
+
 def main():
     world = MPI.COMM_WORLD
     n, r = world.size, world.rank
@@ -163,6 +203,7 @@ def main():
         np.testing.assert_allclose(gi.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
     check_torch_semantics(comm, r, n)
+    check_comm_hooks(comm, r, n, mine)
     dist.destroy_process_group()
     comm.close()
     world.Barrier()
