@@ -69,6 +69,18 @@ PyObject* g_mismatch = nullptr;
   throw c10::DistBackendError(msg, {});
 }
 
+// Lets Python objects go from C++ code that may not hold the GIL (destructors): under the GIL,
+// or, once the interpreter is gone, by forgetting them (nothing is left to free them with).
+template <class... O>
+void drop_python(O&... objs) {
+  if (!Py_IsInitialized()) {
+    (objs.release(), ...);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  ((objs = py::object()), ...);
+}
+
 // The element type of `t` as _C codes it; false when the host path does not carry it.
 bool dtype_code(const at::Tensor& t, int* code) {
   switch (t.scalar_type()) {
@@ -207,14 +219,7 @@ class FallbackWork : public c10d::Work {
  public:
   explicit FallbackWork(py::object work)
       : work_(work.cast<c10::intrusive_ptr<c10d::Work>>()), py_(std::move(work)) {}
-  ~FallbackWork() override {
-    if (!Py_IsInitialized()) {
-      py_.release();  // the interpreter is gone: nothing left to free it with
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    py_ = py::object();
-  }
+  ~FallbackWork() override { drop_python(py_); }
   bool isCompleted() override {
     py::gil_scoped_acquire gil;
     return py_.attr("is_completed")().cast<bool>();
@@ -246,14 +251,7 @@ class Backend : public c10d::Backend {
 
   ~Backend() override {
     stop_completer();
-    if (!Py_IsInitialized()) {
-      host_.release();
-      fallback_.release();
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    host_ = py::object();
-    fallback_ = py::object();
+    drop_python(host_, fallback_);
   }
 
   const std::string getBackendName() const override { return "pycollectives"; }
@@ -265,19 +263,13 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     if (!host_tensors(tensors)) return fallback_call("allreduce", tensors, opts);
-    std::vector<pycoll_call> calls;
-    for (auto& t : tensors)
-      calls.push_back(call(Collective::AllReduce, t, t, op_code(opts.reduceOp, t)));
-    return start(c10d::OpType::ALLREDUCE, calls, tensors, tensors);
+    return all_reduce_each(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     if (!host_tensors(tensors)) return fallback_call("allreduce_coalesced", tensors, opts);
-    std::vector<pycoll_call> calls;
-    for (auto& t : tensors)
-      calls.push_back(call(Collective::AllReduce, t, t, op_code(opts.reduceOp, t)));
-    return start(c10d::OpType::ALLREDUCE_COALESCED, calls, tensors, tensors);
+    return all_reduce_each(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.reduceOp);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
@@ -404,14 +396,13 @@ class Backend : public c10d::Backend {
   // of one element type the host path carries. Otherwise the Python backend answers (with
   // the CUDA transport, or the error the case calls for).
   bool host_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) const {
-    if (!comm_ || a.empty()) return false;
-    int code, first;
-    if (!dtype_code(a[0], &first)) return false;
+    int code;
+    if (!comm_ || a.empty() || !dtype_code(a[0], &code)) return false;
     const auto type = a[0].scalar_type();
     for (const auto* list : {&a, &b})
       for (const auto& t : *list)
         if (!t.device().is_cpu() || t.layout() != at::kStrided || !t.is_contiguous() ||
-            t.scalar_type() != type || !dtype_code(t, &code))
+            t.scalar_type() != type)
           return false;
     return true;
   }
@@ -428,6 +419,15 @@ class Backend : public c10d::Backend {
     k.op = op;
     k.root = root;
     return k;
+  }
+
+  // all_reduce of each tensor in place (the plain and the coalesced form alike).
+  c10::intrusive_ptr<c10d::Work> all_reduce_each(c10d::OpType type,
+                                                 std::vector<at::Tensor>& tensors,
+                                                 const c10d::ReduceOp& op) {
+    std::vector<pycoll_call> calls;
+    for (auto& t : tensors) calls.push_back(call(Collective::AllReduce, t, t, op_code(op, t)));
+    return start(type, calls, tensors, tensors);
   }
 
   // Runs `calls` (small: here and now; else queued on the progress thread).
