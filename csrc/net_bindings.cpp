@@ -3,7 +3,9 @@
 // Kept apart from _C so that importing pycollectives never loads an MPI library of its own
 // choosing: this module is imported only once mpi4py has loaded MPI, for communicators that
 // span several nodes. Arguments were validated by the caller (pycollectives/hierarchy.py).
-#include <mpi4py/mpi4py.h>
+// It needs MPI's header and library only, not mpi4py's: a communicator arrives as its
+// Fortran handle (mpi4py's Comm.py2f), so an isolated build (pip's default) can make it.
+#include <mpi.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -22,9 +24,18 @@ using namespace pycoll;
 namespace {
 
 MPI_Comm mpi_comm_of(py::handle obj) {
-  MPI_Comm* c = PyMPIComm_Get(obj.ptr());
-  if (c == nullptr) throw py::error_already_set();
-  return *c;
+  return MPI_Comm_f2c(static_cast<MPI_Fint>(obj.attr("py2f")().cast<long long>()));
+}
+
+// The MPI family this module was compiled against: its handles and calls fit only that one.
+const char* built_with_mpi() {
+#if defined(OPEN_MPI)
+  return "Open MPI";
+#elif defined(MPICH)
+  return "MPICH";
+#else
+  return "unknown";
+#endif
 }
 
 uint8_t* array_data(const py::array& a) {
@@ -41,8 +52,8 @@ struct PyNetComm {
 
 PYBIND11_MODULE(_net, m) {
   m.doc() = "pycollectives inter-node transport over MPI (private)";
-  if (import_mpi4py() < 0) throw py::error_already_set();
   translate_errors_as_core();
+  m.attr("built_with_mpi") = built_with_mpi();
 
   py::class_<PyNetComm>(m, "NetComm")
       .def(py::init([](py::object comm, size_t piece_bytes, int window, double timeout) {

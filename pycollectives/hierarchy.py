@@ -57,6 +57,29 @@ class _FutureWork:
         return self._future.done()
 
 
+def load_net_transport():
+    """The ``_net`` module, checked against the MPI that mpi4py loaded (both must be of one
+    family: MPICH and its derivatives, or Open MPI)."""
+    try:
+        from pycollectives import _net
+    except ImportError as e:
+        raise CollectiveError(
+            "this build has no inter-node transport (it was built with PYCOLL_NET=OFF, or its "
+            f"MPI library cannot be loaded: {e}); reinstall pycollectives with the job's MPI "
+            "present (pip install mpich mpi4py, or MPI_HOME / mpicc on PATH)"
+        ) from None
+    from mpi4py import MPI
+
+    vendor = MPI.get_vendor()[0]
+    running = "Open MPI" if vendor == "Open MPI" else "MPICH"
+    if _net.built_with_mpi in ("MPICH", "Open MPI") and _net.built_with_mpi != running:
+        raise CollectiveError(
+            f"pycollectives was built against {_net.built_with_mpi} but mpi4py runs {vendor}; "
+            "reinstall pycollectives with the MPI the job uses (MPI_HOME, or mpicc on PATH)"
+        )
+    return _net
+
+
 class Hierarchical(BlocksAndMessages):
     """The collectives of a communicator over several nodes (see the module docstring).
 
@@ -97,13 +120,10 @@ class Hierarchical(BlocksAndMessages):
             node_group.free()
             raise CollectiveError("cannot set up the nodes: " + "; ".join(errors))
         try:
-            from pycollectives import _net
-        except ImportError as e:
+            _net = load_net_transport()
+        except CollectiveError:
             node_group.free()
-            raise CollectiveError(
-                "this build has no inter-node transport (it was built without MPI headers; "
-                f"reinstall with mpi4py's MPI present): {e}"
-            ) from None
+            raise
         net = _net.NetComm(mpi, piece_bytes=opts.net_piece_bytes, window=8, timeout=opts.timeout)
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
