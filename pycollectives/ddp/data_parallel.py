@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from pycollectives import arrays
+from pycollectives import arrays, checkpoint
 from pycollectives.ddp.bucketer import GradientBucketer
 
 
@@ -46,8 +46,8 @@ class DataParallel:
             dp.synchronize()
             for p, gi in zip(dp.params, dp.grads):
                 p -= lr * gi
-        dp.save("ckpt.npz")               # rank 0 writes; every rank returns once it is there
-        dp.load("ckpt.npz")               # every rank gets rank 0's copy
+        dp.save("ckpt.npz", meta={"epoch": e})  # rank 0 writes, atomically; all wait for it
+        meta = dp.load("ckpt.npz")        # every rank gets rank 0's copy
     """
 
     def __init__(
@@ -89,29 +89,43 @@ class DataParallel:
     def no_sync(self):
         return self.bucketer.no_sync()
 
-    def save(self, path):
-        """Rank 0 writes the parameters to `path` (.npz); returns on every rank once written."""
+    def save(self, path, state=None, meta=None):
+        """Rank 0 writes the parameters to `path` (.npz), with `state` (name -> array, e.g.
+        optimizer buffers, identical on every rank) and `meta` (a JSON-able dict: epoch,
+        step, ...), atomically (``pycollectives.checkpoint``); returns on every rank once
+        written."""
         if self.comm.rank == 0:
-            np.savez(path, *[self._host(p) for p in self.params])
+            saved = {f"arr_{i}": self._host(p) for i, p in enumerate(self.params)}
+            saved.update({f"state/{k}": self._host(v) for k, v in (state or {}).items()})
+            checkpoint.save(path, saved, meta)
         self.comm.barrier()
 
-    def load(self, path):
-        """Restores the parameters on every rank from rank 0's reading of `path`."""
-        ok = np.zeros(1, np.int32)
+    def load(self, path, state=None) -> dict:
+        """Restores the parameters, and the arrays of `state` (as given to ``save``), on
+        every rank from rank 0's reading of `path`; returns the saved `meta`."""
+        state = state or {}
+        expect = {f"arr_{i}": p for i, p in enumerate(self.params)}
+        expect.update({f"state/{k}": v for k, v in state.items()})
+        meta, error = {}, None
         if self.comm.rank == 0:
-            with np.load(path) as f:
-                saved = [f[f"arr_{i}"] for i in range(len(f.files))]
-            if len(saved) == len(self.params) and all(
-                a.shape == p.shape and a.dtype == p.dtype for a, p in zip(saved, self.params)
-            ):
-                ok[0] = 1
-                for a, p in zip(saved, self.params):
-                    p[...] = self._xp.asarray(a)
-        self.comm.broadcast(ok, root=0)  # every rank learns whether rank 0 could read it
-        if not ok[0]:
-            raise ValueError(f"{path} does not hold this model's parameters")
-        for p in self.params:
-            self.comm.broadcast(p, root=0)
+            try:
+                saved, meta = checkpoint.load(path)
+            except (OSError, ValueError) as e:
+                saved, error = {}, f"cannot read {path}: {e}"
+            for k, a in expect.items():
+                got = saved.get(k)
+                if error is None and (got is None or got.shape != a.shape or got.dtype != a.dtype):
+                    error = f"{path} does not hold this model's {k.replace('arr_', 'parameter ')}"
+            if error is None:
+                for k, a in expect.items():
+                    a[...] = self._xp.asarray(saved[k])
+        # every rank learns whether rank 0 could read it, and what it says
+        error, meta = self.comm.broadcast_object((error, meta), root=0)
+        if error is not None:
+            raise ValueError(error)
+        for a in expect.values():
+            self.comm.broadcast(a, root=0)
+        return meta
 
     def _host(self, p):
         return p if self._xp is np else self._xp.asnumpy(p)

@@ -1,0 +1,236 @@
+"""Launches a job over mpiexec and restarts it when a rank dies (torchrun's elastic restart).
+
+    python -m pycollectives.launch -n 4 [--max-restarts 3] -- python -m pycollectives.examples.train
+
+Runs ``mpiexec -n N <command>``. Each rank runs under a small watcher that records how its
+process ended (exit status or signal, and when); when the job fails, the launcher names the
+rank that failed first and how, and starts the whole job again, up to ``--max-restarts``
+times. The job sees ``PYCOLL_RESTART_COUNT`` (0 on the first run) and ``PYCOLL_MAX_RESTARTS``;
+a job that saves checkpoints resumes from its latest one (``pycollectives.checkpoint``).
+The launcher's exit status is the job's: 0 once a run succeeds, else the last run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PREFIX = "pycollectives.launch"
+_WATCH = "--watch-rank"  # the per-rank watcher's entry (internal)
+
+
+def log(text: str):
+    print(f"{PREFIX}: {text}", file=sys.stderr, flush=True)
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """`explicit`, else the mpiexec next to this Python (the mpich package), else on PATH."""
+    if explicit:
+        return explicit
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise SystemExit(f"{PREFIX}: mpiexec not found (pip install mpich, or pass --mpiexec)")
+    return found
+
+
+def rank_from_env() -> int:
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def describe(status: dict) -> str:
+    sig = status.get("signal")
+    if sig:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by signal {sig} ({name})"
+    return f"exited with status {status['returncode']}"
+
+
+def _die_with_parent():
+    """In the rank's process: die when the watcher dies (mpiexec may kill the watcher alone)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def watch_rank(status_dir: str, command: list[str]) -> int:
+    """Runs `command` as this rank (inheriting mpiexec's environment and descriptors), then
+    records how it ended in `status_dir`/rank-<R>.json; exits as it did."""
+    rank = rank_from_env()
+    child = subprocess.Popen(command, close_fds=False, preexec_fn=_die_with_parent)
+
+    def forward(signum, _frame):
+        child.send_signal(signum)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, forward)
+    rc = child.wait()
+    status = {"rank": rank, "returncode": rc, "signal": -rc if rc < 0 else 0, "time": time.time()}
+    path = Path(status_dir) / f"rank-{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
+    return 128 - rc if rc < 0 else rc
+
+
+def first_failure(status_dir: Path) -> dict | None:
+    """The rank whose process failed first (by the time its watcher saw it end)."""
+    failed = []
+    for f in status_dir.glob("rank-*.json"):
+        try:
+            s = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if s["returncode"] != 0:
+            failed.append(s)
+    return min(failed, key=lambda s: s["time"]) if failed else None
+
+
+def run_once(mpiexec: str, n: int, mpiexec_args: list[str], command: list[str], env: dict):
+    """One run of the job: (mpiexec's exit status, the first failed rank's status or None)."""
+    with tempfile.TemporaryDirectory(prefix="pycoll-launch-") as status_dir:
+        watcher = [sys.executable, "-m", "pycollectives.launch", _WATCH, status_dir, "--"]
+        cmd = [mpiexec, *mpiexec_args, "-n", str(n), *watcher, *command]
+        proc = subprocess.Popen(cmd, env=env)
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            raise
+        return rc, first_failure(Path(status_dir))
+
+
+def _mapped_shm() -> set:
+    """Names of the /dev/shm files some process has mapped."""
+    names = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            i = line.find("/dev/shm/")
+            if i >= 0:
+                names.add(line[i + 9 :].split(" ")[0])
+    return names
+
+
+def remove_orphaned_shm(since: float) -> int:
+    """Removes the shared-memory segments a failed run left: this user's MPI and
+    pycollectives segments made since `since` (a time.time()) that no process maps."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return 0
+    uid = os.getuid()
+    candidates = []
+    for f in shm.iterdir():
+        if not f.name.startswith(("mpich_shm_", f"pycoll-{uid}-")):
+            continue
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if st.st_uid == uid and st.st_mtime >= since - 1:
+            candidates.append(f)
+    if not candidates:
+        return 0
+    mapped = _mapped_shm()
+    removed = 0
+    for f in candidates:
+        if f.name not in mapped:
+            try:
+                f.unlink()
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="python -m pycollectives.launch",
+        description="run COMMAND on N ranks over mpiexec; restart the whole job when a rank "
+        "dies, up to --max-restarts times",
+        usage="%(prog)s -n N [--max-restarts K] [--mpiexec PATH] [--mpiexec-arg ARG] "
+        "-- COMMAND [ARGS...]",
+    )
+    ap.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    ap.add_argument(
+        "--max-restarts", type=int, default=0, help="restarts after a failure (default 0)"
+    )
+    ap.add_argument("--mpiexec", default=None, help="mpiexec to use (default: next to python)")
+    ap.add_argument(
+        "--mpiexec-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an argument passed to mpiexec before -n (repeatable), e.g. --mpiexec-arg=-hosts=a,b",
+    )
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the job: -- COMMAND [ARGS...]")
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("no command given (put it after --)")
+    if args.nprocs < 1:
+        ap.error(f"-n must be at least 1, got {args.nprocs}")
+    if args.max_restarts < 0:
+        ap.error(f"--max-restarts must be at least 0, got {args.max_restarts}")
+    return args, command
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == [_WATCH]:
+        if len(argv) < 4 or argv[2] != "--":
+            raise SystemExit(f"usage: {_WATCH} STATUS_DIR -- COMMAND")
+        return watch_rank(argv[1], argv[3:])
+    args, command = parse_args(argv)
+    mpiexec = find_mpiexec(args.mpiexec)
+    for attempt in range(args.max_restarts + 1):
+        env = dict(os.environ)
+        env.update(PYCOLL_RESTART_COUNT=str(attempt), PYCOLL_MAX_RESTARTS=str(args.max_restarts))
+        t0, started = time.monotonic(), time.time()
+        rc, failed = run_once(mpiexec, args.nprocs, args.mpiexec_arg, command, env)
+        if rc == 0:
+            if attempt:
+                log(f"the job finished after {attempt} restart(s)")
+            return 0
+        what = (
+            f"rank {failed['rank']} {describe(failed)}"
+            if failed
+            else f"mpiexec exited with status {rc}"
+        )
+        log(f"the job failed after {time.monotonic() - t0:.1f} s: {what}")
+        removed = remove_orphaned_shm(started)
+        if removed:
+            log(f"removed {removed} shared-memory segment(s) the failed run left in /dev/shm")
+        if attempt < args.max_restarts:
+            log(f"restarting the job ({attempt + 1} of {args.max_restarts})")
+        else:
+            if args.max_restarts:
+                log(f"giving up after {args.max_restarts} restart(s)")
+            return rc if rc > 0 else 1
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
