@@ -76,7 +76,8 @@ void bind_host_comm(py::module_& m) {
           },
           py::arg("timeout") = py::none())
       .def("is_completed", &Work::is_completed)
-      .def_property_readonly("seq", &Work::seq);
+      .def_property_readonly("seq", &Work::seq)
+      .def_property_readonly("times", &Work::times);
 
   py::class_<HostComm>(m, "HostComm")
       .def(py::init<int, int, const HostCommOptions&>(), py::arg("rank"), py::arg("size"),

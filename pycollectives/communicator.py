@@ -6,7 +6,7 @@ import pickle
 
 import numpy as np
 
-from pycollectives import arrays, bootstrap
+from pycollectives import arrays, bootstrap, trace
 from pycollectives.backends import Call, HostBackend, P2POp
 from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.hierarchy import Hierarchical
@@ -78,6 +78,7 @@ class Communicator:
         self._inflight = InFlight()
         # One machine: numpy calls go straight to the native run (see _run).
         self._fast_run = self._host.run if isinstance(self._host, HostBackend) else None
+        trace.instrument(self)  # PYCOLL_TRACE: a timeline of this communicator's calls
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -95,6 +96,8 @@ class Communicator:
             self._host.close()
             self._host = None
             self._group.free()
+            if trace.enabled():
+                trace.write()
 
     def __enter__(self):
         return self

@@ -1,6 +1,7 @@
 #include "host/host_comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "common/errors.h"
@@ -28,11 +29,23 @@ bool Work::is_completed() const {
   return done_;
 }
 
+int64_t Work::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::pair<int64_t, int64_t> Work::times() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return {started_ns_.load(), completed_ns_};
+}
+
 void Work::complete(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> g(mu_);
     done_ = true;
     error_ = error;
+    completed_ns_ = now_ns();
   }
   cv_.notify_all();
 }
@@ -215,6 +228,7 @@ void HostComm::progress_loop() {
     std::exception_ptr error;
     try {
       std::lock_guard<std::mutex> g(exec_mu_);
+      item.second->started_ns_ = Work::now_ns();
       execute(item.first, item.second->seq());
     } catch (...) {
       error = std::current_exception();

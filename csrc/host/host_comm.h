@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "algo/call.h"
@@ -63,17 +64,24 @@ class Work {
   bool wait(double timeout_s);
   bool is_completed() const;
   uint64_t seq() const { return seq_; }
+  // When it began to run (the progress thread took it up; for point-to-point work, when it
+  // was started) and when it completed (0 before), in steady_clock nanoseconds: the clock of
+  // Python's time.perf_counter_ns / time.monotonic_ns on Linux. For timelines.
+  std::pair<int64_t, int64_t> times() const;
 
  private:
   friend class HostComm;
   friend class P2PEngine;
   void complete(std::exception_ptr error);
+  static int64_t now_ns();
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
   uint64_t seq_ = 0;
+  std::atomic<int64_t> started_ns_{now_ns()};
+  int64_t completed_ns_ = 0;
 };
 
 class HostComm {

@@ -1,0 +1,7 @@
+"""python -m pycollectives.trace merge -o OUT.json IN.json ..."""
+
+import sys
+
+from pycollectives.trace import main
+
+sys.exit(main())
