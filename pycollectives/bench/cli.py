@@ -26,7 +26,7 @@ import numpy as np
 
 from pycollectives.backends import P2POp
 from pycollectives.bench import formulas as F
-from pycollectives.ops import REDUCING
+from pycollectives.ops import ALGORITHMS, ALGORITHMS_FOR, REDUCING
 
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "prod", "min", "max", "avg")
@@ -65,7 +65,12 @@ def parse_args(argv=None):
     ap.add_argument("-o", "--op", default="sum", choices=OPS)
     ap.add_argument("-d", "--datatype", default="float32", choices=DTYPES)
     ap.add_argument("-r", "--root", type=int, default=0)
-    ap.add_argument("--algo", default=None, help="ring, tree or direct (default: automatic)")
+    ap.add_argument(
+        "--algo",
+        default=None,
+        choices=(*ALGORITHMS, "auto"),
+        help="the algorithm (default: automatic); with 'all', the collectives that have it",
+    )
     ap.add_argument(
         "--device",
         default="cpu",
@@ -88,6 +93,15 @@ def parse_args(argv=None):
         ap.error("-n must be >= 1 and -w >= 0")
     if args.op == "avg" and dtype_of(args.datatype).kind not in "fV":
         ap.error("-o avg needs a floating -d")
+    if args.algo == "auto":
+        args.algo = None
+    if args.algo is not None and args.collective != "all":
+        have = ALGORITHMS_FOR.get(args.collective, ())
+        if args.algo not in have:
+            ap.error(
+                f"--algo {args.algo}: {args.collective} has no {args.algo} algorithm "
+                + (f"(it has {', '.join(have)})" if have else "(it takes no --algo)")
+            )
     args.compare = [c for c in args.compare.split(",") if c]
     unknown = set(args.compare) - {"mpi", "gloo", "nccl"}
     if unknown:

@@ -8,6 +8,7 @@ import sys
 from pycollectives.bench import formulas as F
 from pycollectives.bench import gpu, peers, report
 from pycollectives.bench.cli import Sweep, dtype_of, parse_args
+from pycollectives.ops import ALGORITHMS_FOR
 
 
 def refuse(mpi, message: str) -> int:
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
     comm = pc.Communicator(mpi)
     sweep = Sweep(args, comm, mpi, dev)
     colls = list(F.collectives_for(args.device)) if args.collective == "all" else [args.collective]
+    if args.algo is not None:  # `all --algo tree`: the collectives that have a tree
+        colls = [c for c in colls if args.algo in ALGORITHMS_FOR.get(c, ())]
     if dev is None:
         copy_bw = peers.copy_bandwidth(mpi) if args.compare else peers.copy_bandwidth(mpi, 64 << 20)
     else:
