@@ -184,6 +184,10 @@ def faults(mpi, mode, what):
             dev.all_reduce(x)
         except pc.CollectiveError as again:
             say(f"POISONED {again}")
+        if what == "stalls_mid":
+            # Outlive the other survivor's own timeout: exiting first would show it a dead
+            # peer (rank 0 gone) instead of the stalled one it waits for.
+            time.sleep(5)
         os._exit(0)
     raise AssertionError(f"{what}: no error on rank {mpi.rank}")
 
