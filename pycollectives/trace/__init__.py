@@ -30,7 +30,8 @@ _PATH = os.environ.get("PYCOLL_TRACE") or None
 _now = time.perf_counter_ns  # CLOCK_MONOTONIC: the clock of the native Work's times too
 
 _lock = threading.Lock()
-_events: list = []  # finished events, as Chrome trace dicts
+# Finished events as (name, start ns, end ns, track, args[, category]): dicts at write time.
+_events: list = []
 _pending: list = []  # (event, native work) of asynchronous calls not yet seen complete
 _tracks: dict = {}  # tid -> track name
 _comm_ids = itertools.count(1)
@@ -63,11 +64,7 @@ class _Span:
         return self
 
     def __exit__(self, *exc):
-        t1 = _now()
-        event = {"name": self.name, "cat": "user", "ph": "X", "ts": _us(self.t0),
-                 "dur": _us(t1 - self.t0), "tid": 0, "args": self.args}  # fmt: skip
-        with _lock:
-            _events.append(event)
+        _events.append((self.name, self.t0, _now(), 0, self.args, "user"))
         return False
 
 
@@ -105,33 +102,39 @@ def instrument(comm):
     _tracks[calling] = "calls"
     _tracks[progress] = f"communicator {cid} ({comm.size} ranks): asynchronous"
     run, batch_p2p, barrier = comm._run, comm.batch_p2p, comm.barrier
+    algorithms: dict = {}  # (collective, algorithm code, bytes) -> name: asked once
+    dtypes: dict = {}
 
     def record(name, t0, result, async_op, args):
         t1 = _now()
         args["rank"] = comm.rank
         args["communicator"] = cid
-        event = {"name": name, "cat": "collective", "ph": "X", "ts": _us(t0),
-                 "dur": _us(t1 - t0), "tid": calling, "args": args}  # fmt: skip
         native = getattr(result, "_native", None) if async_op else None
         if native is not None:
             args["seq"] = getattr(native, "seq", None)
             args["async"] = True
-            event["tid"] = progress
             with _lock:
-                _pending.append((event, native))
+                _pending.append(((name, t0, t1, progress, args), native))
         else:
             if "seq" in args and args["seq"] is None:
                 args["seq"] = comm.seq  # this call's number: the count of calls so far
-            with _lock:
-                _events.append(event)
+            _events.append((name, t0, t1, calling, args))  # list.append is atomic
 
     def traced_run(call, result):
         name, x, out = call[0], call[1], call[2]
         t0 = _now()
         r = run(call, result)
         nbytes = _nbytes(x)
-        args = {"bytes": nbytes, "out_bytes": _nbytes(out), "dtype": str(getattr(x, "dtype", "")),
-                "algorithm": _algorithm(comm, name, call[5], nbytes), "seq": None}  # fmt: skip
+        key = (name, call[5], nbytes)
+        algo = algorithms.get(key)
+        if algo is None:
+            algo = algorithms[key] = _algorithm(comm, name, call[5], nbytes)
+        dt = getattr(x, "dtype", None)
+        dname = dtypes.get(dt)
+        if dname is None:
+            dname = dtypes[dt] = str(dt or "")
+        args = {"bytes": nbytes, "out_bytes": _nbytes(out), "dtype": dname, "algorithm": algo,
+                "seq": None}  # fmt: skip
         if call[4] and name in ("broadcast", "reduce", "gather", "scatter"):
             args["root"] = call[4]
         record(name, t0, r, call[6], args)
@@ -164,14 +167,21 @@ def _settle():
     with _lock:
         waiting = []
         for event, native in _pending:
-            times = getattr(native, "times", None)
             if not native.is_completed():
                 waiting.append((event, native))
                 continue
+            times = getattr(native, "times", None)  # host work: when its thread ran it
             if times is not None and times[1]:
-                event["ts"], event["dur"] = _us(times[0]), _us(times[1] - times[0])
+                event = (event[0], times[0], times[1], *event[3:])
             _events.append(event)
         _pending[:] = waiting
+
+
+def _chrome(event, rank) -> dict:
+    name, t0, t1, tid, args = event[:5]
+    cat = event[5] if len(event) > 5 else "collective"
+    return {"name": name, "cat": cat, "ph": "X", "ts": _us(t0), "dur": _us(t1 - t0),
+            "pid": rank, "tid": tid, "args": args}  # fmt: skip
 
 
 def trace_path(rank: int, path: str | None = None) -> Path:
@@ -197,7 +207,7 @@ def write():
         return
     _settle()
     with _lock:
-        events = [dict(e, pid=_rank) for e in _events]
+        events = [_chrome(e, _rank) for e in list(_events)]
         tracks = dict(_tracks)
     for tid, name in tracks.items():
         events.append({"name": "thread_name", "ph": "M", "pid": _rank, "tid": tid,
