@@ -39,8 +39,16 @@ _rank = None
 
 
 def enabled() -> bool:
-    """Whether this process writes a trace (``PYCOLL_TRACE`` was set when it started)."""
+    """Whether this process writes a trace (``PYCOLL_TRACE`` was set when it started, or
+    ``enable`` was called)."""
     return _PATH is not None
+
+
+def enable(path: str):
+    """Traces from now on into `path` (as ``PYCOLL_TRACE``): communicators made after this
+    call record their calls; ones made before stay as they are."""
+    global _PATH
+    _PATH = str(path)
 
 
 def _process_rank() -> int:
