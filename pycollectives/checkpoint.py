@@ -36,21 +36,19 @@ def _write_npz(f, arrays: dict):
     np.savez(f, **arrays)
 
 
-def save(path, arrays: dict, meta: dict | None = None):
-    """Writes `arrays` (name -> host array) and `meta` (a JSON-able dict) to `path`
-    atomically: readers see the old file or the new one, never a part of one."""
+def write_atomically(path, write):
+    """Makes the file at `path` hold what `write(f)` writes into a binary file `f`, or leave
+    it as it was: written to a temporary file beside it, flushed to disk, then renamed over
+    it. Temporary files of an earlier writer killed mid-write are removed first."""
     path = Path(path)
-    if META in arrays:
-        raise ValueError(f"{META!r} is reserved for the checkpoint's header")
-    header = np.frombuffer(json.dumps(meta or {}).encode(), np.uint8)
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob(f"{path.name}{_TMP}*"):  # left by a process killed mid-write
+    for stale in directory.glob(f"{path.name}{_TMP}*"):
         stale.unlink(missing_ok=True)
     tmp = directory / f"{path.name}{_TMP}{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            _write_npz(f, {**{k: np.asarray(v) for k, v in arrays.items()}, META: header})
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -58,6 +56,16 @@ def save(path, arrays: dict, meta: dict | None = None):
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(directory)
+
+
+def save(path, arrays: dict, meta: dict | None = None):
+    """Writes `arrays` (name -> host array) and `meta` (a JSON-able dict) to `path`
+    atomically: readers see the old file or the new one, never a part of one."""
+    if META in arrays:
+        raise ValueError(f"{META!r} is reserved for the checkpoint's header")
+    header = np.frombuffer(json.dumps(meta or {}).encode(), np.uint8)
+    contents = {**{k: np.asarray(v) for k, v in arrays.items()}, META: header}
+    write_atomically(path, lambda f: _write_npz(f, contents))
 
 
 def load(path) -> tuple[dict, dict]:

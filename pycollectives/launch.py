@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pycollectives.checkpoint import write_atomically
+
 PREFIX = "pycollectives.launch"
 _WATCH = "--watch-rank"  # the per-rank watcher's entry (internal)
 
@@ -84,10 +86,8 @@ def watch_rank(status_dir: str, command: list[str]) -> int:
         signal.signal(s, forward)
     rc = child.wait()
     status = {"rank": rank, "returncode": rc, "signal": -rc if rc < 0 else 0, "time": time.time()}
-    path = Path(status_dir) / f"rank-{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, path)
+    text = json.dumps(status).encode()
+    write_atomically(Path(status_dir) / f"rank-{rank}.json", lambda f: f.write(text))
     return 128 - rc if rc < 0 else rc
 
 
@@ -143,7 +143,7 @@ def remove_orphaned_shm(since: float) -> int:
     uid = os.getuid()
     candidates = []
     for f in shm.iterdir():
-        if not f.name.startswith(("mpich_shm_", f"pycoll-{uid}-")):
+        if not f.name.startswith(("mpich_shm_", "pycoll-")):  # ownership: st_uid below
             continue
         try:
             st = f.stat()

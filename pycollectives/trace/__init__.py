@@ -26,6 +26,9 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from pycollectives import _C
+from pycollectives.checkpoint import write_atomically
+
 _PATH = os.environ.get("PYCOLL_TRACE") or None
 _now = time.perf_counter_ns  # CLOCK_MONOTONIC: the clock of the native Work's times too
 
@@ -83,10 +86,8 @@ def span(name: str, **args):
 
 
 def _algorithm(comm, name, code, nbytes) -> str:
-    from pycollectives.ops import ALGORITHMS
-
     if code:
-        return ALGORITHMS[code - 1] if 0 < code <= len(ALGORITHMS) else str(code)
+        return _C.ALGORITHMS[code]
     try:
         return comm.algorithm_for(name, nbytes)
     except (ValueError, TypeError, AttributeError, RuntimeError):
@@ -220,11 +221,8 @@ def write():
     for tid, name in tracks.items():
         events.append({"name": "thread_name", "ph": "M", "pid": _rank, "tid": tid,
                        "args": {"name": name}})  # fmt: skip
-    path = trace_path(_rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_document(events, [_rank])))
-    os.replace(tmp, path)
+    text = json.dumps(_document(events, [_rank])).encode()
+    write_atomically(trace_path(_rank), lambda f: f.write(text))
 
 
 def merge(paths, out):
