@@ -1,0 +1,1 @@
+"""Parallel training beyond data parallel, for numpy and cupy models."""
