@@ -84,6 +84,9 @@ class Adam(Optimizer):
         p -= (self.lr / c1) * m / (xp.sqrt(v / c2) + self.eps)
 
 
+NAMES = ("sgd", "adam")
+
+
 def make(name: str, params, lr: float, **kw) -> Optimizer:
     """An optimizer by name ("sgd", "adam")."""
     if name == "sgd":
