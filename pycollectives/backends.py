@@ -127,5 +127,8 @@ class HostBackend:
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return self.c.choose(collective, nbytes)
 
+    def abort(self, reason: str):
+        self.c.abort(reason)
+
     def close(self):
         self.c = self.run = self.p2p = None

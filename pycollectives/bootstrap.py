@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import threading
 from datetime import timedelta
 
 from pycollectives.errors import CollectiveError
@@ -108,9 +109,52 @@ class StoreGroup:
         self._store = None
 
 
+class ThreadGroup:
+    """Ranks that are threads of this process (``Communicator.local``): they meet through a
+    barrier in memory. Each exchange writes one of two alternating slot lists, so a fast rank
+    may start the next exchange while a slow one still reads this one."""
+
+    mpi = None
+
+    def __init__(self, rank: int, shared: dict, timeout: float):
+        self.rank, self.size = rank, shared["size"]
+        self._shared, self._timeout, self._round = shared, timeout, 0
+
+    @staticmethod
+    def shared(size: int) -> dict:
+        """What the `size` ThreadGroups of one local communicator share."""
+        return {"size": size, "barrier": threading.Barrier(size),
+                "slots": ([None] * size, [None] * size)}  # fmt: skip
+
+    def allgather(self, obj) -> list:
+        slots = self._shared["slots"][self._round % 2]
+        self._round += 1
+        slots[self.rank] = obj
+        try:
+            self._shared["barrier"].wait(self._timeout)
+        except threading.BrokenBarrierError:
+            raise CollectiveError(
+                f"rank {self.rank} of a local communicator: the other threads did not arrive "
+                f"within {self._timeout} s (or one of them failed)"
+            ) from None
+        return list(slots)
+
+    def abort(self):
+        """Breaks the barrier: threads waiting in an exchange raise instead of waiting on."""
+        self._shared["barrier"].abort()
+
+    def local(self) -> tuple:
+        return self.rank, self.size
+
+    def free(self):
+        self._shared = None
+
+
 def as_group(comm):
     """`comm` if it is a group already, else a group over the mpi4py communicator `comm`."""
-    return comm if isinstance(comm, (MpiGroup, StoreGroup)) else MpiGroup(comm, dup=False)
+    if isinstance(comm, (MpiGroup, StoreGroup, ThreadGroup)):
+        return comm
+    return MpiGroup(comm, dup=False)
 
 
 def _env_launch(environ) -> tuple | None:
@@ -142,7 +186,7 @@ def world(mpi_comm=None, timeout: float = 300.0, environ=None):
     or a TCPStore rendezvous when an env:// launcher started this process as an MPI world of
     one. A launch whose MPI world and RANK/WORLD_SIZE disagree is an error, never a silent
     world of one."""
-    if isinstance(mpi_comm, (MpiGroup, StoreGroup)):
+    if isinstance(mpi_comm, (MpiGroup, StoreGroup, ThreadGroup)):
         return mpi_comm
     from mpi4py import MPI
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 
 import numpy as np
 
@@ -80,6 +81,45 @@ class Communicator:
         self._fast_run = self._host.run if isinstance(self._host, HostBackend) else None
         trace.instrument(self)  # PYCOLL_TRACE: a timeline of this communicator's calls
 
+    @classmethod
+    def local(cls, n: int, **kw) -> list:
+        """`n` communicators whose ranks are threads of this process (as NCCL's
+        ``ncclCommInitAll`` serves one process driving several devices): ``comms[r]`` is rank
+        r, to be used by one thread each. Collectives run over shared memory as between
+        processes, with the GIL released while they move data. Keyword arguments as for
+        ``Communicator``. Example::
+
+            comms = pc.Communicator.local(4)
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda c: c.all_reduce(x[c.rank]), comms))
+        """
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"Communicator.local needs a positive number of ranks, got {n!r}")
+        timeout = Options.resolve(timeout=kw.get("timeout")).timeout
+        shared = bootstrap.ThreadGroup.shared(n)
+        groups = [bootstrap.ThreadGroup(r, shared, timeout) for r in range(n)]
+        made, errors = [None] * n, [None] * n
+
+        def make(r):
+            try:
+                made[r] = cls(groups[r], **kw)
+            except BaseException as e:  # the others must not wait for this one
+                errors[r] = e
+                groups[r].abort()
+
+        threads = [threading.Thread(target=make, args=(r,), daemon=True) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = [e for e in errors if e is not None]
+        if failed:
+            for c in made:
+                if c is not None:
+                    c.close()
+            raise failed[0]
+        return made
+
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self):
@@ -98,6 +138,15 @@ class Communicator:
             self._group.free()
             if trace.enabled():
                 trace.write()
+
+    def abort(self, reason: str = "aborted by the application"):
+        """Makes this rank's communicator unusable at once (as ``ncclCommAbort``): an
+        operation waiting in it, on any thread, raises CollectiveError, and so does every later
+        one. Peers waiting for this rank see its silence as usual (timeout)."""
+        backend = self._backend()
+        host = backend if isinstance(backend, HostBackend) else getattr(backend, "host", None)
+        if host is not None:
+            host.abort(reason)
 
     def __enter__(self):
         return self
@@ -348,6 +397,12 @@ class Communicator:
         check_call(name, call.x, call.out, call.op, call.root, call.algorithm, self.rank,
                    self.size, None, counts=call.counts, in_splits=call.in_splits,
                    out_splits=call.out_splits)  # fmt: skip
+        if isinstance(self._group, bootstrap.ThreadGroup):
+            raise CollectiveError(
+                f"{name}: CUDA arrays on the thread ranks of Communicator.local are not "
+                "supported (the CUDA transport joins processes over CUDA IPC); pass host "
+                "arrays, or launch one process per GPU"
+            )
         if self.topology.num_nodes > 1:
             raise CollectiveError(
                 f"{name}: CUDA arrays on a communicator over {self.topology.num_nodes} "

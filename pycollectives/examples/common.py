@@ -3,6 +3,8 @@ the closing comparison with the same training in one process."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 
@@ -14,6 +16,23 @@ def classification_data(n: int, n_in: int, n_classes: int, seed: int = 0, dtype=
     labels = rng.integers(0, n_classes, n)
     x = centers[labels] + rng.normal(0.0, 1.0, (n, n_in))
     return x.astype(dtype), labels.astype(np.int64)
+
+
+def limit_blas_threads(n: int):
+    """At most `n` BLAS threads in this process (the calling thread's included): ranks sharing
+    a machine's cores must not each start a thread per core, which on 2 cores makes a step tens
+    of times slower. Needs threadpoolctl (scikit-learn brings it); without it, the BLAS
+    default stands. Returns the limiter (``restore_original_limits()`` undoes it), or None."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(max(1, int(n)), user_api="blas")
+
+
+def blas_share(ranks_here: int) -> int:
+    """BLAS threads per rank when `ranks_here` ranks share this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, ranks_here))
 
 
 def tolerance(dtype) -> float:

@@ -21,7 +21,12 @@ import time
 import numpy as np
 
 import pycollectives as pc
-from pycollectives.examples.common import classification_data, report_match
+from pycollectives.examples.common import (
+    blas_share,
+    classification_data,
+    limit_blas_threads,
+    report_match,
+)
 from pycollectives.parallel import nn, optim
 from pycollectives.parallel.zero import ZeroDataParallel
 
@@ -102,6 +107,7 @@ def train_zero(comm, args, log=print):
 def main(argv=None) -> int:
     args = parse_args(argv)
     comm = pc.Communicator()
+    limit_blas_threads(blas_share(comm.size))  # the ranks share this machine's cores
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     if args.batch_size % (comm.size * args.accumulate):
         raise SystemExit(f"--batch-size {args.batch_size} must divide into {comm.size} ranks "

@@ -1,0 +1,147 @@
+"""Communicator.local (ranks that are threads of one process) and the single-process
+DataParallel built on it, against numpy and one-process training."""
+
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import pycollectives as pc
+from pycollectives.examples.common import classification_data
+from pycollectives.parallel import nn, optim
+from pycollectives.parallel.local_dp import SingleProcessDataParallel
+
+
+def run_ranks(comms, fn):
+    with ThreadPoolExecutor(len(comms)) as pool:
+        return list(pool.map(fn, comms))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_local_collectives_match_numpy(n):
+    comms = pc.Communicator.local(n, timeout=30)
+    inputs = [np.random.default_rng(r).normal(size=1000) for r in range(n)]
+
+    def body(c):
+        r = c.rank
+        x = inputs[r].copy()
+        c.all_reduce(x)
+        gathered = np.empty(n * 1000)
+        c.all_gather(inputs[r], gathered)
+        part = np.empty(10)
+        c.reduce_scatter(np.concatenate([inputs[r][:10]] * n), part)
+        b = inputs[r][:5].copy()
+        c.broadcast(b, root=n - 1)
+        big = np.full(1 << 18, float(r))
+        work = c.all_reduce(big, op="max", async_op=True)
+        ring = np.empty(3)
+        c.batch_p2p([pc.P2POp("send", np.full(3, float(r)), (r + 1) % n),
+                     pc.P2POp("recv", ring, (r - 1) % n)])  # fmt: skip
+        work.wait()
+        c.barrier()
+        return x, gathered, part, b, big[0], ring
+
+    results = run_ranks(comms, body)
+    total = np.sum(inputs, axis=0)
+    for r, (x, gathered, part, b, big, ring) in enumerate(results):
+        np.testing.assert_allclose(x, total, rtol=1e-12)
+        np.testing.assert_array_equal(gathered, np.concatenate(inputs))
+        np.testing.assert_allclose(part, n * total[:10] / n, rtol=1e-12)
+        np.testing.assert_array_equal(b, inputs[n - 1][:5])
+        assert big == n - 1
+        np.testing.assert_array_equal(ring, np.full(3, float((r - 1) % n)))
+    for c in comms:
+        c.close()
+
+
+def test_local_rejects_bad_sizes():
+    for n in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="positive number of ranks"):
+            pc.Communicator.local(n)
+
+
+def test_abort_ends_a_wait_on_another_thread():
+    comms = pc.Communicator.local(2, timeout=60)
+    box = {}
+
+    def waiter():
+        t0 = time.perf_counter()
+        try:
+            comms[1].recv(np.empty(4), 0)  # rank 0 never sends
+        except pc.CollectiveError as e:
+            box["error"], box["after"] = str(e), time.perf_counter() - t0
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.3)
+    comms[1].abort("stop waiting")
+    t.join(20)
+    assert not t.is_alive() and box["after"] < 10, box
+    with pytest.raises(pc.CollectiveError, match="stop waiting|aborted"):
+        comms[1].all_reduce(np.ones(2))
+    for c in comms:
+        c.close()
+
+
+def _reference(sizes, batches, name, lr, kw):
+    model = nn.mlp(sizes, np.random.default_rng(0))
+    opt = optim.make(name, model.params, lr, **kw)
+    for x, y in batches:
+        model.zero_grad()
+        out, c = model.forward(x)
+        model.backward(nn.softmax_cross_entropy(out, y)[1], c)
+        opt.step(model.grads)
+    return model.params
+
+
+@pytest.mark.parametrize("n,name,kw", [(2, "sgd", {"momentum": 0.9}), (3, "adam", {})])
+def test_single_process_data_parallel_matches_one_process(n, name, kw):
+    sizes, b = [8, 24, 16, 3], 12
+    x, y = classification_data(5 * b, 8, 3, seed=2)
+    batches = [(x[i : i + b], y[i : i + b]) for i in range(0, 5 * b, b)]
+    dp = SingleProcessDataParallel(nn.mlp(sizes, np.random.default_rng(0)), n, name, 0.05, **kw)
+    try:
+        for xb, yb in batches:
+            dp.step(xb, yb)
+        for got, want in zip(dp.model.params, _reference(sizes, batches, name, 0.05, kw)):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        # rank 0 sent the parameters to each other rank every step, and received as much
+        pbytes = dp.flat_params[0].nbytes
+        sent, received = dp.traffic()[0]
+        assert sent >= 5 * (n - 1) * pbytes and received >= 5 * (n - 1) * pbytes
+        assert all(s < sent for s, _ in dp.traffic()[1:])
+        with pytest.raises(ValueError, match="equal parts"):
+            dp.step(x[: n * 4 + 1], y[: n * 4 + 1])
+    finally:
+        dp.close()
+
+
+def test_a_failing_rank_ends_the_step_promptly():
+    comms = pc.Communicator.local(2, timeout=120)
+    dp = SingleProcessDataParallel(nn.mlp([4, 6, 3]), 2, "sgd", 0.1, comms=comms)
+    x = np.ones((4, 4))
+    t0 = time.perf_counter()
+    with pytest.raises((IndexError, pc.CollectiveError)):
+        dp.step(x, np.array([0, 1, 2, 7]))  # class 7 of 3: rank 0's loss fails
+    assert time.perf_counter() - t0 < 30
+    dp.close()
+    for c in comms:
+        c.close()
+
+
+def test_dp_vs_ddp_example(tmp_path):
+    png = tmp_path / "cmp.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pycollectives.examples.dp_vs_ddp", "--ranks", "2",
+         "--steps", "2", "--warmup", "1", "--sizes", "16,64,4", "--batch-size", "16",
+         "--plot", str(png)],  # fmt: skip
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "matches single-process training: yes" in proc.stdout, proc.stdout
+    assert "DataParallel (1 process)" in proc.stdout and "DDP (1 process per rank)" in proc.stdout
+    assert png.stat().st_size > 1000
