@@ -16,8 +16,10 @@ MODULES = [
     "pycollectives.launch",
     "pycollectives.trace",
     "pycollectives.soak",
-    "pycollectives.examples.train",
-    "pycollectives.examples.torch_ddp",
+] + [
+    f"pycollectives.examples.{p.stem}"
+    for p in sorted((ROOT / "pycollectives" / "examples").glob("*.py"))
+    if p.stem not in ("__init__", "common")
 ]
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
 
