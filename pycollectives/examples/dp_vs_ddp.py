@@ -132,9 +132,7 @@ def ddp_worker(args):
     counter = TrafficCounter(comm)
     model, x, y = setup(args)
     dp = pc.DataParallel(counter, model.params, rebuild=False)
-    slices = model.param_slices()
-    for layer, (lo, hi) in zip(model.layers, slices):
-        layer.grads = dp.grads[lo:hi]
+    nn.hand_out(model.layers, model.params, dp.grads)  # backward writes into the buckets
     opt = optim.make(OPT["optimizer"], model.params, OPT["lr"], momentum=OPT["momentum"])
     part = args.batch_size // comm.size
     mine = slice(comm.rank * part, (comm.rank + 1) * part)

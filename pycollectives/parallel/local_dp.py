@@ -32,15 +32,8 @@ def flatten_into(model: nn.Sequential):
     xp = nn.array_module(params[0])
     flat_p = xp.concatenate([p.reshape(-1) for p in params])
     flat_g = xp.zeros_like(flat_p)
-    at = 0
-    for layer in model.layers:
-        views_p, views_g = [], []
-        for p in layer.params:
-            n = p.size
-            views_p.append(flat_p[at : at + n].reshape(p.shape))
-            views_g.append(flat_g[at : at + n].reshape(p.shape))
-            at += n
-        layer.params, layer.grads = views_p, views_g
+    shapes = [p.shape for p in params]
+    nn.hand_out(model.layers, nn.flat_views(flat_p, shapes), nn.flat_views(flat_g, shapes))
     return flat_p, flat_g
 
 

@@ -30,6 +30,33 @@ def array_module(a):
     return sys.modules["cupy"] if mod == "cupy" else np
 
 
+def draw_weight(n_in: int, n_out: int, rng=None, dtype=np.float64) -> np.ndarray:
+    """A (n_in, n_out) weight from N(0, 2/n_in), drawn by `rng` (default: seed 0). Every layer
+    that splits a weight across ranks draws the whole one this way and keeps its block."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    return rng.normal(0.0, np.sqrt(2.0 / n_in), (n_in, n_out)).astype(dtype)
+
+
+def flat_views(flat, shapes) -> list:
+    """Views of consecutive blocks of the 1-d `flat`, shaped as `shapes`."""
+    out, at = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        out.append(flat[at : at + n].reshape(shape))
+        at += n
+    return out
+
+
+def hand_out(layers, params, grads):
+    """Gives each of `layers`, in order, as many of `params` and `grads` as it holds (views of
+    a trainer's flat buffers, or None while a trainer has freed them)."""
+    at = 0
+    for layer in layers:
+        n = len(layer.params)
+        layer.params, layer.grads = list(params[at : at + n]), list(grads[at : at + n])
+        at += n
+
+
 class Layer:
     params: list = []
     grads: list = []
@@ -50,8 +77,7 @@ class Linear(Layer):
     """``y = x @ w + b``: `w` of shape (n_in, n_out), drawn from N(0, 2/n_in) by `rng`."""
 
     def __init__(self, n_in: int, n_out: int, rng=None, dtype=np.float64, xp=np, bias=True):
-        rng = np.random.default_rng(0) if rng is None else rng
-        w = rng.normal(0.0, np.sqrt(2.0 / n_in), (n_in, n_out)).astype(dtype)
+        w = draw_weight(n_in, n_out, rng, dtype)
         self.params = [xp.asarray(w)] + ([xp.zeros(n_out, dtype)] if bias else [])
         self.grads = [xp.zeros_like(p) for p in self.params]
         self.n_in, self.n_out = n_in, n_out

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycollectives.parallel.nn import Layer, ReLU, Sequential
+from pycollectives.parallel.nn import Linear, ReLU, Sequential, draw_weight
 
 
 def _block(comm, n: int, what: str, layer: str) -> tuple[int, int]:
@@ -43,14 +43,10 @@ def _block(comm, n: int, what: str, layer: str) -> tuple[int, int]:
     return comm.rank * k, (comm.rank + 1) * k
 
 
-def _draw(n_in: int, n_out: int, rng, dtype):
-    """The full weight, drawn exactly as ``nn.Linear(n_in, n_out, rng, dtype)`` draws it."""
-    rng = np.random.default_rng(0) if rng is None else rng
-    return rng.normal(0.0, np.sqrt(2.0 / n_in), (n_in, n_out)).astype(dtype)
-
-
-class _Parallel(Layer):
-    """What the parallel linear layers share: the communicator, counts of collectives."""
+class _Parallel(Linear):
+    """What the parallel linear layers share: the communicator, counts of collectives, and
+    ``Linear``'s algebra on this rank's block (``x @ w + b``; gradients of w and b, and
+    ``dy @ w.T``)."""
 
     def _setup(self, comm, w_block, n_bias, bias, dtype, xp):
         self.comm, self.xp = comm, xp
@@ -105,14 +101,12 @@ class ColumnParallelLinear(_Parallel):
         bias: bool = True,
     ):
         self.lo, self.hi = _block(comm, n_out, "n_out", "ColumnParallelLinear")
-        w = _draw(n_in, n_out, rng, dtype)
+        w = draw_weight(n_in, n_out, rng, dtype)
         self._setup(comm, w[:, self.lo : self.hi], self.hi - self.lo, bias, dtype, xp)
         self.n_in, self.n_out, self.gather_output = n_in, n_out, gather_output
 
     def forward(self, x):
-        y = x @ self.params[0]
-        if len(self.params) > 1:
-            y += self.params[1]
+        y, x = super().forward(x)
         if self.gather_output:  # (P, batch, n_out/P) -> (batch, P, n_out/P) -> (batch, n_out)
             y = self._all_gather(y, "forward").transpose(1, 0, 2).reshape(len(x), self.n_out)
         return y, x
@@ -120,10 +114,7 @@ class ColumnParallelLinear(_Parallel):
     def backward(self, dy, x):
         if self.gather_output:
             dy = self.xp.ascontiguousarray(dy[:, self.lo : self.hi])
-        self.grads[0] += x.T @ dy
-        if len(self.params) > 1:
-            self.grads[1] += dy.sum(axis=0)
-        return self._all_reduce(dy @ self.params[0].T, "backward")
+        return self._all_reduce(super().backward(dy, x), "backward")
 
     def _full(self, arrays):
         w = self._all_gather(arrays[0])  # (P, n_in, n_out/P)
@@ -159,7 +150,7 @@ class RowParallelLinear(_Parallel):
         bias: bool = True,
     ):
         self.lo, self.hi = _block(comm, n_in, "n_in", "RowParallelLinear")
-        w = _draw(n_in, n_out, rng, dtype)
+        w = draw_weight(n_in, n_out, rng, dtype)
         self._setup(comm, w[self.lo : self.hi], n_out, bias, dtype, xp)
         self.n_in, self.n_out, self.input_is_parallel = n_in, n_out, input_is_parallel
 
@@ -178,10 +169,7 @@ class RowParallelLinear(_Parallel):
         return y, x
 
     def backward(self, dy, x):
-        self.grads[0] += x.T @ dy
-        if len(self.params) > 1:
-            self.grads[1] += dy.sum(axis=0)
-        dx = dy @ self.params[0].T
+        dx = super().backward(dy, x)
         if self.input_is_parallel:
             return dx
         return self._all_gather(dx, "backward").transpose(1, 0, 2).reshape(len(dy), self.n_in)
@@ -230,11 +218,9 @@ def _full(layer, arrays) -> list:
     if isinstance(layer, _Parallel):
         return layer._full(arrays)
     if isinstance(layer, Sequential):
-        out, at = [], 0
-        for sub in layer.layers:
-            n = len(sub.params)
-            out += _full(sub, arrays[at : at + n])
-            at += n
+        out = []
+        for sub, (lo, hi) in zip(layer.layers, layer.param_slices()):
+            out += _full(sub, arrays[lo:hi])
         return out
     return [a.copy() for a in arrays]  # replicated: already whole
 

@@ -32,7 +32,7 @@ import contextlib
 import numpy as np
 
 from pycollectives import checkpoint
-from pycollectives.parallel import optim
+from pycollectives.parallel import nn, optim
 from pycollectives.parallel.nn import Sequential, array_module
 
 
@@ -134,25 +134,21 @@ class ZeroDataParallel:
         return [p for i in u.layer_ids for p in self.model.layers[i].params]
 
     def _views(self, u, flat):
-        return [flat[u.offsets[k] : u.offsets[k + 1]].reshape(s) for k, s in enumerate(u.shapes)]
+        return nn.flat_views(flat, u.shapes)
 
     def _bind(self, u):
-        """Points the unit's layers at its flat buffers."""
-        params = self._views(u, u.full)
-        grads = self._views(u, u.full_grad) if u.full_grad is not None else [None] * len(params)
-        k = 0
-        for i in u.layer_ids:
-            layer = self.model.layers[i]
-            n = len(layer.params)
-            layer.params, layer.grads = params[k : k + n], grads[k : k + n]
-            k += n
+        """Points the unit's layers at its flat buffers (gradients: None when it has none)."""
+        none = [None] * len(u.shapes)
+        grads = none if u.full_grad is None else self._views(u, u.full_grad)
+        nn.hand_out(self._layers(u), self._views(u, u.full), grads)
 
     def _unbind(self, u):
         u.full = None
-        for i in u.layer_ids:
-            layer = self.model.layers[i]
-            layer.params = [None] * len(layer.params)
-            layer.grads = [None] * len(layer.grads)
+        none = [None] * len(u.shapes)
+        nn.hand_out(self._layers(u), none, none)
+
+    def _layers(self, u):
+        return [self.model.layers[i] for i in u.layer_ids]
 
     # -- stage 3: gather before use, free after -------------------------------------------------
 
