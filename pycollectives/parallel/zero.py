@@ -42,10 +42,8 @@ class _Unit:
     def __init__(self, layer_ids, layers, nranks, rank, first_param):
         self.layer_ids = layer_ids
         self.shapes = [p.shape for i in layer_ids for p in layers[i].params]
-        self.sizes = [int(np.prod(s)) for s in self.shapes]
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(int).tolist()
         self.first_param = first_param  # index of its first parameter in the model's list
-        self.numel = self.offsets[-1]
+        self.numel = sum(int(np.prod(s)) for s in self.shapes)
         self.shard = -(-self.numel // nranks)
         self.lo, self.hi = rank * self.shard, (rank + 1) * self.shard
         self.full = None  # flat parameters (stages 1, 2: always; 3: while in use)
@@ -88,13 +86,14 @@ class ZeroDataParallel:
         self.comm, self.model, self.stage, self.prefetch = comm, model, stage, prefetch
         self.units = self._make_units(bucket_cap_mb * 2**20 if stage < 3 else 0)
         self._unit_of = {i: u for u in self.units for i in u.layer_ids}
+        # The unit to prefetch while each one computes, in forward and in backward order.
+        self._next_fwd = dict(zip(self.units, self.units[1:] + [None]))
+        self._next_bwd = dict(zip(self.units[::-1], self.units[-2::-1] + [None]))
         self._sync = True
         self._gathers = {}  # unit -> Work of a started all-gather (stage 3)
         xp = self.xp
         for u in self.units:
-            flat = xp.zeros(u.shard * comm.size, self.dtype)
-            for k, p in enumerate(self._unit_params(u)):
-                flat[u.offsets[k] : u.offsets[k + 1]] = p.reshape(-1)
+            flat = self._pack(u, [p for layer in self._layers(u) for p in layer.params], xp)
             comm.broadcast(flat, root=0)
             if stage < 3:
                 u.full = flat
@@ -120,8 +119,7 @@ class ZeroDataParallel:
             if not layer.params:
                 continue
             ids.append(i)
-            size = sum(int(np.prod(p.shape)) for p in layer.params) * itemsize
-            n += size
+            n += sum(p.size for p in layer.params) * itemsize
             if n >= cap_bytes:
                 units.append(_Unit(ids, layers, self.comm.size, self.comm.rank, first))
                 first += sum(len(layers[j].params) for j in ids)
@@ -130,8 +128,14 @@ class ZeroDataParallel:
             units.append(_Unit(ids, layers, self.comm.size, self.comm.rank, first))
         return units
 
-    def _unit_params(self, u):
-        return [p for i in u.layer_ids for p in self.model.layers[i].params]
+    def _pack(self, u, pieces, xp):
+        """One padded flat buffer of unit `u` holding `pieces` (its parameters' shapes, in
+        order; a missing piece, None, stays zero)."""
+        flat = xp.zeros(u.shard * self.comm.size, self.dtype)
+        for view, piece in zip(self._views(u, flat), pieces):
+            if piece is not None:
+                view[...] = xp.asarray(piece).reshape(view.shape)
+        return flat
 
     def _views(self, u, flat):
         return nn.flat_views(flat, u.shapes)
@@ -173,20 +177,15 @@ class ZeroDataParallel:
         if self.stage == 3:
             self._unbind(u)
 
-    def _param_units_in(self, order):
-        return [self._unit_of[i] for i in order if i in self._unit_of]
-
     # -- training -------------------------------------------------------------------------------
 
     def forward(self, x):
         """The model's output and the caches backward needs."""
         caches = []
-        seq = self._param_units_in(range(len(self.model.layers)))
-        upcoming = {u: seq[k + 1] if k + 1 < len(seq) else None for k, u in enumerate(seq)}
         for i, layer in enumerate(self.model.layers):
             u = self._unit_of.get(i)
             if u is not None:
-                self._materialize(u, upcoming[u])
+                self._materialize(u, self._next_fwd[u])
             x, c = layer.forward(x)
             caches.append(c)
             if u is not None and i == u.layer_ids[-1]:
@@ -196,12 +195,10 @@ class ZeroDataParallel:
     def backward(self, dy, caches):
         """Backward through the model; each unit's gradients are reduce-scattered as soon as
         they are final (unless inside ``no_sync``). Returns the input's gradient."""
-        seq = self._param_units_in(reversed(range(len(self.model.layers))))
-        upcoming = {u: seq[k + 1] if k + 1 < len(seq) else None for k, u in enumerate(seq)}
         for i in reversed(range(len(self.model.layers))):
             u = self._unit_of.get(i)
             if u is not None and i == u.layer_ids[-1]:
-                self._materialize(u, upcoming[u])
+                self._materialize(u, self._next_bwd[u])
                 if u.full_grad is None:
                     u.full_grad = self.xp.zeros(u.shard * self.comm.size, self.dtype)
                 self._bind(u)
@@ -247,8 +244,7 @@ class ZeroDataParallel:
     def step(self):
         """Updates this rank's shards with the reduced gradients, then (stages 1, 2) gathers
         the updated parameters. Gradients are cleared."""
-        missing = [k for k, u in enumerate(self.units) if u.shard_grad is None]
-        if missing:
+        if any(u.shard_grad is None for u in self.units):
             raise RuntimeError(
                 "step: no reduced gradients (call backward outside no_sync before step)"
             )
@@ -288,26 +284,29 @@ class ZeroDataParallel:
         held["unsharded"] = numel * (2 + per_elem)
         return held
 
+    @staticmethod
+    def _key(name, i: int) -> str:
+        """The checkpoint key of parameter `i` (name None) or of optimizer buffer `name` of it."""
+        return f"arr_{i}" if name is None else f"state/{name}/{i}"
+
     def save(self, path, meta=None):
         """Rank 0 writes the full parameters (``arr_<i>``, as ``DataParallel.save``) and the
         full optimizer state (``state/<buffer>/<i>``) to `path`, atomically; returns on every
         rank once written."""
         root = self.comm.rank == 0
         saved = {}
-        for u in self.units:
-            for name, flat in self._gathered(u).items():
+        for k, u in enumerate(self.units):
+            for name, flat in self._gathered(k, u).items():
                 if root:
-                    for k, v in enumerate(self._views(u, flat)):
-                        i = u.first_param + k
-                        saved[f"arr_{i}" if name is None else f"state/{name}/{i}"] = self._host(v)
+                    for j, v in enumerate(self._views(u, flat)):
+                        saved[self._key(name, u.first_param + j)] = self._host(v)
         if root:
             saved["optimizer/steps"] = np.array(self.optimizer.steps, np.int64)
             checkpoint.save(path, saved, meta)
         self.comm.barrier()
 
-    def _gathered(self, u):
-        """Parameters (key None) and optimizer buffers of unit `u`, whole on rank 0."""
-        k = self.units.index(u)
+    def _gathered(self, k, u):
+        """Parameters (key None) and optimizer buffers of unit `u` (the k-th), whole on rank 0."""
         bufs = {None: u.shard_param}
         bufs.update(self.optimizer.state[k])
         out = {}
@@ -329,27 +328,22 @@ class ZeroDataParallel:
             except (OSError, ValueError) as e:
                 error = f"cannot read {path}: {e}"
             for u in self.units if error is None else ():
-                for k, shape in enumerate(u.shapes):
-                    got = saved.get(f"arr_{u.first_param + k}")
+                for j, shape in enumerate(u.shapes):
+                    got = saved.get(self._key(None, u.first_param + j))
                     if got is None or got.shape != shape:
-                        error = f"{path} does not hold this model's parameter {u.first_param + k}"
-        error, meta = self.comm.broadcast_object((error, meta), root=0)
+                        error = f"{path} does not hold this model's parameter {u.first_param + j}"
+        steps = int(saved.get("optimizer/steps", 0))
+        error, meta, steps = self.comm.broadcast_object((error, meta, steps), root=0)
         if error is not None:
             raise ValueError(error)
-        steps = self.comm.broadcast_object(int(saved.get("optimizer/steps", 0)), root=0)
         self.optimizer.steps = steps
         for k, u in enumerate(self.units):
-            names = [None, *self.optimizer.state[k]]
-            for name in names:
-                key = "arr_{}" if name is None else f"state/{name}/" + "{}"
+            for name in [None, *self.optimizer.state[k]]:
                 full = None
-                if self.comm.rank == 0:
-                    full = np.zeros(u.shard * self.comm.size, self.dtype)
-                    for j in range(len(u.shapes)):
-                        a = saved.get(key.format(u.first_param + j))
-                        if a is not None:  # absent optimizer state: starts from zero
-                            full[u.offsets[j] : u.offsets[j + 1]] = a.reshape(-1)
-                    full = self.xp.asarray(full)
+                if self.comm.rank == 0:  # absent optimizer state starts from zero
+                    pieces = [saved.get(self._key(name, u.first_param + j)) for j in
+                              range(len(u.shapes))]  # fmt: skip
+                    full = self._pack(u, pieces, self.xp)
                 dst = u.shard_param if name is None else self.optimizer.state[k][name]
                 self.comm.scatter(full, dst, root=0)
             if self.stage < 3:
