@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import pycollectives as pc
-from pycollectives.examples.common import classification_data
-from pycollectives.parallel import nn, optim
+from pycollectives.examples.common import batches, classification_data, train_one_process
+from pycollectives.parallel import nn
 from pycollectives.parallel.local_dp import SingleProcessDataParallel
 
 
@@ -87,27 +87,17 @@ def test_abort_ends_a_wait_on_another_thread():
         c.close()
 
 
-def _reference(sizes, batches, name, lr, kw):
-    model = nn.mlp(sizes, np.random.default_rng(0))
-    opt = optim.make(name, model.params, lr, **kw)
-    for x, y in batches:
-        model.zero_grad()
-        out, c = model.forward(x)
-        model.backward(nn.softmax_cross_entropy(out, y)[1], c)
-        opt.step(model.grads)
-    return model.params
-
-
 @pytest.mark.parametrize("n,name,kw", [(2, "sgd", {"momentum": 0.9}), (3, "adam", {})])
 def test_single_process_data_parallel_matches_one_process(n, name, kw):
     sizes, b = [8, 24, 16, 3], 12
     x, y = classification_data(5 * b, 8, 3, seed=2)
-    batches = [(x[i : i + b], y[i : i + b]) for i in range(0, 5 * b, b)]
+    steps = batches(x, y, b)
     dp = SingleProcessDataParallel(nn.mlp(sizes, np.random.default_rng(0)), n, name, 0.05, **kw)
     try:
-        for xb, yb in batches:
+        for xb, yb in steps:
             dp.step(xb, yb)
-        for got, want in zip(dp.model.params, _reference(sizes, batches, name, 0.05, kw)):
+        ref = train_one_process(nn.mlp(sizes, np.random.default_rng(0)), steps, name, 0.05, **kw)
+        for got, want in zip(dp.model.params, ref):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
         # rank 0 sent the parameters to each other rank every step, and received as much
         pbytes = dp.flat_params[0].nbytes

@@ -18,6 +18,26 @@ def classification_data(n: int, n_in: int, n_classes: int, seed: int = 0, dtype=
     return x.astype(dtype), labels.astype(np.int64)
 
 
+def batches(x, labels, batch_size: int) -> list:
+    """Successive (x, labels) batches of `batch_size` rows."""
+    return [(x[i : i + batch_size], labels[i : i + batch_size])
+            for i in range(0, len(x) - batch_size + 1, batch_size)]  # fmt: skip
+
+
+def train_one_process(model, batches, optimizer: str, lr: float, **opt_kw) -> list:
+    """The reference every example compares with: `model` trained in this process on each
+    whole batch (mean cross-entropy), with optimizer `optimizer`; returns its parameters."""
+    from pycollectives.parallel import nn, optim
+
+    opt = optim.make(optimizer, model.params, lr, **opt_kw)
+    for x, labels in batches:
+        model.zero_grad()
+        out, caches = model.forward(x)
+        model.backward(nn.softmax_cross_entropy(out, labels)[1], caches)
+        opt.step(model.grads)
+    return model.params
+
+
 def limit_blas_threads(n: int):
     """At most `n` BLAS threads in this process (the calling thread's included): ranks sharing
     a machine's cores must not each start a thread per core, which on 2 cores makes a step tens
@@ -46,13 +66,18 @@ def max_abs_diff(got, want) -> float:
                default=0.0)  # fmt: skip
 
 
+def print_match(diff: float, dtype) -> bool:
+    """Prints ``matches single-process training: yes|no (max |diff| = d)`` for the largest
+    difference `diff`; True when it is within the tolerance of `dtype`."""
+    ok = diff <= tolerance(dtype)
+    print(f"matches single-process training: {'yes' if ok else 'no'} (max |diff| = {diff:.3g})",
+          flush=True)  # fmt: skip
+    return ok
+
+
 def report_match(got, want, dtype) -> bool:
-    """Prints ``matches single-process training: yes|no (max |diff| = d)``; True when it does."""
+    """``print_match`` of parameters `got` against `want`."""
     if len(got) != len(want) or any(np.shape(a) != np.shape(b) for a, b in zip(got, want)):
         print("matches single-process training: no (parameter shapes differ)", flush=True)
         return False
-    d = max_abs_diff(got, want)
-    ok = d <= tolerance(dtype)
-    print(f"matches single-process training: {'yes' if ok else 'no'} (max |diff| = {d:.3g})",
-          flush=True)  # fmt: skip
-    return ok
+    return print_match(max_abs_diff(got, want), dtype)

@@ -25,7 +25,13 @@ import time
 import numpy as np
 
 import pycollectives as pc
-from pycollectives.examples.common import classification_data, limit_blas_threads, report_match
+from pycollectives.examples.common import (
+    batches,
+    classification_data,
+    limit_blas_threads,
+    report_match,
+    train_one_process,
+)
 from pycollectives.parallel import nn, optim
 from pycollectives.parallel.pipeline import Pipeline, split_stages, theoretical_bubble
 
@@ -80,11 +86,7 @@ def main(argv=None):
     opt = optim.make(args.optimizer, stage.params, lr)
     x_all, y_all = classification_data(args.steps * args.batch_size, N_IN, N_CLASSES,
                                        seed=args.seed + 1, dtype=dtype)  # fmt: skip
-    batches = [
-        (x_all[k * args.batch_size : (k + 1) * args.batch_size],
-         y_all[k * args.batch_size : (k + 1) * args.batch_size])
-        for k in range(args.steps)
-    ]  # fmt: skip
+    steps = batches(x_all, y_all, args.batch_size)
     if rank == 0:
         nparams = [sum(q.size for q in s.params) for s in split_stages(build(), p)]
         print(f"pipeline of {p} stages ({args.schedule}, {args.micro_batches} micro-batches "
@@ -93,7 +95,7 @@ def main(argv=None):
 
     losses, bubbles = [], []
     t0 = time.perf_counter()
-    for x, y in batches:
+    for x, y in steps:
         loss = pipe.train_step(x if rank == 0 else None, y if rank == p - 1 else None)
         opt.step(stage.grads)
         losses.append(loss)
@@ -113,15 +115,8 @@ def main(argv=None):
     got = comm.all_gather_object([host(q) for q in stage.params])
     ok = True
     if rank == 0:
-        ref = build()
-        ref_opt = optim.make(args.optimizer, ref.params, lr)
-        for x, y in batches:
-            logits, caches = ref.forward(x)
-            _, d = nn.softmax_cross_entropy(logits, y)
-            ref.zero_grad()
-            ref.backward(d, caches)
-            ref_opt.step(ref.grads)
-        ok = report_match([q for ps in got for q in ps], [host(q) for q in ref.params], dtype)
+        want = train_one_process(build(), steps, args.optimizer, lr)
+        ok = report_match([q for ps in got for q in ps], [host(q) for q in want], dtype)
     ok = comm.broadcast_object(ok)
     comm.close()
     return 0 if ok else 1

@@ -22,12 +22,14 @@ import numpy as np
 
 import pycollectives as pc
 from pycollectives.examples.common import (
+    batches,
     blas_share,
     classification_data,
     limit_blas_threads,
     report_match,
+    train_one_process,
 )
-from pycollectives.parallel import nn, optim
+from pycollectives.parallel import nn
 from pycollectives.parallel.zero import ZeroDataParallel
 
 MIB = 2**20
@@ -59,22 +61,10 @@ def setup(args):
     return nn.mlp(sizes, np.random.default_rng(0), args.dtype), lr, kw, (x, y)
 
 
-def batches(data, batch_size, steps):
-    x, y = data
-    for s in range(steps):
-        yield x[s * batch_size : (s + 1) * batch_size], y[s * batch_size : (s + 1) * batch_size]
-
-
 def train_single(args) -> list:
     """The same training in one process: the whole batch at once."""
     model, lr, kw, data = setup(args)
-    opt = optim.make(args.optimizer, model.params, lr, **kw)
-    for xb, yb in batches(data, args.batch_size, args.steps):
-        model.zero_grad()
-        out, caches = model.forward(xb)
-        model.backward(nn.softmax_cross_entropy(out, yb)[1], caches)
-        opt.step(model.grads)
-    return model.params
+    return train_one_process(model, batches(*data, args.batch_size), args.optimizer, lr, **kw)
 
 
 def train_zero(comm, args, log=print):
@@ -85,7 +75,7 @@ def train_zero(comm, args, log=print):
     per_rank = args.batch_size // comm.size
     micro = per_rank // args.accumulate
     t0 = time.perf_counter()
-    for step, (xb, yb) in enumerate(batches(data, args.batch_size, args.steps)):
+    for step, (xb, yb) in enumerate(batches(*data, args.batch_size)):
         mine_x = xb[comm.rank * per_rank : (comm.rank + 1) * per_rank]
         mine_y = yb[comm.rank * per_rank : (comm.rank + 1) * per_rank]
         loss = 0.0
