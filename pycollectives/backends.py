@@ -8,7 +8,8 @@ A backend runs calls on one kind of memory and topology:
 - ``pycollectives.cuda.CudaComm``: CUDA arrays on one machine, over CUDA IPC.
 
 Each offers ``run(call)``, ``p2p(ops, async_op)``, ``barrier(async_op)``, ``seq``,
-``timeout`` (settable), ``algorithm_for(collective, nbytes)`` and ``close()``. ``run`` and
+``timeout`` (settable), ``algorithm_for(collective, nbytes)`` and ``close()``; the host ones
+(``HostBackend``, ``Hierarchical``) also ``abort(reason)``. ``run`` and
 ``p2p`` return None when the work is done, or a native handle (``wait(timeout)``,
 ``is_completed()``, ``seq``) that the Communicator wraps in a ``Work``.
 """

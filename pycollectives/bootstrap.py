@@ -150,11 +150,12 @@ class ThreadGroup:
         self._shared = None
 
 
+GROUPS = (MpiGroup, StoreGroup, ThreadGroup)
+
+
 def as_group(comm):
     """`comm` if it is a group already, else a group over the mpi4py communicator `comm`."""
-    if isinstance(comm, (MpiGroup, StoreGroup, ThreadGroup)):
-        return comm
-    return MpiGroup(comm, dup=False)
+    return comm if isinstance(comm, GROUPS) else MpiGroup(comm, dup=False)
 
 
 def _env_launch(environ) -> tuple | None:
@@ -186,7 +187,7 @@ def world(mpi_comm=None, timeout: float = 300.0, environ=None):
     or a TCPStore rendezvous when an env:// launcher started this process as an MPI world of
     one. A launch whose MPI world and RANK/WORLD_SIZE disagree is an error, never a silent
     world of one."""
-    if isinstance(mpi_comm, (MpiGroup, StoreGroup, ThreadGroup)):
+    if isinstance(mpi_comm, GROUPS):
         return mpi_comm
     from mpi4py import MPI
 

@@ -143,10 +143,7 @@ class Communicator:
         """Makes this rank's communicator unusable at once (as ``ncclCommAbort``): an
         operation waiting in it, on any thread, raises CollectiveError, and so does every later
         one. Peers waiting for this rank see its silence as usual (timeout)."""
-        backend = self._backend()
-        host = backend if isinstance(backend, HostBackend) else getattr(backend, "host", None)
-        if host is not None:
-            host.abort(reason)
+        self._backend().abort(reason)
 
     def __enter__(self):
         return self

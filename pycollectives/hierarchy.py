@@ -184,6 +184,12 @@ class Hierarchical(BlocksAndMessages):
             guarded()
         return None
 
+    def abort(self, reason: str):
+        """Unusable from now on; a wait in the shared-memory part ends at once."""
+        if self._error is None:
+            self._error = reason
+        self.host.abort(reason)
+
     def close(self):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
