@@ -53,24 +53,27 @@ class TrafficCounter:
         self.sent += int(sent)
         self.received += int(received)
 
+    def _rooted(self, root, share, outward):
+        """The root sends (`outward`) or receives `share` bytes to or from each other rank;
+        each other rank receives or sends its one share."""
+        at_root = self.rank == root
+        moved = (share * (self._comm.size - 1), 0) if at_root else (0, share)
+        self._count(*(moved if outward else moved[::-1]))
+
     def broadcast(self, x, root=0, **kw):
-        n, b = self._comm.size, x.nbytes
-        self._count(b * (n - 1) if self.rank == root else 0, 0 if self.rank == root else b)
+        self._rooted(root, x.nbytes, outward=True)
         return self._comm.broadcast(x, root, algorithm="direct", **kw)
 
     def reduce(self, x, out=None, root=0, **kw):
-        n, b = self._comm.size, x.nbytes
-        self._count(0 if self.rank == root else b, b * (n - 1) if self.rank == root else 0)
+        self._rooted(root, x.nbytes, outward=False)
         return self._comm.reduce(x, out, root, algorithm="direct", **kw)
 
     def scatter(self, x, out, root=0, **kw):
-        n, b = self._comm.size, out.nbytes
-        self._count(b * (n - 1) if self.rank == root else 0, 0 if self.rank == root else b)
+        self._rooted(root, out.nbytes, outward=True)
         return self._comm.scatter(x, out, root, **kw)
 
     def gather(self, x, out=None, root=0, **kw):
-        n, b = self._comm.size, x.nbytes
-        self._count(0 if self.rank == root else b, b * (n - 1) if self.rank == root else 0)
+        self._rooted(root, x.nbytes, outward=False)
         return self._comm.gather(x, out, root, **kw)
 
     def all_reduce(self, x, out=None, op="sum", algorithm=None, **kw):
