@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -22,9 +23,12 @@ void Sleeper::sleep() {
     saved_slack_ = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   }
+  const long cap =
+      Yield::contended(Clock::now()) ? std::min(max_ns_, Yield::kBusySleepNs) : max_ns_;
+  if (ns_ > cap) ns_ = cap;
   struct timespec ts{0, ns_};
   nanosleep(&ts, nullptr);
-  ns_ = ns_ * 2 < max_ns_ ? ns_ * 2 : max_ns_;
+  ns_ = ns_ * 2 < cap ? ns_ * 2 : cap;
 }
 
 void check_wait(const WaitContext& ctx, int peer) {

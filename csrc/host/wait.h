@@ -80,6 +80,32 @@ class Sleeper {
   long saved_slack_ = -1;
 };
 
+// Gives the core away for a moment, the yield phase of every wait. sched_yield() hands the core
+// to another runnable thread until that thread gives it back; a peer rank does so within
+// microseconds, but a busy compute thread beside the ranks (a training job's) keeps it for a
+// whole time slice, milliseconds. A yield that took longer than kSlowYield shows such a thread:
+// for the next kNoYieldFor this thread then sleeps instead, at most kBusySleepNs at a time
+// (the scheduler runs a thread that wakes from sleep ahead of one that has been busy all
+// along), and probes again after that. Returns false instead of yielding while that lasts.
+class Yield {
+ public:
+  static constexpr auto kSlowYield = std::chrono::microseconds(100);
+  static constexpr auto kNoYieldFor = std::chrono::milliseconds(200);
+  // Sleeps are kept this short meanwhile: each one ends the busy thread's turn on the core.
+  static constexpr long kBusySleepNs = 20000;
+  static bool contended(Clock::time_point t) { return t < no_yield_until_; }
+  static bool now(Clock::time_point t) {
+    if (t < no_yield_until_) return false;
+    sched_yield();
+    const auto after = Clock::now();
+    if (after - t > kSlowYield) no_yield_until_ = after + kNoYieldFor;
+    return true;
+  }
+
+ private:
+  static inline thread_local Clock::time_point no_yield_until_{};
+};
+
 // Back-off for a loop that makes progress itself between checks (point-to-point): the same
 // spin, yield, sleep ladder as wait_until, restarted by reset() whenever something moved.
 class Backoff {
@@ -96,10 +122,7 @@ class Backoff {
       ++spins_;
       yield_until_ = now + std::chrono::milliseconds(1);
     }
-    if (now < yield_until_)
-      sched_yield();
-    else
-      sleeper_.sleep();
+    if (now >= yield_until_ || !Yield::now(now)) sleeper_.sleep();
   }
   void reset() {
     spins_ = 0;
@@ -116,8 +139,9 @@ class Backoff {
 //
 // Spinning costs a core, so it lasts ~1 us; yielding lets an oversubscribed core run a peer
 // and, on an idle machine, still answers within a microsecond, so it lasts up to 1 ms of
-// waiting; only then do we sleep, for at most `max_sleep_ns` at a time. The deadline and peer
-// liveness are checked every 10 ms.
+// waiting (unless a busy thread beside the ranks makes yielding costly: see Yield); only then
+// do we sleep, for at most `max_sleep_ns` at a time. The deadline and peer liveness are
+// checked every 10 ms.
 template <class Ready>
 inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor what,
                        long max_sleep_ns = 200000) {
@@ -132,11 +156,10 @@ inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor 
   Sleeper sleeper(max_sleep_ns);
   for (unsigned i = 0;; ++i) {
     if (ready()) return;
-    if ((i & 15) != 0) {
-      sched_yield();
-      continue;
-    }
     const auto now = Clock::now();
+    if ((i & 15) != 0 && now < yield_until) {
+      if (Yield::now(now)) continue;
+    }
     if (now >= next_check) {
       check_wait(ctx, peer);
       if (now >= ctx.deadline) {
@@ -145,10 +168,7 @@ inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor 
       }
       next_check = now + std::chrono::milliseconds(10);
     }
-    if (now < yield_until)
-      sched_yield();
-    else
-      sleeper.sleep();
+    if (now >= yield_until || !Yield::now(now)) sleeper.sleep();
   }
 }
 

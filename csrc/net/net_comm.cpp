@@ -167,10 +167,7 @@ class NetExecutor {
                                         algo_name(call_.algo), ") timed out after ", timeout_s_,
                                         " s: rank ", call_.group[static_cast<size_t>(peer)],
                                         " did not arrive (", why, ")"));
-      if (now - start < std::chrono::milliseconds(1))
-        sched_yield();
-      else
-        sleeper.sleep();
+      if (now - start >= std::chrono::milliseconds(1) || !Yield::now(now)) sleeper.sleep();
     }
   }
   const char* call_name() const { return collective_name(call_.collective); }
