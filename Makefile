@@ -7,7 +7,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 NP     ?= 4
 DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn torch==2.13.0 matplotlib \
-          scikit-build-core pybind11 ninja cmake
+          scikit-build-core pybind11 ninja cmake deepspeed==0.19.8
+# oneCCL, a peer of `pycoll-bench --compare`: its C++ packages and the Intel runtimes they load.
+# --no-deps: oneccl-cpu 2022.2 names a libfabric the index does not have (its MPI transport
+# needs none), and the impi-rt that older releases pull in would replace MPICH's libmpi.so.12.
+PEER_DEPS := oneccl-cpu==2022.2.0 oneccl-cpu-devel==2022.2.0 intel-cmplr-lib-rt==2026.2.0 \
+             intel-openmp==2026.2.0
 LINT_DEPS := ruff clang-format
 # With an NVIDIA driver present, cupy too: `make run` then trains on the GPU.
 GPU_DEPS := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cupy-cuda13x)
@@ -19,6 +24,7 @@ $(BIN)/python:
 
 $(VENV)/.deps: $(BIN)/python Makefile pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check $(DEPS) $(GPU_DEPS)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(PEER_DEPS)
 	touch $@
 
 # Editable install: the package imports from this tree; the native module is rebuilt

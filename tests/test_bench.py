@@ -126,13 +126,13 @@ ROW = re.compile(
 )
 
 
-def bench(tmp_path, *extra, env=None, returncodes=(0,)):
+def bench(tmp_path, *extra, coll="all_reduce", env=None, returncodes=(0,), timeout=120):
     out = tmp_path / "rows.json"
     stdout = run_mpi(
         2,
         "run_module.py",
         "pycollectives.bench",
-        "all_reduce",
+        coll,
         "-b",
         "8",
         "-e",
@@ -150,7 +150,7 @@ def bench(tmp_path, *extra, env=None, returncodes=(0,)):
         *extra,
         env=env,
         returncodes=returncodes,
-        timeout=120,
+        timeout=timeout,
     )
     return stdout, json.loads(out.read_text())
 
@@ -170,9 +170,144 @@ def test_json_matches_the_table_and_check_passes(tmp_path):
 
 
 def test_check_counts_a_planted_wrong_element(tmp_path):
-    stdout, data = bench(tmp_path, env={"PYCOLL_BENCH_CORRUPT": "1"}, returncodes=(1,))
+    stdout, data = bench(
+        tmp_path, "--compare", "mpi", env={"PYCOLL_BENCH_CORRUPT": "1"}, returncodes=(1,)
+    )
     assert all(r["oop"]["wrong"] >= 1 and r["ip"]["wrong"] >= 1 for r in data["rows"])
     assert "FAILED" in stdout
+    # Peers' results are checked the same way, and a wrong one is marked in their column.
+    assert all(r["compare"]["mpi"]["wrong"] >= 1 for r in data["rows"])
+    assert stdout.count("x WRONG") == len(data["rows"])
+
+
+def test_comparison_reports_the_fraction_of_the_bound():
+    row = {
+        "size": 1 << 20,
+        "oop": {"time_us": 200.0},
+        "bound": {"time_us": 150.0},
+        "compare": {"mpi": {"ratio": 2.0, "wrong": 0}, "gloo": {"skipped": "no gloo"}},
+    }
+    text = report.comparison([row], ["mpi", "gloo"], 10.0)
+    line = next(x for x in text.splitlines() if x.split()[:1] == [str(1 << 20)])
+    assert line.split() == [str(1 << 20), "200.00", "150.00", "75%", "2.00x", "n/a"]
+    assert "# gloo: no gloo" in text
+
+
+def _spinners():
+    """Pids of processes running contention.SPIN."""
+    from pycollectives.bench.contention import SPIN
+
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if SPIN.encode() in f.read():
+                    pids.append(int(d))
+        except OSError:
+            pass
+    return pids
+
+
+def test_contention_runs_busy_processes_and_leaves_none(tmp_path):
+    stdout, data = bench(tmp_path, "-e", "64", "--contention", "--compare", "mpi")
+    assert "2 busy processes beside the ranks" in stdout or "busy processes beside" in stdout
+    assert data["meta"]["args"]["contention"] is True
+    assert all(r["oop"]["wrong"] == 0 and r["compare"]["mpi"]["wrong"] == 0 for r in data["rows"])
+    assert _spinners() == []
+
+
+ORPHAN = """
+import sys, time
+from pycollectives.bench.contention import Contention
+class One:  # a single rank, no MPI
+    rank = 0
+    def Barrier(self):
+        pass
+busy = Contention(One(), 2).__enter__()
+print(*[p.pid for p in busy.procs], flush=True)
+time.sleep(60)
+"""
+
+
+def test_contention_processes_die_with_their_rank():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rank = subprocess.Popen([sys.executable, "-c", ORPHAN], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in rank.stdout.readline().split()]
+    assert len(pids) == 2 and sorted(_spinners()) == sorted(pids)
+    rank.send_signal(signal.SIGKILL)  # no __exit__: the kernel must end them
+    rank.wait()
+    deadline = time.monotonic() + 10
+    while _spinners() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _spinners() == []
+
+
+# -- oneCCL and DeepSpeed as peers --------------------------------------------------------------
+
+
+def test_oneccl_says_which_packages_are_missing(tmp_path):
+    from pycollectives.bench import oneccl
+
+    with pytest.raises(oneccl.Unusable) as e:
+        oneccl.locate(str(tmp_path))
+    msg = str(e.value)
+    assert "oneccl-cpu-devel" in msg and "oneccl-cpu " in msg and "intel-cmplr-lib-rt" in msg
+    (tmp_path / "include" / "oneapi").mkdir(parents=True)
+    (tmp_path / "include" / "oneapi" / "ccl.hpp").write_text("")
+    with pytest.raises(oneccl.Unusable) as e:
+        oneccl.locate(str(tmp_path))
+    assert "oneccl-cpu-devel" not in str(e.value)
+
+
+def test_peers_that_cannot_run_say_why_in_their_column(tmp_path):
+    # An empty prefix for oneCCL's packages and a DeepSpeed that cannot be imported.
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "__init__.py").write_text("raise ImportError('no deepspeed')\n")
+    env = {"PYTHONPATH": str(tmp_path), "PYCOLL_ONECCL_PREFIX": str(tmp_path / "none")}
+    stdout, data = bench(tmp_path, "-e", "64", "--compare", "oneccl,deepspeed", env=env)
+    for r in data["rows"]:
+        assert "not installed" in r["compare"]["oneccl"]["skipped"]
+        assert "no deepspeed" in r["compare"]["deepspeed"]["skipped"]
+    assert "# oneccl: not installed: oneccl-cpu-devel" in stdout
+
+
+def _installed(*modules):
+    return all(importlib.util.find_spec(m) for m in modules)
+
+
+def _oneccl_installed():
+    from pycollectives.bench import oneccl
+
+    try:
+        oneccl.locate()
+        return True
+    except oneccl.Unusable:
+        return False
+
+
+@pytest.mark.skipif(
+    not _oneccl_installed(), reason="oneCCL packages not installed (make test does)"
+)
+def test_oneccl_peer_is_checked_against_numpy(tmp_path):
+    stdout, data = bench(tmp_path, "-e", "64K", "-f", "64", "--compare", "oneccl", coll="all")
+    ran = {r["collective"] for r in data["rows"] if "ratio" in r["compare"]["oneccl"]}
+    assert {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"} <= ran
+    assert all(r["compare"]["oneccl"].get("wrong", 0) == 0 for r in data["rows"])
+    assert "oneCCL 2022" in data["meta"]["peers"]["oneccl"]
+
+
+@pytest.mark.skipif(not _installed("deepspeed", "torch"), reason="deepspeed not installed")
+def test_deepspeed_peer_runs_its_shared_memory_all_reduce(tmp_path):
+    # The first run builds DeepSpeed's op (about a minute on 2 cores); later runs load it.
+    stdout, data = bench(tmp_path, "-e", "1M", "-f", "32", "--compare", "deepspeed", timeout=400)
+    what = data["meta"]["peers"]["deepspeed"]
+    assert "shm all-reduce (deepspeed_shm_comm) active" in what, what
+    assert all(r["compare"]["deepspeed"]["wrong"] == 0 for r in data["rows"])
+    assert all("ratio" in r["compare"]["deepspeed"] for r in data["rows"])
 
 
 def test_plot_is_a_png(tmp_path):
@@ -196,6 +331,8 @@ def test_cuda_device_and_nccl_are_accepted():
         (["--compare", "nccl"], "--compare nccl needs --device cuda"),
         (["--device", "cpu", "--compare", "mpi,nccl"], "--compare nccl needs --device cuda"),
         (["--device", "cuda", "--compare", "gloo"], "--compare gloo runs on host arrays"),
+        (["--device", "cuda", "--compare", "oneccl"], "--compare oneccl runs on host arrays"),
+        (["--device", "cuda", "--compare", "deepspeed"], "runs on host arrays"),
     ],
 )
 def test_peers_for_the_other_device_are_usage_errors(argv, says, capsys):
@@ -404,7 +541,7 @@ def test_cuda_plumbing_with_a_fake_cupy(tmp_path):
     assert len(nccl) == 1 and "cupy 0.0-fake found no NCCL library" in nccl.pop()
     meta = data["meta"]
     assert meta["gpus"] == ["Fake GPU"] and meta["devices"] == [0, 0]
-    assert meta["copy_bw_GBs"] > 0 and meta["nccl"].startswith("cupy 0.0-fake")
+    assert meta["copy_bw_GBs"] > 0 and meta["peers"]["nccl"].startswith("cupy 0.0-fake")
     assert "GPU memory copy bandwidth per rank" in stdout
     assert "# mpi: mpi4py through host memory" in stdout
     assert "Out of bounds values : 0 OK" in stdout

@@ -30,6 +30,14 @@ from pycollectives.ops import ALGORITHMS, ALGORITHMS_FOR, REDUCING
 
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "prod", "min", "max", "avg")
+# The peers --compare knows, and where each runs.
+PEERS = {
+    "mpi": "both devices",
+    "gloo": "--device cpu",
+    "oneccl": "--device cpu",
+    "deepspeed": "--device cpu",
+    "nccl": "--device cuda",
+}
 
 
 def dtype_of(name):
@@ -80,7 +88,13 @@ def parse_args(argv=None):
     ap.add_argument(
         "--compare",
         default="",
-        help="comma-separated peers: mpi and gloo (--device cpu), nccl and mpi (--device cuda)",
+        help="comma-separated peers: " + ", ".join(f"{k} ({v})" for k, v in PEERS.items()),
+    )
+    ap.add_argument(
+        "--contention",
+        action="store_true",
+        help="keep one busy process per core running beside the ranks (a training job's "
+        "compute threads), for ours and every peer alike",
     )
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("--plot", help="draw busbw vs size to this PNG (needs matplotlib)")
@@ -103,13 +117,16 @@ def parse_args(argv=None):
                 + (f"(it has {', '.join(have)})" if have else "(it takes no --algo)")
             )
     args.compare = [c for c in args.compare.split(",") if c]
-    unknown = set(args.compare) - {"mpi", "gloo", "nccl"}
+    unknown = set(args.compare) - set(PEERS)
     if unknown:
-        ap.error(f"--compare: unknown {', '.join(sorted(unknown))} (choose from mpi, gloo, nccl)")
+        ap.error(
+            f"--compare: unknown {', '.join(sorted(unknown))} (choose from {', '.join(PEERS)})"
+        )
     if args.device == "cpu" and "nccl" in args.compare:
         ap.error("--compare nccl needs --device cuda (NCCL runs on GPU arrays)")
-    if args.device == "cuda" and "gloo" in args.compare:
-        ap.error("--compare gloo runs on host arrays (--device cpu); on cuda: nccl, mpi")
+    host_only = [p for p in args.compare if PEERS[p] == "--device cpu"]
+    if args.device == "cuda" and host_only:
+        ap.error(f"--compare {host_only[0]} runs on host arrays (--device cpu); on cuda: nccl, mpi")
     return args
 
 
@@ -327,19 +344,22 @@ class Sweep:
         return row
 
     def compare(self, row, name, run):
-        """Times a peer (out of place) on the row's size. Peers run after all of our sizes:
-        some leave threads polling for a while (gloo), which would slow whatever runs next."""
+        """Times a peer (out of place) on the row's size, and with -c 1 checks its results as
+        ours are checked. Peers run after all of our sizes: some leave threads polling for a
+        while (gloo), which would slow whatever runs next."""
         if isinstance(run, str):
             row["compare"][name] = {"skipped": run}
             return
         coll, size = row["collective"], row["size"]
         n_in, n_out, _ = layout(coll, size, self.dt, self.n)
-        t, _ = self.time_one(run, coll, n_in, n_out, False, False, getattr(run, "sync", None))
+        check = bool(self.args.check)
+        t, wrong = self.time_one(run, coll, n_in, n_out, False, check, getattr(run, "sync", None))
         self.arrays.release()
         row["compare"][name] = {
             "time_us": t * 1e6,
             "busbw": F.busbw(coll, self.n, size, t),
             "ratio": t / (row["oop"]["time_us"] * 1e-6),
+            "wrong": wrong,
         }
 
 

@@ -50,12 +50,34 @@ def mpi_runner(mpi, coll, op, root, dt):
     return run
 
 
+class Mpi:
+    """MPI's own collectives through mpi4py; with --device cuda `staged` (gpu.staged_runner):
+    through host memory, as an mpi4py user would write it."""
+
+    reason = None
+
+    def __init__(self, mpi, staged=None):
+        from mpi4py import MPI
+
+        self.mpi, self.staged = mpi, staged
+        self.what = " ".join(MPI.Get_library_version().splitlines()[0].split())
+        if staged is not None:
+            self.what = f"mpi4py through host memory: copy to host, MPI, copy back ({self.what})"
+
+    def runner(self, coll, op, root, dt):
+        return (self.staged or mpi_runner)(self.mpi, coll, op, root, dt)
+
+    def close(self):
+        pass
+
+
 class Gloo:
     """torch.distributed over gloo on the same ranks (file rendezvous)."""
 
     def __init__(self, mpi):
-        self.reason = None
+        self.reason, self.what = None, ""
         try:
+            import torch
             import torch.distributed as dist
         except ImportError:
             self.reason = "torch is not installed"
@@ -69,6 +91,7 @@ class Gloo:
             "gloo", init_method=f"file://{self.path}", rank=mpi.rank, world_size=mpi.size
         )
         self.mpi = mpi
+        self.what = f"torch {torch.__version__} gloo"
 
     def runner(self, coll, op, root, dt):
         if self.reason:

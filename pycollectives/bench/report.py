@@ -90,19 +90,21 @@ def comparison(
     ((peer, text) pairs: what each peer is)."""
     lines = [
         f"# {memory}: {copy_bw:.2f} GB/s",
-        "# peers' time / ours (>1: ours is faster); bound = least possible time",
-        "#{:>12} {:>10} {:>10} {}".format(
-            "size", "ours us", "bound us", " ".join(f"{n:>14}" for n in names)
+        "# peers' time / ours (>1: ours is faster); bound = least possible time, "
+        "of bound = bound / ours",
+        "#{:>12} {:>10} {:>10} {:>8} {}".format(
+            "size", "ours us", "bound us", "of bound", " ".join(f"{n:>14}" for n in names)
         ),
     ]
     for r in rows:
         cells = []
         for n in names:
             c = r["compare"].get(n, {})
-            cells.append(f"{'n/a':>14}" if "ratio" not in c else f"{c['ratio']:>13.2f}x")
+            cell = "n/a" if "ratio" not in c else f"{c['ratio']:.2f}x"
+            cells.append(f"{cell + (' WRONG' if c.get('wrong') else ''):>14}")
+        ours, bound = r["oop"]["time_us"], r["bound"]["time_us"]
         lines.append(
-            f" {r['size']:>12} {r['oop']['time_us']:>10.2f} {r['bound']['time_us']:>10.2f} "
-            + " ".join(cells)
+            f" {r['size']:>12} {ours:>10.2f} {bound:>10.2f} {bound / ours:>8.0%} " + " ".join(cells)
         )
     reasons = {(n, c["skipped"]) for r in rows for n, c in r["compare"].items() if "skipped" in c}
     lines += [f"# {n}: {text}" for n, text in notes]
