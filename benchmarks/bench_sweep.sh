@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# The README's sweep: all-reduce float32 on 2 ranks, 8 B - 64 MiB, against MPI and gloo, with
-# the memory bound; writes the table, JSON and plot under benchmarks/results/.
+# The README's sweeps, on 2 ranks, against every CPU peer (MPI, gloo, oneCCL, DeepSpeed), with
+# the memory bound: all-reduce float32 8 B - 64 MiB, idle and beside one busy process per core
+# (--contention); all-gather, reduce-scatter and broadcast 8 B - 64 MiB. Writes the tables,
+# JSON and plots under benchmarks/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
-mkdir -p benchmarks/results
-"$BIN/mpiexec" -n 2 "$BIN/python" -m pycollectives.bench all_reduce -b 8 -e 64M -f 4 -n 50 -w 10 \
-    -c 1 --compare mpi,gloo --json benchmarks/results/bench-all_reduce-2ranks.json \
-    --plot benchmarks/results/bench-all_reduce-2ranks.png | tee benchmarks/results/bench-all_reduce-2ranks.txt
+R=benchmarks/results
+mkdir -p $R
+PEERS=mpi,gloo,oneccl,deepspeed
+sweep() {  # name, then pycoll-bench's arguments
+    local name=$1
+    shift
+    "$BIN/mpiexec" -n 2 "$BIN/python" -m pycollectives.bench "$@" -c 1 --compare $PEERS \
+        --json $R/$name.json --plot $R/$name.png | tee $R/$name.txt
+}
+sweep bench-all_reduce-2ranks all_reduce -b 8 -e 64M -f 2 -n 50 -w 10
+sweep bench-all_reduce-contention-2ranks all_reduce -b 8 -e 64M -f 4 -n 50 -w 10 --contention
+for coll in all_gather reduce_scatter broadcast; do
+    sweep bench-$coll-2ranks $coll -b 8 -e 64M -f 4 -n 20 -w 5
+done
