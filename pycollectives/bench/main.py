@@ -149,6 +149,7 @@ def main(argv=None) -> int:
             report.write_json(args.json, meta, rows)
         if args.plot:
             report.plot(args.plot, rows, args.compare, title)
+    mpi.Barrier()  # no rank returns (and prints) while rank 0 is still printing
     comm.close()
     wrong = sum(r["oop"]["wrong"] + r["ip"]["wrong"] for r in rows)
     return 1 if wrong else 0  # a peer's wrong results are reported, not ours to fail on
