@@ -18,6 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.bench.peers import mpi_library
 
 
 def timed(fn, iters: int, mpi: MPI.Comm) -> float:
@@ -45,7 +46,7 @@ def main():
     if comm.rank == 0:
         print(
             f"# all_reduce float32 sum, {n} ranks, {platform.processor() or platform.machine()}, "
-            f"{MPI.Get_library_version().splitlines()[0].strip()}"
+            f"{mpi_library()}"
         )
         print(
             f"# {'bytes':>10} {'ours us':>10} {'mpi us':>10} {'ours busbw':>11} "

@@ -21,6 +21,7 @@ from allreduce_vs_mpi import timed  # benchmarks/ is the script's own directory
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.bench.peers import mpi_library
 
 
 def main():
@@ -41,7 +42,7 @@ def main():
         print(
             f"# all_reduce float32 sum, {n} ranks on {topo.num_nodes} nodes ({topo.describe()}), "
             f"{platform.processor() or platform.machine()}, "
-            f"{MPI.Get_library_version().splitlines()[0].strip()}"
+            f"{mpi_library()}"
         )
         print(
             f"# {'bytes':>10} {'hier us':>10} {'ring us':>10} {'mpi us':>10} {'hier busbw':>11} "

@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 import pycollectives as pc
 from pycollectives import model
+from pycollectives.bench.peers import mpi_library
 
 SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB
 
@@ -124,7 +125,7 @@ def main():
     if mpi.rank == 0:
         cal = {
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"{MPI.Get_library_version().splitlines()[0].strip()}",
+            f"{mpi_library()}",
             "generated_by": "benchmarks/model_calibrate.py",
             "params": params,
             "measurements": measurements,

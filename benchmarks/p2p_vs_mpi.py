@@ -86,6 +86,7 @@ def measure(args):
     from mpi4py import MPI
 
     import pycollectives as pc
+    from pycollectives.bench.peers import mpi_library
 
     mpi = MPI.COMM_WORLD
     if mpi.Get_size() != 2:
@@ -116,7 +117,7 @@ def measure(args):
     if mpi.rank == 0:
         info = {
             "cpu": platform.processor() or platform.machine(),
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi": mpi_library(),
             "rows": rows,
         }
         with open(args.json, "w") as f:

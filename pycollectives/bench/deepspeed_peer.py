@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from pycollectives.bootstrap import MpiGroup
+
 # What DeepSpeed reads from the environment (torch's env:// rendezvous and shm.cpp).
 ENV = ("DS_ACCELERATOR", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 ENV += ("LOCAL_SIZE",)
@@ -85,7 +87,7 @@ class DeepSpeed:
             why = "torch is not installed"
         elif importlib.util.find_spec("deepspeed") is None:
             why = "deepspeed is not installed (pip install deepspeed)"
-        elif _local_size(mpi) != mpi.size:
+        elif MpiGroup(mpi, dup=False).local()[1] != mpi.size:
             why = "deepspeed's shm all-reduce needs every rank on one host (LOCAL_SIZE=WORLD_SIZE)"
         self.reason = _agree(mpi, why)
         if self.reason:
@@ -261,13 +263,3 @@ class DeepSpeed:
         if self.segments:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.segments[self.mpi.rank])
-
-
-def _local_size(mpi) -> int:
-    from mpi4py import MPI
-
-    node = mpi.Split_type(MPI.COMM_TYPE_SHARED, key=mpi.rank)
-    try:
-        return node.size
-    finally:
-        node.Free()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pycollectives.bench import peers
+from pycollectives.bootstrap import MpiGroup
 from pycollectives.cuda import choose_device
 from pycollectives.cuda_env import cuda_status
 
@@ -67,13 +68,7 @@ class Device:
 
 def local_rank(mpi) -> int:
     """This rank's index among the ranks of its machine (collective)."""
-    from mpi4py import MPI
-
-    node = mpi.Split_type(MPI.COMM_TYPE_SHARED, key=mpi.Get_rank())
-    try:
-        return node.Get_rank()
-    finally:
-        node.Free()
+    return MpiGroup(mpi, dup=False).local()[0]
 
 
 def _first_line(e: BaseException) -> str:

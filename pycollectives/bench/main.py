@@ -99,7 +99,7 @@ def main(argv=None) -> int:
             "ranks": comm.size,
             "machine": platform.machine(),
             "processor": platform.processor(),
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi": peers.mpi_library(),
             "pycollectives": pc.__version__,
             "copy_bw_GBs": copy_bw,
             "args": vars(args),

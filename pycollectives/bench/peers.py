@@ -50,6 +50,13 @@ def mpi_runner(mpi, coll, op, root, dt):
     return run
 
 
+def mpi_library() -> str:
+    """The first line of the MPI library's version string (e.g. "MPICH Version:  5.0.2")."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().splitlines()[0].strip()
+
+
 class Mpi:
     """MPI's own collectives through mpi4py; with --device cuda `staged` (gpu.staged_runner):
     through host memory, as an mpi4py user would write it."""
@@ -57,10 +64,8 @@ class Mpi:
     reason = None
 
     def __init__(self, mpi, staged=None):
-        from mpi4py import MPI
-
         self.mpi, self.staged = mpi, staged
-        self.what = " ".join(MPI.Get_library_version().splitlines()[0].split())
+        self.what = " ".join(mpi_library().split())
         if staged is not None:
             self.what = f"mpi4py through host memory: copy to host, MPI, copy back ({self.what})"
 
