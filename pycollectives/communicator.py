@@ -246,16 +246,17 @@ class Communicator:
     ):
         """Reduces `x` over all ranks; rank r gets block r in `out`. Blocks are ``out.size``
         elements each, or ``counts[r]`` (a list of per-rank sizes, ``x.size == sum(counts)``)."""
-        call = Call("reduce_scatter", x, out, op_code(op), 0, algo_code(algorithm), async_op,
-                    stream, counts=_sizes(counts, "counts"))  # fmt: skip
-        return self._run(call, out)
+        counts = _sizes(counts, "counts")
+        op, algorithm = op_code(op), algo_code(algorithm)
+        args = ("reduce_scatter", x, out, op, 0, algorithm, async_op, stream, counts, None, None)
+        return self._run(args, out)
 
     def all_gather(self, x, out, counts=None, algorithm=None, async_op=False, stream=None):
         """Gathers every rank's `x` into `out`, rank-major: ``size * x.size`` elements, or
         ``sum(counts)`` with rank r contributing ``counts[r]``."""
-        call = Call("all_gather", x, out, 0, 0, algo_code(algorithm), async_op, stream,
-                    counts=_sizes(counts, "counts"))  # fmt: skip
-        return self._run(call, out)
+        counts, algorithm = _sizes(counts, "counts"), algo_code(algorithm)
+        args = ("all_gather", x, out, 0, 0, algorithm, async_op, stream, counts, None, None)
+        return self._run(args, out)
 
     def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""

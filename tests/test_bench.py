@@ -37,6 +37,7 @@ def test_sizes_and_suffixes():
         ["--compare", "carrier"],
         ["reduce_gather"],
         ["-n", "0"],
+        ["--rounds", "0"],
     ],
 )
 def test_bad_arguments_are_refused(argv, capsys):
@@ -178,6 +179,39 @@ def test_check_counts_a_planted_wrong_element(tmp_path):
     # Peers' results are checked the same way, and a wrong one is marked in their column.
     assert all(r["compare"]["mpi"]["wrong"] >= 1 for r in data["rows"])
     assert stdout.count("x WRONG") == len(data["rows"])
+
+
+def test_rounds_keep_each_sizes_best_time_for_ours_and_each_peer():
+    from pycollectives.bench.main import best_of
+
+    nan = float("nan")
+
+    def row(size, oop, ip, peer, wrong=0):
+        return {
+            "size": size,
+            "oop": {"time_us": oop, "wrong": wrong},
+            "ip": {"time_us": ip, "wrong": 0},
+            "compare": {"mpi": {"time_us": peer, "wrong": wrong}, "x": {"skipped": "why"}},
+        }
+
+    a = {"all_reduce": [row(8, 5.0, 4.0, 9.0), row(64, 7.0, nan, 6.0, wrong=1)]}
+    b = {"all_reduce": [row(8, 3.0, 6.0, 12.0), row(64, 8.0, nan, 4.0)]}
+    small, large = best_of([a, b])["all_reduce"]
+    assert (small["oop"]["time_us"], small["ip"]["time_us"]) == (3.0, 4.0)
+    assert small["compare"]["mpi"]["time_us"] == 9.0
+    assert small["compare"]["mpi"]["ratio"] == pytest.approx(3.0)  # best against best
+    assert large["oop"]["time_us"] == 7.0 and large["oop"]["wrong"] == 1  # every round's count
+    assert large["compare"]["mpi"]["ratio"] == pytest.approx(4.0 / 7.0)
+    assert large["compare"]["mpi"]["wrong"] == 1
+    assert small["compare"]["x"] == {"skipped": "why"}
+    assert a["all_reduce"][0]["oop"]["time_us"] == 5.0  # the rounds are left as they were
+
+
+def test_rounds_run_end_to_end(tmp_path):
+    stdout, data = bench(tmp_path, "--compare", "mpi", "--rounds", "2")
+    assert "best of 2 rounds" in stdout and data["meta"]["args"]["rounds"] == 2
+    assert len(ROW.findall(stdout)) == len(data["rows"]) == 5
+    assert all(r["compare"]["mpi"]["wrong"] == 0 for r in data["rows"])
 
 
 def test_comparison_reports_the_fraction_of_the_bound():

@@ -96,6 +96,13 @@ def parse_args(argv=None):
         help="keep one busy process per core running beside the ranks (a training job's "
         "compute threads), for ours and every peer alike",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure ours and every peer this many times, one after another, and keep each "
+        "size's best time for each (a machine whose speed drifts favours nobody)",
+    )
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("--plot", help="draw busbw vs size to this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
@@ -105,6 +112,8 @@ def parse_args(argv=None):
         ap.error("-f must be greater than 1")
     if args.iters < 1 or args.warmup_iters < 0:
         ap.error("-n must be >= 1 and -w >= 0")
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     if args.op == "avg" and dtype_of(args.datatype).kind not in "fV":
         ap.error("-o avg needs a floating -d")
     if args.algo == "auto":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 import sys
 
@@ -39,6 +40,64 @@ def open_peer(name: str, mpi, dev):
     return gpu.Nccl(mpi, dev)
 
 
+def measure_ours(sweep, colls, sizes, nranks, copy_bw, progress) -> dict:
+    """{collective: [row per size]}, each row with the memory bound's time."""
+    rows_of = {}
+    for coll in colls:
+        rows_of[coll] = []
+        sweep.row(coll, sizes[0])  # untimed: the first timing after start-up runs slow
+        for nbytes in sizes:
+            row = sweep.row(coll, nbytes)
+            progress.step(f"{coll} {nbytes} B")
+            if row is None:
+                continue
+            t = F.bound_time(coll, row["size"], nranks, copy_bw)
+            row["bound"] = {"time_us": t * 1e6, "busbw": F.busbw(coll, nranks, row["size"], t)}
+            rows_of[coll].append(row)
+    return rows_of
+
+
+def measure_peer(sweep, peer, name, rows_of, progress):
+    """Times `peer` on every row's size into the row's ``compare[name]``."""
+    for coll, rows in rows_of.items():
+        run = peer.runner(coll, sweep.args.op, sweep.args.root, sweep.dt)
+        if rows:  # untimed, as for ours
+            sweep.compare(dict(rows[0], compare={}), name, run)
+        for row in rows:
+            sweep.compare(row, name, run)
+            progress.step(f"{name} {coll} {row['size']} B")
+
+
+def best_of(rounds: list) -> dict:
+    """One set of rows from several rounds' (same sizes): each size's fastest time for ours
+    (out of place and in place apart) and for each peer, wrong results of every round added
+    up, ratios taken between the best times."""
+
+    def best(entries):
+        timed = [e for e in entries if "time_us" in e]
+        if not timed:
+            return dict(entries[0])
+        out = dict(min(timed, key=lambda e: math.inf if math.isnan(e["time_us"]) else e["time_us"]))
+        out["wrong"] = sum(e.get("wrong", 0) for e in timed)
+        return out
+
+    merged = {}
+    for coll, rows in rounds[0].items():
+        merged[coll] = []
+        for j, first in enumerate(rows):
+            same = [r[coll][j] for r in rounds]
+            row = dict(first)
+            for key in ("oop", "ip"):
+                row[key] = best([r[key] for r in same])
+            row["compare"] = {}
+            for name in first["compare"]:
+                row["compare"][name] = entry = best([r["compare"][name] for r in same])
+                if "time_us" in entry:
+                    entry["ratio"] = entry["time_us"] / row["oop"]["time_us"]
+            merged[coll].append(row)
+    return merged
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from mpi4py import MPI
@@ -73,28 +132,32 @@ def main(argv=None) -> int:
     busy = Contention(mpi) if args.contention else contextlib.nullcontext()
     with busy:
         sizes = F.sizes(args.minbytes, args.maxbytes, args.stepfactor)
-        progress = report.Progress(len(sizes) * len(colls) * (1 + len(args.compare)), mpi.rank == 0)
-        rows_of = {}
-        for coll in colls:
-            rows_of[coll] = []
-            sweep.row(coll, sizes[0])  # untimed: the first timing after start-up runs slow
-            for nbytes in sizes:
-                row = sweep.row(coll, nbytes)
-                progress.step(f"{coll} {nbytes} B")
-                if row is None:
-                    continue
-                t = F.bound_time(coll, row["size"], comm.size, copy_bw)
-                row["bound"] = {
-                    "time_us": t * 1e6,
-                    "busbw": F.busbw(coll, comm.size, row["size"], t),
-                }
-                rows_of[coll].append(row)
+        steps = len(sizes) * len(colls) * (1 + len(args.compare)) * args.rounds
+        progress = report.Progress(steps, mpi.rank == 0)
+        rounds, notes, meta_peers = [], [], {}
+        for _ in range(args.rounds):
+            rows_of = measure_ours(sweep, colls, sizes, comm.size, copy_bw, progress)
+            # Peers run after all of our sizes, one at a time, each closed before the next:
+            # some leave threads polling (gloo's, NCCL's proxies), which would slow what follows.
+            for name in args.compare:
+                peer = open_peer(name, mpi, dev)
+                try:
+                    measure_peer(sweep, peer, name, rows_of, progress)
+                finally:
+                    peer.close()
+                if not peer.reason and peer.what and name not in meta_peers:
+                    notes.append((name, peer.what))
+                meta_peers[name] = peer.reason or peer.what
+            rounds.append(rows_of)
+        rows_of = best_of(rounds) if len(rounds) > 1 else rounds[0]
         title = (
             f"pycollectives {pc.__version__}, {comm.size} ranks, {platform.machine()}, "
             f"{args.datatype} {args.op}, algorithm {args.algo or 'auto'}"
         )
         if args.contention:
             title += f", {busy.n} busy processes beside the ranks"
+        if args.rounds > 1:
+            title += f", best of {args.rounds} rounds"
         meta = {
             "ranks": comm.size,
             "machine": platform.machine(),
@@ -104,25 +167,8 @@ def main(argv=None) -> int:
             "copy_bw_GBs": copy_bw,
             "args": vars(args),
         }
-        progress.total = progress.done + len(args.compare) * sum(map(len, rows_of.values()))
-        # Peers are set up and run after all of our sizes, one at a time, each closed before the
-        # next: some leave threads polling (gloo's, NCCL's proxies), which would slow what follows.
-        notes = []
-        for name in args.compare:
-            peer = open_peer(name, mpi, dev)
-            try:
-                for coll in colls:
-                    run = peer.runner(coll, args.op, args.root, sweep.dt)
-                    if rows_of[coll]:  # untimed, as for ours
-                        sweep.compare(dict(rows_of[coll][0], compare={}), name, run)
-                    for row in rows_of[coll]:
-                        sweep.compare(row, name, run)
-                        progress.step(f"{name} {coll} {row['size']} B")
-            finally:
-                peer.close()
-            if not peer.reason and peer.what:
-                notes.append((name, peer.what))
-            meta.setdefault("peers", {})[name] = peer.reason or peer.what
+        if meta_peers:
+            meta["peers"] = meta_peers
     progress.close()
 
     memory = "memory copy bandwidth per rank, all ranks copying"
