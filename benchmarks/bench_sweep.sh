@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's sweeps, on 2 ranks, against every CPU peer (MPI, gloo, oneCCL, DeepSpeed), with
 # the memory bound: all-reduce float32 8 B - 64 MiB, idle and beside one busy process per core
-# (--contention); all-gather, reduce-scatter and broadcast 8 B - 64 MiB. Writes the tables,
-# JSON and plots under benchmarks/results/.
+# (--contention); all-gather, reduce-scatter and broadcast 8 B - 64 MiB; each size the best of 2
+# rounds of ours and every peer in turn. Writes the tables, JSON and plots under
+# benchmarks/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -12,7 +13,7 @@ PEERS=mpi,gloo,oneccl,deepspeed
 sweep() {  # name, then pycoll-bench's arguments
     local name=$1
     shift
-    "$BIN/mpiexec" -n 2 "$BIN/python" -m pycollectives.bench "$@" -c 1 --compare $PEERS \
+    "$BIN/mpiexec" -n 2 "$BIN/python" -m pycollectives.bench "$@" -c 1 --rounds 2 --compare $PEERS \
         --json $R/$name.json --plot $R/$name.png | tee $R/$name.txt
 }
 sweep bench-all_reduce-2ranks all_reduce -b 8 -e 64M -f 2 -n 50 -w 10

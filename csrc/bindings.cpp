@@ -48,6 +48,7 @@ void bind_host_comm(py::module_& m) {
       .def_readwrite("check_mismatch", &HostCommOptions::check_mismatch)
       .def_readwrite("p2p_eager_max_bytes", &HostCommOptions::p2p_eager_max_bytes)
       .def_readwrite("p2p_cma_min_bytes", &HostCommOptions::p2p_cma_min_bytes)
+      .def_readwrite("single_copy_min_bytes", &HostCommOptions::single_copy_min_bytes)
       .def_property(
           "p2p_cma",
           [](const HostCommOptions& o) {

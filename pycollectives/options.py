@@ -18,11 +18,14 @@ PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
 PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
 PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
 PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it)
-PYCOLL_P2P_CMA             on               send/recv: direct writes (on, off; fail: test)
+PYCOLL_P2P_CMA             on               cross-memory attach for send/recv and large
+                                            all-gathers (on, off; fail: test)
 PYCOLL_P2P_EAGER_BYTES     4 KiB            send/recv: eager sends up to here (one slot at most)
 PYCOLL_P2P_DIRECT_BYTES    4 MiB            send/recv, all-to-all, gather, scatter: direct
                                             writes from this size up (and all-to-all, gather,
                                             scatter blocks over send/recv from 64 KiB or it)
+PYCOLL_SINGLE_COPY_BYTES   512 KiB          all-gather blocks this large (2 ranks) are
+                                            written straight into the peer's output
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
@@ -98,6 +101,7 @@ class Options:
     p2p_cma: str = "on"
     p2p_eager_bytes: int = 4096
     p2p_direct_bytes: int = 4 << 20
+    single_copy_bytes: int = 512 << 10
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
@@ -134,6 +138,7 @@ class Options:
             p2p_cma=cma,
             p2p_eager_bytes=pick(None, "PYCOLL_P2P_EAGER_BYTES", d.p2p_eager_bytes, int),
             p2p_direct_bytes=pick(None, "PYCOLL_P2P_DIRECT_BYTES", d.p2p_direct_bytes, int),
+            single_copy_bytes=pick(None, "PYCOLL_SINGLE_COPY_BYTES", d.single_copy_bytes, int),
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, int),
@@ -156,6 +161,8 @@ class Options:
             raise ValueError(f"PYCOLL_ONESHOT_BYTES must be >= 0, got {self.oneshot_bytes}")
         if self.p2p_eager_bytes < 0:
             raise ValueError(f"PYCOLL_P2P_EAGER_BYTES must be >= 0, got {self.p2p_eager_bytes}")
+        if self.single_copy_bytes < 0:
+            raise ValueError(f"PYCOLL_SINGLE_COPY_BYTES must be >= 0, got {self.single_copy_bytes}")
         if self.net_piece_bytes <= 0:
             raise ValueError(f"PYCOLL_NET_PIECE_BYTES must be positive, got {self.net_piece_bytes}")
 
@@ -178,6 +185,7 @@ class Options:
         o.p2p_cma = self.p2p_cma
         o.p2p_eager_max_bytes = self.p2p_eager_bytes
         o.p2p_cma_min_bytes = self.p2p_direct_bytes
+        o.single_copy_min_bytes = self.single_copy_bytes
         return o
 
     def cuda_options(self, native):

@@ -23,6 +23,20 @@ void HostExecutor::finish() {
   if (streaming_) stream_fence();
 }
 
+void HostExecutor::exchange(const void* mine, size_t bytes, uint8_t* theirs) {
+  const int n = t_.size(), me = t_.rank();
+  for (int d = 1; d < n; ++d) {
+    const int q = (me + d) % n;
+    std::memcpy(wait_send(q, bytes), mine, bytes);
+    post_send(q);
+  }
+  for (int d = 1; d < n; ++d) {
+    const int q = (me - d + n) % n;
+    std::memcpy(theirs + static_cast<size_t>(q) * bytes, wait_recv(q, false, bytes), bytes);
+    release_recv(q, false);
+  }
+}
+
 const uint8_t* HostExecutor::src_ptr(const Step& s) const {
   if (s.src.buf == Buf::Input) {
     PYCOLL_CHECK(s.src.offset + s.count <= call_.input_count, "input range");

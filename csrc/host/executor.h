@@ -45,6 +45,9 @@ class HostExecutor final : public StepSink {
   void step(const Step& s) override;
   // Makes streamed stores visible to other cores; call once the schedule has run.
   void finish();
+  // Sends `bytes` (at most a slot) from `mine` to every peer and receives each peer's message
+  // of the same length into theirs + q * bytes: a small all-to-all of control words.
+  void exchange(const void* mine, size_t bytes, uint8_t* theirs);
 
  private:
   const uint8_t* src_ptr(const Step& s) const;

@@ -57,6 +57,7 @@ HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
       transport_(rank, size, opts.slot_bytes, opts.nslots, /*p2p=*/true),
       counters_(size),
       scratch_(opts.slot_bytes),
+      single_copy_(transport_, opts.p2p_cma, opts.single_copy_min_bytes, opts.debug),
       timeout_s_(opts.timeout_s),
       p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_eager_max_bytes,
                                        opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
@@ -93,6 +94,7 @@ void HostComm::check_usable(const char* name) const {
 
 Algo HostComm::choose(Collective c, size_t bytes) const {
   if (forced_ != Algo::Auto && algo_supports(forced_, c)) return forced_;
+  if (single_copy_.eligible(c, Algo::Auto, bytes)) return Algo::Direct;
   for (const TuningRule& r : tuning_)
     if (r.collective == c && size() >= r.min_ranks && size() <= r.max_ranks &&
         bytes <= r.max_bytes && algo_supports(r.algo, c))
@@ -127,8 +129,8 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const int n = size();
   const size_t esize = dtype_size(call.dtype);
   const CallExtents ext = call_extents(call, rank(), n);
-  const Algo algo =
-      call.algo == Algo::Auto ? choose(call.collective, choice_count(call, n) * esize) : call.algo;
+  const size_t choice_bytes = choice_count(call, n) * esize;
+  const Algo algo = call.algo == Algo::Auto ? choose(call.collective, choice_bytes) : call.algo;
   if (opts_.debug)
     std::fprintf(
         stderr, "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s\n",
@@ -169,7 +171,10 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     if (!call.send_counts.empty())
       check_split_matrix(transport_, guard, w, call.send_counts, call.recv_counts);
     HostExecutor exec(transport_, counters_, scratch_.data(), w, buf);
-    make_schedule(algo, call.collective, p, exec);
+    const bool single = call.counts.empty() &&
+                        single_copy_.eligible(call.collective, algo, choice_bytes) &&
+                        single_copy_.all_gather(exec, buf, call.count);
+    if (!single) make_schedule(algo, call.collective, p, exec);
     exec.finish();
     if (w.fingerprints) guard.finish(w);
     // Every peer runs this collective (checked just above): the blocks left out of the

@@ -25,6 +25,7 @@
 #include "host/executor.h"
 #include "host/p2p.h"
 #include "host/shm_transport.h"
+#include "host/single_copy.h"
 
 namespace pycoll {
 
@@ -46,6 +47,10 @@ struct HostCommOptions {
   // 1 MiB L2: slots 1.4-1.6x faster at 1-2 MiB, direct writes 8% faster from 4 MiB).
   size_t p2p_cma_min_bytes = size_t{4} << 20;
   CmaMode p2p_cma = CmaMode::Use;  // sends of at least p2p_cma_min_bytes write directly
+  // All-gather blocks of at least this many bytes (per rank, 2 ranks) are written straight
+  // into the peer's output (host/single_copy.h), unless p2p_cma is off or an algorithm other
+  // than direct is asked for.
+  size_t single_copy_min_bytes = size_t{512} << 10;
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of
@@ -131,6 +136,7 @@ class HostComm {
   ShmTransport transport_;
   ChannelCounters counters_;
   std::vector<uint8_t> scratch_;
+  SingleCopy single_copy_;
   std::vector<TuningRule> tuning_;
   Algo forced_ = Algo::Auto;
   std::atomic<uint64_t> seq_{0};
