@@ -1,6 +1,7 @@
-"""All-gather on 2 ranks in one copy, straight into the peer's output (see
-workers/single_copy.py): results against mpi4py, the staged fallback where the kernel refuses
-cross-memory attach, and mismatch detection before anything is written."""
+"""Copies of the host transport: all-gather on 2 ranks in one copy, straight into the peer's
+output (workers/single_copy.py: results against mpi4py, the staged fallback where the kernel
+refuses cross-memory attach, mismatch detection before anything is written), and copies
+between arrays at every relative alignment (workers/alignment.py)."""
 
 import pytest
 from mpi_harness import run_mpi
@@ -25,3 +26,10 @@ def test_single_copy_all_gather_matches_mpi(cma):
 def test_single_copy_all_gather_count_mismatch_raises_before_writing():
     out = run_mpi(2, "single_copy.py", "mismatch", env=LOW)
     assert "PASS mismatch" in out
+
+
+def test_copies_between_arrays_at_every_relative_alignment():
+    # Destinations 0-64 bytes (and a page and more) after their sources modulo the page size:
+    # the copy routine switches between its vector loop and memmove on that distance.
+    out = run_mpi(2, "alignment.py")
+    assert "PASS alignment" in out

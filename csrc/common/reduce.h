@@ -28,7 +28,8 @@ struct ReduceKernels {
 // Kernels for a (dtype, op) pair; the caller has validated the pair (avg needs a float type).
 const ReduceKernels& reduce_kernels(DType t, RedOp op);
 
-// dst = src; they may be the same buffer (then nothing moves).
+// dst = src; they may overlap or be the same buffer (then nothing moves). Every data copy of
+// the host transport goes through here: it avoids glibc's slow `rep movsb` cases on AMD.
 void copy_bytes(void* dst, const void* src, size_t bytes);
 
 // dst = src with non-temporal stores: for large outputs that will not be read again soon, this

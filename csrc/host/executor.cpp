@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "common/reduce.h"
 
 namespace pycoll {
 
@@ -27,12 +28,12 @@ void HostExecutor::exchange(const void* mine, size_t bytes, uint8_t* theirs) {
   const int n = t_.size(), me = t_.rank();
   for (int d = 1; d < n; ++d) {
     const int q = (me + d) % n;
-    std::memcpy(wait_send(q, bytes), mine, bytes);
+    copy_bytes(wait_send(q, bytes), mine, bytes);
     post_send(q);
   }
   for (int d = 1; d < n; ++d) {
     const int q = (me - d + n) % n;
-    std::memcpy(theirs + static_cast<size_t>(q) * bytes, wait_recv(q, false, bytes), bytes);
+    copy_bytes(theirs + static_cast<size_t>(q) * bytes, wait_recv(q, false, bytes), bytes);
     release_recv(q, false);
   }
 }
@@ -99,7 +100,7 @@ void HostExecutor::post_send(int to) {
 }
 
 void HostExecutor::send_to_all(const Step& s, uint8_t* first, size_t bytes) {
-  if (s.to2 != kNoPeer) std::memcpy(wait_send(s.to2, bytes), first, bytes);
+  if (s.to2 != kNoPeer) copy_bytes(wait_send(s.to2, bytes), first, bytes);
   post_send(s.to);
   if (s.to2 != kNoPeer) post_send(s.to2);
 }
@@ -119,7 +120,7 @@ void HostExecutor::reduce_into(uint8_t* acc, const Step& s) {
       }
       const uint8_t* in = wait_recv(q, s.recv_bcast, in_bytes);
       if (q == 0)
-        std::memcpy(acc, in, n * acc_size_);
+        copy_bytes(acc, in, n * acc_size_);
       else
         kernels_->combine(acc, acc, in, n);
       release_recv(q, s.recv_bcast);
@@ -140,7 +141,7 @@ void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {
   if (streaming_)
     stream_copy(dst, src, n * elem_size_);
   else
-    std::memcpy(dst, src, n * elem_size_);
+    copy_bytes(dst, src, n * elem_size_);
 }
 
 // Writes n output elements at dst through produce(out, first, count): directly, or, for
@@ -187,7 +188,7 @@ void HostExecutor::step(const Step& s) {
       if (s.send_wire == Wire::Acc)
         kernels_->load(slot, src_ptr(s), n);
       else
-        std::memcpy(slot, src_ptr(s), bytes);
+        copy_bytes(slot, src_ptr(s), bytes);
       send_to_all(s, slot, bytes);
       break;
     }
@@ -201,7 +202,7 @@ void HostExecutor::step(const Step& s) {
       const size_t bytes = wire_bytes(Wire::Elem, n);
       const uint8_t* in = wait_recv(s.from, s.recv_bcast, bytes);
       uint8_t* slot = wait_send(s.to, bytes);
-      std::memcpy(slot, in, bytes);
+      copy_bytes(slot, in, bytes);
       send_to_all(s, slot, bytes);
       write_out(dst_ptr(s), in, n);
       release_recv(s.from, s.recv_bcast);

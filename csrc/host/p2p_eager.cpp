@@ -3,6 +3,7 @@
 
 #include "algo/messages.h"
 #include "common/errors.h"
+#include "common/reduce.h"
 #include "host/host_comm.h"
 #include "host/p2p.h"
 #include "host/p2p_wire.h"
@@ -28,7 +29,7 @@ bool P2PEngine::write_eager(int q, Peer& p) {
     h.count = o->count;
     h.dtype = static_cast<uint32_t>(o->dtype);
     h.length = o->bytes();
-    std::memcpy(slot + kP2PHeaderBytes, o->buf, h.length);
+    copy_bytes(slot + kP2PHeaderBytes, o->buf, h.length);
     *reinterpret_cast<PieceHeader*>(slot) = h;
     t_.p2p_posted(me, q).store(m, std::memory_order_release);
     p.pieces_sent = m;
@@ -67,7 +68,7 @@ void P2PEngine::deliver_eager(int q, Peer& p, const OpPtr& o, uint64_t count, DT
         o, str_cat(o->describe(), ": the matching send does not fit: rank ", q, " sends ", count,
                    " x ", dtype_name(dtype), ", this rank receives ", o->count, " x ",
                    dtype_name(o->dtype)));
-  std::memcpy(o->buf, data, o->bytes());
+  copy_bytes(o->buf, data, o->bytes());
   o->done_bytes = o->bytes();
   complete_recv(p, o);
 }

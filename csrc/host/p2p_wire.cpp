@@ -11,6 +11,7 @@
 
 #include "algo/messages.h"
 #include "common/errors.h"
+#include "common/reduce.h"
 #include "host/host_comm.h"
 #include "host/p2p.h"
 
@@ -130,7 +131,7 @@ bool P2PEngine::take_pieces(int q, Peer& p) {
                      ", this rank receives ", o->count, " x ", dtype_name(o->dtype)));
     PYCOLL_CHECK(h.offset == o->done_bytes && h.length <= o->bytes() - o->done_bytes,
                  "piece out of order from rank ", q);
-    if (h.kind == kData) std::memcpy(o->buf + h.offset, slot + kP2PHeaderBytes, h.length);
+    if (h.kind == kData) copy_bytes(o->buf + h.offset, slot + kP2PHeaderBytes, h.length);
     o->done_bytes += h.length;
     p.pieces_taken = m;
     t_.p2p_consumed(me, q).store(m, std::memory_order_release);
@@ -184,7 +185,7 @@ bool P2PEngine::stream(int q, Peer& p) {
       } else {
         h.kind = kData;
         h.length = std::min(t_.slot_bytes(), o->bytes() - o->done_bytes);
-        std::memcpy(slot + kP2PHeaderBytes, o->buf + o->done_bytes, h.length);
+        copy_bytes(slot + kP2PHeaderBytes, o->buf + o->done_bytes, h.length);
       }
       *reinterpret_cast<PieceHeader*>(slot) = h;
       t_.p2p_posted(me, q).store(m, std::memory_order_release);

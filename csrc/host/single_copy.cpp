@@ -89,7 +89,7 @@ bool SingleCopy::all_gather(HostExecutor& ex, const CallBuffers& buf, size_t cou
       if (stream)
         stream_copy(buf.output + base + off, src, len);
       else
-        std::memcpy(buf.output + base + off, src, len);
+        copy_bytes(buf.output + base + off, src, len);
     }
     for (int d = 1; d < n; ++d) {
       const int q = (r + d) % n;
