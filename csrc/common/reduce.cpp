@@ -229,21 +229,36 @@ bool short_distance(const void* dst, const void* src) {
   return gap != 0 && gap < 64;
 }
 
-// Forward copy with 16-byte vector loads and stores (no string instructions); the ranges do
-// not overlap.
-void vector_copy(uint8_t* d, const uint8_t* s, size_t bytes) {
 #if defined(__SSE2__)
+// Copies the whole 64-byte runs of [s, s + bytes) to d with 16-byte vector loads and stores
+// (streaming stores, which need d 16-byte aligned, when kStream); returns the bytes copied.
+template <bool kStream>
+size_t copy_runs(uint8_t* d, const uint8_t* s, size_t bytes) {
+  auto store = [](uint8_t* p, __m128i v) {
+    if constexpr (kStream)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(p), v);
+    else
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+  };
   size_t i = 0;
   for (; i + 64 <= bytes; i += 64) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
     const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
     const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    store(d + i, a);
+    store(d + i + 16, b);
+    store(d + i + 32, c);
+    store(d + i + 48, e);
   }
+  return i;
+}
+#endif
+
+// Forward copy without string instructions; the ranges do not overlap.
+void vector_copy(uint8_t* d, const uint8_t* s, size_t bytes) {
+#if defined(__SSE2__)
+  const size_t i = copy_runs<false>(d, s, bytes);
   std::memcpy(d + i, s + i, bytes - i);  // under 64 bytes: no string instruction either
 #else
   std::memcpy(d, s, bytes);
@@ -273,17 +288,7 @@ void stream_copy(void* dst, const void* src, size_t bytes) {
   d += head;
   s += head;
   bytes -= head;
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
+  size_t i = copy_runs<true>(d, s, bytes);
   for (; i + 16 <= bytes; i += 16)
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
