@@ -2,8 +2,6 @@
 // writes (the protocol is described in p2p.h; eager messages are in p2p_eager.cpp).
 #include "host/p2p_wire.h"
 
-#include <sys/uio.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -216,39 +214,24 @@ bool P2PEngine::write_direct(int q, Peer& p, Transfer& x) {
   if (t_.p2p_closed(q).load(std::memory_order_acquire) != 0)
     raise<CollectiveError>(
         o, str_cat(o->describe(), ": rank ", q, " abandoned its receives after an error"));
-  const size_t n = o->bytes();
   size_t done = 0;
-  while (done < n) {
-    iovec local{o->buf + done, n - done};
-    iovec remote{reinterpret_cast<void*>(x.req.addr + done), n - done};
-    ssize_t w;
-    if (cma_mode_ == CmaMode::Fail) {
-      w = -1;
-      errno = EPERM;
-    } else {
-      w = process_vm_writev(static_cast<pid_t>(t_.pid_of(q)), &local, 1, &remote, 1, 0);
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = w < 0 ? errno : EIO;
-      if (!t_.peer_alive(q))
-        raise<CollectiveError>(o, str_cat(o->describe(), ": rank ", q, " (pid ", t_.pid_of(q),
-                                          ") is no longer running"));
-      if (done == 0 && (err == EPERM || err == ENOSYS || err == ESRCH)) {
-        p.cma = false;
-        if (comm_.options().debug)
-          std::fprintf(stderr,
-                       "pycollectives INFO rank %d/%d: p2p direct writes to rank %d refused (%s); "
-                       "using the staging slots\n",
-                       t_.rank(), t_.size(), q, std::strerror(err));
-        return false;
-      }
-      raise<CollectiveError>(o, str_cat(o->describe(), ": writing into rank ", q,
-                                        "'s buffer failed: ", std::strerror(err)));
-    }
-    done += static_cast<size_t>(w);
+  const int err =
+      cma_mode_ == CmaMode::Fail ? EPERM : t_.write_into(q, o->buf, x.req.addr, o->bytes(), done);
+  if (err == 0) return true;
+  if (!t_.peer_alive(q))
+    raise<CollectiveError>(
+        o, str_cat(o->describe(), ": rank ", q, " (pid ", t_.pid_of(q), ") is no longer running"));
+  if (done == 0 && (err == EPERM || err == ENOSYS || err == ESRCH)) {
+    p.cma = false;
+    if (comm_.options().debug)
+      std::fprintf(stderr,
+                   "pycollectives INFO rank %d/%d: p2p direct writes to rank %d refused (%s); "
+                   "using the staging slots\n",
+                   t_.rank(), t_.size(), q, std::strerror(err));
+    return false;
   }
-  return true;
+  raise<CollectiveError>(o, str_cat(o->describe(), ": writing into rank ", q,
+                                    "'s buffer failed: ", std::strerror(err)));
 }
 
 }  // namespace pycoll

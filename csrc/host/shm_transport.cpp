@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -55,6 +56,20 @@ bool ShmTransport::peer_alive(int r) const {
     return poll(&p, 1, 0) == 0;
   }
   return !(kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH);
+}
+
+int ShmTransport::write_into(int r, const uint8_t* local, uint64_t remote, size_t bytes,
+                             size_t& done) const {
+  done = 0;
+  while (done < bytes) {
+    iovec mine{const_cast<uint8_t*>(local) + done, bytes - done};
+    iovec theirs{reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t w = process_vm_writev(static_cast<pid_t>(pids_[r]), &mine, 1, &theirs, 1, 0);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return w < 0 ? errno : EIO;
+    done += static_cast<size_t>(w);
+  }
+  return 0;
 }
 
 ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots, bool p2p)

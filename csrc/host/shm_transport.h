@@ -70,6 +70,10 @@ class ShmTransport {
   int64_t pid_of(int r) const { return pids_[r]; }
   // False once rank r's process has exited (zombies included).
   bool peer_alive(int r) const;
+  // Writes `bytes` from our `local` into rank r's memory at `remote` (process_vm_writev,
+  // across interrupted and partial writes). 0, or the errno of the failure, with the bytes
+  // written before it in `done`.
+  int write_into(int r, const uint8_t* local, uint64_t remote, size_t bytes, size_t& done) const;
 
   // Slot of message `m` (1-based) on the channel from -> to.
   uint8_t* slot(int from, int to, uint64_t m) const;

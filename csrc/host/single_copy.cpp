@@ -20,21 +20,11 @@ bool SingleCopy::eligible(Collective c, Algo algo, size_t bytes) const {
 
 void SingleCopy::write(int q, const uint8_t* local, uint64_t remote, size_t bytes) const {
   size_t done = 0;
-  while (done < bytes) {
-    iovec mine{const_cast<uint8_t*>(local) + done, bytes - done};
-    iovec theirs{reinterpret_cast<void*>(remote + done), bytes - done};
-    const ssize_t w = process_vm_writev(static_cast<pid_t>(t_.pid_of(q)), &mine, 1, &theirs, 1, 0);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = w < 0 ? errno : EIO;
-      if (!t_.peer_alive(q))
-        throw CollectiveError(
-            str_cat("rank ", q, " (pid ", t_.pid_of(q), ") is no longer running"));
-      throw CollectiveError(
-          str_cat("writing into rank ", q, "'s output failed: ", std::strerror(err)));
-    }
-    done += static_cast<size_t>(w);
-  }
+  const int err = t_.write_into(q, local, remote, bytes, done);
+  if (err == 0) return;
+  if (!t_.peer_alive(q))
+    throw CollectiveError(str_cat("rank ", q, " (pid ", t_.pid_of(q), ") is no longer running"));
+  throw CollectiveError(str_cat("writing into rank ", q, "'s output failed: ", std::strerror(err)));
 }
 
 // Trades output addresses; on the first call also whether every rank may write every peer.
