@@ -37,6 +37,23 @@ py::object dispatch(HostComm& c, const CollectiveCall& call, bool async_op) {
 }
 
 void bind_host_comm(py::module_& m) {
+  // Memory the ranks of a machine can map (Communicator.empty wraps it in a numpy array).
+  py::class_<SharedBuffer>(m, "SharedBuffer", py::buffer_protocol())
+      .def(py::init([](size_t bytes) { return std::make_unique<SharedBuffer>(bytes); }),
+           py::arg("bytes"))
+      .def_property_readonly("nbytes", &SharedBuffer::bytes)
+      .def_buffer([](SharedBuffer& b) {
+        return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.bytes())}, {1});
+      });
+  m.def(
+      "is_shared",
+      [](py::buffer x) {
+        const py::buffer_info info = x.request();
+        SharedRef ref;
+        return find_shared(info.ptr, static_cast<size_t>(info.size * info.itemsize), ref);
+      },
+      py::arg("array"), "Whether the array's memory lies in a shared buffer (Communicator.empty).");
   py::class_<HostCommOptions>(m, "HostCommOptions")
       .def(py::init<>())
       .def_readwrite("slot_bytes", &HostCommOptions::slot_bytes)
@@ -49,6 +66,7 @@ void bind_host_comm(py::module_& m) {
       .def_readwrite("p2p_eager_max_bytes", &HostCommOptions::p2p_eager_max_bytes)
       .def_readwrite("p2p_cma_min_bytes", &HostCommOptions::p2p_cma_min_bytes)
       .def_readwrite("single_copy_min_bytes", &HostCommOptions::single_copy_min_bytes)
+      .def_readwrite("shared_min_bytes", &HostCommOptions::shared_min_bytes)
       .def_property(
           "p2p_cma",
           [](const HostCommOptions& o) {
@@ -97,6 +115,8 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("poisoned", &HostComm::poisoned)
       .def_property_readonly("poison_reason", &HostComm::poison_reason)
       .def("abort", &HostComm::abort, py::arg("reason"))
+      .def("enable_shared", &HostComm::enable_shared)
+      .def_property_readonly("shared_enabled", &HostComm::shared_enabled)
       .def(
           "set_tuning",
           [](HostComm& c,

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from pycollectives import arrays, bootstrap, trace
+from pycollectives import arrays, bootstrap, shared, trace
 from pycollectives.backends import Call, HostBackend, P2POp
 from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.hierarchy import Hierarchical
@@ -355,6 +355,24 @@ class Communicator:
                 self._backend().p2p, self.rank, self.size, lambda: self.timeout, native
             )
         return self._staged
+
+    # -- shared buffers -----------------------------------------------------------------------
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """A numpy array in memory the ranks of this machine can map: all-reduces on such
+        arrays (input and output, on every rank) move each byte once, without staging slots
+        (``pycollectives.shared``). Collective: every rank calls it with the same shape and
+        dtype. Example::
+
+            grads = comm.empty(1 << 20, np.float32)
+            grads[:] = local_gradients
+            comm.all_reduce(grads)               # over the mapped buffers
+        """
+        return shared.empty(self, shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        """As ``empty``, filled with zeros."""
+        return shared.zeros(self, shape, dtype)
 
     # -- Python objects -----------------------------------------------------------------------
 

@@ -18,14 +18,17 @@ PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
 PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
 PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
 PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it)
-PYCOLL_P2P_CMA             on               cross-memory attach for send/recv and large
-                                            all-gathers (on, off; fail: test)
+PYCOLL_P2P_CMA             on               access to peers' memory: cross-memory attach for
+                                            send/recv and large all-gathers, mapping shared
+                                            buffers (on, off; fail: test)
 PYCOLL_P2P_EAGER_BYTES     4 KiB            send/recv: eager sends up to here (one slot at most)
 PYCOLL_P2P_DIRECT_BYTES    4 MiB            send/recv, all-to-all, gather, scatter: direct
                                             writes from this size up (and all-to-all, gather,
                                             scatter blocks over send/recv from 64 KiB or it)
 PYCOLL_SINGLE_COPY_BYTES   512 KiB          all-gather blocks this large (2 ranks) are
                                             written straight into the peer's output
+PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicator.empty
+                                            buffers run over the mapped buffers
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
@@ -102,6 +105,7 @@ class Options:
     p2p_eager_bytes: int = 4096
     p2p_direct_bytes: int = 4 << 20
     single_copy_bytes: int = 512 << 10
+    shared_bytes: int = 16 << 10
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
@@ -139,6 +143,7 @@ class Options:
             p2p_eager_bytes=pick(None, "PYCOLL_P2P_EAGER_BYTES", d.p2p_eager_bytes, int),
             p2p_direct_bytes=pick(None, "PYCOLL_P2P_DIRECT_BYTES", d.p2p_direct_bytes, int),
             single_copy_bytes=pick(None, "PYCOLL_SINGLE_COPY_BYTES", d.single_copy_bytes, int),
+            shared_bytes=pick(None, "PYCOLL_SHARED_BYTES", d.shared_bytes, int),
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, int),
@@ -163,6 +168,8 @@ class Options:
             raise ValueError(f"PYCOLL_P2P_EAGER_BYTES must be >= 0, got {self.p2p_eager_bytes}")
         if self.single_copy_bytes < 0:
             raise ValueError(f"PYCOLL_SINGLE_COPY_BYTES must be >= 0, got {self.single_copy_bytes}")
+        if self.shared_bytes < 0:
+            raise ValueError(f"PYCOLL_SHARED_BYTES must be >= 0, got {self.shared_bytes}")
         if self.net_piece_bytes <= 0:
             raise ValueError(f"PYCOLL_NET_PIECE_BYTES must be positive, got {self.net_piece_bytes}")
 
@@ -186,6 +193,7 @@ class Options:
         o.p2p_eager_max_bytes = self.p2p_eager_bytes
         o.p2p_cma_min_bytes = self.p2p_direct_bytes
         o.single_copy_min_bytes = self.single_copy_bytes
+        o.shared_min_bytes = self.shared_bytes
         return o
 
     def cuda_options(self, native):

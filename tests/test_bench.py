@@ -214,6 +214,13 @@ def test_rounds_run_end_to_end(tmp_path):
     assert all(r["compare"]["mpi"]["wrong"] == 0 for r in data["rows"])
 
 
+def test_shared_buffers_run_checked_for_ours_and_the_peer(tmp_path):
+    env = {"PYCOLL_DEBUG": "INFO", "PYCOLL_SHARED_BYTES": "0"}
+    stdout, data = bench(tmp_path, "--shared", "--compare", "mpi", env=env)
+    assert "buffers from Communicator.empty" in stdout and data["meta"]["args"]["shared"]
+    assert all(r["oop"]["wrong"] == r["compare"]["mpi"]["wrong"] == 0 for r in data["rows"])
+
+
 def test_comparison_reports_the_fraction_of_the_bound():
     row = {
         "size": 1 << 20,

@@ -81,6 +81,17 @@ struct OpMax {
   }
 };
 
+// Writes the 64 bytes at `tile` to d (16-byte aligned) with non-temporal stores.
+inline void stream_tile(void* d, const void* tile) {
+#if defined(__SSE2__)
+  auto* out = static_cast<__m128i*>(d);
+  const auto* in = static_cast<const __m128i*>(tile);
+  for (int j = 0; j < 4; ++j) _mm_stream_si128(out + j, _mm_load_si128(in + j));
+#else
+  std::memcpy(d, tile, 64);
+#endif
+}
+
 template <class T, class Op, bool kAvg>
 struct Kernels {
   using A = typename Acc<T>::type;
@@ -157,7 +168,37 @@ struct Kernels {
     }
   }
 
-  static constexpr ReduceKernels table{&load, &reduce, &combine, &finalize, &reduce_final};
+  static void reduce_final_stream(void* dst, void* dst2, const void* a, const void* b, size_t n,
+                                  int divisor) {
+    // A 64-byte tile at a time, computed into registers and streamed to both outputs. No
+    // __restrict: an output may be an input (in place), each tile read before it is written.
+    constexpr size_t kTile = 64 / sizeof(T);
+    alignas(64) T tile[kTile];
+    T* d = static_cast<T*>(dst);
+    T* d2 = static_cast<T*>(dst2);
+    const A* pa = static_cast<const A*>(a);
+    const T* pb = static_cast<const T*>(b);
+    for (size_t i = 0; i < n; i += kTile) {
+      const size_t m = std::min(kTile, n - i);
+      for (size_t j = 0; j < m; ++j) {
+        const A v = Op::apply(pa[i + j], Acc<T>::load(pb[i + j]));
+        if constexpr (kAvg)
+          tile[j] = Acc<T>::store(v / static_cast<A>(divisor));
+        else
+          tile[j] = Acc<T>::store(v);
+      }
+      if (m == kTile) {
+        stream_tile(d + i, tile);
+        stream_tile(d2 + i, tile);
+      } else {
+        std::memcpy(d + i, tile, m * sizeof(T));
+        std::memcpy(d2 + i, tile, m * sizeof(T));
+      }
+    }
+  }
+
+  static constexpr ReduceKernels table{&load,     &reduce,       &combine,
+                                       &finalize, &reduce_final, &reduce_final_stream};
 };
 
 template <class T>

@@ -23,6 +23,11 @@ struct ReduceKernels {
   // dst2 is not null (both in the element type).
   void (*reduce_final)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,
                        int divisor);
+  // As reduce_final into both dst and dst2 (both 16-byte aligned; each either disjoint from
+  // a_acc and b or the very same range, in place), with non-temporal stores: for outputs that
+  // will not be read again soon. Call stream_fence() before another core may read them.
+  void (*reduce_final_stream)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,
+                              int divisor);
 };
 
 // Kernels for a (dtype, op) pair; the caller has validated the pair (avg needs a float type).

@@ -44,8 +44,9 @@ Fingerprint Fingerprint::of_call(uint64_t seq, Collective c, Algo algo, uint64_t
 }
 
 uint64_t Fingerprint::packed() const {
-  return static_cast<uint64_t>(kind & 0xff) | static_cast<uint64_t>(algo & 0xff) << 8 |
-         static_cast<uint64_t>(dtype & 0xff) << 16 | static_cast<uint64_t>(op & 0xff) << 24 |
+  return static_cast<uint64_t>(kind & 0xff) | static_cast<uint64_t>(algo & 0x7f) << 8 |
+         static_cast<uint64_t>(shared) << 15 | static_cast<uint64_t>(dtype & 0xff) << 16 |
+         static_cast<uint64_t>(op & 0xff) << 24 |
          static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
 }
 
@@ -55,7 +56,8 @@ Fingerprint Fingerprint::unpack(uint64_t seq, uint64_t count, uint64_t packed, u
   f.seq = seq;
   f.count = count;
   f.kind = static_cast<int>(packed & 0xff);
-  f.algo = static_cast<int>(packed >> 8 & 0xff);
+  f.algo = static_cast<int>(packed >> 8 & 0x7f);
+  f.shared = (packed >> 15 & 1) != 0;
   f.dtype = static_cast<int>(packed >> 16 & 0xff);
   f.op = static_cast<int>(packed >> 24 & 0xff);
   f.root = static_cast<int32_t>(static_cast<uint32_t>(packed >> 32));
@@ -78,6 +80,7 @@ std::string Fingerprint::describe() const {
     s += str_cat(" counts=#", std::hex, splits & 0xffffffff, std::dec);
   s += str_cat(" algorithm=",
                algo >= 0 && algo < kNumAlgos ? algo_name(static_cast<Algo>(algo)) : "?");
+  if (shared) s += " shared-buffers";
   return s;
 }
 
@@ -93,6 +96,7 @@ std::string Fingerprint::differences(const Fingerprint& o) const {
   add(root != o.root, "root");
   add(splits != o.splits, kind == static_cast<int>(Collective::AllToAll) ? "splits" : "counts");
   add(algo != o.algo, "algorithm");
+  add(shared != o.shared, "shared buffers (Communicator.empty)");
   return d;
 }
 

@@ -34,6 +34,8 @@ struct Fingerprint {
   // their hash. All-to-all splits (each rank holds its own row): kSplitsTag, the matrix itself
   // being checked apart (host/splits.h).
   uint64_t splits = 0;
+  // Whether the call starts by trading shared-buffer descriptors (host/shared_buffers.h).
+  bool shared = false;
 
   // The fingerprint of collective #seq as every rank must call it (op and root only where
   // they matter).

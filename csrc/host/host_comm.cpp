@@ -58,6 +58,7 @@ HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
       counters_(size),
       scratch_(opts.slot_bytes),
       single_copy_(transport_, opts.p2p_cma, opts.single_copy_min_bytes, opts.debug),
+      shared_(transport_, opts.p2p_cma, opts.shared_min_bytes, opts.debug),
       timeout_s_(opts.timeout_s),
       p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_eager_max_bytes,
                                        opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
@@ -161,6 +162,11 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
       direct_min_count(call, algo, std::min(kBlockP2PBytes, opts_.p2p_cma_min_bytes));
 
   mine = Fingerprint::of_call(seq, call, algo);
+  // Descriptors first (host/shared_buffers.h): automatic choice only, so that an algorithm
+  // asked for is the one that runs.
+  mine.shared = shared_enabled_.load() && call.collective == Collective::AllReduce &&
+                call.algo == Algo::Auto && forced_ == Algo::Auto &&
+                shared_.eligible(call.count * esize);
   FingerprintGuard guard(transport_, mine);
   WaitContext w = wait_context(name, seq);
   if (opts_.check_mismatch) w.fingerprints = &guard;
@@ -174,7 +180,12 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     const bool single = call.counts.empty() &&
                         single_copy_.eligible(call.collective, algo, choice_bytes) &&
                         single_copy_.all_gather(exec, buf, call.count);
-    if (!single) make_schedule(algo, call.collective, p, exec);
+    const bool mapped = !single && mine.shared && shared_.run(exec, buf, call.count);
+    if (opts_.debug && mapped)
+      std::fprintf(stderr,
+                   "pycollectives INFO rank %d/%d: %s #%llu: one pass over mapped buffers\n",
+                   rank(), n, name, static_cast<unsigned long long>(seq));
+    if (!single && !mapped) make_schedule(algo, call.collective, p, exec);
     exec.finish();
     if (w.fingerprints) guard.finish(w);
     // Every peer runs this collective (checked just above): the blocks left out of the

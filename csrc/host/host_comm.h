@@ -24,6 +24,7 @@
 #include "common/dtypes.h"
 #include "host/executor.h"
 #include "host/p2p.h"
+#include "host/shared_buffers.h"
 #include "host/shm_transport.h"
 #include "host/single_copy.h"
 
@@ -51,6 +52,10 @@ struct HostCommOptions {
   // into the peer's output (host/single_copy.h), unless p2p_cma is off or an algorithm other
   // than direct is asked for.
   size_t single_copy_min_bytes = size_t{512} << 10;
+  // All-reduces of at least this many bytes, on a communicator whose ranks allocate shared
+  // buffers, trade buffer descriptors first and run over mapped buffers where every rank's are
+  // shared (host/shared_buffers.h); off with p2p_cma.
+  size_t shared_min_bytes = size_t{16} << 10;
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of
@@ -110,6 +115,11 @@ class HostComm {
   // The algorithm Auto picks for this collective and size (bytes of the element type).
   Algo choose(Collective c, size_t bytes) const;
 
+  // The ranks allocate shared buffers (every rank calls this at the same point of its
+  // sequence of collectives): eligible all-reduces trade descriptors from the next call on.
+  void enable_shared() { shared_enabled_.store(true); }
+  bool shared_enabled() const { return shared_enabled_.load(); }
+
   // Poisons the communicator: waits in progress stop, later calls fail at once.
   void abort(const std::string& reason);
   bool poisoned() const { return aborted_.load(); }
@@ -137,6 +147,8 @@ class HostComm {
   ChannelCounters counters_;
   std::vector<uint8_t> scratch_;
   SingleCopy single_copy_;
+  SharedAllReduce shared_;
+  std::atomic<bool> shared_enabled_{false};
   std::vector<TuningRule> tuning_;
   Algo forced_ = Algo::Auto;
   std::atomic<uint64_t> seq_{0};

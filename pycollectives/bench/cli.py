@@ -103,11 +103,19 @@ def parse_args(argv=None):
         help="measure ours and every peer this many times, one after another, and keep each "
         "size's best time for each (a machine whose speed drifts favours nobody)",
     )
+    ap.add_argument(
+        "--shared",
+        action="store_true",
+        help="allocate every buffer with Communicator.empty (memory the ranks can map: our "
+        "all-reduce then runs over the mapped buffers); the peers get the same buffers",
+    )
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("--plot", help="draw busbw vs size to this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
     if args.minbytes > args.maxbytes:
         ap.error("-b must not exceed -e")
+    if args.shared and args.device != "cpu":
+        ap.error("--shared applies to --device cpu")
     if args.stepfactor <= 1:
         ap.error("-f must be greater than 1")
     if args.iters < 1 or args.warmup_iters < 0:
@@ -227,6 +235,16 @@ class HostArrays:
 
     def release(self):
         """Gives cached memory back between sizes."""
+
+
+class SharedArrays(HostArrays):
+    """--shared: numpy arrays from Communicator.empty (every rank allocates alike)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def empty(self, n, dt):
+        return self.comm.empty(n, dt)
 
 
 class Sweep:

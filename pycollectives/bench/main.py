@@ -9,7 +9,7 @@ import sys
 
 from pycollectives.bench import formulas as F
 from pycollectives.bench import gpu, peers, report
-from pycollectives.bench.cli import Sweep, dtype_of, parse_args
+from pycollectives.bench.cli import SharedArrays, Sweep, dtype_of, parse_args
 from pycollectives.bench.contention import Contention
 from pycollectives.ops import ALGORITHMS_FOR
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         except gpu.Unusable as e:
             return refuse(mpi, f"--device cuda cannot run: {e}")
     comm = pc.Communicator(mpi)
-    sweep = Sweep(args, comm, mpi, dev)
+    sweep = Sweep(args, comm, mpi, SharedArrays(comm) if args.shared else dev)
     colls = list(F.collectives_for(args.device)) if args.collective == "all" else [args.collective]
     if args.algo is not None:  # `all --algo tree`: the collectives that have a tree
         colls = [c for c in colls if args.algo in ALGORITHMS_FOR.get(c, ())]
@@ -156,6 +156,8 @@ def main(argv=None) -> int:
         )
         if args.contention:
             title += f", {busy.n} busy processes beside the ranks"
+        if args.shared:
+            title += ", buffers from Communicator.empty"
         if args.rounds > 1:
             title += f", best of {args.rounds} rounds"
         meta = {

@@ -1,0 +1,264 @@
+#include "host/shared_buffers.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "algo/ring.h"
+#include "common/errors.h"
+#include "common/reduce.h"
+
+namespace pycoll {
+
+// ---- the process's shared buffers --------------------------------------------------------------
+
+namespace {
+
+struct Entry {
+  size_t bytes, mapped;
+  int fd;
+  uint64_t inode;
+};
+
+std::mutex registry_mu;
+std::map<uintptr_t, Entry> registry;  // base address -> buffer
+uint64_t registry_frees = 0;
+
+}  // namespace
+
+SharedBuffer::SharedBuffer(size_t bytes) : bytes_(bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  mapped_ = std::max<size_t>(page, (bytes + page - 1) / page * page);
+  fd_ = memfd_create("pycollectives-buffer", MFD_CLOEXEC);
+  if (fd_ < 0) throw CollectiveError(str_cat("memfd_create failed: ", std::strerror(errno)));
+  struct stat st{};
+  void* p = MAP_FAILED;
+  if (ftruncate(fd_, static_cast<off_t>(mapped_)) == 0 && fstat(fd_, &st) == 0)
+    p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    close(fd_);
+    throw CollectiveError(
+        str_cat("allocating a shared buffer of ", bytes, " bytes failed: ", std::strerror(err)));
+  }
+  base_ = static_cast<uint8_t*>(p);
+  std::lock_guard<std::mutex> g(registry_mu);
+  registry[reinterpret_cast<uintptr_t>(base_)] =
+      Entry{bytes_, mapped_, fd_, static_cast<uint64_t>(st.st_ino)};
+}
+
+SharedBuffer::~SharedBuffer() {
+  {
+    std::lock_guard<std::mutex> g(registry_mu);
+    registry.erase(reinterpret_cast<uintptr_t>(base_));
+    ++registry_frees;
+  }
+  munmap(base_, mapped_);
+  close(fd_);
+}
+
+bool find_shared(const void* p, size_t bytes, SharedRef& out) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> g(registry_mu);
+  auto it = registry.upper_bound(a);
+  if (it == registry.begin()) return false;
+  --it;
+  const Entry& e = it->second;
+  if (a - it->first > e.bytes || bytes > e.bytes - (a - it->first)) return false;
+  out.pid = static_cast<uint64_t>(getpid());
+  out.fd = static_cast<uint64_t>(e.fd);
+  out.inode = e.inode;
+  out.mapped = e.mapped;
+  out.offset = a - it->first;
+  out.addr = it->first;
+  out.frees = registry_frees;
+  return true;
+}
+
+// ---- peers' views ------------------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kMaxViews = 64;
+
+}  // namespace
+
+SharedAllReduce::~SharedAllReduce() {
+  for (auto& [key, v] : views_) munmap(v.base, v.bytes);
+}
+
+void SharedAllReduce::drop_stale(uint64_t pid, uint64_t frees) {
+  uint64_t& seen = frees_seen_[pid];
+  if (seen == frees) return;
+  seen = frees;
+  // The owner has freed buffers since: drop its views not used by this call (a view keeps
+  // the memory of a freed buffer alive). Live ones are mapped again when next used.
+  for (auto it = views_.begin(); it != views_.end();) {
+    if (it->first.first == pid && it->second.used != clock_) {
+      munmap(it->second.base, it->second.bytes);
+      it = views_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void SharedAllReduce::evict() {
+  while (views_.size() > kMaxViews) {
+    auto oldest = views_.end();
+    for (auto it = views_.begin(); it != views_.end(); ++it)
+      if (it->second.used != clock_ &&
+          (oldest == views_.end() || it->second.used < oldest->second.used))
+        oldest = it;
+    if (oldest == views_.end()) return;  // all in use by this call
+    munmap(oldest->second.base, oldest->second.bytes);
+    views_.erase(oldest);
+  }
+}
+
+uint8_t* SharedAllReduce::map(const SharedRef& ref) {
+  if (ref.pid == static_cast<uint64_t>(getpid()))  // ranks that are threads of one process
+    return reinterpret_cast<uint8_t*>(ref.addr);
+  if (mode_ == CmaMode::Fail) {
+    errno = EPERM;
+    return nullptr;
+  }
+  drop_stale(ref.pid, ref.frees);
+  const auto key = std::make_pair(ref.pid, ref.inode);
+  auto it = views_.find(key);
+  if (it == views_.end() || it->second.bytes != ref.mapped) {
+    if (it != views_.end()) {
+      munmap(it->second.base, it->second.bytes);
+      views_.erase(it);
+    }
+    const std::string path = str_cat("/proc/", ref.pid, "/fd/", ref.fd);
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st{};
+    void* p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == ref.inode &&
+        static_cast<uint64_t>(st.st_size) >= ref.mapped)
+      p = mmap(nullptr, ref.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    else
+      errno = ESTALE;  // the fd now names another file: the buffer was freed
+    const int err = errno;
+    close(fd);
+    errno = err;
+    if (p == MAP_FAILED) return nullptr;
+    it = views_.emplace(key, View{static_cast<uint8_t*>(p), ref.mapped, clock_}).first;
+  }
+  it->second.used = clock_;
+  return it->second.base;
+}
+
+// ---- the all-reduce ----------------------------------------------------------------------------
+
+namespace {
+
+struct Descriptor {
+  uint64_t shared = 0;  // 1: both buffers are shared
+  SharedRef in, out;
+};
+
+}  // namespace
+
+bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count) {
+  const int n = t_.size(), r = t_.rank();
+  const size_t es = dtype_size(buf.dtype), bytes = count * es;
+  ++clock_;
+  // 1. Descriptors.
+  Descriptor mine;
+  mine.shared =
+      find_shared(buf.input, bytes, mine.in) && find_shared(buf.output, bytes, mine.out) ? 1 : 0;
+  std::vector<Descriptor> theirs(n);
+  ex.exchange(&mine, sizeof mine, reinterpret_cast<uint8_t*>(theirs.data()));
+  theirs[r] = mine;
+  // 2. Views of every rank's buffers, and the verdicts.
+  std::vector<const uint8_t*> ins(n);
+  std::vector<uint8_t*> outs(n);
+  uint64_t ok =
+      std::all_of(theirs.begin(), theirs.end(), [](const Descriptor& d) { return d.shared; });
+  const char* why = "a rank's buffers were not allocated by Communicator.empty";
+  for (int q = 0; q < n && ok; ++q) {
+    if (q == r) {
+      ins[q] = buf.input;
+      outs[q] = buf.output;
+      continue;
+    }
+    uint8_t* in = map(theirs[q].in);
+    uint8_t* out = in ? map(theirs[q].out) : nullptr;
+    if (!in || !out) {
+      ok = 0;
+      why = "mapping a peer's buffer was refused";
+      if (debug_)
+        std::fprintf(stderr, "pycollectives INFO rank %d/%d: mapping rank %d's buffer failed: %s\n",
+                     r, n, q, std::strerror(errno));
+      break;
+    }
+    ins[q] = in + theirs[q].in.offset;
+    outs[q] = out + theirs[q].out.offset;
+  }
+  evict();
+  std::vector<uint64_t> verdicts(n, 0);
+  ex.exchange(&ok, sizeof ok, reinterpret_cast<uint8_t*>(verdicts.data()));
+  verdicts[r] = ok;
+  if (!std::all_of(verdicts.begin(), verdicts.end(), [](uint64_t v) { return v; })) {
+    if (debug_)
+      std::fprintf(stderr,
+                   "pycollectives INFO rank %d/%d: all-reduce over shared buffers not possible "
+                   "(%s); using the staging slots\n",
+                   r, n, ok ? "refused on another rank" : why);
+    return false;
+  }
+  // 3. Our shard of every input, reduced in rank order, into every output.
+  const ReduceKernels& k = reduce_kernels(buf.dtype, buf.op);
+  const size_t as = acc_size(buf.dtype);
+  const size_t ss = ring_shard_size(count, n, std::max<size_t>(1, 64 / es));
+  const size_t lo = std::min(count, static_cast<size_t>(r) * ss), hi = std::min(count, lo + ss);
+  const bool stream = bytes >= kStreamBytes;
+  constexpr size_t kBlock = 16384;
+  alignas(64) uint8_t acc[kBlock];
+  alignas(64) uint8_t block[kBlock];
+  const size_t per = kBlock / as;
+  const bool direct_a = n == 2 && as == es;  // the first input serves as the accumulator
+  auto aligned = [&](const uint8_t* p) {
+    return (reinterpret_cast<uintptr_t>(p + lo * es) & 15) == 0;
+  };
+  const bool fused = stream && n == 2 && aligned(outs[0]) && aligned(outs[1]);
+  for (size_t o = lo; o < hi; o += per) {
+    const size_t m = std::min(per, hi - o), at = o * es;
+    const void* a = ins[0] + at;
+    if (!direct_a) {
+      k.load(acc, ins[0] + at, m);
+      for (int q = 1; q < n - 1; ++q) k.reduce(acc, acc, ins[q] + at, m);
+      a = acc;
+    }
+    if (fused) {  // straight into both outputs, bypassing the cache
+      k.reduce_final_stream(outs[r] + at, outs[1 - r] + at, a, ins[1] + at, m, buf.divisor);
+      continue;
+    }
+    k.reduce_final(block, nullptr, a, ins[n - 1] + at, m, buf.divisor);
+    for (int d = 0; d < n; ++d) {
+      uint8_t* dst = outs[(r + d) % n] + at;
+      if (stream)
+        stream_copy(dst, block, m * es);
+      else
+        copy_bytes(dst, block, m * es);
+    }
+  }
+  if (stream) stream_fence();
+  // 4. Every peer is done with our buffers once its word arrives.
+  const uint64_t done = 1;
+  ex.exchange(&done, sizeof done, reinterpret_cast<uint8_t*>(verdicts.data()));
+  return true;
+}
+
+}  // namespace pycoll

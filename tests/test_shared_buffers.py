@@ -1,0 +1,83 @@
+"""All-reduce over buffers every rank maps (Communicator.empty; workers/shared_buffers.py:
+results against numpy, the staged fallback where a rank's buffers are not shared or mapping is
+refused, buffers freed and made again, disagreement raising instead of corrupting), and the
+same on the thread ranks of Communicator.local."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from mpi_harness import run_mpi
+
+import pycollectives as pc
+
+ALL = {"PYCOLL_SHARED_BYTES": "0", "PYCOLL_DEBUG": "INFO"}
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_shared_all_reduce_matches_numpy(nranks):
+    out, err = run_mpi(nranks, "shared_buffers.py", "data", env=ALL, with_stderr=True)
+    assert "PASS data" in out
+    # Every all-reduce on the buffers took the path (Communicator.empty's own agreement on
+    # plain arrays falls back).
+    mapped = err.count("one pass over mapped buffers")
+    assert mapped >= nranks * 250, mapped
+
+
+@pytest.mark.parametrize("cma", ["on", "fail"])
+def test_plain_array_or_refused_mapping_falls_back(cma):
+    env = dict(ALL, PYCOLL_P2P_CMA=cma)
+    out, err = run_mpi(2, "shared_buffers.py", "mixed", env=env, with_stderr=True)
+    assert "PASS mixed" in out
+    before, after = err.split("now all shared", 1)
+    assert "not allocated by Communicator.empty" in before, before
+    assert "one pass over mapped buffers" not in before, before
+    # Once every rank passes shared buffers they are mapped, unless mapping is refused.
+    assert ("one pass over mapped buffers" in after) == (cma == "on"), after
+    assert ("mapping a peer's buffer was refused" in after) == (cma == "fail"), after
+
+
+def test_freed_and_many_buffers():
+    out = run_mpi(2, "shared_buffers.py", "churn", env={"PYCOLL_SHARED_BYTES": "0"})
+    assert "PASS churn" in out
+
+
+def test_disagreement_raises_on_every_rank():
+    out = run_mpi(2, "shared_buffers.py", "mismatch", env={"PYCOLL_SHARED_BYTES": "0"})
+    assert "PASS mismatch" in out
+
+
+def test_thread_ranks_share_buffers(monkeypatch):
+    monkeypatch.setenv("PYCOLL_SHARED_BYTES", "0")
+    comms = pc.Communicator.local(3)
+
+    def work(c):
+        x = c.empty((4, 1000), np.float64)
+        assert pc.shared.is_shared(x) and not pc.shared.is_shared(np.ones(3))
+        x[:] = c.rank + 1
+        c.all_reduce(x)
+        return x.copy()
+
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(work, comms))
+    finally:
+        for c in comms:
+            c.close()
+    for got in results:
+        assert got.shape == (4, 1000) and (got == 6).all()
+
+
+def test_empty_argument_errors():
+    comms = pc.Communicator.local(1)
+    try:
+        c = comms[0]
+        with pytest.raises(ValueError, match="negative"):
+            c.empty((2, -1))
+        with pytest.raises(TypeError, match="plain data"):
+            c.empty(3, object)
+        z = c.zeros((2, 3), np.int32)
+        assert z.shape == (2, 3) and not z.any() and z.flags.writeable
+        assert c.empty(0).size == 0
+    finally:
+        comms[0].close()
