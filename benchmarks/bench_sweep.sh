@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's sweeps, on 2 ranks, against every CPU peer (MPI, gloo, oneCCL, DeepSpeed), with
 # the memory bound: all-reduce float32 8 B - 64 MiB, idle and beside one busy process per core
-# (--contention); all-gather, reduce-scatter and broadcast 8 B - 64 MiB; each size the best of 2
+# (--contention), and on buffers from Communicator.empty (--shared: every rank's memory mapped by
+# the others; the peers get the same buffers); all-gather, reduce-scatter and broadcast
+# 8 B - 64 MiB; each size the best of 2
 # rounds of ours and every peer in turn. Writes the tables, JSON and plots under
 # benchmarks/results/.
 set -euo pipefail
@@ -17,6 +19,7 @@ sweep() {  # name, then pycoll-bench's arguments
         --json $R/$name.json --plot $R/$name.png | tee $R/$name.txt
 }
 sweep bench-all_reduce-2ranks all_reduce -b 8 -e 64M -f 2 -n 50 -w 10
+sweep bench-all_reduce-shared-2ranks all_reduce -b 8 -e 64M -f 4 -n 50 -w 10 --shared
 sweep bench-all_reduce-contention-2ranks all_reduce -b 8 -e 64M -f 4 -n 50 -w 10 --contention
 for coll in all_gather reduce_scatter broadcast; do
     sweep bench-$coll-2ranks $coll -b 8 -e 64M -f 4 -n 20 -w 5
