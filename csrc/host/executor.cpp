@@ -38,6 +38,13 @@ void HostExecutor::exchange(const void* mine, size_t bytes, uint8_t* theirs) {
   }
 }
 
+bool HostExecutor::all_agree(bool mine) {
+  const uint64_t word = mine ? 1 : 0;
+  std::vector<uint64_t> words(t_.size(), word);
+  exchange(&word, sizeof word, reinterpret_cast<uint8_t*>(words.data()));
+  return std::all_of(words.begin(), words.end(), [](uint64_t v) { return v != 0; });
+}
+
 const uint8_t* HostExecutor::src_ptr(const Step& s) const {
   if (s.src.buf == Buf::Input) {
     PYCOLL_CHECK(s.src.offset + s.count <= call_.input_count, "input range");

@@ -48,6 +48,9 @@ class HostExecutor final : public StepSink {
   // Sends `bytes` (at most a slot) from `mine` to every peer and receives each peer's message
   // of the same length into theirs + q * bytes: a small all-to-all of control words.
   void exchange(const void* mine, size_t bytes, uint8_t* theirs);
+  // Whether every rank passed true (an exchange of one word each); with true on every rank,
+  // also a barrier: each peer has done what it did before calling.
+  bool all_agree(bool mine);
 
  private:
   const uint8_t* src_ptr(const Step& s) const;

@@ -184,8 +184,7 @@ bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count
   // 2. Views of every rank's buffers, and the verdicts.
   std::vector<const uint8_t*> ins(n);
   std::vector<uint8_t*> outs(n);
-  uint64_t ok =
-      std::all_of(theirs.begin(), theirs.end(), [](const Descriptor& d) { return d.shared; });
+  bool ok = std::all_of(theirs.begin(), theirs.end(), [](const Descriptor& d) { return d.shared; });
   const char* why = "a rank's buffers were not allocated by Communicator.empty";
   for (int q = 0; q < n && ok; ++q) {
     if (q == r) {
@@ -196,7 +195,7 @@ bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count
     uint8_t* in = map(theirs[q].in);
     uint8_t* out = in ? map(theirs[q].out) : nullptr;
     if (!in || !out) {
-      ok = 0;
+      ok = false;
       why = "mapping a peer's buffer was refused";
       if (debug_)
         std::fprintf(stderr, "pycollectives INFO rank %d/%d: mapping rank %d's buffer failed: %s\n",
@@ -207,10 +206,7 @@ bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count
     outs[q] = out + theirs[q].out.offset;
   }
   evict();
-  std::vector<uint64_t> verdicts(n, 0);
-  ex.exchange(&ok, sizeof ok, reinterpret_cast<uint8_t*>(verdicts.data()));
-  verdicts[r] = ok;
-  if (!std::all_of(verdicts.begin(), verdicts.end(), [](uint64_t v) { return v; })) {
+  if (!ex.all_agree(ok)) {
     if (debug_)
       std::fprintf(stderr,
                    "pycollectives INFO rank %d/%d: all-reduce over shared buffers not possible "
@@ -256,8 +252,7 @@ bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count
   }
   if (stream) stream_fence();
   // 4. Every peer is done with our buffers once its word arrives.
-  const uint64_t done = 1;
-  ex.exchange(&done, sizeof done, reinterpret_cast<uint8_t*>(verdicts.data()));
+  ex.all_agree(true);
   return true;
 }
 

@@ -36,7 +36,7 @@ bool SingleCopy::agree(HostExecutor& ex, const CallBuffers& buf, std::vector<uin
   if (state_ != State::Unknown) return state_ == State::Usable;
   // Probe: an empty write moves nothing but skips the permission check, so read a byte of
   // every peer's output instead (racing with its writes is harmless: the byte is dropped).
-  uint64_t ok = 1;
+  bool ok = true;
   for (int q = 0; q < n && ok; ++q) {
     if (q == r) continue;
     uint8_t byte;
@@ -47,7 +47,7 @@ bool SingleCopy::agree(HostExecutor& ex, const CallBuffers& buf, std::vector<uin
                                                : process_vm_readv(static_cast<pid_t>(t_.pid_of(q)),
                                                                   &mine_v, 1, &theirs, 1, 0);
     if (got != 1) {
-      ok = 0;
+      ok = false;
       if (debug_)
         std::fprintf(stderr,
                      "pycollectives INFO rank %d/%d: access to rank %d's memory refused (%s); "
@@ -55,10 +55,7 @@ bool SingleCopy::agree(HostExecutor& ex, const CallBuffers& buf, std::vector<uin
                      r, n, q, std::strerror(errno));
     }
   }
-  std::vector<uint64_t> verdicts(n, 0);
-  ex.exchange(&ok, sizeof ok, reinterpret_cast<uint8_t*>(verdicts.data()));
-  verdicts[r] = ok;
-  const bool all = std::all_of(verdicts.begin(), verdicts.end(), [](uint64_t v) { return v; });
+  const bool all = ex.all_agree(ok);
   state_ = all ? State::Usable : State::Refused;
   return all;
 }
@@ -87,9 +84,7 @@ bool SingleCopy::all_gather(HostExecutor& ex, const CallBuffers& buf, size_t cou
     }
   }
   // Every peer has written its block into our output once its word arrives.
-  const uint64_t done = 1;
-  std::vector<uint64_t> theirs(n);
-  ex.exchange(&done, sizeof done, reinterpret_cast<uint8_t*>(theirs.data()));
+  ex.all_agree(true);
   return true;
 }
 
