@@ -120,19 +120,38 @@ struct Kernels {
     for (size_t i = 0; i < n; ++i) d[i] = Op::apply(pa[i], pb[i]);
   }
 
+  // Calls body(fin), fin being what turns an accumulated value into the result: v / divisor
+  // for avg, v otherwise. Dividing by a power of two and multiplying by its (exact) reciprocal
+  // round the same real number, so there the product is bit for bit the quotient, and several
+  // times cheaper (dividing made the 2-rank all-reduce over shared buffers 20% slower in place).
+  template <class Body>
+  static void finishing(int divisor, Body&& body) {
+    if constexpr (!kAvg) {
+      body([](A v) { return v; });
+    } else {
+      if constexpr (std::is_floating_point_v<A>) {
+        if (divisor > 0 && (divisor & (divisor - 1)) == 0) {
+          const A inv = static_cast<A>(1) / static_cast<A>(divisor);
+          body([inv](A v) { return v * inv; });
+          return;
+        }
+      }
+      const A div = static_cast<A>(divisor);
+      body([div](A v) { return v / div; });
+    }
+  }
+
   static void finalize(void* dst, void* dst2, const void* a, size_t n, int divisor) {
     T* __restrict d = static_cast<T*>(dst);
     T* d2 = static_cast<T*>(dst2);
     const A* __restrict pa = static_cast<const A*>(a);
-    for (size_t i = 0; i < n; ++i) {
-      T v;
-      if constexpr (kAvg)
-        v = Acc<T>::store(pa[i] / static_cast<A>(divisor));
-      else
-        v = Acc<T>::store(pa[i]);
-      d[i] = v;
-      if (d2 != nullptr) d2[i] = v;
-    }
+    finishing(divisor, [&](auto fin) {
+      for (size_t i = 0; i < n; ++i) {
+        const T v = Acc<T>::store(fin(pa[i]));
+        d[i] = v;
+        if (d2 != nullptr) d2[i] = v;
+      }
+    });
   }
 
   // dst may alias b (in-place output), never a.
@@ -141,31 +160,19 @@ struct Kernels {
     T* d = static_cast<T*>(dst);
     const A* __restrict pa = static_cast<const A*>(a);
     const T* pb = static_cast<const T*>(b);
-    if constexpr (kAvg) {
-      const A div = static_cast<A>(divisor);
+    finishing(divisor, [&](auto fin) {
       if (dst2 == nullptr) {
         for (size_t i = 0; i < n; ++i)
-          d[i] = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])) / div);
+          d[i] = Acc<T>::store(fin(Op::apply(pa[i], Acc<T>::load(pb[i]))));
       } else {
         T* __restrict d2 = static_cast<T*>(dst2);
         for (size_t i = 0; i < n; ++i) {
-          T v = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])) / div);
+          const T v = Acc<T>::store(fin(Op::apply(pa[i], Acc<T>::load(pb[i]))));
           d[i] = v;
           d2[i] = v;
         }
       }
-    } else {
-      if (dst2 == nullptr) {
-        for (size_t i = 0; i < n; ++i) d[i] = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])));
-      } else {
-        T* __restrict d2 = static_cast<T*>(dst2);
-        for (size_t i = 0; i < n; ++i) {
-          T v = Acc<T>::store(Op::apply(pa[i], Acc<T>::load(pb[i])));
-          d[i] = v;
-          d2[i] = v;
-        }
-      }
-    }
+    });
   }
 
   static void reduce_final_stream(void* dst, void* dst2, const void* a, const void* b, size_t n,
@@ -178,23 +185,20 @@ struct Kernels {
     T* d2 = static_cast<T*>(dst2);
     const A* pa = static_cast<const A*>(a);
     const T* pb = static_cast<const T*>(b);
-    for (size_t i = 0; i < n; i += kTile) {
-      const size_t m = std::min(kTile, n - i);
-      for (size_t j = 0; j < m; ++j) {
-        const A v = Op::apply(pa[i + j], Acc<T>::load(pb[i + j]));
-        if constexpr (kAvg)
-          tile[j] = Acc<T>::store(v / static_cast<A>(divisor));
-        else
-          tile[j] = Acc<T>::store(v);
+    finishing(divisor, [&](auto fin) {
+      for (size_t i = 0; i < n; i += kTile) {
+        const size_t m = std::min(kTile, n - i);
+        for (size_t j = 0; j < m; ++j)
+          tile[j] = Acc<T>::store(fin(Op::apply(pa[i + j], Acc<T>::load(pb[i + j]))));
+        if (m == kTile) {
+          stream_tile(d + i, tile);
+          stream_tile(d2 + i, tile);
+        } else {
+          std::memcpy(d + i, tile, m * sizeof(T));
+          std::memcpy(d2 + i, tile, m * sizeof(T));
+        }
       }
-      if (m == kTile) {
-        stream_tile(d + i, tile);
-        stream_tile(d2 + i, tile);
-      } else {
-        std::memcpy(d + i, tile, m * sizeof(T));
-        std::memcpy(d2 + i, tile, m * sizeof(T));
-      }
-    }
+    });
   }
 
   static constexpr ReduceKernels table{&load,     &reduce,       &combine,

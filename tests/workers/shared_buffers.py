@@ -4,7 +4,8 @@ numpy, run with PYCOLL_SHARED_BYTES=0 so that every size takes the path.
 Usage: mpiexec -n N python shared_buffers.py data|mixed|churn|mismatch
 data:     every dtype and op, counts from 1 to past the 8 MiB streaming threshold, out of
           place, in place, views at odd offsets, async_op; outputs bitwise identical on every
-          rank and inputs untouched.
+          rank and inputs untouched; avg bit for bit the rank-order sum divided by the rank
+          count (a power of two multiplies by its reciprocal, any other count divides).
 mixed:    one rank passes plain numpy arrays: every rank falls back to the staged schedule;
           then every rank passes shared ones (mapped, or refused under PYCOLL_P2P_CMA=fail).
 churn:    buffers freed and allocated again, more of them than a rank keeps views of.
@@ -65,6 +66,32 @@ def data(mpi, c):
         check_close(out[3 : count + 2], want, dt, mpi.size, "odd offsets", op)
         c.all_reduce(x, op=op)
         check(mpi, c, x, dt, op, count, f"{dt} {op} large in place")
+    exact_avg(mpi, c)
+
+
+def exact_avg(mpi, c):
+    """avg on the mapped path sums in rank order and divides: check it bit for bit, with values
+    whose quotients round differently from a product with an inexact reciprocal (x * (1/3) is
+    not x / 3), subnormals and the largest finite values."""
+    n, r = mpi.size, mpi.rank
+    for dt in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)):
+        acc = np.float32 if dt.itemsize < 4 else dt.type
+        fi = np.finfo(dt)
+        rng = np.random.default_rng(7)
+        special = np.array([fi.tiny / 3, fi.smallest_subnormal, fi.max, -fi.max / 2, 1, 3], dt)
+        inputs = []
+        for q in range(n):
+            v = rng.standard_normal(40000).astype(dt)
+            v[: special.size] = special * ((q + 1) / (n * n))  # no sum overflows
+            inputs.append(v)
+        x = c.empty(inputs[r].size, dt)
+        x[:] = inputs[r]
+        c.all_reduce(x, op="avg")
+        total = inputs[0].astype(acc)
+        for v in inputs[1:]:
+            total = total + v.astype(acc)
+        want = (total / acc(n)).astype(dt)
+        assert np.array_equal(x.view(np.uint8), want.view(np.uint8)), f"avg {dt} not exact"
 
 
 def mixed(mpi, c):
