@@ -6,8 +6,10 @@ backend and on gloo, same run.
 An MLP of --layers square layers (default ~16.8 M parameters), batch --batch per rank, SGD;
 one thread per rank. Reports per step (slowest rank, median of --rounds batches): local
 (no communication), ours (pycollectives.torch.DistributedDataParallel), torch DDP on the
-"pycollectives" backend, torch DDP on gloo; the all-reduce of all gradients alone; and the
-fraction of that communication hidden behind backward: 1 - (step - local) / allreduce.
+"pycollectives" backend, torch DDP on gloo; the all-reduce of all gradients alone, on a plain
+array (what torch DDP's buckets are) and on a Communicator.zeros one (what ours are:
+allreduce_shared); and the fraction of that communication hidden behind backward:
+1 - (step - local) / allreduce.
 """
 
 from __future__ import annotations
@@ -74,10 +76,10 @@ def main():
         o.step()
         o.zero_grad()
 
-    flat = np.zeros(nparams, np.float32)
+    flats = {"allreduce": np.zeros(nparams, np.float32), "allreduce_shared": comm.zeros(nparams)}
 
-    def allreduce_only(_):
-        comm.all_reduce(flat, op=pc.AVG)
+    def allreduce_only(k):
+        comm.all_reduce(flats[k], op=pc.AVG)
 
     def timed(fn, k):
         world.Barrier()
@@ -86,7 +88,7 @@ def main():
             fn(k)
         return world.allreduce((time.perf_counter() - t0) / args.steps, op=MPI.MAX)
 
-    cases = [(k, step) for k in models] + [("allreduce", allreduce_only)]
+    cases = [(k, step) for k in models] + [(k, allreduce_only) for k in flats]
     for k, fn in cases:  # warm up (bucket rebuild, allocations)
         for _ in range(3):
             fn(k)
@@ -101,10 +103,10 @@ def main():
             f"1 thread/rank, median of {args.rounds} x {args.steps} steps; torch DDP "
             f"gradient_as_bucket_view={args.bucket_view}"
         )
-        for k in ("local", "ours", "torch_ours", "torch_gloo", "allreduce"):
-            print(f"  {k:>12}: {t[k] * 1e3:8.1f} ms")
-        for k in ("ours", "torch_ours"):
-            hidden = max(0.0, min(1.0, 1 - (t[k] - t["local"]) / t["allreduce"]))
+        for k in ("local", "ours", "torch_ours", "torch_gloo", *flats):
+            print(f"  {k:>16}: {t[k] * 1e3:8.1f} ms")
+        for k, alone in (("ours", "allreduce_shared"), ("torch_ours", "allreduce")):
+            hidden = max(0.0, min(1.0, 1 - (t[k] - t["local"]) / t[alone]))
             print(
                 f"  {k} / torch DDP (gloo): {t[k] / t['torch_gloo']:.2f}x step time, "
                 f"{hidden * 100:.0f}% of the communication hidden behind backward"

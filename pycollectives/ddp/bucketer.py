@@ -72,7 +72,9 @@ class GradientBucketer:
         rebuild: after the first step, lay the buckets out again in the order gradients
             actually arrived (rank 0's order, so every rank agrees), as torch DDP does. The
             gradient views change once then; read ``grads`` again after ``synchronize``.
-        array_module: the module whose ``zeros`` makes the buckets: numpy (default), or cupy
+        array_module: numpy (default): the buckets come from ``comm.zeros`` (memory the
+            ranks of a machine can map, so a bucket's all-reduce reads and writes each byte
+            once; ``pycollectives.shared``) where `comm` has it, else ``numpy.zeros``; or cupy
             for gradients on the GPU (their all-reduces then run on the GPU, queued on cupy's
             current stream; ``synchronize`` orders that stream after them).
 
@@ -106,6 +108,10 @@ class GradientBucketer:
             raise ValueError("bucket sizes must be positive")
         self._op, self._algorithm = op, algorithm
         self._rebuild_pending = rebuild
+        # Every rank lays the buckets out alike, so the collective allocation agrees.
+        self._zeros = self._xp.zeros
+        if self._xp is np and callable(getattr(comm, "zeros", None)):
+            self._zeros = comm.zeros
         self._no_sync = False
         # reduce(bucket) -> an object with wait(): replaces the all-reduce (a comm hook).
         self.reduce = None
@@ -119,7 +125,7 @@ class GradientBucketer:
         self._where = [None] * len(self._shapes)
         self._views = [None] * len(self._shapes)
         for b in self.buckets:
-            b.buffer = self._xp.zeros(b.size, b.dtype)
+            b.buffer = self._zeros(b.size, b.dtype)
             for i, off in zip(b.params, b.offsets):
                 n = int(np.prod(self._shapes[i][0], dtype=np.int64))
                 self._where[i] = b.index

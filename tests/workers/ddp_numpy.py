@@ -117,6 +117,24 @@ def rebuild(comm):
         assert np.allclose(bk.grads[i], i + np.mean(range(comm.size)))
 
 
+def shared_buckets(comm):
+    """numpy buckets come from comm.zeros (memory the ranks map, so large bucket all-reduces
+    take one pass), before and after the rebuild, and average correctly."""
+    bk = pc.GradientBucketer(
+        comm, [((10000,), np.float32)] * 3, bucket_cap_mb=40000 / MB, first_bucket_mb=40000 / MB
+    )
+    for step in range(2):  # the second step runs on the rebuilt layout
+        assert all(pc.shared.is_shared(b.buffer) for b in bk.buckets), step
+        for i in (0, 2, 1):
+            bk.grads[i][...] = np.arange(10000) * (comm.rank + 1) + i
+            bk.mark_ready(i)
+        bk.synchronize()
+        mean_factor = (comm.size + 1) / 2
+        for i in range(3):
+            assert np.allclose(bk.grads[i], np.arange(10000) * mean_factor + i), (step, i)
+    assert [b.params for b in bk.buckets] == [[0], [2], [1]]
+
+
 def checkpoint(comm):
     model = MLP(20, 8, 3, np.random.default_rng(comm.rank))
     dp = pc.DataParallel(comm, model.params)
@@ -135,7 +153,15 @@ def checkpoint(comm):
 
 def main():
     with pc.Communicator() as comm:
-        for test in (equivalence, overlap, no_sync, missed_gradient, rebuild, checkpoint):
+        for test in (
+            equivalence,
+            overlap,
+            no_sync,
+            missed_gradient,
+            rebuild,
+            shared_buckets,
+            checkpoint,
+        ):
             test(comm)
             comm.barrier()
         if comm.rank == 0:
