@@ -8,8 +8,8 @@ import re
 import pytest
 from mpi_harness import run_mpi
 
+from pycollectives.bench import cli, report
 from pycollectives.bench import formulas as F
-from pycollectives.bench import report
 from pycollectives.bench.cli import parse_args
 
 
@@ -38,6 +38,8 @@ def test_sizes_and_suffixes():
         ["reduce_gather"],
         ["-n", "0"],
         ["--rounds", "0"],
+        ["-T", "-1"],
+        ["-T", "0.1", "-w", "0"],
     ],
 )
 def test_bad_arguments_are_refused(argv, capsys):
@@ -212,6 +214,19 @@ def test_rounds_run_end_to_end(tmp_path):
     assert "best of 2 rounds" in stdout and data["meta"]["args"]["rounds"] == 2
     assert len(ROW.findall(stdout)) == len(data["rows"]) == 5
     assert all(r["compare"]["mpi"]["wrong"] == 0 for r in data["rows"])
+
+
+def test_time_per_size_runs_short_calls_more_often(tmp_path):
+    # -n 3, but every size timed for 20 ms: microsecond calls run hundreds of times, for ours
+    # and the peer alike, never past the cap.
+    stdout, data = bench(tmp_path, "--compare", "mpi", "-T", "0.02")
+    assert "each size timed for at least 0.02 s" in stdout
+    small = data["rows"][0]
+    for entry in (small["oop"], small["ip"], small["compare"]["mpi"]):
+        assert 100 < entry["iters"] <= cli.MAX_ITERS, entry
+    assert all(r["oop"]["wrong"] == 0 for r in data["rows"])
+    _, plain = bench(tmp_path)
+    assert {r["oop"]["iters"] for r in plain["rows"]} == {3}
 
 
 def test_shared_buffers_run_checked_for_ours_and_the_peer(tmp_path):

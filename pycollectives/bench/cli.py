@@ -30,6 +30,7 @@ from pycollectives.ops import ALGORITHMS, ALGORITHMS_FOR, REDUCING
 
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 OPS = ("sum", "prod", "min", "max", "avg")
+MAX_ITERS = 100_000  # timed calls per size at most, whatever -T asks
 # The peers --compare knows, and where each runs.
 PEERS = {
     "mpi": "both devices",
@@ -62,6 +63,15 @@ def parse_args(argv=None):
     ap.add_argument("-f", "--stepfactor", type=float, default=2.0)
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("-w", "--warmup_iters", type=int, default=5)
+    ap.add_argument(
+        "-T",
+        "--time",
+        type=float,
+        default=0.0,
+        help="time each size for at least this many seconds: where -n calls would take less, "
+        f"run as many more as the warm-up's pace says fit (at most {MAX_ITERS}), so that sizes "
+        "of a few microseconds are not a handful of samples",
+    )
     ap.add_argument(
         "-c",
         "--check",
@@ -120,6 +130,8 @@ def parse_args(argv=None):
         ap.error("-f must be greater than 1")
     if args.iters < 1 or args.warmup_iters < 0:
         ap.error("-n must be >= 1 and -w >= 0")
+    if args.time < 0 or (args.time > 0 and args.warmup_iters < 1):
+        ap.error("-T must be >= 0, and needs -w >= 1 (the warm-up sets the pace)")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     if args.op == "avg" and dtype_of(args.datatype).kind not in "fV":
@@ -298,9 +310,10 @@ class Sweep:
         return out
 
     def time_one(self, run, coll, n_in, n_out, in_place, check, sync=None):
-        """(seconds per call, wrong elements), nccl-tests' way: -w warm-up calls, then -n calls
-        back to back from a barrier until this rank's queued work is done (`sync`, default the
-        arrays' stream), the slowest rank's mean; the checked calls come after."""
+        """(seconds per call, wrong elements, timed calls), nccl-tests' way: -w warm-up
+        calls, then -n calls (more with -T: ``iterations``) back to back from a barrier until
+        this rank's queued work is done (`sync`, default the arrays' stream), the slowest rank's
+        mean; the checked calls come after."""
         a, op, mem = self.args, self.args.op, self.arrays
         sync = mem.sync if sync is None else sync
         x, out = mem.empty(n_in, self.dt), mem.empty(n_out, self.dt)
@@ -312,15 +325,17 @@ class Sweep:
                 out[self.rank * n_in : (self.rank + 1) * n_in] = x
 
         reset()
+        t0 = time.perf_counter()
         for _ in range(a.warmup_iters):
             run(x, out, in_place)
         sync()
+        iters = self.iterations(time.perf_counter() - t0)
         rooted = coll in ("reduce", "gather") and self.rank != a.root
         wrong, checks_here = 0, check and not rooted
         want = expected(coll, op, a.root, self.n, self.rank, n_in, self.dt) if check else None
         self.mpi.Barrier()
         t0 = time.perf_counter()
-        for _ in range(a.iters):
+        for _ in range(iters):
             run(x, out, in_place)
         sync()
         elapsed = time.perf_counter() - t0
@@ -336,8 +351,18 @@ class Sweep:
             if checks_here:
                 wrong += count_wrong(res, want, self.dt)
         sync()
-        t = self.mpi.allreduce(elapsed / a.iters, op=_max())
-        return t, self.mpi.allreduce(wrong)
+        t = self.mpi.allreduce(elapsed / iters, op=_max())
+        return t, self.mpi.allreduce(wrong), iters
+
+    def iterations(self, warm):
+        """Timed calls: -n, or with -T as many as fit in -T seconds at the pace of the warm-up
+        (`warm` seconds on this rank; the slowest rank's pace counts)."""
+        a = self.args
+        if a.time <= 0:
+            return a.iters
+        pace = self.mpi.allreduce(warm / a.warmup_iters, op=_max())
+        fit = a.time / pace if pace > 0 else MAX_ITERS
+        return max(a.iters, min(MAX_ITERS, int(fit)))
 
     def row(self, coll, nbytes):
         shape = layout(coll, nbytes, self.dt, self.n)
@@ -359,12 +384,13 @@ class Sweep:
         for key, in_place in (("oop", False), ("ip", True)):
             if in_place and coll in NO_IN_PLACE:
                 continue
-            t, wrong = self.time_one(self.ours(coll), coll, n_in, n_out, in_place, check)
+            t, wrong, iters = self.time_one(self.ours(coll), coll, n_in, n_out, in_place, check)
             row[key] = {
                 "time_us": t * 1e6,
                 "algbw": F.algbw(size, t),
                 "busbw": F.busbw(coll, self.n, size, t),
                 "wrong": wrong,
+                "iters": iters,
             }
         row["compare"] = {}
         self.arrays.release()
@@ -380,13 +406,16 @@ class Sweep:
         coll, size = row["collective"], row["size"]
         n_in, n_out, _ = layout(coll, size, self.dt, self.n)
         check = bool(self.args.check)
-        t, wrong = self.time_one(run, coll, n_in, n_out, False, check, getattr(run, "sync", None))
+        t, wrong, iters = self.time_one(
+            run, coll, n_in, n_out, False, check, getattr(run, "sync", None)
+        )
         self.arrays.release()
         row["compare"][name] = {
             "time_us": t * 1e6,
             "busbw": F.busbw(coll, self.n, size, t),
             "ratio": t / (row["oop"]["time_us"] * 1e-6),
             "wrong": wrong,
+            "iters": iters,
         }
 
 

@@ -158,6 +158,8 @@ def main(argv=None) -> int:
             title += f", {busy.n} busy processes beside the ranks"
         if args.shared:
             title += ", buffers from Communicator.empty"
+        if args.time > 0:
+            title += f", each size timed for at least {args.time:g} s"
         if args.rounds > 1:
             title += f", best of {args.rounds} rounds"
         meta = {
