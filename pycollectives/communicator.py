@@ -359,10 +359,10 @@ class Communicator:
     # -- shared buffers -----------------------------------------------------------------------
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
-        """A numpy array in memory the ranks of this machine can map: all-reduces on such
-        arrays (input and output, on every rank) move each byte once, without staging slots
-        (``pycollectives.shared``). Collective: every rank calls it with the same shape and
-        dtype. Example::
+        """A numpy array in memory the ranks of this machine can map: all-reduce, reduce-scatter,
+        all-gather, broadcast and reduce on such arrays (every buffer, on every rank) move each
+        byte once, without staging slots (``pycollectives.shared``). Collective: every rank
+        calls it with the same shape and dtype. Example::
 
             grads = comm.empty(1 << 20, np.float32)
             grads[:] = local_gradients

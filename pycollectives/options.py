@@ -28,7 +28,8 @@ PYCOLL_P2P_DIRECT_BYTES    4 MiB            send/recv, all-to-all, gather, scatt
 PYCOLL_SINGLE_COPY_BYTES   512 KiB          all-gather blocks this large (2 ranks) are
                                             written straight into the peer's output
 PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicator.empty
-                                            buffers run over the mapped buffers
+                                            buffers run over the mapped buffers (reduce-
+                                            scatter, all-gather, broadcast, reduce: 8x)
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch

@@ -1,12 +1,13 @@
 """Buffers the ranks of a machine can map: ``Communicator.empty`` and ``Communicator.zeros``.
 
-An all-reduce whose input and output lie in such buffers on every rank runs without staging
-slots: each rank reduces its shard of every rank's input and writes the result into every
-rank's output, reading and writing each byte once (the memory bound; the staged ring copies it
-once more between cores). See ``csrc/host/shared_buffers.h``. Any other array still works
-everywhere; only all-reduces from ``PYCOLL_SHARED_BYTES`` (16 KiB) up on these buffers take
-the mapped path.
-"""
+A collective whose buffers lie in such memory on every rank runs without staging slots, each
+rank reading its peers' buffers directly and writing every byte once (the memory bound; the
+staged schedules copy it once more between cores): an all-reduce reduces each rank's shard of
+every input into every output; reduce-scatter and reduce, each rank's block or shard into the
+output that needs it; all-gather and broadcast copy straight from the sources. See
+``csrc/host/shared_buffers.h``. Any other array still works everywhere; the mapped path runs
+for all-reduces from ``PYCOLL_SHARED_BYTES`` (16 KiB) up, for reduce-scatter, all-gather,
+broadcast and reduce (even counts) from 8 times that, where every rank's buffers are shared."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def empty(comm, shape, dtype=np.float32) -> np.ndarray:
             f"{dtype}, {nbytes} bytes; sizes range {-agreed[1]}..{agreed[0]} bytes)"
         )
     host = comm._backend()
-    if isinstance(host, HostBackend):  # one machine: eligible all-reduces trade descriptors
+    if isinstance(host, HostBackend):  # one machine: eligible collectives trade descriptors
         host.c.enable_shared()
     buf = _C.SharedBuffer(nbytes)
     # The array's base chain holds the buffer: the memory lives as long as any view of it.

@@ -24,6 +24,15 @@ def test_shared_all_reduce_matches_numpy(nranks):
     assert mapped >= nranks * 250, mapped
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_other_collectives_over_shared_buffers(nranks):
+    out, err = run_mpi(nranks, "shared_buffers.py", "others", env=ALL, with_stderr=True)
+    assert "PASS others" in out
+    # 4 cases, each a reduce-scatter and an all-gather twice, a broadcast and two reduces
+    # from every root: all over the mapped buffers, on every rank.
+    assert err.count("one pass over mapped buffers") == nranks * 4 * (4 + 3 * nranks)
+
+
 @pytest.mark.parametrize("cma", ["on", "fail"])
 def test_plain_array_or_refused_mapping_falls_back(cma):
     env = dict(ALL, PYCOLL_P2P_CMA=cma)
@@ -56,7 +65,10 @@ def test_thread_ranks_share_buffers(monkeypatch):
         assert pc.shared.is_shared(x) and not pc.shared.is_shared(np.ones(3))
         x[:] = c.rank + 1
         c.all_reduce(x)
-        return x.copy()
+        g = c.empty((3, 4, 1000), np.float64)
+        c.all_gather(x, g)
+        c.broadcast(g, root=2)
+        return x.copy(), g.copy()
 
     try:
         with ThreadPoolExecutor(3) as pool:
@@ -64,8 +76,9 @@ def test_thread_ranks_share_buffers(monkeypatch):
     finally:
         for c in comms:
             c.close()
-    for got in results:
+    for got, gathered in results:
         assert got.shape == (4, 1000) and (got == 6).all()
+        assert (gathered == 6).all()
 
 
 def test_empty_argument_errors():

@@ -164,9 +164,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   mine = Fingerprint::of_call(seq, call, algo);
   // Descriptors first (host/shared_buffers.h): automatic choice only, so that an algorithm
   // asked for is the one that runs.
-  mine.shared = shared_enabled_.load() && call.collective == Collective::AllReduce &&
-                call.algo == Algo::Auto && forced_ == Algo::Auto &&
-                shared_.eligible(call.count * esize);
+  mine.shared = shared_enabled_.load() && forced_ == Algo::Auto && shared_.eligible(call);
   FingerprintGuard guard(transport_, mine);
   WaitContext w = wait_context(name, seq);
   if (opts_.check_mismatch) w.fingerprints = &guard;
@@ -177,10 +175,10 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     if (!call.send_counts.empty())
       check_split_matrix(transport_, guard, w, call.send_counts, call.recv_counts);
     HostExecutor exec(transport_, counters_, scratch_.data(), w, buf);
-    const bool single = call.counts.empty() &&
+    const bool mapped = mine.shared && shared_.run(exec, call, buf);
+    const bool single = !mapped && call.counts.empty() &&
                         single_copy_.eligible(call.collective, algo, choice_bytes) &&
                         single_copy_.all_gather(exec, buf, call.count);
-    const bool mapped = !single && mine.shared && shared_.run(exec, buf, call.count);
     if (opts_.debug && mapped)
       std::fprintf(stderr,
                    "pycollectives INFO rank %d/%d: %s #%llu: one pass over mapped buffers\n",

@@ -52,9 +52,10 @@ struct HostCommOptions {
   // into the peer's output (host/single_copy.h), unless p2p_cma is off or an algorithm other
   // than direct is asked for.
   size_t single_copy_min_bytes = size_t{512} << 10;
-  // All-reduces of at least this many bytes, on a communicator whose ranks allocate shared
-  // buffers, trade buffer descriptors first and run over mapped buffers where every rank's are
-  // shared (host/shared_buffers.h); off with p2p_cma.
+  // All-reduces of at least this many bytes (reduce-scatter, all-gather, broadcast and reduce:
+  // 8 times as many), on a communicator whose ranks allocate shared buffers, trade buffer
+  // descriptors first and run over mapped buffers where every rank's are shared
+  // (host/shared_buffers.h); off with p2p_cma.
   size_t shared_min_bytes = size_t{16} << 10;
 };
 
@@ -147,7 +148,7 @@ class HostComm {
   ChannelCounters counters_;
   std::vector<uint8_t> scratch_;
   SingleCopy single_copy_;
-  SharedAllReduce shared_;
+  SharedCollectives shared_;
   std::atomic<bool> shared_enabled_{false};
   std::vector<TuningRule> tuning_;
   Algo forced_ = Algo::Auto;

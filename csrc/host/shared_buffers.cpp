@@ -91,11 +91,11 @@ constexpr size_t kMaxViews = 64;
 
 }  // namespace
 
-SharedAllReduce::~SharedAllReduce() {
+SharedCollectives::~SharedCollectives() {
   for (auto& [key, v] : views_) munmap(v.base, v.bytes);
 }
 
-void SharedAllReduce::drop_stale(uint64_t pid, uint64_t frees) {
+void SharedCollectives::drop_stale(uint64_t pid, uint64_t frees) {
   uint64_t& seen = frees_seen_[pid];
   if (seen == frees) return;
   seen = frees;
@@ -111,7 +111,7 @@ void SharedAllReduce::drop_stale(uint64_t pid, uint64_t frees) {
   }
 }
 
-void SharedAllReduce::evict() {
+void SharedCollectives::evict() {
   while (views_.size() > kMaxViews) {
     auto oldest = views_.end();
     for (auto it = views_.begin(); it != views_.end(); ++it)
@@ -124,7 +124,7 @@ void SharedAllReduce::evict() {
   }
 }
 
-uint8_t* SharedAllReduce::map(const SharedRef& ref) {
+uint8_t* SharedCollectives::map(const SharedRef& ref) {
   if (ref.pid == static_cast<uint64_t>(getpid()))  // ranks that are threads of one process
     return reinterpret_cast<uint8_t*>(ref.addr);
   if (mode_ == CmaMode::Fail) {
@@ -159,29 +159,93 @@ uint8_t* SharedAllReduce::map(const SharedRef& ref) {
   return it->second.base;
 }
 
-// ---- the all-reduce ----------------------------------------------------------------------------
+// ---- the collectives --------------------------------------------------------------------------
 
 namespace {
 
 struct Descriptor {
-  uint64_t shared = 0;  // 1: both buffers are shared
+  uint64_t shared = 0;  // 1: both buffers are shared (or empty)
   SharedRef in, out;
 };
 
+// A buffer of `bytes` at `p` as a peer will see it; an empty one needs nothing mapped.
+bool describe(const void* p, size_t bytes, SharedRef& out) {
+  if (bytes == 0) return true;
+  return find_shared(p, bytes, out);
+}
+
 }  // namespace
 
-bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count) {
+bool SharedCollectives::eligible(const CollectiveCall& call) const {
+  if (mode_ == CmaMode::Off || t_.size() < 2 || call.algo != Algo::Auto) return false;
+  if (!call.counts.empty() || !call.send_counts.empty()) return false;  // even forms only
+  // The message as nccl-tests counts it: all-gather's output, reduce-scatter's input.
+  size_t bytes = call.count * dtype_size(call.dtype), min_bytes = min_bytes_ * kOtherMinFactor;
+  switch (call.collective) {
+    case Collective::AllReduce:
+      min_bytes = min_bytes_;
+      break;
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+      bytes *= static_cast<size_t>(t_.size());
+      break;
+    case Collective::Broadcast:
+    case Collective::Reduce:
+      break;
+    default:
+      return false;
+  }
+  return bytes >= min_bytes;
+}
+
+void SharedCollectives::reduce_into(const CallBuffers& buf, const std::vector<const uint8_t*>& srcs,
+                                    const std::vector<uint8_t*>& dsts, size_t count,
+                                    bool stream) const {
+  const ReduceKernels& k = reduce_kernels(buf.dtype, buf.op);
+  const size_t es = dtype_size(buf.dtype), as = acc_size(buf.dtype);
+  const size_t n = srcs.size();
+  constexpr size_t kBlock = 16384;
+  alignas(64) uint8_t acc[kBlock];
+  alignas(64) uint8_t block[kBlock];
+  const size_t per = kBlock / as;
+  const bool direct_a = n == 2 && as == es;  // the first input serves as the accumulator
+  auto aligned = [](const uint8_t* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  // Two outputs, large: straight into both, bypassing the cache.
+  const bool fused = stream && n == 2 && dsts.size() == 2 && aligned(dsts[0]) && aligned(dsts[1]);
+  for (size_t o = 0; o < count; o += per) {
+    const size_t m = std::min(per, count - o), at = o * es;
+    const void* a = srcs[0] + at;
+    if (!direct_a) {
+      k.load(acc, srcs[0] + at, m);
+      for (size_t q = 1; q + 1 < n; ++q) k.reduce(acc, acc, srcs[q] + at, m);
+      a = acc;
+    }
+    if (fused) {
+      k.reduce_final_stream(dsts[0] + at, dsts[1] + at, a, srcs[1] + at, m, buf.divisor);
+      continue;
+    }
+    k.reduce_final(block, nullptr, a, srcs[n - 1] + at, m, buf.divisor);
+    for (uint8_t* d : dsts) {
+      if (stream)
+        stream_copy(d + at, block, m * es);
+      else
+        copy_bytes(d + at, block, m * es);
+    }
+  }
+}
+
+bool SharedCollectives::run(HostExecutor& ex, const CollectiveCall& call, const CallBuffers& buf) {
   const int n = t_.size(), r = t_.rank();
-  const size_t es = dtype_size(buf.dtype), bytes = count * es;
+  const size_t es = dtype_size(buf.dtype);
+  const size_t in_bytes = buf.input_count * es, out_bytes = buf.output_count * es;
   ++clock_;
   // 1. Descriptors.
   Descriptor mine;
-  mine.shared =
-      find_shared(buf.input, bytes, mine.in) && find_shared(buf.output, bytes, mine.out) ? 1 : 0;
+  mine.shared = describe(buf.input, in_bytes, mine.in) && describe(buf.output, out_bytes, mine.out);
   std::vector<Descriptor> theirs(n);
   ex.exchange(&mine, sizeof mine, reinterpret_cast<uint8_t*>(theirs.data()));
   theirs[r] = mine;
-  // 2. Views of every rank's buffers, and the verdicts.
+  // 2. Views of every rank's buffers (null where a rank has none), and the verdicts.
   std::vector<const uint8_t*> ins(n);
   std::vector<uint8_t*> outs(n);
   bool ok = std::all_of(theirs.begin(), theirs.end(), [](const Descriptor& d) { return d.shared; });
@@ -192,9 +256,11 @@ bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count
       outs[q] = buf.output;
       continue;
     }
-    uint8_t* in = map(theirs[q].in);
-    uint8_t* out = in ? map(theirs[q].out) : nullptr;
-    if (!in || !out) {
+    const SharedRef& in_ref = theirs[q].in;
+    const SharedRef& out_ref = theirs[q].out;
+    uint8_t* in = in_ref.mapped ? map(in_ref) : nullptr;
+    uint8_t* out = out_ref.mapped && (in || !in_ref.mapped) ? map(out_ref) : nullptr;
+    if ((in_ref.mapped && !in) || (out_ref.mapped && !out)) {
       ok = false;
       why = "mapping a peer's buffer was refused";
       if (debug_)
@@ -202,55 +268,66 @@ bool SharedAllReduce::run(HostExecutor& ex, const CallBuffers& buf, size_t count
                      r, n, q, std::strerror(errno));
       break;
     }
-    ins[q] = in + theirs[q].in.offset;
-    outs[q] = out + theirs[q].out.offset;
+    ins[q] = in ? in + in_ref.offset : nullptr;
+    outs[q] = out ? out + out_ref.offset : nullptr;
   }
   evict();
   if (!ex.all_agree(ok)) {
     if (debug_)
       std::fprintf(stderr,
-                   "pycollectives INFO rank %d/%d: all-reduce over shared buffers not possible "
+                   "pycollectives INFO rank %d/%d: %s over shared buffers not possible "
                    "(%s); using the staging slots\n",
-                   r, n, ok ? "refused on another rank" : why);
+                   r, n, collective_name(call.collective), ok ? "refused on another rank" : why);
     return false;
   }
-  // 3. Our shard of every input, reduced in rank order, into every output.
-  const ReduceKernels& k = reduce_kernels(buf.dtype, buf.op);
-  const size_t as = acc_size(buf.dtype);
-  const size_t ss = ring_shard_size(count, n, std::max<size_t>(1, 64 / es));
-  const size_t lo = std::min(count, static_cast<size_t>(r) * ss), hi = std::min(count, lo + ss);
-  const bool stream = bytes >= kStreamBytes;
-  constexpr size_t kBlock = 16384;
-  alignas(64) uint8_t acc[kBlock];
-  alignas(64) uint8_t block[kBlock];
-  const size_t per = kBlock / as;
-  const bool direct_a = n == 2 && as == es;  // the first input serves as the accumulator
-  auto aligned = [&](const uint8_t* p) {
-    return (reinterpret_cast<uintptr_t>(p + lo * es) & 15) == 0;
+  // 3. This rank's part.
+  const size_t count = call.count, bytes = count * es;
+  auto shard = [&](size_t& lo, size_t& hi) {  // this rank's elements of a reduction
+    const size_t ss = ring_shard_size(count, n, std::max<size_t>(1, 64 / es));
+    lo = std::min(count, static_cast<size_t>(r) * ss);
+    hi = std::min(count, lo + ss);
   };
-  const bool fused = stream && n == 2 && aligned(outs[0]) && aligned(outs[1]);
-  for (size_t o = lo; o < hi; o += per) {
-    const size_t m = std::min(per, hi - o), at = o * es;
-    const void* a = ins[0] + at;
-    if (!direct_a) {
-      k.load(acc, ins[0] + at, m);
-      for (int q = 1; q < n - 1; ++q) k.reduce(acc, acc, ins[q] + at, m);
-      a = acc;
+  auto copy = [](uint8_t* dst, const uint8_t* src, size_t len, bool stream) {
+    if (dst == src) return;  // in place
+    if (stream)
+      stream_copy(dst, src, len);
+    else
+      copy_bytes(dst, src, len);
+  };
+  const bool stream = out_bytes >= kStreamBytes;
+  std::vector<const uint8_t*> srcs(n);
+  std::vector<uint8_t*> dsts;
+  switch (call.collective) {
+    case Collective::AllReduce:
+    case Collective::Reduce: {
+      size_t lo, hi;
+      shard(lo, hi);
+      for (int q = 0; q < n; ++q) srcs[q] = ins[q] + lo * es;
+      if (call.collective == Collective::AllReduce) {
+        for (int d = 0; d < n; ++d) dsts.push_back(outs[(r + d) % n] + lo * es);
+      } else {
+        dsts.push_back(outs[call.root] + lo * es);
+      }
+      reduce_into(buf, srcs, dsts, hi - lo, bytes >= kStreamBytes);
+      break;
     }
-    if (fused) {  // straight into both outputs, bypassing the cache
-      k.reduce_final_stream(outs[r] + at, outs[1 - r] + at, a, ins[1] + at, m, buf.divisor);
-      continue;
-    }
-    k.reduce_final(block, nullptr, a, ins[n - 1] + at, m, buf.divisor);
-    for (int d = 0; d < n; ++d) {
-      uint8_t* dst = outs[(r + d) % n] + at;
-      if (stream)
-        stream_copy(dst, block, m * es);
-      else
-        copy_bytes(dst, block, m * es);
-    }
+    case Collective::ReduceScatter:
+      for (int q = 0; q < n; ++q) srcs[q] = ins[q] + static_cast<size_t>(r) * bytes;
+      reduce_into(buf, srcs, {outs[r]}, count, stream);
+      break;
+    case Collective::AllGather:
+      for (int d = 0; d < n; ++d) {  // our own block first, then the peers' in turn
+        const int q = (r + d) % n;
+        copy(outs[r] + static_cast<size_t>(q) * bytes, ins[q], bytes, stream);
+      }
+      break;
+    case Collective::Broadcast:
+      copy(outs[r], outs[call.root], bytes, stream);
+      break;
+    default:
+      break;
   }
-  if (stream) stream_fence();
+  if (stream || bytes >= kStreamBytes) stream_fence();
   // 4. Every peer is done with our buffers once its word arrives.
   ex.all_agree(true);
   return true;

@@ -1,12 +1,18 @@
-// Buffers the ranks of a machine can map, and all-reduce over them in one pass.
+// Buffers the ranks of a machine can map, and collectives over them in one pass.
 //
 // The staged schedules move every byte through a staging slot: a cross-core copy per byte on
 // top of reading the input and writing the output. With buffers every rank can map
-// (Communicator.empty: a memfd per buffer), an all-reduce needs no slot at all: rank r reduces
-// shard r of every rank's input and writes the result into shard r of every rank's output.
-// Each rank reads S and writes S (S: the message), the memory bound; the staged ring adds a
-// cross-core copy of S. On a 2-core EPYC guest that took the 64 MiB all-reduce from 60% of
-// the copy bound to about 95%.
+// (Communicator.empty: a memfd per buffer), the reducing and copying collectives need no slot
+// at all; each rank reads what it needs from its peers' buffers and writes every byte once:
+//   - all-reduce: rank r reduces shard r of every rank's input and writes it into shard r of
+//     every rank's output (each rank reads S and writes S, S the message: the memory bound;
+//     the staged ring adds a cross-core copy of S. On a 2-core EPYC guest that took the 64 MiB
+//     all-reduce from 60% of the copy bound to about 95%);
+//   - reduce-scatter: rank r reduces block r of every rank's input into its own output;
+//   - reduce: rank r reduces shard r of every rank's input into shard r of the root's output;
+//   - all-gather: rank r copies every rank's input into its own output;
+//   - broadcast: every rank copies the root's buffer into its own.
+// Even counts only (the uneven forms keep the staged schedules).
 //
 // One call:
 //   1. the ranks trade descriptors of their input and output (memfd, inode, offset) through
@@ -14,11 +20,11 @@
 //   2. every rank maps its peers' buffers (cached: /proc/<pid>/fd/<fd>, the inode checked)
 //      and the ranks trade verdicts; where any buffer is missing or any mapping refused,
 //      nothing has moved and every rank runs the staged schedule;
-//   3. each rank reduces its shard, in rank order, into a cache-resident block and copies the
-//      block into every output (non-temporal stores for large messages), then fences;
+//   3. each rank does its part (reductions in rank order, into a cache-resident block copied
+//      into every output it feeds; non-temporal stores for large messages), then fences;
 //   4. a last exchange tells every rank that its peers are done with its buffers.
-// Every shard is computed once and copied, so the outputs are bitwise identical. In place is
-// safe: a shard of an input is read only by its owner, before that owner writes it.
+// Every element is computed once and copied, so the outputs are bitwise identical. In place is
+// safe: each rank writes only what it alone reads (its shard, its own output's blocks).
 //
 // Whether a communicator runs step 1 at all is agreed when the ranks allocate (Communicator
 // .empty is collective) and is part of every call's fingerprint, so a rank that disagrees
@@ -31,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "algo/call.h"
 #include "host/executor.h"
 #include "host/p2p.h"
 #include "host/shm_transport.h"
@@ -70,22 +77,24 @@ struct SharedRef {
 // The SharedBuffer holding [p, p + bytes), if any.
 bool find_shared(const void* p, size_t bytes, SharedRef& out);
 
-class SharedAllReduce {
+class SharedCollectives {
  public:
-  SharedAllReduce(const ShmTransport& t, CmaMode mode, size_t min_bytes, bool debug)
+  SharedCollectives(const ShmTransport& t, CmaMode mode, size_t min_bytes, bool debug)
       : t_(t), mode_(mode), min_bytes_(min_bytes), debug_(debug) {}
-  ~SharedAllReduce();
+  ~SharedCollectives();
 
-  // Whether an all-reduce of `bytes` runs steps 1-2 (every rank decides the same; the
-  // communicator has agreed that its ranks allocate shared buffers).
-  bool eligible(size_t bytes) const {
-    return mode_ != CmaMode::Off && t_.size() >= 2 && bytes >= min_bytes_;
-  }
-  // Runs the all-reduce of `count` elements over mapped buffers; false when some buffer is not
-  // shared or cannot be mapped (nothing moved: the caller runs the staged schedule).
-  bool run(HostExecutor& ex, const CallBuffers& buf, size_t count);
+  // Whether `call`, left to the automatic choice, runs steps 1-2 (every rank decides the same;
+  // the communicator has agreed that its ranks allocate shared buffers): all-reduces from
+  // `min_bytes`, the others from kOtherMinFactor times that.
+  bool eligible(const CollectiveCall& call) const;
+  // Runs `call` over mapped buffers; false when some buffer is not shared or cannot be mapped
+  // (nothing moved: the caller runs the staged schedule).
+  bool run(HostExecutor& ex, const CollectiveCall& call, const CallBuffers& buf);
 
-  // Bytes of output from which the copies into the outputs bypass the cache.
+  // The other collectives' staged schedules are quicker for small messages (2 ranks: the
+  // mapped path wins from 128 KiB, against 16 KiB for all-reduce).
+  static constexpr size_t kOtherMinFactor = 8;
+  // Bytes of output from which writes into the outputs bypass the cache.
   static constexpr size_t kStreamBytes = size_t{8} << 20;
 
  private:
@@ -98,6 +107,9 @@ class SharedAllReduce {
   uint8_t* map(const SharedRef& ref);
   void drop_stale(uint64_t pid, uint64_t frees);
   void evict();
+  // Step 3: the reduction of `srcs` (rank order) over `count` elements into every one of `dsts`.
+  void reduce_into(const CallBuffers& buf, const std::vector<const uint8_t*>& srcs,
+                   const std::vector<uint8_t*>& dsts, size_t count, bool stream) const;
 
   const ShmTransport& t_;
   const CmaMode mode_;

@@ -1,11 +1,14 @@
 """All-reduce over buffers the ranks map (Communicator.empty, host/shared_buffers.h) against
 numpy, run with PYCOLL_SHARED_BYTES=0 so that every size takes the path.
 
-Usage: mpiexec -n N python shared_buffers.py data|mixed|churn|mismatch
+Usage: mpiexec -n N python shared_buffers.py data|others|mixed|churn|mismatch
 data:     every dtype and op, counts from 1 to past the 8 MiB streaming threshold, out of
           place, in place, views at odd offsets, async_op; outputs bitwise identical on every
           rank and inputs untouched; avg bit for bit the rank-order sum divided by the rank
           count (a power of two multiplies by its reciprocal, any other count divides).
+others:   reduce-scatter, all-gather, broadcast (every root) and reduce (every root) on shared
+          buffers, several dtypes and ops, small and past the streaming threshold, out of place
+          and in place, against numpy; nothing written outside the outputs.
 mixed:    one rank passes plain numpy arrays: every rank falls back to the staged schedule;
           then every rank passes shared ones (mapped, or refused under PYCOLL_P2P_CMA=fail).
 churn:    buffers freed and allocated again, more of them than a rank keeps views of.
@@ -94,6 +97,59 @@ def exact_avg(mpi, c):
         assert np.array_equal(x.view(np.uint8), want.view(np.uint8)), f"avg {dt} not exact"
 
 
+def others(mpi, c):
+    n, r = mpi.size, mpi.rank
+    cases = [(np.dtype(np.float32), "sum", 4099), (np.dtype(np.int64), "max", 17)]
+    cases += [(np.dtype(np.float16), "avg", 1), (np.dtype(np.float32), "sum", (9 << 20) // 4 + 3)]
+    for dt, op, count in cases:
+        what = f"{dt} {op} {count}"
+        inputs = [make_input(q, n * count, dt, op) for q in range(n)]
+        want = reference(inputs, op, dt)
+        # reduce-scatter: block r of the reduction, out of place and in place
+        x = c.empty(n * count, dt)
+        x[:] = inputs[r]
+        out = c.zeros(count + 1, dt)
+        c.reduce_scatter(x, out[:count], op=op)
+        mine = slice(r * count, (r + 1) * count)
+        check_close(out[:count], want[mine], dt, n, what + " reduce_scatter", op)
+        assert not out[count:].any(), what + ": reduce_scatter wrote past its output"
+        c.reduce_scatter(x, x[mine], op=op)
+        check_close(x[mine], want[mine], dt, n, what + " reduce_scatter in place", op)
+        # all-gather: every rank's block
+        blocks = c.empty(count, dt)
+        blocks[:] = inputs[r][:count]
+        gathered = c.zeros(n * count, dt)
+        c.all_gather(blocks, gathered)
+        expected = np.concatenate([inputs[q][:count] for q in range(n)])
+        assert np.array_equal(gathered, expected), what + " all_gather"
+        gathered[:] = 0
+        gathered[mine] = inputs[r][:count]
+        c.all_gather(gathered[mine], gathered)
+        assert np.array_equal(gathered, expected), what + " all_gather in place"
+        for root in range(n):
+            # broadcast: the root's buffer everywhere
+            b = c.empty(count, dt)
+            b[:] = inputs[r][:count]
+            c.broadcast(b, root=root)
+            assert np.array_equal(b, inputs[root][:count]), f"{what} broadcast from {root}"
+            # reduce: the whole reduction at the root, out of place then in place
+            x = c.empty(count, dt)
+            x[:] = inputs[r][:count]
+            red = c.zeros(count, dt)
+            c.reduce(x, red, root=root, op=op)
+            small = reference([v[:count] for v in inputs], op, dt)
+            if r == root:
+                check_close(red, small, dt, n, f"{what} reduce to {root}", op)
+            else:
+                assert not red.any(), f"{what}: reduce wrote a non-root's output"
+            assert np.array_equal(x, inputs[r][:count]), f"{what}: reduce wrote an input"
+            c.reduce(x, root=root, op=op)
+            if r == root:
+                check_close(x, small, dt, n, f"{what} reduce in place to {root}", op)
+            else:
+                assert np.array_equal(x, inputs[r][:count]), f"{what}: reduce wrote a non-root"
+
+
 def mixed(mpi, c):
     r, count = mpi.rank, 50000
     x = c.empty(count, np.float32)  # collective: every rank allocates
@@ -144,7 +200,8 @@ def main():
     mode = sys.argv[1]
     mpi = MPI.COMM_WORLD
     c = pc.Communicator(mpi)
-    {"data": data, "mixed": mixed, "churn": churn, "mismatch": mismatch}[mode](mpi, c)
+    modes = {"data": data, "others": others, "mixed": mixed, "churn": churn, "mismatch": mismatch}
+    modes[mode](mpi, c)
     c.close()
     mpi.Barrier()
     if mpi.rank == 0:
