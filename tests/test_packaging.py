@@ -1,10 +1,12 @@
 """The package as a user installs it: a fresh virtualenv, MPI from the package index, then a
 plain ``pip install`` (build isolation, no flags). The inter-node transport must be in it
 (the 2 x 2 emulated-node collectives run on it), and without any MPI the build must fail
-loudly with the fix instead of leaving it out."""
+loudly with the fix instead of leaving it out. Every extension module exports its init
+function alone, also where the compiler links the C++ runtime into it statically."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -55,6 +57,32 @@ def sh(cmd, env, cwd, timeout=600, check=True):
     return done
 
 
+def exported_symbols(module: Path) -> list[str]:
+    """The symbols an extension module defines for the dynamic linker (`nm -D`)."""
+    done = subprocess.run(
+        ["nm", "-D", "--defined-only", str(module)], capture_output=True, text=True, check=True
+    )
+    return [line.split()[-1] for line in done.stdout.splitlines() if line.strip()]
+
+
+def assert_exports_only_init(module: Path):
+    """A module that exports more than PyInit_<name> lends its copies of the C++ runtime and
+    of our core to whatever else the process loads: with the runtime linked in statically and
+    libstdc++.so.6 already loaded by mpi4py's MPI, the first formatted error message crashed."""
+    name = module.name.split(".")[0]
+    extra = [s for s in exported_symbols(module) if s != f"PyInit_{name}"]
+    assert not extra, f"{module.name} exports {len(extra)} more than PyInit_{name}: {extra[:5]}"
+
+
+def test_extensions_export_only_their_init():
+    names = ("_C", "_net", "_cuda", "_torch")
+    specs = [importlib.util.find_spec(f"pycollectives.{name}") for name in names]
+    modules = [Path(spec.origin) for spec in specs if spec is not None]
+    assert modules and modules[0].name.startswith("_C."), modules
+    for module in modules:
+        assert_exports_only_init(module)
+
+
 def fresh_venv(tmp: Path, env) -> Path:
     sh([BASE_PYTHON, "-m", "venv", tmp / "venv"], env, tmp)
     return tmp / "venv" / "bin"
@@ -66,6 +94,8 @@ def test_plain_pip_install_has_the_inter_node_transport(tmp_path):
     # The CUDA transport is built (nvcc, two thirds of the build's time) by every other test's
     # install; this one is about MPI and the inter-node transport.
     env["PYCOLL_CUDA"] = "OFF"
+    # As some compilers do by default: the C++ runtime linked into each module statically.
+    env["LDFLAGS"] = "-static-libstdc++"
     src = source_copy(tmp_path)
     bin_ = fresh_venv(tmp_path, env)
     sh([bin_ / "pip", "install", "-q", "mpich", "mpi4py"], env, tmp_path)
@@ -74,6 +104,10 @@ def test_plain_pip_install_has_the_inter_node_transport(tmp_path):
             "print(n.built_with_mpi)"  # fmt: skip
     where, mpi = sh([bin_ / "python", "-c", probe], env, tmp_path).stdout.split()
     assert where.startswith(str(tmp_path / "venv")) and mpi == "MPICH"
+    built = sorted(Path(where).parent.glob("_*.so"))
+    assert {m.name.split(".")[0] for m in built} == {"_C", "_net"}
+    for module in built:
+        assert_exports_only_init(module)
     # 2 nodes x 2 ranks, emulated: hierarchical collectives over the built _net
     env.update(PYCOLL_RANKS_PER_NODE="2", PYCOLL_NET_PIECE_BYTES="256")
     for coll in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
