@@ -122,10 +122,9 @@ def main():
     n = mpi.size
     hbm = mpi.allreduce(hbm_copy_bandwidth(cp), op=MPI.MIN)
     nccl, nccl_what = torch_nccl(mpi, comm.device)
+    devices = sorted(set(mpi.allgather(comm.device)))  # every rank: it is a collective
     if mpi.rank == 0:
-        print(
-            f"# {n} ranks, devices {sorted(set(mpi.allgather(comm.device)))}, sync={comm.sync_mode}"
-        )
+        print(f"# {n} ranks, devices {devices}, sync={comm.sync_mode}")
         print(f"# HBM copy bandwidth {hbm / 1e9:.1f} GB/s (read+write); {nccl_what}")
 
     for coll in args.collectives.split(","):

@@ -228,6 +228,8 @@ def torch_nccl(mpi, device: int, timeout: float = 60.0):
         error = _first_line(e)
     errors = [e for e in mpi.allgather(error) if e]
     if errors:
+        if dist.is_initialized():  # the group exists even where NCCL refused its first call
+            dist.destroy_process_group()
         return None, errors[0]
     v = torch.cuda.nccl.version()
     v = ".".join(map(str, v)) if isinstance(v, tuple) else nccl_version(int(v))
