@@ -11,7 +11,7 @@ variable                   default          what
 PYCOLL_TIMEOUT             300              seconds a wait for a peer may last
 PYCOLL_STAGING_BYTES       256 KiB          one host staging slot (a multiple of 64)
 PYCOLL_STAGING_SLOTS       4                slots per host channel (2..64)
-PYCOLL_STREAM_BYTES        256 KiB          host outputs this large bypass the cache
+PYCOLL_STREAM_BYTES        16 MiB           host outputs this large bypass the cache
 PYCOLL_ONESHOT_BYTES       (native)         direct all-reduce: one-shot up to here (host, GPU)
 PYCOLL_ALGO                (auto)           force ring, tree or direct where it exists
 PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
@@ -25,7 +25,7 @@ PYCOLL_P2P_EAGER_BYTES     4 KiB            send/recv: eager sends up to here (o
 PYCOLL_P2P_DIRECT_BYTES    4 MiB            send/recv, all-to-all, gather, scatter: direct
                                             writes from this size up (and all-to-all, gather,
                                             scatter blocks over send/recv from 64 KiB or it)
-PYCOLL_SINGLE_COPY_BYTES   512 KiB          all-gather blocks this large (2 ranks) are
+PYCOLL_SINGLE_COPY_BYTES   4 MiB            all-gather blocks this large (2 ranks) are
                                             written straight into the peer's output
 PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicator.empty
                                             buffers run over the mapped buffers (reduce-
@@ -95,7 +95,7 @@ class Options:
     timeout: float = 300.0
     staging_bytes: int = 256 * 1024
     staging_slots: int = 4
-    stream_bytes: int = 256 * 1024
+    stream_bytes: int = 16 << 20
     oneshot_bytes: int | None = None  # None: each transport's own default
     algorithm: str | None = None
     inter_algorithm: str | None = None
@@ -105,7 +105,7 @@ class Options:
     p2p_cma: str = "on"
     p2p_eager_bytes: int = 4096
     p2p_direct_bytes: int = 4 << 20
-    single_copy_bytes: int = 512 << 10
+    single_copy_bytes: int = 4 << 20
     shared_bytes: int = 16 << 10
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4

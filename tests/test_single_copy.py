@@ -6,7 +6,8 @@ between arrays at every relative alignment (workers/alignment.py)."""
 import pytest
 from mpi_harness import run_mpi
 
-LOW = {"PYCOLL_SINGLE_COPY_BYTES": "4"}  # every block but one-element float16/int8 ones
+# Every block but one-element float16/int8 ones; outputs from 1 MiB (the largest) streamed.
+LOW = {"PYCOLL_SINGLE_COPY_BYTES": "4", "PYCOLL_STREAM_BYTES": str(1 << 20)}
 
 
 @pytest.mark.parametrize("cma", ["on", "fail", "off"])

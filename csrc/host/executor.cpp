@@ -18,7 +18,7 @@ HostExecutor::HostExecutor(const ShmTransport& t, ChannelCounters& counters, uin
       kernels_(&reduce_kernels(call.dtype, call.op)),
       elem_size_(dtype_size(call.dtype)),
       acc_size_(acc_size(call.dtype)),
-      streaming_(call.output_count * dtype_size(call.dtype) >= call.stream_bytes) {}
+      streaming_(call.streams()) {}
 
 void HostExecutor::finish() {
   if (streaming_) stream_fence();

@@ -13,6 +13,15 @@
 
 namespace pycoll {
 
+// Out-of-place outputs from this size are written with non-temporal stores, by default.
+// Below it they stay in cache, where the next call or the caller finds them: on 2 ranks of a
+// 2-core EPYC (L3 32 MiB) cached writes made all-reduce and all-gather 1.5-2x faster from
+// 256 KiB to 4 MiB and still 1.1-1.2x at 8 MiB; streaming won from 16 MiB of output
+// (all-reduce 1.2x, all-gather 1.3x at 64 MiB). In-place outputs are never streamed: the
+// call has just read them, and streaming evicts what the next reader wants (in-place
+// all-reduce 1.3-1.6x faster cached at 16-64 MiB).
+constexpr size_t kDefaultStreamBytes = size_t{16} << 20;
+
 // The buffers and element format of one collective call.
 struct CallBuffers {
   const uint8_t* input = nullptr;
@@ -22,8 +31,15 @@ struct CallBuffers {
   DType dtype = DType::Float32;
   RedOp op = RedOp::Sum;
   int divisor = 1;  // avg divides by this when a reduction completes
-  // Outputs of at least this many bytes are written with non-temporal stores.
-  size_t stream_bytes = size_t{256} << 10;
+  // Out-of-place outputs of at least this many bytes are written with non-temporal stores.
+  size_t stream_bytes = kDefaultStreamBytes;
+
+  // Whether the input lies within the output (in place; all-gather's block of it too).
+  bool in_place() const {
+    return input >= output && input < output + output_count * dtype_size(dtype);
+  }
+  // Whether writes into the output bypass the cache.
+  bool streams() const { return !in_place() && output_count * dtype_size(dtype) >= stream_bytes; }
 };
 
 // Messages moved on each channel over the communicator's lifetime.

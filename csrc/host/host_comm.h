@@ -35,7 +35,7 @@ struct HostCommOptions {
   int nslots = 4;
   double timeout_s = 300.0;
   // Outputs of at least this many bytes bypass the cache (non-temporal stores).
-  size_t stream_bytes = size_t{256} << 10;
+  size_t stream_bytes = kDefaultStreamBytes;
   bool debug = false;                    // log every collective and the algorithm chosen to stderr
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
   bool check_mismatch = true;            // publish and check fingerprints (off only to measure)
@@ -51,7 +51,7 @@ struct HostCommOptions {
   // All-gather blocks of at least this many bytes (per rank, 2 ranks) are written straight
   // into the peer's output (host/single_copy.h), unless p2p_cma is off or an algorithm other
   // than direct is asked for.
-  size_t single_copy_min_bytes = size_t{512} << 10;
+  size_t single_copy_min_bytes = size_t{4} << 20;
   // All-reduces of at least this many bytes (reduce-scatter, all-gather, broadcast and reduce:
   // 8 times as many), on a communicator whose ranks allocate shared buffers, trade buffer
   // descriptors first and run over mapped buffers where every rank's are shared

@@ -294,7 +294,10 @@ bool SharedCollectives::run(HostExecutor& ex, const CollectiveCall& call, const 
     else
       copy_bytes(dst, src, len);
   };
-  const bool stream = out_bytes >= kStreamBytes;
+  // Out of place, streamed from stream_bytes of input and output together (not of output
+  // alone, as the staged schedules): 2 ranks, out-of-place 8 MiB all-reduce streamed 1.3x
+  // faster here; all-gather with 8 MiB of output (12 with the input) 1.8x faster cached.
+  const bool stream = !buf.in_place() && out_bytes + in_bytes >= buf.stream_bytes;
   std::vector<const uint8_t*> srcs(n);
   std::vector<uint8_t*> dsts;
   switch (call.collective) {
@@ -308,7 +311,7 @@ bool SharedCollectives::run(HostExecutor& ex, const CollectiveCall& call, const 
       } else {
         dsts.push_back(outs[call.root] + lo * es);
       }
-      reduce_into(buf, srcs, dsts, hi - lo, bytes >= kStreamBytes);
+      reduce_into(buf, srcs, dsts, hi - lo, stream);
       break;
     }
     case Collective::ReduceScatter:
@@ -327,7 +330,7 @@ bool SharedCollectives::run(HostExecutor& ex, const CollectiveCall& call, const 
     default:
       break;
   }
-  if (stream || bytes >= kStreamBytes) stream_fence();
+  if (stream) stream_fence();
   // 4. Every peer is done with our buffers once its word arrives.
   ex.all_agree(true);
   return true;

@@ -94,8 +94,6 @@ class SharedCollectives {
   // The other collectives' staged schedules are quicker for small messages (2 ranks: the
   // mapped path wins from 128 KiB, against 16 KiB for all-reduce).
   static constexpr size_t kOtherMinFactor = 8;
-  // Bytes of output from which writes into the outputs bypass the cache.
-  static constexpr size_t kStreamBytes = size_t{8} << 20;
 
  private:
   struct View {

@@ -68,7 +68,7 @@ bool SingleCopy::all_gather(HostExecutor& ex, const CallBuffers& buf, size_t cou
   const size_t bytes = count * es;
   const size_t base = static_cast<size_t>(r) * bytes;  // our block in every output
   const bool in_place = buf.input == buf.output + base;
-  const bool stream = buf.output_count * es >= buf.stream_bytes;
+  const bool stream = buf.streams();
   for (size_t off = 0; off < bytes; off += per) {
     const size_t len = std::min(per, bytes - off);
     const uint8_t* src = buf.input + off;

@@ -16,7 +16,9 @@
 // A kernel copy pins every page it touches: on a 2-core EPYC guest process_vm_readv moved
 // 6.6 GB/s between cache-resident buffers where memcpy moved 29 GB/s (3.8 and 5.8 GB/s from
 // memory). So the saved copy pays only where it replaces a user copy one for one:
-//   - all-gather on 2 ranks, from 512 KiB blocks: 1.1x faster at 1 MiB, 1.6-1.8x from 8 MiB;
+//   - all-gather on 2 ranks, from 4 MiB blocks: 1.2x faster than the staged ring at 8 and
+//     16 MiB of output, even from 32 MiB. Below that the staged ring's cached writes win
+//     (1.5x at 1-2 MiB blocks);
 //   - not from 3 ranks: the staged direct schedule copies n+1 times per rank, this n, but n-1
 //     of them in the kernel;
 //   - not all-reduce: reading the peer's input and writing the result back into its output

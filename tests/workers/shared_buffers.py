@@ -1,8 +1,9 @@
 """All-reduce over buffers the ranks map (Communicator.empty, host/shared_buffers.h) against
-numpy, run with PYCOLL_SHARED_BYTES=0 so that every size takes the path.
+numpy, run with PYCOLL_SHARED_BYTES=0 so that every size takes the path and
+PYCOLL_STREAM_BYTES=8 MiB so that the large out-of-place calls stream their outputs.
 
 Usage: mpiexec -n N python shared_buffers.py data|others|mixed|churn|mismatch
-data:     every dtype and op, counts from 1 to past the 8 MiB streaming threshold, out of
+data:     every dtype and op, counts from 1 to past the streaming threshold, out of
           place, in place, views at odd offsets, async_op; outputs bitwise identical on every
           rank and inputs untouched; avg bit for bit the rank-order sum divided by the rank
           count (a power of two multiplies by its reciprocal, any other count divides).
