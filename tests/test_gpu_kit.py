@@ -3,6 +3,7 @@ missing OUTDIR, its stage limits fit one 10-minute remote command, and git ignor
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -15,10 +16,11 @@ KIT = ROOT / "tools" / "gpu"
 SCRIPTS = ["run.sh", "fetch_wheels.sh"]
 
 
-def bash(*args: str) -> subprocess.CompletedProcess:
+def bash(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False
-    )
+        ["bash", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -45,6 +47,15 @@ def test_dry_run_fits_one_remote_command(tmp_path):
     # Summary plus one log per stage: a remote runner brings back at most 8 files.
     assert len(stages) + 1 <= 8
     assert not out.exists()  # a dry run writes nothing
+
+
+def test_extra_stages_run_only_when_asked(tmp_path):
+    proc = bash(str(KIT / "run.sh"), "--dry-run", str(tmp_path / "out"),
+                env={"STAGES": "build bench-mps"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()[:-1]
+    assert [line.split()[0] for line in lines] == ["build", "bench-mps"]
+    assert "bench_mps" in lines[1]
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

@@ -12,12 +12,13 @@
 #             `pip install -e .` with the CUDA transport required
 #   gpu       the GPU test suite          emulated  the emulated-device suite (if any)
 #   bench-2   benchmarks/gpu_bench.py on 2 ranks, bench-4 on 4
+#   bench-mps the 2-rank benchmark in kernel mode, under an MPS daemon of its own (if any)
 #   train     the training job on the GPU, 4 ranks
 # OUTDIR/summary.txt gets one line per stage: status, exit code, seconds, limit. A failed stage
 # does not stop the next; the exit status is 1 if any failed, 2 on bad usage.
 #
 # Environment: PYTHON (python3), STAGES (all of the above), T_ENV, T_BUILD, T_GPU, T_EMULATED,
-# T_BENCH2, T_BENCH4, T_TRAIN (limits in seconds), BENCH_MAX_BYTES (128M), TRAIN_EPOCHS (3),
+# T_BENCH2, T_BENCH4, T_BENCH_MPS, T_TRAIN (limits in seconds), BENCH_MAX_BYTES (128M), TRAIN_EPOCHS (3),
 # CUDAARCHS (the GPU's compute capability).
 set -u # and no -e: a failed stage must not stop the stages after it
 
@@ -37,7 +38,8 @@ if [ "$DRY_RUN" = 0 ]; then
 fi
 cd "$(dirname "$0")/../.." || exit 2
 
-# The emulated-device suite runs in every CI run; here it is a stage to ask for (STAGES=...).
+# The emulated-device suite runs in every CI run and the benchmark under MPS is extra; here
+# they are stages to ask for (STAGES=...).
 STAGES=${STAGES:-env build gpu bench-2 bench-4 train}
 # Limits add up to 535 s (emulated, when asked for, takes what another stage gives up); with 5 s of grace per stage that stays under the 10 minutes a remote
 # runner gives one command. Raise them when running by hand.
@@ -47,6 +49,7 @@ T_GPU=${T_GPU:-250}
 T_EMULATED=${T_EMULATED:-120}
 T_BENCH2=${T_BENCH2:-50}
 T_BENCH4=${T_BENCH4:-60}
+T_BENCH_MPS=${T_BENCH_MPS:-60}
 T_TRAIN=${T_TRAIN:-40}
 GRACE=5 # seconds between SIGTERM and SIGKILL when a stage runs over
 BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-128M}
@@ -61,7 +64,7 @@ VENV=$PWD/.venv-gpu
 PY=$VENV/bin/python
 MPIEXEC=$VENV/bin/mpiexec # from the mpich wheel; the tests find it beside sys.executable
 WHEELS=tools/gpu/wheels
-export BASE_PYTHON VENV PY WHEELS
+export BASE_PYTHON VENV PY WHEELS MPIEXEC BENCH_MAX_BYTES
 # python3's own bin (cmake, ninja) stays reachable when PYTHON names it by path.
 PATH="$VENV/bin:$PATH:$(dirname "$BASE_PYTHON"):/usr/local/cuda/bin"
 export PATH
@@ -151,7 +154,22 @@ build_package() {
   "$PY" -c 'import pycollectives._net' 2>/dev/null ||
     echo "note: pycollectives._net (the inter-node MPI transport) was not built"
 }
-export -f show_env build_package
+# Ranks that share a GPU run host mode unless MPS is running; kernel mode (one launch per
+# collective) needs a daemon, started here with private pipe and log directories and always
+# asked to quit afterwards.
+bench_mps() {
+  local dir rc
+  dir=$(mktemp -d /tmp/pycoll-mps-XXXXXX) || return 1
+  export CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || return 1
+  PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+    --max-bytes "$BENCH_MAX_BYTES"
+  rc=$?
+  echo quit | nvidia-cuda-mps-control
+  return $rc
+}
+export -f show_env build_package bench_mps
 
 SUMMARY=$OUTDIR/summary.txt
 FAILED=() # stages that failed, timed out or were skipped
@@ -223,6 +241,7 @@ stage bench-2 "$T_BENCH2" "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
   --max-bytes "$BENCH_MAX_BYTES"
 stage bench-4 "$T_BENCH4" "$MPIEXEC" -n 4 "$PY" benchmarks/gpu_bench.py \
   --max-bytes "$BENCH_MAX_BYTES"
+stage bench-mps "$T_BENCH_MPS" bash -c bench_mps
 stage train "$T_TRAIN" "$MPIEXEC" -n 4 "$PY" -m pycollectives.examples.train --device gpu \
   --epochs "$TRAIN_EPOCHS"
 
