@@ -12,7 +12,7 @@
 #             `pip install -e .` with the CUDA transport required
 #   gpu       the GPU test suite          emulated  the emulated-device suite (if any)
 #   bench-2   benchmarks/gpu_bench.py on 2 ranks, bench-4 on 4
-#   bench-mps the 2-rank benchmark in kernel mode, under an MPS daemon of its own (if any)
+#   bench-mps the 2-rank benchmark in kernel mode, under an MPS daemon it starts and stops
 #   train     the training job on the GPU, 4 ranks
 # OUTDIR/summary.txt gets one line per stage: status, exit code, seconds, limit. A failed stage
 # does not stop the next; the exit status is 1 if any failed, 2 on bad usage.
