@@ -11,7 +11,8 @@ variable                   default          what
 PYCOLL_TIMEOUT             300              seconds a wait for a peer may last
 PYCOLL_STAGING_BYTES       256 KiB          one host staging slot (a multiple of 64)
 PYCOLL_STAGING_SLOTS       4                slots per host channel (2..64)
-PYCOLL_STREAM_BYTES        16 MiB           host outputs this large bypass the cache
+PYCOLL_STREAM_BYTES        16 MiB           out-of-place host outputs this large bypass
+                                            the cache
 PYCOLL_ONESHOT_BYTES       (native)         direct all-reduce: one-shot up to here (host, GPU)
 PYCOLL_ALGO                (auto)           force ring, tree or direct where it exists
 PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes

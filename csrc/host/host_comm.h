@@ -34,7 +34,7 @@ struct HostCommOptions {
   size_t slot_bytes = 256 * 1024;
   int nslots = 4;
   double timeout_s = 300.0;
-  // Outputs of at least this many bytes bypass the cache (non-temporal stores).
+  // Out-of-place outputs of at least this many bytes bypass the cache (CallBuffers::streams).
   size_t stream_bytes = kDefaultStreamBytes;
   bool debug = false;                    // log every collective and the algorithm chosen to stderr
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
