@@ -16,3 +16,7 @@ def test_dead_peer_is_reported_quickly():
     out = run_mpi(2, "faults.py", "die", timeout=60, mpiexec_args=("-disable-auto-cleanup",))
     assert "PASS die" in out
     assert our_segments() == before
+
+
+def test_broadcast_root_runs_ahead_and_checks_at_its_next_call():
+    assert "PASS skip_root" in run_mpi(2, "faults.py", "skip_root", timeout=60)

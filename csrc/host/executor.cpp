@@ -70,6 +70,7 @@ const uint8_t* HostExecutor::wait_recv(int from, bool bcast, size_t bytes) {
   auto& posted = bcast ? t_.bcast_posted(from) : t_.posted(from, me);
   wait_until([&] { return posted.load(std::memory_order_acquire) >= channel::posted_needed(m); },
              wait_, from, WaitFor::Data);
+  received_any_ = true;
   // The sender published its fingerprint before this message: check it before using the data.
   if (wait_.fingerprints != nullptr) wait_.fingerprints->check(from);
   return bcast ? t_.bcast_slot(from, m) : t_.slot(from, me, m);

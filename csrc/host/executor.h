@@ -67,6 +67,8 @@ class HostExecutor final : public StepSink {
   // Whether every rank passed true (an exchange of one word each); with true on every rank,
   // also a barrier: each peer has done what it did before calling.
   bool all_agree(bool mine);
+  // Whether this call has received a message from any peer.
+  bool received_any() const { return received_any_; }
 
  private:
   const uint8_t* src_ptr(const Step& s) const;
@@ -100,6 +102,7 @@ class HostExecutor final : public StepSink {
   const ReduceKernels* kernels_;
   size_t elem_size_, acc_size_;
   bool streaming_;
+  bool received_any_ = false;
 };
 
 }  // namespace pycoll

@@ -162,9 +162,13 @@ std::vector<int> FingerprintGuard::missing() const {
   return m;
 }
 
+const char* FingerprintGuard::name() const {
+  return mine_.kind == kBarrierKind ? "barrier"
+                                    : collective_name(static_cast<Collective>(mine_.kind));
+}
+
 void FingerprintGuard::raise_mismatch(int first_peer, const Fingerprint& theirs) const {
-  const char* name =
-      mine_.kind == kBarrierKind ? "barrier" : collective_name(static_cast<Collective>(mine_.kind));
+  const char* name = this->name();
   std::string msg = str_cat(name, " #", mine_.seq, ": ranks disagree on the collective (",
                             theirs.differences(mine_), "): rank ", t_.rank(), " runs ",
                             mine_.describe(), "; rank ", first_peer, " runs ", theirs.describe());

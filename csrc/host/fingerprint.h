@@ -80,6 +80,11 @@ class FingerprintGuard {
   void finish(const WaitContext& w);
   // Ranks that have not yet started this collective.
   std::vector<int> missing() const;
+  // Whether every peer has been checked.
+  bool done() const { return unchecked_ == 0; }
+  const Fingerprint& mine() const { return mine_; }
+  // The collective's name, for messages ("barrier" for a barrier).
+  const char* name() const;
 
  private:
   enum class Seen { NotYet, Match, Mismatch, Gone };

@@ -110,6 +110,7 @@ WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
 void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const char* name = call.barrier ? "barrier" : collective_name(call.collective);
   check_usable(name);
+  resolve_deferred();
   Fingerprint mine;
   mine.seq = seq;
   if (call.barrier) {
@@ -185,10 +186,20 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
                    rank(), n, name, static_cast<unsigned long long>(seq));
     if (!single && !mapped) make_schedule(algo, call.collective, p, exec);
     exec.finish();
-    if (w.fingerprints) guard.finish(w);
+    const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
+    if (w.fingerprints) {
+      // A rank that received nothing (a broadcast's root, a chain's first sender) used no
+      // peer's data, so it need not wait here for its peers to arrive: what is still
+      // unchecked is checked at the start of its next call, before that moves anything. So
+      // its loop of small calls runs ahead instead of in step with the receivers.
+      guard.check_arrived();
+      if (!guard.done() && !exec.received_any() && direct.empty())
+        deferred_.emplace(guard);
+      else
+        guard.finish(w);
+    }
     // Every peer runs this collective (checked just above): the blocks left out of the
     // schedule cannot wait for a rank that is elsewhere.
-    const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
     if (!direct.empty()) {
       if (opts_.debug)
         std::fprintf(stderr, "pycollectives INFO rank %d/%d: %s #%llu: %zu blocks point-to-point\n",
@@ -252,6 +263,20 @@ void HostComm::progress_loop() {
       --pending_;
     }
     item.second->complete(error);
+  }
+}
+
+void HostComm::resolve_deferred() {
+  if (!deferred_) return;
+  FingerprintGuard guard = *deferred_;
+  deferred_.reset();
+  WaitContext w = wait_context(guard.name(), guard.mine().seq);
+  w.fingerprints = &guard;
+  try {
+    guard.finish(w);
+  } catch (const CollectiveError& e) {
+    abort(e.what());
+    throw;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "host/executor.h"
+#include "host/fingerprint.h"
 #include "host/p2p.h"
 #include "host/shared_buffers.h"
 #include "host/shm_transport.h"
@@ -142,6 +144,8 @@ class HostComm {
   void check_usable(const char* name) const;
   void progress_loop();
   void barrier_steps(const WaitContext& w);
+  // Checks the peers a call left unchecked (see execute), waiting for them to arrive.
+  void resolve_deferred();
 
   HostCommOptions opts_;
   ShmTransport transport_;
@@ -158,6 +162,10 @@ class HostComm {
   std::atomic<bool> aborted_{false};
   mutable std::mutex reason_mu_;
   std::string poison_reason_;
+  // The previous call's fingerprints, where this rank received nothing in it and some peers
+  // had not yet arrived when it ended (a broadcast's root): checked before the next call
+  // moves any data.
+  std::optional<FingerprintGuard> deferred_;
 
   std::mutex exec_mu_;  // one collective runs at a time
   // Progress thread, started by the first asynchronous call.

@@ -46,6 +46,40 @@ def skip():
     comm.close()
 
 
+def skip_root():
+    """A broadcast's root does not wait for its receivers: it returns at once, and learns
+    at its next call that rank 1 never came (timeout naming the broadcast), or, with
+    rank 1 merely late, finds it there."""
+    comm = pc.Communicator(timeout=1.0)
+    x = np.arange(1000, dtype=np.float32) if comm.rank == 0 else np.zeros(1000, np.float32)
+    comm.all_reduce(np.ones(3, np.int32))  # collective #1: everyone
+    if comm.rank == 1:
+        time.sleep(0.5)  # late, not absent
+    t0 = time.monotonic()
+    comm.broadcast(x, root=0)  # #2
+    took = time.monotonic() - t0
+    assert np.array_equal(x, np.arange(1000, dtype=np.float32)), x[:4]
+    if comm.rank == 0:
+        assert took < 0.3, f"the root waited {took:.2f} s for its receiver"
+    y = np.ones(4, np.float32)
+    comm.all_reduce(y)  # #3
+    assert np.all(y == 2), y
+    if comm.rank == 0:
+        comm.broadcast(x, root=0)  # #4: rank 1 never comes
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(y)  # #5: the root's check of #4
+        except pc.CollectiveTimeout as e:
+            took, msg = time.monotonic() - t0, str(e)
+            assert "broadcast #4" in msg and "never started it: 1" in msg, msg
+            assert 0.9 < took < 5, took
+        else:
+            raise AssertionError("no timeout")
+        print("PASS skip_root")
+    MPI.COMM_WORLD.Barrier()
+    comm.close()
+
+
 def dead_peer(name, leave):
     """Rank 1 leaves (`leave()` never returns) while rank 0 is in an all-reduce; rank 0 must
     raise CollectiveError naming rank 1 within 5 s."""
@@ -96,4 +130,5 @@ def loop():
 
 
 if __name__ == "__main__":
-    run_main({"skip": skip, "die": die, "kill9": kill9, "loop": loop}[sys.argv[1]])
+    cases = {"skip": skip, "skip_root": skip_root, "die": die, "kill9": kill9, "loop": loop}
+    run_main(cases[sys.argv[1]])
