@@ -20,3 +20,7 @@ def test_dead_peer_is_reported_quickly():
 
 def test_broadcast_root_runs_ahead_and_checks_at_its_next_call():
     assert "PASS skip_root" in run_mpi(2, "faults.py", "skip_root", timeout=60)
+
+
+def test_data_from_a_peer_that_disagreed_on_a_deferred_call_is_refused():
+    assert "PASS late_root" in run_mpi(2, "faults.py", "late_root", timeout=60)

@@ -5,6 +5,7 @@
 
 #include "common/errors.h"
 #include "common/reduce.h"
+#include "host/fingerprint.h"
 
 namespace pycoll {
 
@@ -71,8 +72,11 @@ const uint8_t* HostExecutor::wait_recv(int from, bool bcast, size_t bytes) {
   wait_until([&] { return posted.load(std::memory_order_acquire) >= channel::posted_needed(m); },
              wait_, from, WaitFor::Data);
   received_any_ = true;
-  // The sender published its fingerprint before this message: check it before using the data.
+  // The sender published its fingerprint before this message (and those of its earlier
+  // calls): check them before using the data.
   if (wait_.fingerprints != nullptr) wait_.fingerprints->check(from);
+  if (wait_.deferred != nullptr)
+    for (FingerprintGuard& g : *wait_.deferred) g.check(from);
   return bcast ? t_.bcast_slot(from, m) : t_.slot(from, me, m);
 }
 

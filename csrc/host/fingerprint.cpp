@@ -101,12 +101,12 @@ std::string Fingerprint::differences(const Fingerprint& o) const {
 }
 
 FingerprintGuard::FingerprintGuard(const ShmTransport& t, const Fingerprint& mine)
-    : t_(t), mine_(mine), checked_(t.size(), 0), unchecked_(t.size() - 1) {
+    : t_(&t), mine_(mine), checked_(t.size(), 0), unchecked_(t.size() - 1) {
   checked_[t.rank()] = 1;
 }
 
 void FingerprintGuard::publish() {
-  FingerprintSlot& e = t_.fingerprint(t_.rank(), mine_.seq);
+  FingerprintSlot& e = t_->fingerprint(t_->rank(), mine_.seq);
   e.seq.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   e.count.store(mine_.count, std::memory_order_relaxed);
@@ -116,7 +116,7 @@ void FingerprintGuard::publish() {
 }
 
 FingerprintGuard::Seen FingerprintGuard::read(int peer, Fingerprint* out) const {
-  const FingerprintSlot& e = t_.fingerprint(peer, mine_.seq);
+  const FingerprintSlot& e = t_->fingerprint(peer, mine_.seq);
   const uint64_t s1 = e.seq.load(std::memory_order_acquire);
   if (s1 == 0 || s1 < mine_.seq) return Seen::NotYet;
   if (s1 > mine_.seq) return Seen::Gone;  // already reused for a later collective
@@ -141,11 +141,11 @@ void FingerprintGuard::check(int peer) {
 }
 
 void FingerprintGuard::check_arrived() {
-  for (int p = 0; p < t_.size() && unchecked_ > 0; ++p) check(p);
+  for (int p = 0; p < t_->size() && unchecked_ > 0; ++p) check(p);
 }
 
 void FingerprintGuard::finish(const WaitContext& w) {
-  for (int p = 0; p < t_.size() && unchecked_ > 0; ++p) {
+  for (int p = 0; p < t_->size() && unchecked_ > 0; ++p) {
     if (checked_[p]) continue;
     Fingerprint theirs;
     wait_until([&] { return read(p, &theirs) != Seen::NotYet; }, w, p, WaitFor::Arrival);
@@ -155,9 +155,9 @@ void FingerprintGuard::finish(const WaitContext& w) {
 
 std::vector<int> FingerprintGuard::missing() const {
   std::vector<int> m;
-  for (int p = 0; p < t_.size(); ++p) {
+  for (int p = 0; p < t_->size(); ++p) {
     Fingerprint f;
-    if (p != t_.rank() && !checked_[p] && read(p, &f) == Seen::NotYet) m.push_back(p);
+    if (p != t_->rank() && !checked_[p] && read(p, &f) == Seen::NotYet) m.push_back(p);
   }
   return m;
 }
@@ -170,11 +170,11 @@ const char* FingerprintGuard::name() const {
 void FingerprintGuard::raise_mismatch(int first_peer, const Fingerprint& theirs) const {
   const char* name = this->name();
   std::string msg = str_cat(name, " #", mine_.seq, ": ranks disagree on the collective (",
-                            theirs.differences(mine_), "): rank ", t_.rank(), " runs ",
+                            theirs.differences(mine_), "): rank ", t_->rank(), " runs ",
                             mine_.describe(), "; rank ", first_peer, " runs ", theirs.describe());
   // Name every other rank that has published something different too.
-  for (int p = 0; p < t_.size(); ++p) {
-    if (p == t_.rank() || p == first_peer) continue;
+  for (int p = 0; p < t_->size(); ++p) {
+    if (p == t_->rank() || p == first_peer) continue;
     Fingerprint f;
     if (read(p, &f) == Seen::Mismatch) msg += str_cat("; rank ", p, " runs ", f.describe());
   }

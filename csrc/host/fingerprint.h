@@ -91,7 +91,7 @@ class FingerprintGuard {
   Seen read(int peer, Fingerprint* out) const;
   [[noreturn]] void raise_mismatch(int first_peer, const Fingerprint& theirs) const;
 
-  const ShmTransport& t_;
+  const ShmTransport* t_;  // a pointer: guards are kept in vectors (HostComm::deferred_)
   Fingerprint mine_;
   std::vector<char> checked_;
   int unchecked_;

@@ -110,7 +110,7 @@ WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
 void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const char* name = call.barrier ? "barrier" : collective_name(call.collective);
   check_usable(name);
-  resolve_deferred();
+  settle_deferred(call.barrier ? 0 : kMaxDeferred - 1);
   Fingerprint mine;
   mine.seq = seq;
   if (call.barrier) {
@@ -169,6 +169,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   FingerprintGuard guard(transport_, mine);
   WaitContext w = wait_context(name, seq);
   if (opts_.check_mismatch) w.fingerprints = &guard;
+  w.deferred = &deferred_;
   try {
     if (w.fingerprints) guard.publish();
     // Split lists are checked whatever check_mismatch says: a disagreement there would make
@@ -190,11 +191,11 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     if (w.fingerprints) {
       // A rank that received nothing (a broadcast's root, a chain's first sender) used no
       // peer's data, so it need not wait here for its peers to arrive: what is still
-      // unchecked is checked at the start of its next call, before that moves anything. So
-      // its loop of small calls runs ahead instead of in step with the receivers.
+      // unchecked is checked later (deferred_), and always before data from that peer is
+      // used. So its loop of small calls runs ahead instead of in step with the receivers.
       guard.check_arrived();
       if (!guard.done() && !exec.received_any() && direct.empty())
-        deferred_.emplace(guard);
+        deferred_.push_back(std::move(guard));
       else
         guard.finish(w);
     }
@@ -266,15 +267,18 @@ void HostComm::progress_loop() {
   }
 }
 
-void HostComm::resolve_deferred() {
-  if (!deferred_) return;
-  FingerprintGuard guard = *deferred_;
-  deferred_.reset();
-  WaitContext w = wait_context(guard.name(), guard.mine().seq);
-  w.fingerprints = &guard;
+void HostComm::settle_deferred(size_t keep) {
   try {
-    guard.finish(w);
+    for (FingerprintGuard& g : deferred_) g.check_arrived();
+    while (!deferred_.empty() && (deferred_.front().done() || deferred_.size() > keep)) {
+      FingerprintGuard& g = deferred_.front();
+      WaitContext w = wait_context(g.name(), g.mine().seq);
+      w.fingerprints = &g;
+      g.finish(w);
+      deferred_.erase(deferred_.begin());
+    }
   } catch (const CollectiveError& e) {
+    deferred_.clear();
     abort(e.what());
     throw;
   }

@@ -14,7 +14,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -144,8 +143,9 @@ class HostComm {
   void check_usable(const char* name) const;
   void progress_loop();
   void barrier_steps(const WaitContext& w);
-  // Checks the peers a call left unchecked (see execute), waiting for them to arrive.
-  void resolve_deferred();
+  // Checks the peers that earlier calls left unchecked (see execute): those that have
+  // arrived at once, then waits for the oldest calls' until at most `keep` calls remain.
+  void settle_deferred(size_t keep);
 
   HostCommOptions opts_;
   ShmTransport transport_;
@@ -162,10 +162,12 @@ class HostComm {
   std::atomic<bool> aborted_{false};
   mutable std::mutex reason_mu_;
   std::string poison_reason_;
-  // The previous call's fingerprints, where this rank received nothing in it and some peers
-  // had not yet arrived when it ended (a broadcast's root): checked before the next call
-  // moves any data.
-  std::optional<FingerprintGuard> deferred_;
+  // Fingerprints of recent calls in which this rank received nothing and some peers had not
+  // yet arrived when the call ended (a broadcast's root), oldest first. Checked at every
+  // call's start, and against a peer whenever data from it arrives (which it sends only
+  // after publishing them); a call waits for the oldest until fewer than kMaxDeferred remain.
+  static constexpr size_t kMaxDeferred = 4;
+  std::vector<FingerprintGuard> deferred_;
 
   std::mutex exec_mu_;  // one collective runs at a time
   // Progress thread, started by the first asynchronous call.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 #include "host/fingerprint.h"
@@ -35,6 +36,8 @@ void check_wait(const WaitContext& ctx, int peer) {
   if (ctx.abort != nullptr && ctx.abort->load(std::memory_order_relaxed))
     throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": communicator was aborted"));
   if (ctx.fingerprints != nullptr) ctx.fingerprints->check_arrived();
+  if (ctx.deferred != nullptr)
+    for (FingerprintGuard& g : *ctx.deferred) g.check_arrived();
   if (ctx.transport != nullptr && peer >= 0) {
     if (!ctx.transport->peer_alive(peer))
       throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ", peer, " (pid ",
@@ -47,13 +50,23 @@ void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
                     : what == WaitFor::Space   ? "waiting for it to drain a staging slot"
                     : what == WaitFor::Arrival ? "waiting for it to start the collective"
                                                : "waiting for it at the barrier";
+  auto listed = [](const std::vector<int>& ranks) {
+    std::string s;
+    for (int r : ranks) s += str_cat(s.empty() ? "" : ", ", r);
+    return s;
+  };
   std::string missing;
-  if (ctx.fingerprints != nullptr)
-    for (int r : ctx.fingerprints->missing()) missing += str_cat(missing.empty() ? "" : ", ", r);
-  throw CollectiveTimeout(
-      str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s, " s: rank ", peer,
-              " did not arrive (", why, ")",
-              missing.empty() ? "" : "; ranks that never started it: ", missing));
+  if (ctx.fingerprints != nullptr) missing = listed(ctx.fingerprints->missing());
+  if (!missing.empty()) missing = "; ranks that never started it: " + missing;
+  // Earlier calls that did not wait for their peers (HostComm::deferred_).
+  if (ctx.deferred != nullptr)
+    for (const FingerprintGuard& g : *ctx.deferred) {
+      const std::string m = listed(g.missing());
+      if (!m.empty())
+        missing += str_cat("; ranks that never started ", g.name(), " #", g.mine().seq, ": ", m);
+    }
+  throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s,
+                                  " s: rank ", peer, " did not arrive (", why, ")", missing));
 }
 
 }  // namespace pycoll

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -44,6 +45,9 @@ struct WaitContext {
   const ShmTransport* transport = nullptr;
   const std::atomic<bool>* abort = nullptr;
   FingerprintGuard* fingerprints = nullptr;  // checked while a wait drags on
+  // Earlier calls' fingerprints still to check (HostComm::deferred_): also checked while a
+  // wait drags on, and against a peer as soon as data from it arrives.
+  std::vector<FingerprintGuard>* deferred = nullptr;
 
   // The context of collective #seq, whose waits may last `timeout_s` from now.
   static WaitContext start(const char* collective, uint64_t seq, double timeout_s,

@@ -47,9 +47,8 @@ def skip():
 
 
 def skip_root():
-    """A broadcast's root does not wait for its receivers: it returns at once, and learns
-    at its next call that rank 1 never came (timeout naming the broadcast), or, with
-    rank 1 merely late, finds it there."""
+    """A broadcast's root does not wait for its receivers: it returns at once, and a later
+    call that waits for rank 1 in vain names the broadcast it never started too."""
     comm = pc.Communicator(timeout=1.0)
     x = np.arange(1000, dtype=np.float32) if comm.rank == 0 else np.zeros(1000, np.float32)
     comm.all_reduce(np.ones(3, np.int32))  # collective #1: everyone
@@ -68,15 +67,41 @@ def skip_root():
         comm.broadcast(x, root=0)  # #4: rank 1 never comes
         t0 = time.monotonic()
         try:
-            comm.all_reduce(y)  # #5: the root's check of #4
+            comm.all_reduce(y)  # #5, which needs rank 1
         except pc.CollectiveTimeout as e:
             took, msg = time.monotonic() - t0, str(e)
-            assert "broadcast #4" in msg and "never started it: 1" in msg, msg
+            assert "all_reduce #5" in msg and "never started it: 1" in msg, msg
+            assert "never started broadcast #4: 1" in msg, msg
             assert 0.9 < took < 5, took
         else:
             raise AssertionError("no timeout")
         print("PASS skip_root")
     MPI.COMM_WORLD.Barrier()
+    comm.close()
+
+
+def late_root():
+    """Both ranks take themselves for a broadcast's root, rank 1 late. Rank 0 returns
+    without waiting for it; rank 1, arriving, sees the disagreement and raises. Rank 0's
+    next call receives rank 1's stale broadcast message where it expects its own data: it
+    must raise before writing that message into its output."""
+    comm = pc.Communicator(timeout=10.0)
+    comm.all_reduce(np.ones(3, np.int32))  # #1
+    if comm.rank == 1:
+        time.sleep(0.3)
+    x = np.full(1000, 7.0 + comm.rank, np.float32)
+    z = np.zeros(1000, np.float32)
+    try:
+        comm.broadcast(x, root=comm.rank, algorithm="ring")  # #2: the disagreement
+        comm.broadcast(z, root=1, algorithm="ring")  # #3, on rank 0 alone
+    except pc.CollectiveMismatch as e:
+        assert "broadcast #2" in str(e) and "root" in str(e), str(e)
+        assert np.all(z == 0), f"rank {comm.rank}: output written with a stale message {z[:2]}"
+    else:
+        raise AssertionError(f"rank {comm.rank} returned {z[:2]} (no CollectiveMismatch)")
+    MPI.COMM_WORLD.Barrier()
+    if comm.rank == 0:
+        print("PASS late_root")
     comm.close()
 
 
@@ -130,5 +155,8 @@ def loop():
 
 
 if __name__ == "__main__":
-    cases = {"skip": skip, "skip_root": skip_root, "die": die, "kill9": kill9, "loop": loop}
+    cases = {
+        "skip": skip, "skip_root": skip_root, "late_root": late_root,
+        "die": die, "kill9": kill9, "loop": loop,
+    }  # fmt: skip
     run_main(cases[sys.argv[1]])
