@@ -175,10 +175,13 @@ struct Kernels {
     });
   }
 
-  static void reduce_final_stream(void* dst, void* dst2, const void* a, const void* b, size_t n,
-                                  int divisor) {
-    // A 64-byte tile at a time, computed into registers and streamed to both outputs. No
-    // __restrict: an output may be an input (in place), each tile read before it is written.
+  // A 64-byte tile at a time, computed into registers and streamed to dst; dst2 gets the
+  // same tile streamed too (kStreamBoth) or with ordinary stores, staying in cache for the
+  // core that reads it next; a null dst2 gets nothing. No __restrict: an output may be an
+  // input (in place), each tile read before it is written.
+  template <bool kStreamBoth>
+  static void final_tiles(void* dst, void* dst2, const void* a, const void* b, size_t n,
+                          int divisor) {
     constexpr size_t kTile = 64 / sizeof(T);
     alignas(64) T tile[kTile];
     T* d = static_cast<T*>(dst);
@@ -192,17 +195,21 @@ struct Kernels {
           tile[j] = Acc<T>::store(fin(Op::apply(pa[i + j], Acc<T>::load(pb[i + j]))));
         if (m == kTile) {
           stream_tile(d + i, tile);
-          stream_tile(d2 + i, tile);
+          if (d2 == nullptr) continue;
+          if constexpr (kStreamBoth)
+            stream_tile(d2 + i, tile);
+          else
+            std::memcpy(d2 + i, tile, sizeof tile);
         } else {
           std::memcpy(d + i, tile, m * sizeof(T));
-          std::memcpy(d2 + i, tile, m * sizeof(T));
+          if (d2 != nullptr) std::memcpy(d2 + i, tile, m * sizeof(T));
         }
       }
     });
   }
 
-  static constexpr ReduceKernels table{&load,     &reduce,       &combine,
-                                       &finalize, &reduce_final, &reduce_final_stream};
+  static constexpr ReduceKernels table{
+      &load, &reduce, &combine, &finalize, &reduce_final, &final_tiles<true>, &final_tiles<false>};
 };
 
 template <class T>

@@ -28,6 +28,10 @@ struct ReduceKernels {
   // will not be read again soon. Call stream_fence() before another core may read them.
   void (*reduce_final_stream)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,
                               int divisor);
+  // As reduce_final_stream, but only dst (16-byte aligned) is streamed: dst2, if not null, is
+  // written with ordinary stores (a staging slot that another core reads next).
+  void (*reduce_final_stream_one)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,
+                                  int divisor);
 };
 
 // Kernels for a (dtype, op) pair; the caller has validated the pair (avg needs a float type).
