@@ -315,7 +315,7 @@ void bind_schedules(py::module_& m) {
          size_t count, int root, size_t piece, size_t acc_bytes, size_t oneshot_max_bytes,
          size_t shard_align, const std::optional<std::vector<uint64_t>>& counts,
          const std::optional<std::vector<uint64_t>>& send_counts,
-         const std::optional<std::vector<uint64_t>>& recv_counts) {
+         const std::optional<std::vector<uint64_t>>& recv_counts, bool lookahead) {
         if (size < 1 || rank < 0 || rank >= size || root < 0 || root >= size || piece == 0 ||
             shard_align == 0)
           throw InvalidArgument("schedule: bad rank, size, root, piece or shard alignment");
@@ -333,6 +333,7 @@ void bind_schedules(py::module_& m) {
         p.counts = list(counts, "counts");
         p.send_counts = list(send_counts, "send_counts");
         p.recv_counts = list(recv_counts, "recv_counts");
+        p.lookahead = lookahead;
         StepRecorder rec;
         make_schedule(a, c, p, rec);
         py::list steps;
@@ -366,7 +367,7 @@ void bind_schedules(py::module_& m) {
       py::arg("count"), py::arg("root") = 0, py::arg("piece"), py::arg("acc_bytes") = 4,
       py::arg("oneshot_max_bytes") = ScheduleParams{}.oneshot_max_bytes, py::arg("shard_align") = 1,
       py::arg("counts") = py::none(), py::arg("send_counts") = py::none(),
-      py::arg("recv_counts") = py::none());
+      py::arg("recv_counts") = py::none(), py::arg("lookahead") = false);
   m.attr("ALL_PEERS") = kAllPeers;
   m.attr("NO_PEER") = kNoPeer;
 }

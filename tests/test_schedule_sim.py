@@ -45,8 +45,9 @@ class Sim:
     sends rank p (all-to-all). Each rank's schedule sees only what its rank knows."""
 
     def __init__(
-        self, algo, coll, n, count, root, piece, slots, oneshot=64 * 1024, counts=None, matrix=None
-    ):
+        self, algo, coll, n, count, root, piece, slots, oneshot=64 * 1024, counts=None, matrix=None,
+        lookahead=False,
+    ):  # fmt: skip
         self.n, self.coll, self.count, self.root, self.piece, self.slots = (
             n,
             coll,
@@ -67,8 +68,9 @@ class Sim:
                 kw["send_counts"] = matrix[r]
                 kw["recv_counts"] = [matrix[q][r] for q in range(n)]
             s = _C.schedule(
-                algo, coll, r, n, count, root, piece=piece, oneshot_max_bytes=oneshot, **kw
-            )
+                algo, coll, r, n, count, root, piece=piece, oneshot_max_bytes=oneshot,
+                lookahead=lookahead, **kw,
+            )  # fmt: skip
             self.steps.append(deque(s))
         self.inp = [[("x", r, i) for i in range(self.extents(r)[0])] for r in range(n)]
         if coll == "broadcast":  # in place: the root's initial output is the data
@@ -254,6 +256,26 @@ def test_schedules_complete_exactly_once_without_deadlock(algo):
         Sim(algo, coll, n, count, root, piece, k).run().check()
         checked += 1
     assert checked > 100
+
+
+def test_ring_all_reduce_with_lookahead():
+    """The host's ring sends each piece's first message before the previous piece's last
+    receive: the same checks, and no deadlock with the fewest slots a channel may have (2)."""
+    checked = 0
+    for n, count, piece, k in itertools.product(
+        [1, 2, 3, 4, 5, 8], [0, 1, 7, 13, 40], [1, 3], [2, 3]
+    ):
+        Sim("ring", "all_reduce", n, count, 0, piece, k, lookahead=True).run().check()
+        checked += 1
+    assert checked > 100
+    # It changes the order of steps, not of the messages on any channel.
+    plain = _C.schedule("ring", "all_reduce", 1, 3, 13, piece=2)
+    ahead = _C.schedule("ring", "all_reduce", 1, 3, 13, piece=2, lookahead=True)
+    assert plain != ahead
+    assert sorted(map(str, plain)) == sorted(map(str, ahead))
+    for peer in range(3):
+        sent = [[s["src"], s["count"]] for s in plain if peer in s["send_to"]]
+        assert sent == [[s["src"], s["count"]] for s in ahead if peer in s["send_to"]]
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 7])

@@ -158,6 +158,9 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   p.piece = opts_.slot_bytes / (partials ? acc_size(call.dtype) : esize);
   p.acc_bytes = acc_size(call.dtype);
   p.oneshot_max_bytes = opts_.oneshot_max_bytes;
+  // The peer's reduction of a piece overlaps our copy of the next (2-rank ring, 16-64 MiB:
+  // 5-15% faster); channels have at least 2 slots.
+  p.lookahead = true;
   call.apply_counts(p);
   p.direct_min_count =
       direct_min_count(call, algo, std::min(kBlockP2PBytes, opts_.p2p_cma_min_bytes));
