@@ -21,43 +21,38 @@ void ring_allreduce(const ScheduleParams& p, StepSink& sink) {
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   const size_t ss = ring_shard_size(p.count, n, p.shard_align);
   // Piece `o` of shard k: its offset and length (0 past the end of a short last shard).
-  auto off = [&](int k, size_t o) { return static_cast<size_t>(k) * ss + o; };
-  auto len = [&](int k, size_t o) {
-    const size_t b = off(k, o), e = std::min(static_cast<size_t>(k) * ss + ss, p.count);
+  auto off_at = [&](int k, size_t o) { return static_cast<size_t>(k) * ss + o; };
+  auto len_at = [&](int k, size_t o) {
+    const size_t b = off_at(k, o), e = std::min(static_cast<size_t>(k) * ss + ss, p.count);
     return b < e ? std::min(p.piece, e - b) : size_t{0};
   };
   // The first message of piece o: our partial of shard r-1.
   auto first_send = [&](size_t o) {
     const int k = mod(r - 1, n);
-    emit(sink, send(next, in(off(k, o)), len(k, o), Wire::Acc));
+    emit(sink, send(next, in(off_at(k, o)), len_at(k, o), Wire::Acc));
   };
-  const bool ahead = p.lookahead;
-  if (ahead) first_send(0);
+  if (p.lookahead) first_send(0);
   for (size_t o = 0; o < ss; o += p.piece) {
-    auto off = [&](int k) { return static_cast<size_t>(k) * ss + o; };
-    auto len = [&](int k) {
-      const size_t b = off(k), e = std::min(static_cast<size_t>(k) * ss + ss, p.count);
-      return b < e ? std::min(p.piece, e - b) : size_t{0};
-    };
+    auto off = [&](int k) { return off_at(k, o); };
+    auto len = [&](int k) { return len_at(k, o); };
     // Reduce-scatter: at step s we send shard r-s-1; shard k's partial sum starts at rank k+1
     // and ends, complete, at rank k.
-    int k = mod(r - 1, n);
-    if (!ahead) first_send(o);
+    if (!p.lookahead) first_send(o);
     for (int s = 1; s < n - 1; ++s) {
-      k = mod(r - s - 1, n);
+      const int k = mod(r - s - 1, n);
       emit(sink, recv_reduce_send(prev, in(off(k)), next, len(k)));
     }
     emit(sink, recv_reduce_copy_send(prev, in(off(r)), out(off(r)), next, len(r)));
     // All-gather: at step t we receive finished shard r-t and pass it on.
     for (int t = 1; t < n - 1; ++t) {
-      k = mod(r - t, n);
+      const int k = mod(r - t, n);
       emit(sink, recv_copy_send(prev, out(off(k)), next, len(k)));
     }
     // With lookahead, the next piece's first message goes out before this piece's last
     // receive (which sends nothing, so every channel carries the same messages in the same
     // order): the peer finishing this piece's reduction overlaps our next copy.
-    if (ahead && o + p.piece < ss) first_send(o + p.piece);
-    k = mod(r + 1, n);
+    if (p.lookahead && o + p.piece < ss) first_send(o + p.piece);
+    const int k = mod(r + 1, n);
     emit(sink, recv(prev, out(off(k)), len(k)));
   }
 }
