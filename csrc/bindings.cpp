@@ -77,7 +77,19 @@ void bind_host_comm(py::module_& m) {
               throw InvalidArgument(
                   str_cat("p2p_cma must be \"on\", \"off\" or \"fail\", got \"", v, "\""));
             o.p2p_cma = v == "on" ? CmaMode::Use : v == "off" ? CmaMode::Off : CmaMode::Fail;
-          });
+          })
+      .def_property(
+          "slot_stores", [](const HostCommOptions& o) { return slot_stores_name(o.slot_stores); },
+          [](HostCommOptions& o, const std::string& v) { o.slot_stores = parse_slot_stores(v); });
+
+  // The slot-store choice alone, fed made-up call times (tests).
+  py::class_<SlotStorePolicy>(m, "SlotStorePolicy")
+      .def(py::init(
+               [](const std::string& mode) { return SlotStorePolicy(parse_slot_stores(mode)); }),
+           py::arg("mode") = "auto")
+      .def("choose", &SlotStorePolicy::choose, py::arg("kind"), py::arg("bytes"))
+      .def("record", &SlotStorePolicy::record, py::arg("kind"), py::arg("bytes"),
+           py::arg("streamed"), py::arg("seconds"));
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def(

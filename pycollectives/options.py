@@ -13,6 +13,9 @@ PYCOLL_STAGING_BYTES       256 KiB          one host staging slot (a multiple of
 PYCOLL_STAGING_SLOTS       4                slots per host channel (2..64)
 PYCOLL_STREAM_BYTES        16 MiB           out-of-place host outputs this large bypass
                                             the cache
+PYCOLL_SLOT_STORES         auto             host staging slots written with ordinary
+                                            (cached) or non-temporal (streamed) stores;
+                                            auto measures which is faster, per kind of call
 PYCOLL_ONESHOT_BYTES       (native)         direct all-reduce: one-shot up to here (host, GPU)
 PYCOLL_ALGO                (auto)           force ring, tree or direct where it exists
 PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
@@ -50,6 +53,7 @@ from pycollectives.ops import ALGORITHMS
 
 TUNING_FILE = Path(__file__).with_name("tuning.json")
 SYNC_MODES = ("kernel", "host")
+SLOT_STORES = ("auto", "cached", "streamed")
 
 
 def env_number(name, default, kind, environ=None):
@@ -97,6 +101,7 @@ class Options:
     staging_bytes: int = 256 * 1024
     staging_slots: int = 4
     stream_bytes: int = 16 << 20
+    slot_stores: str = "auto"
     oneshot_bytes: int | None = None  # None: each transport's own default
     algorithm: str | None = None
     inter_algorithm: str | None = None
@@ -130,11 +135,17 @@ class Options:
         cma = {"0": "off", "1": "on"}.get(cma, cma)
         if cma not in ("on", "off", "fail"):
             raise ValueError(f"PYCOLL_P2P_CMA={cma!r}: expected on, off or fail")
+        slot_stores = (env.get("PYCOLL_SLOT_STORES") or "auto").strip().lower()
+        if slot_stores not in SLOT_STORES:
+            raise ValueError(
+                f"PYCOLL_SLOT_STORES={slot_stores!r}: expected {', '.join(SLOT_STORES)}"
+            )
         opts = cls(
             timeout=pick(timeout, "PYCOLL_TIMEOUT", d.timeout, float),
             staging_bytes=pick(staging_bytes, "PYCOLL_STAGING_BYTES", d.staging_bytes, int),
             staging_slots=pick(staging_slots, "PYCOLL_STAGING_SLOTS", d.staging_slots, int),
             stream_bytes=pick(None, "PYCOLL_STREAM_BYTES", d.stream_bytes, int),
+            slot_stores=slot_stores,
             oneshot_bytes=pick(None, "PYCOLL_ONESHOT_BYTES", None, int),
             algorithm=_algorithm("PYCOLL_ALGO", env),
             inter_algorithm=_algorithm("PYCOLL_INTER_ALGO", env),
@@ -187,6 +198,7 @@ class Options:
         o.slot_bytes = self.staging_bytes
         o.nslots = self.staging_slots
         o.stream_bytes = self.stream_bytes
+        o.slot_stores = self.slot_stores
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug

@@ -12,8 +12,10 @@ RANKS = [1, 2, 3, 4, 5]
 @pytest.mark.parametrize("collective", COLLECTIVES)
 @pytest.mark.parametrize("nranks", RANKS)
 def test_collective_matrix(nranks, collective, staging):
-    # Tiny slots with outputs from 1 KiB streamed past the cache; default ones with cached writes.
-    env = {"PYCOLL_STREAM_BYTES": "1024"} if staging == "small" else None
+    # Tiny slots, written with non-temporal stores, and outputs from 1 KiB streamed past the
+    # cache; default ones with cached writes.
+    small = {"PYCOLL_STREAM_BYTES": "1024", "PYCOLL_SLOT_STORES": "streamed"}
+    env = small if staging == "small" else None
     out = run_mpi(nranks, "collectives.py", collective, staging, env=env)
     assert f"PASS {collective} ring ranks={nranks}" in out
     assert f"PASS {collective} direct ranks={nranks}" in out

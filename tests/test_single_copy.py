@@ -29,12 +29,20 @@ def test_single_copy_all_gather_count_mismatch_raises_before_writing():
     assert "PASS mismatch" in out
 
 
-@pytest.mark.parametrize("streamed", [False, True])
-def test_copies_between_arrays_at_every_relative_alignment(streamed):
+STORES = {
+    "cached": None,
+    "outputs streamed": {"PYCOLL_STREAM_BYTES": "1024"},
+    "slots streamed": {"PYCOLL_SLOT_STORES": "streamed"},
+    "both streamed": {"PYCOLL_STREAM_BYTES": "1024", "PYCOLL_SLOT_STORES": "streamed"},
+}
+
+
+@pytest.mark.parametrize("stores", STORES)
+def test_copies_between_arrays_at_every_relative_alignment(stores):
     # Destinations 0-64 bytes (and a page and more) after their sources modulo the page size:
-    # the copy routine switches between its vector loop and memmove on that distance. Streamed:
-    # outputs from 1 KiB are written with non-temporal stores, which start at the output's
-    # first 16-byte boundary.
-    env = {"PYCOLL_STREAM_BYTES": "1024"} if streamed else None
-    out = run_mpi(2, "alignment.py", env=env)
+    # the copy routine switches between its vector loop and memmove on that distance.
+    # Streamed outputs (from 1 KiB) and slots are written with non-temporal stores, which
+    # start at their first 16-byte boundary; an output and a slot misaligned differently
+    # go through a block.
+    out = run_mpi(2, "alignment.py", env=STORES[stores])
     assert "PASS alignment" in out

@@ -175,11 +175,11 @@ struct Kernels {
     });
   }
 
-  // A 64-byte tile at a time, computed into registers and streamed to dst; dst2 gets the
-  // same tile streamed too (kStreamBoth) or with ordinary stores, staying in cache for the
-  // core that reads it next; a null dst2 gets nothing. No __restrict: an output may be an
-  // input (in place), each tile read before it is written.
-  template <bool kStreamBoth>
+  // A 64-byte tile at a time, computed into registers and written to dst and, when not null,
+  // dst2: each with non-temporal stores when its flag says so (that one 16-byte aligned), or
+  // with ordinary ones, staying in cache for the core that reads it next. No __restrict: an
+  // output may be an input (in place), each tile read before it is written.
+  template <bool kStreamDst, bool kStreamDst2>
   static void final_tiles(void* dst, void* dst2, const void* a, const void* b, size_t n,
                           int divisor) {
     constexpr size_t kTile = 64 / sizeof(T);
@@ -188,18 +188,20 @@ struct Kernels {
     T* d2 = static_cast<T*>(dst2);
     const A* pa = static_cast<const A*>(a);
     const T* pb = static_cast<const T*>(b);
+    auto put = [&](T* p, bool stream) {
+      if (stream)
+        stream_tile(p, tile);
+      else
+        std::memcpy(p, tile, sizeof tile);
+    };
     finishing(divisor, [&](auto fin) {
       for (size_t i = 0; i < n; i += kTile) {
         const size_t m = std::min(kTile, n - i);
         for (size_t j = 0; j < m; ++j)
           tile[j] = Acc<T>::store(fin(Op::apply(pa[i + j], Acc<T>::load(pb[i + j]))));
         if (m == kTile) {
-          stream_tile(d + i, tile);
-          if (d2 == nullptr) continue;
-          if constexpr (kStreamBoth)
-            stream_tile(d2 + i, tile);
-          else
-            std::memcpy(d2 + i, tile, sizeof tile);
+          put(d + i, kStreamDst);
+          if (d2 != nullptr) put(d2 + i, kStreamDst2);
         } else {
           std::memcpy(d + i, tile, m * sizeof(T));
           if (d2 != nullptr) std::memcpy(d2 + i, tile, m * sizeof(T));
@@ -208,8 +210,14 @@ struct Kernels {
     });
   }
 
-  static constexpr ReduceKernels table{
-      &load, &reduce, &combine, &finalize, &reduce_final, &final_tiles<true>, &final_tiles<false>};
+  static constexpr ReduceKernels table{&load,
+                                       &reduce,
+                                       &combine,
+                                       &finalize,
+                                       &reduce_final,
+                                       &final_tiles<true, true>,
+                                       &final_tiles<true, false>,
+                                       &final_tiles<false, true>};
 };
 
 template <class T>

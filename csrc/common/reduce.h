@@ -30,8 +30,13 @@ struct ReduceKernels {
                               int divisor);
   // As reduce_final_stream, but only dst (16-byte aligned) is streamed: dst2, if not null, is
   // written with ordinary stores (a staging slot that another core reads next).
-  void (*reduce_final_stream_one)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,
+  void (*reduce_final_stream_dst)(void* dst, void* dst2, const void* a_acc, const void* b, size_t n,
                                   int divisor);
+  // As reduce_final_stream, but only dst2 (not null, 16-byte aligned) is streamed: dst is
+  // written with ordinary stores (an output that stays in cache, beside a staging slot written
+  // through memory).
+  void (*reduce_final_stream_dst2)(void* dst, void* dst2, const void* a_acc, const void* b,
+                                   size_t n, int divisor);
 };
 
 // Kernels for a (dtype, op) pair; the caller has validated the pair (avg needs a float type).

@@ -19,7 +19,8 @@ HostExecutor::HostExecutor(const ShmTransport& t, ChannelCounters& counters, uin
       kernels_(&reduce_kernels(call.dtype, call.op)),
       elem_size_(dtype_size(call.dtype)),
       acc_size_(acc_size(call.dtype)),
-      streaming_(call.streams()) {}
+      streaming_(call.streams()),
+      slot_stream_(call.stream_slots) {}
 
 void HostExecutor::finish() {
   if (streaming_) stream_fence();
@@ -108,11 +109,19 @@ uint8_t* HostExecutor::wait_send(int to, size_t bytes) {
 void HostExecutor::post_send(int to) {
   const int me = t_.rank();
   auto& posted = to == kAllPeers ? t_.bcast_posted(me) : t_.posted(me, to);
+  if (slot_stream_) stream_fence();  // the slot's non-temporal stores before the flag
   posted.store(c_.put_out(to), std::memory_order_release);
 }
 
+void HostExecutor::write_slot(uint8_t* slot, const uint8_t* src, size_t bytes) {
+  if (slot_stream_)
+    stream_copy(slot, src, bytes);
+  else
+    copy_bytes(slot, src, bytes);
+}
+
 void HostExecutor::send_to_all(const Step& s, uint8_t* first, size_t bytes) {
-  if (s.to2 != kNoPeer) copy_bytes(wait_send(s.to2, bytes), first, bytes);
+  if (s.to2 != kNoPeer) write_slot(wait_send(s.to2, bytes), first, bytes);
   post_send(s.to);
   if (s.to2 != kNoPeer) post_send(s.to2);
 }
@@ -156,49 +165,61 @@ void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {
     copy_bytes(dst, src, n * elem_size_);
 }
 
-// Writes n output elements at dst through produce(out, first, count): directly, or, for
-// streaming outputs, a cache-resident block at a time that is then streamed out.
+// Writes n output elements at dst, and the same at dst2 (a slot) when not null, through
+// produce(out, out2, first, count), out and out2 standing for element `first` (out2 null when
+// there is no dst2): straight into both where nothing is streamed, else a cache-resident block
+// at a time that is then copied out, streamed where it should be.
 constexpr size_t kBlockBytes = 8192;
 
 template <class Produce>
-void HostExecutor::produce_out(uint8_t* dst, size_t n, Produce&& produce) {
-  if (!streaming_) {
-    produce(dst, 0, n);
+void HostExecutor::produce_out(uint8_t* dst, uint8_t* dst2, size_t n, Produce&& produce) {
+  const bool stream2 = dst2 != nullptr && slot_stream_;
+  if (!streaming_ && !stream2) {
+    produce(dst, dst2, 0, n);
     return;
   }
   alignas(64) uint8_t block[kBlockBytes];
   const size_t per = kBlockBytes / elem_size_;
   for (size_t i = 0; i < n; i += per) {
-    const size_t m = std::min(per, n - i);
-    produce(block, i, m);
-    stream_copy(dst + i * elem_size_, block, m * elem_size_);
+    const size_t m = std::min(per, n - i), at = i * elem_size_, bytes = m * elem_size_;
+    produce(block, dst2 != nullptr && !stream2 ? dst2 + at : nullptr, i, m);
+    write_out(dst + at, block, m);
+    if (stream2) stream_copy(dst2 + at, block, bytes);
   }
 }
 
 void HostExecutor::finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc, size_t n) {
-  produce_out(dst, n, [&](uint8_t* out, size_t i, size_t m) {
-    kernels_->finalize(out, dst2 ? dst2 + i * elem_size_ : nullptr, acc + i * acc_size_, m,
-                       call_.divisor);
+  produce_out(dst, dst2, n, [&](uint8_t* out, uint8_t* out2, size_t i, size_t m) {
+    kernels_->finalize(out, out2, acc + i * acc_size_, m, call_.divisor);
   });
 }
 
 void HostExecutor::reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b,
                               size_t n) {
-  // Streamed outputs: the elements before dst's first 16-byte boundary the ordinary way, the
-  // rest computed a tile at a time in registers and streamed, with no block in between (that
-  // cost the 2-rank ring's out-of-place all-reduce about 20% from 16 MiB).
-  const size_t misaligned = reinterpret_cast<uintptr_t>(dst) & 15;
-  if (streaming_ && misaligned % elem_size_ == 0) {
-    const size_t head = std::min(n, ((16 - misaligned) & 15) / elem_size_);
-    kernels_->reduce_final(dst, dst2, in, b, head, call_.divisor);
-    kernels_->reduce_final_stream_one(
-        dst + head * elem_size_, dst2 ? dst2 + head * elem_size_ : nullptr, in + head * acc_size_,
-        b + head * elem_size_, n - head, call_.divisor);
+  const bool stream2 = dst2 != nullptr && slot_stream_;
+  if (!streaming_ && !stream2) {
+    kernels_->reduce_final(dst, dst2, in, b, n, call_.divisor);
     return;
   }
-  produce_out(dst, n, [&](uint8_t* out, size_t i, size_t m) {
-    kernels_->reduce_final(out, dst2 ? dst2 + i * elem_size_ : nullptr, in + i * acc_size_,
-                           b + i * elem_size_, m, call_.divisor);
+  // The streamed outputs: the elements before their first 16-byte boundary the ordinary way,
+  // the rest computed a tile at a time in registers and streamed, with no block in between
+  // (that cost the 2-rank ring's out-of-place all-reduce about 20% from 16 MiB). When both
+  // are streamed, they must be misaligned alike.
+  const auto misalignment = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p) & 15; };
+  const size_t misaligned = misalignment(streaming_ ? dst : dst2);
+  if (misaligned % elem_size_ == 0 &&
+      (!streaming_ || !stream2 || misalignment(dst2) == misaligned)) {
+    const size_t head = std::min(n, ((16 - misaligned) & 15) / elem_size_);
+    kernels_->reduce_final(dst, dst2, in, b, head, call_.divisor);
+    const auto tiles = !stream2     ? kernels_->reduce_final_stream_dst
+                       : streaming_ ? kernels_->reduce_final_stream
+                                    : kernels_->reduce_final_stream_dst2;
+    tiles(dst + head * elem_size_, dst2 ? dst2 + head * elem_size_ : nullptr, in + head * acc_size_,
+          b + head * elem_size_, n - head, call_.divisor);
+    return;
+  }
+  produce_out(dst, dst2, n, [&](uint8_t* out, uint8_t* out2, size_t i, size_t m) {
+    kernels_->reduce_final(out, out2, in + i * acc_size_, b + i * elem_size_, m, call_.divisor);
   });
 }
 
@@ -209,10 +230,14 @@ void HostExecutor::step(const Step& s) {
     case StepKind::Send: {
       const size_t bytes = wire_bytes(s.send_wire, n);
       uint8_t* slot = wait_send(s.to, bytes);
-      if (s.send_wire == Wire::Acc)
+      if (s.send_wire == Wire::Elem) {
+        write_slot(slot, src_ptr(s), bytes);
+      } else if (slot_stream_) {
+        kernels_->load(scratch_, src_ptr(s), n);
+        stream_copy(slot, scratch_, bytes);
+      } else {
         kernels_->load(slot, src_ptr(s), n);
-      else
-        copy_bytes(slot, src_ptr(s), bytes);
+      }
       send_to_all(s, slot, bytes);
       break;
     }
@@ -226,7 +251,7 @@ void HostExecutor::step(const Step& s) {
       const size_t bytes = wire_bytes(Wire::Elem, n);
       const uint8_t* in = wait_recv(s.from, s.recv_bcast, bytes);
       uint8_t* slot = wait_send(s.to, bytes);
-      copy_bytes(slot, in, bytes);
+      write_slot(slot, in, bytes);
       send_to_all(s, slot, bytes);
       write_out(dst_ptr(s), in, n);
       release_recv(s.from, s.recv_bcast);
@@ -235,7 +260,12 @@ void HostExecutor::step(const Step& s) {
     case StepKind::RecvReduceSend: {
       const size_t bytes = wire_bytes(Wire::Acc, n);
       uint8_t* slot = wait_send(s.to, bytes);
-      reduce_into(slot, s);  // the slot itself accumulates
+      if (slot_stream_) {
+        reduce_into(scratch_, s);
+        stream_copy(slot, scratch_, bytes);
+      } else {
+        reduce_into(slot, s);  // the slot itself accumulates
+      }
       send_to_all(s, slot, bytes);
       break;
     }

@@ -33,6 +33,8 @@ struct CallBuffers {
   int divisor = 1;  // avg divides by this when a reduction completes
   // Out-of-place outputs of at least this many bytes are written with non-temporal stores.
   size_t stream_bytes = kDefaultStreamBytes;
+  // Staging slots are written with non-temporal stores (host/slot_stores.h).
+  bool stream_slots = false;
 
   // Whether the input lies within the output (in place; all-gather's block of it too).
   bool in_place() const {
@@ -81,18 +83,20 @@ class HostExecutor final : public StepSink {
   void release_recv(int from, bool bcast);
   uint8_t* wait_send(int to, size_t bytes);
   void post_send(int to);
+  // Copies a message into a slot, with the stores the call chose for slots.
+  void write_slot(uint8_t* slot, const uint8_t* src, size_t bytes);
   // Fills the `to` slots with `bytes` already in `first` (the slot of `to`), then posts.
   void send_to_all(const Step& s, uint8_t* first, size_t bytes);
 
   // acc = op over the step's incoming messages and src, in the step's order.
   void reduce_into(uint8_t* acc, const Step& s);
-  // dst (and dst2) = finalised acc; streamed for large outputs.
+  // dst (and dst2, a slot) = finalised acc; streamed for large outputs (and streamed slots).
   void finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc, size_t n);
   // dst (and dst2) = finalised op(in_acc, b): the one-input fast path.
   void reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b, size_t n);
   void write_out(uint8_t* dst, const uint8_t* src, size_t n);
   template <class Produce>
-  void produce_out(uint8_t* dst, size_t n, Produce&& produce);
+  void produce_out(uint8_t* dst, uint8_t* dst2, size_t n, Produce&& produce);
 
   const ShmTransport& t_;
   ChannelCounters& c_;
@@ -102,6 +106,7 @@ class HostExecutor final : public StepSink {
   const ReduceKernels* kernels_;
   size_t elem_size_, acc_size_;
   bool streaming_;
+  bool slot_stream_;
   bool received_any_ = false;
 };
 

@@ -59,6 +59,7 @@ HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
       scratch_(opts.slot_bytes),
       single_copy_(transport_, opts.p2p_cma, opts.single_copy_min_bytes, opts.debug),
       shared_(transport_, opts.p2p_cma, opts.shared_min_bytes, opts.debug),
+      slot_stores_(opts.slot_stores),
       timeout_s_(opts.timeout_s),
       p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_eager_max_bytes,
                                        opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
@@ -133,11 +134,15 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const CallExtents ext = call_extents(call, rank(), n);
   const size_t choice_bytes = choice_count(call, n) * esize;
   const Algo algo = call.algo == Algo::Auto ? choose(call.collective, choice_bytes) : call.algo;
+  const uint32_t kind = static_cast<uint32_t>(call.collective) * kNumAlgos + static_cast<int>(algo);
+  const bool stream_slots = slot_stores_.choose(kind, choice_bytes);
+  const auto started = Clock::now();
   if (opts_.debug)
-    std::fprintf(
-        stderr, "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s\n",
-        rank(), n, name, static_cast<unsigned long long>(seq), call.count, dtype_name(call.dtype),
-        redop_name(call.op), call.root, algo_name(algo), call.algo == Algo::Auto ? " (auto)" : "");
+    std::fprintf(stderr,
+                 "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s%s\n",
+                 rank(), n, name, static_cast<unsigned long long>(seq), call.count,
+                 dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
+                 call.algo == Algo::Auto ? " (auto)" : "", stream_slots ? " slots=streamed" : "");
 
   CallBuffers buf;
   buf.input = static_cast<const uint8_t*>(call.in);
@@ -148,6 +153,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   buf.op = call.op;
   buf.divisor = n;
   buf.stream_bytes = opts_.stream_bytes;
+  buf.stream_slots = stream_slots;
 
   const bool partials = carries_partials(call.collective);
   ScheduleParams p;
@@ -190,6 +196,9 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
                    rank(), n, name, static_cast<unsigned long long>(seq));
     if (!single && !mapped) make_schedule(algo, call.collective, p, exec);
     exec.finish();
+    if (!single && !mapped)
+      slot_stores_.record(kind, choice_bytes, stream_slots,
+                          std::chrono::duration<double>(Clock::now() - started).count());
     const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
     if (w.fingerprints) {
       // A rank that received nothing (a broadcast's root, a chain's first sender) used no

@@ -28,6 +28,7 @@
 #include "host/shared_buffers.h"
 #include "host/shm_transport.h"
 #include "host/single_copy.h"
+#include "host/slot_stores.h"
 
 namespace pycoll {
 
@@ -58,6 +59,9 @@ struct HostCommOptions {
   // descriptors first and run over mapped buffers where every rank's are shared
   // (host/shared_buffers.h); off with p2p_cma.
   size_t shared_min_bytes = size_t{16} << 10;
+  // The stores that write staging slots: measured and chosen per kind of call (Auto), or
+  // always one way (host/slot_stores.h).
+  SlotStores slot_stores = SlotStores::Auto;
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of
@@ -153,6 +157,7 @@ class HostComm {
   std::vector<uint8_t> scratch_;
   SingleCopy single_copy_;
   SharedCollectives shared_;
+  SlotStorePolicy slot_stores_;
   std::atomic<bool> shared_enabled_{false};
   std::vector<TuningRule> tuning_;
   Algo forced_ = Algo::Auto;
