@@ -29,7 +29,15 @@ class HostCommOptions:
     single_copy_min_bytes: int
     shared_min_bytes: int
     p2p_cma: str  # "on", "off", "fail" (pycollectives.Options: PYCOLL_P2P_CMA)
+    slot_stores: str  # "auto", "cached", "streamed" (PYCOLL_SLOT_STORES)
     def __init__(self) -> None: ...
+
+class SlotStorePolicy:
+    """The choice between ordinary and non-temporal stores for staging slots
+    (csrc/host/slot_stores.h), alone: for tests."""
+    def __init__(self, mode: str = "auto") -> None: ...
+    def choose(self, kind: int, bytes: int) -> bool: ...
+    def record(self, kind: int, bytes: int, streamed: bool, seconds: float) -> None: ...
 
 class SharedBuffer:
     """Memory the ranks of a machine can map (a memfd); a buffer-protocol object of `bytes`
