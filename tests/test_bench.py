@@ -651,3 +651,43 @@ def test_cuda_on_a_gpu(tmp_path):
     assert all(set(r["compare"]["nccl"]) & {"ratio", "skipped"} for r in rows)
     assert data["meta"]["cuda_sync"] in ("kernel", "host") and data["meta"]["copy_bw_GBs"] > 0
     assert "Out of bounds values : 0 OK" in stdout
+
+
+class OneRank:
+    """Just enough of an mpi4py communicator for one rank."""
+
+    rank, size = 0, 1
+
+    def bcast(self, v):
+        return v
+
+    def allgather(self, v):
+        return [v]
+
+    def Barrier(self):
+        pass
+
+
+@pytest.mark.parametrize("failures, ok", [(1, True), (3, False)])
+def test_gloo_set_up_is_tried_again_after_a_failed_mesh(monkeypatch, failures, ok):
+    # Gloo's mesh set-up failed once in a sweep, right after the previous round's group had
+    # closed ("Connection closed by peer"), and took the whole sweep down.
+    dist = pytest.importorskip("torch.distributed")
+    from pycollectives.bench import peers
+
+    tried = []
+
+    def init(backend, init_method, rank, world_size):
+        tried.append(init_method)
+        if len(tried) <= failures:
+            raise RuntimeError("Gloo connectFullMesh failed with ... Connection closed by peer")
+
+    monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
+    g = peers.Gloo(OneRank())
+    assert len(tried) == min(failures + 1, 3) and len(set(tried)) == len(tried)
+    if ok:
+        assert g.reason is None and "gloo" in g.what
+    else:
+        assert "gloo set-up failed 3 times: Gloo connectFullMesh failed" in g.reason
+        assert g.runner("all_reduce", "sum", 0, None) == g.reason

@@ -90,12 +90,31 @@ class Gloo:
         if not dist.is_gloo_available():
             self.reason = "this torch has no gloo"
             return
-        self.dist = dist
-        self.path = mpi.bcast(tempfile.mktemp(prefix="pycoll-bench-") if mpi.rank == 0 else None)
-        dist.init_process_group(
-            "gloo", init_method=f"file://{self.path}", rank=mpi.rank, world_size=mpi.size
-        )
-        self.mpi = mpi
+        self.dist, self.mpi = dist, mpi
+        # Gloo's mesh set-up now and then fails with "Connection closed by peer" right after
+        # the previous round's group closed; every rank then tries again, on a new file.
+        for _ in range(3):
+            self.path = mpi.bcast(
+                tempfile.mktemp(prefix="pycoll-bench-") if mpi.rank == 0 else None
+            )
+            error = None
+            try:
+                dist.init_process_group(
+                    "gloo", init_method=f"file://{self.path}", rank=mpi.rank, world_size=mpi.size
+                )
+            except RuntimeError as e:
+                error = f"{e}".splitlines()[0]
+            failed = mpi.allgather(error)
+            if not any(failed):
+                break
+            if error is None:
+                dist.destroy_process_group()
+            mpi.Barrier()
+            if mpi.rank == 0 and os.path.exists(self.path):
+                os.unlink(self.path)
+        else:
+            self.reason = f"gloo set-up failed 3 times: {next(e for e in failed if e)}"
+            return
         self.what = f"torch {torch.__version__} gloo"
 
     def runner(self, coll, op, root, dt):
