@@ -691,3 +691,41 @@ def test_gloo_set_up_is_tried_again_after_a_failed_mesh(monkeypatch, failures, o
     else:
         assert "gloo set-up failed 3 times: Gloo connectFullMesh failed" in g.reason
         assert g.runner("all_reduce", "sum", 0, None) == g.reason
+
+
+def test_a_failure_on_one_rank_ends_the_job(tmp_path):
+    # torch raising on rank 1 only, when the gloo peer opens: before, rank 1 left with a
+    # traceback while rank 0 waited for it in its next MPI call, and the sweep hung.
+    # Rank 0 gets a torch whose gloo sets up at once and then waits for rank 1 to agree.
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os\n"
+        "if os.environ.get('PMI_RANK') == '1':\n"
+        "    raise RuntimeError('planted failure on rank 1')\n"
+        "__version__ = 'fake'\n"
+    )
+    (fake / "distributed.py").write_text(
+        "def is_gloo_available():\n    return True\n"
+        "def init_process_group(*args, **kwargs):\n    pass\n"
+        "def destroy_process_group():\n    pass\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    out = tmp_path / "rows.json"
+    stdout, stderr = run_mpi(
+        2,
+        "run_module.py",
+        "pycollectives.bench",
+        "-e",
+        "64",
+        "--compare",
+        "gloo",
+        "--json",
+        str(out),
+        env=env,
+        with_stderr=True,
+        returncodes=tuple(range(1, 256)),
+        timeout=60,
+    )
+    assert "planted failure on rank 1" in stderr
+    assert not out.exists()

@@ -6,6 +6,7 @@ import contextlib
 import math
 import platform
 import sys
+import traceback
 
 from pycollectives.bench import formulas as F
 from pycollectives.bench import gpu, peers, report
@@ -102,9 +103,21 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from mpi4py import MPI
 
+    try:
+        return run(args, MPI.COMM_WORLD)
+    except (Exception, KeyboardInterrupt):
+        # One rank's failure ends the job: its peers would otherwise wait for it forever, in
+        # a collective or in MPI_Finalize when they exit.
+        sys.stdout.flush()
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        return 1
+
+
+def run(args, mpi) -> int:
     import pycollectives as pc
 
-    mpi = MPI.COMM_WORLD
     if not 0 <= args.root < mpi.size:
         return refuse(mpi, f"-r {args.root} is out of range for {mpi.size} ranks")
     dev = None
