@@ -40,28 +40,36 @@ def test_small_calls_stay_cached():
     assert not any(ways)
 
 
-def test_switches_to_the_faster_way_after_one_call_each():
+def probe_starts(ways):
+    """Indices of the first calls of each run of 3 probes."""
+    p = probes(ways)
+    return [i for i in p if i - 1 not in p]
+
+
+def test_switches_to_the_faster_way_after_three_calls_each():
     p = _C.SlotStorePolicy()
     ways = simulate(p, lambda i, s: 1.0 if s else 2.0, 40)
-    assert ways[:2] == [False, True]
-    # Streamed from then on, with cached probed now and then.
-    assert ways[2:].count(True) >= 35
+    assert ways[:6] == [False] * 3 + [True] * 3
+    # Streamed from then on, with cached probed 3 calls at a time now and then.
+    assert ways[6:].count(True) >= 34 - 6
 
 
 def test_probes_back_off_while_they_lose():
     p = _C.SlotStorePolicy()
     ways = simulate(p, lambda i, s: 1.5 if s else 1.0, 300)
-    assert ways[0] is False and ways[1] is True
-    gaps = [b - a for a, b in zip(probes(ways), probes(ways)[1:])]
+    assert ways[:6] == [False] * 3 + [True] * 3
+    assert all(len([i for i in probes(ways) if s <= i < s + 3]) == 3 for s in probe_starts(ways))
+    # 8, 16, 32, then 64 calls the kept way between probes.
+    gaps = [b - a - 3 for a, b in zip(probe_starts(ways), probe_starts(ways)[1:])]
     assert gaps[:3] == [8, 16, 32], gaps
-    assert set(gaps[4:]) == {64}, gaps
+    assert set(gaps[3:]) == {64}, gaps
 
 
 def test_a_close_race_does_not_switch():
     # Within 10%: the kept way stays.
     p = _C.SlotStorePolicy()
     ways = simulate(p, lambda i, s: 0.95 if s else 1.0, 200)
-    assert ways.count(False) > 190
+    assert ways.count(False) > 180
 
 
 def test_follows_a_change_of_placement_within_a_few_calls():
@@ -73,20 +81,31 @@ def test_follows_a_change_of_placement_within_a_few_calls():
         return 3.0 if 100 <= i < 200 else 1.0
 
     ways = simulate(_C.SlotStorePolicy(), seconds, 300)
-    assert ways[60:100].count(True) <= 1
-    first = ways.index(True, 100)
-    assert first <= 102, ways[100:110]
-    assert ways[first:200].count(False) <= 15  # probes only
+    assert ways[60:100].count(True) <= 3
+    # 3 slow calls show the change, 3 probes confirm it.
+    assert ways[100:106] == [False] * 3 + [True] * 3, ways[100:110]
+    assert ways[106:200].count(False) <= 9  # probes only
     # Back to cached at the next probe: the kept way did not slow down, so nothing hurries
     # it, but probes come at least every 64 calls.
     back = ways.index(False, 200)
-    assert back <= 200 + 64 and ways[back:].count(True) <= 3, ways[200:]
+    assert back <= 200 + 64 and ways[back + 3 :].count(True) <= 6, ways[200:]
 
 
-def test_one_slow_call_does_not_trigger_a_probe():
+def test_slow_calls_among_fast_ones_do_not_trigger_a_probe():
+    # A busy thread beside the ranks slows single calls; the fastest of the last 3 stays.
     p = _C.SlotStorePolicy()
-    ways = simulate(p, lambda i, s: 1.5 if s else (20.0 if i == 12 else 1.0), 20)
-    assert probes(ways) == [1, 9], ways
+    ways = simulate(p, lambda i, s: 1.5 if s else (20.0 if i % 3 == 0 else 1.0), 30)
+    assert probe_starts(ways) == [3, 14], ways
+
+
+def test_noisy_calls_still_find_the_faster_way():
+    # Every other call of either way takes 3x longer (descheduled): judged by single calls
+    # the two would look alike half of the time.
+    def seconds(i, streamed):
+        return (0.5 if streamed else 1.0) * (3 if i % 2 else 1)
+
+    ways = simulate(_C.SlotStorePolicy(), seconds, 100)
+    assert ways[6:].count(True) >= 94 - 9
 
 
 def test_kinds_and_size_classes_are_measured_apart():

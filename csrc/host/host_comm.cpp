@@ -134,15 +134,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const CallExtents ext = call_extents(call, rank(), n);
   const size_t choice_bytes = choice_count(call, n) * esize;
   const Algo algo = call.algo == Algo::Auto ? choose(call.collective, choice_bytes) : call.algo;
-  const uint32_t kind = static_cast<uint32_t>(call.collective) * kNumAlgos + static_cast<int>(algo);
-  const bool stream_slots = slot_stores_.choose(kind, choice_bytes);
   const auto started = Clock::now();
-  if (opts_.debug)
-    std::fprintf(stderr,
-                 "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s%s\n",
-                 rank(), n, name, static_cast<unsigned long long>(seq), call.count,
-                 dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
-                 call.algo == Algo::Auto ? " (auto)" : "", stream_slots ? " slots=streamed" : "");
 
   CallBuffers buf;
   buf.input = static_cast<const uint8_t*>(call.in);
@@ -153,7 +145,19 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   buf.op = call.op;
   buf.divisor = n;
   buf.stream_bytes = opts_.stream_bytes;
+  // Which stores fill the slots, measured per kind of call: collective, algorithm, and in
+  // place or not (in-place outputs stay in cache; calls of the two kinds cost differently).
+  const uint32_t kind =
+      (static_cast<uint32_t>(call.collective) * kNumAlgos + static_cast<uint32_t>(algo)) * 2 +
+      (buf.in_place() ? 1 : 0);
+  const bool stream_slots = slot_stores_.choose(kind, choice_bytes);
   buf.stream_slots = stream_slots;
+  if (opts_.debug)
+    std::fprintf(stderr,
+                 "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s%s\n",
+                 rank(), n, name, static_cast<unsigned long long>(seq), call.count,
+                 dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
+                 call.algo == Algo::Auto ? " (auto)" : "", stream_slots ? " slots=streamed" : "");
 
   const bool partials = carries_partials(call.collective);
   ScheduleParams p;

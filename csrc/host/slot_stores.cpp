@@ -31,11 +31,9 @@ uint32_t size_class(size_t bytes) {
 
 }  // namespace
 
-double SlotStorePolicy::Class::median() const {
-  std::array<double, 3> r = recent;
-  if (r[2] == 0) return r[1] == 0 ? r[0] : (r[0] + r[1]) / 2;
-  std::sort(r.begin(), r.end());
-  return r[1];
+double SlotStorePolicy::Times::fastest() const {
+  const uint32_t n = std::min<uint32_t>(count, t.size());
+  return n == 0 ? 0 : *std::min_element(t.begin(), t.begin() + n);
 }
 
 SlotStorePolicy::Class* SlotStorePolicy::find(uint32_t kind, size_t bytes) {
@@ -45,40 +43,36 @@ SlotStorePolicy::Class* SlotStorePolicy::find(uint32_t kind, size_t bytes) {
 
 bool SlotStorePolicy::choose(uint32_t kind, size_t bytes) {
   if (mode_ != SlotStores::Auto) return mode_ == SlotStores::Streamed;
-  Class* k = find(kind, bytes);
-  if (k == nullptr) return false;
-  if (k->recent[0] == 0) return k->streamed;  // the kept way first
-  const bool probe = k->other == 0 || k->probe_now || k->since_probe + 1 >= k->probe_every;
-  return probe ? !k->streamed : k->streamed;
+  const Class* k = find(kind, bytes);
+  return k != nullptr && k->streamed != k->probing;
 }
 
 void SlotStorePolicy::record(uint32_t kind, size_t bytes, bool streamed, double seconds) {
   Class* k = find(kind, bytes);
-  if (k == nullptr || seconds <= 0) return;
-  if (streamed == k->streamed) {
-    k->recent[k->next] = seconds;
-    k->next = (k->next + 1) % k->recent.size();
+  if (k == nullptr || seconds <= 0 || streamed != (k->streamed != k->probing)) return;
+  if (!k->probing) {
+    k->kept.add(seconds);
     ++k->since_probe;
-    if (k->at_probe > 0 && k->median() > kDrift * k->at_probe) k->probe_now = true;
+    const bool slowed = k->probed && k->kept.full() && k->kept.fastest() > kDrift * k->at_probe;
+    k->probing = k->kept.full() && (!k->probed || slowed || k->since_probe >= k->probe_every);
     return;
   }
-  // A probe of the other way (the first: its first measurement).
-  const double kept = k->median();
-  const bool first = k->other == 0;
-  k->other = seconds;
-  k->probe_now = false;
-  k->since_probe = 0;
-  if (seconds < kWin * kept) {
-    k->streamed = streamed;
-    k->other = kept;
-    k->recent = {seconds, 0, 0};
-    k->next = 1;
+  k->probe.add(seconds);
+  if (!k->probe.full()) return;
+  const double kept = k->kept.fastest(), other = k->probe.fastest();
+  if (other < kWin * kept) {
+    k->streamed = !k->streamed;
+    k->kept = k->probe;
     k->probe_every = kFirstProbe;
-    k->at_probe = seconds;
+    k->at_probe = other;
   } else {
-    if (!first) k->probe_every = std::min(2 * k->probe_every, kMaxProbe);
+    if (k->probed) k->probe_every = std::min(2 * k->probe_every, kMaxProbe);
     k->at_probe = kept;
   }
+  k->probe = Times{};
+  k->probing = false;
+  k->probed = true;
+  k->since_probe = 0;
 }
 
 }  // namespace pycoll

@@ -10,13 +10,15 @@
 // and the 2-rank all-reduce of 16 MiB took 2.0-2.3 ms cached against 2.7-2.9 ms streamed in
 // the first two placements, 4.6-6.4 ms against 3.2-3.9 ms in the third, which came and went
 // for seconds to minutes at a time. So the choice is measured, per kind of call (collective,
-// algorithm and size class), and revisited:
-//   - a class runs one call each way first, then keeps the faster;
-//   - every `probe_every`-th call (8, doubling after each probe that loses, up to 64) runs the
-//     other way, and the class switches when that call is at least 10% faster than the median
-//     of the last 3 calls run the kept way;
-//   - when that median grows 30% past what it was at the last probe (the placement changed),
-//     the next call probes at once.
+// algorithm and size class), and revisited. Each way is judged by the fastest of its last 3
+// calls: a call is only ever slowed down by what runs beside it (a busy thread taking the core
+// for a time slice), so the fastest is what the way itself costs.
+//   - a class runs 3 calls the ordinary way, then 3 the other, and keeps the faster;
+//   - after every `probe_every` calls run the kept way (8, doubling after each probe that
+//     loses, up to 64), 3 calls run the other way, and the class switches when they beat the
+//     kept way by 10%;
+//   - when the kept way's time grows 30% past what it was at the last probe (the placement
+//     changed), the probe comes at once.
 // Every rank decides for itself, from its own clock; ranks making the same calls probe the
 // same calls. A rank's choice concerns only the slots it writes, so ranks that choose
 // differently still agree on every byte.
@@ -40,7 +42,7 @@ class SlotStorePolicy {
   // Calls moving fewer bytes per rank always use ordinary stores: the reader finds small
   // messages in cache, and the difference is within the noise of their timing.
   static constexpr size_t kMinBytes = 64 * 1024;
-  static constexpr uint32_t kFirstProbe = 8, kMaxProbe = 64;
+  static constexpr uint32_t kFirstProbe = 8, kMaxProbe = 64, kProbeCalls = 3;
 
   explicit SlotStorePolicy(SlotStores mode = SlotStores::Auto) : mode_(mode) {}
   SlotStores mode() const { return mode_; }
@@ -52,16 +54,21 @@ class SlotStorePolicy {
   void record(uint32_t kind, size_t bytes, bool streamed, double seconds);
 
  private:
+  // The last calls run one way, fastest first out.
+  struct Times {
+    std::array<double, kProbeCalls> t{};
+    uint32_t count = 0;  // calls recorded (the last kProbeCalls kept)
+    void add(double seconds) { t[count++ % t.size()] = seconds; }
+    bool full() const { return count >= t.size(); }
+    double fastest() const;
+  };
   struct Class {
-    bool streamed = false;           // the way kept
-    std::array<double, 3> recent{};  // the last calls run that way (0: none yet)
-    // (the median of 3, the mean of 2)
-    size_t next = 0;      // where the next of them goes
-    double other = 0;     // the other way's last time (0: never run)
-    double at_probe = 0;  // the kept way's median at the last probe
+    bool streamed = false;  // the way kept
+    Times kept, probe;      // the kept way's last calls; the probe under way
+    bool probing = false;   // the next calls run the other way
+    bool probed = false;    // a probe has run
+    double at_probe = 0;    // the kept way's time at the last probe
     uint32_t since_probe = 0, probe_every = kFirstProbe;
-    bool probe_now = false;
-    double median() const;
   };
   Class* find(uint32_t kind, size_t bytes);
 
