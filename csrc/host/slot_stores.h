@@ -10,9 +10,9 @@
 // and the 2-rank all-reduce of 16 MiB took 2.0-2.3 ms cached against 2.7-2.9 ms streamed in
 // the first two placements, 4.6-6.4 ms against 3.2-3.9 ms in the third, which came and went
 // for seconds to minutes at a time. So the choice is measured, per kind of call (collective,
-// algorithm and size class), and revisited. Each way is judged by the fastest of its last 3
-// calls: a call is only ever slowed down by what runs beside it (a busy thread taking the core
-// for a time slice), so the fastest is what the way itself costs.
+// algorithm, in place or not, and size class), and revisited. Each way is judged by the fastest of
+// its last 3 calls: a call is only ever slowed down by what runs beside it (a busy thread taking
+// the core for a time slice), so the fastest is what the way itself costs.
 //   - a class runs 3 calls the ordinary way, then 3 the other, and keeps the faster;
 //   - after every `probe_every` calls run the kept way (8, doubling after each probe that
 //     loses, up to 64), 3 calls run the other way, and the class switches when they beat the
@@ -47,8 +47,8 @@ class SlotStorePolicy {
   explicit SlotStorePolicy(SlotStores mode = SlotStores::Auto) : mode_(mode) {}
   SlotStores mode() const { return mode_; }
 
-  // Whether the call about to run streams its slots: `kind` names the collective and
-  // algorithm, `bytes` its size per rank.
+  // Whether the call about to run streams its slots: `kind` names the collective, algorithm
+  // and whether it runs in place, `bytes` its size per rank.
   bool choose(uint32_t kind, size_t bytes);
   // What the call took, in seconds, after it ran its slots as choose() said.
   void record(uint32_t kind, size_t bytes, bool streamed, double seconds);
