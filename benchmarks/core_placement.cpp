@@ -78,48 +78,49 @@ void start(int what) {
   go.fetch_add(1);
 }
 
-void finish(int before) {
+// Seconds `body` takes while the reader runs `what`, the two lines the task signals on reset
+// first; returns once the reader is done too.
+template <class Body>
+double timed(int what, Line& a, Line& b, Body&& body) {
+  a.v = 0;
+  b.v = 0;
+  const int before = done.load();
+  start(what);
+  const auto t = Clock::now();
+  body();
+  const double s = seconds_since(t);
   while (done.load() == before) _mm_pause();
+  return s;
 }
 
 double round_trip_ns() {
-  ping.v = 0;
-  pong.v = 0;
-  const int d = done.load();
-  start(1);
-  const auto t = Clock::now();
-  for (uint64_t i = 1; i <= kTrips; ++i) {
-    ping.v.store(i, std::memory_order_release);
-    while (pong.v.load(std::memory_order_acquire) != i) _mm_pause();
-  }
-  const double ns = seconds_since(t) * 1e9 / kTrips;
-  finish(d);
-  return ns;
+  const double s = timed(1, ping, pong, [] {
+    for (uint64_t i = 1; i <= kTrips; ++i) {
+      ping.v.store(i, std::memory_order_release);
+      while (pong.v.load(std::memory_order_acquire) != i) _mm_pause();
+    }
+  });
+  return s * 1e9 / kTrips;
 }
 
 double hand_over_gbs(bool streamed) {
-  posted.v = 0;
-  consumed.v = 0;
-  const int d = done.load();
-  start(2);
-  const auto t = Clock::now();
-  for (uint64_t i = 1; i <= kBlocks; ++i) {
-    if (i > 2)
-      while (consumed.v.load(std::memory_order_acquire) < i - 2) _mm_pause();
-    float* b = blocks[i & 1];
-    const __m256 v = _mm256_set1_ps(static_cast<float>(i));
-    if (streamed) {
-      for (size_t k = 0; k < kBlock / 4; k += 8) _mm256_stream_ps(b + k, v);
-      _mm_sfence();
-    } else {
-      for (size_t k = 0; k < kBlock / 4; k += 8) _mm256_store_ps(b + k, v);
+  const double s = timed(2, posted, consumed, [streamed] {
+    for (uint64_t i = 1; i <= kBlocks; ++i) {
+      if (i > 2)
+        while (consumed.v.load(std::memory_order_acquire) < i - 2) _mm_pause();
+      float* b = blocks[i & 1];
+      const __m256 v = _mm256_set1_ps(static_cast<float>(i));
+      if (streamed) {
+        for (size_t k = 0; k < kBlock / 4; k += 8) _mm256_stream_ps(b + k, v);
+        _mm_sfence();
+      } else {
+        for (size_t k = 0; k < kBlock / 4; k += 8) _mm256_store_ps(b + k, v);
+      }
+      posted.v.store(i, std::memory_order_release);
     }
-    posted.v.store(i, std::memory_order_release);
-  }
-  while (consumed.v.load(std::memory_order_acquire) < kBlocks) _mm_pause();
-  const double gbs = kBlocks * kBlock / seconds_since(t) / 1e9;
-  finish(d);
-  return gbs;
+    while (consumed.v.load(std::memory_order_acquire) < kBlocks) _mm_pause();
+  });
+  return kBlocks * kBlock / s / 1e9;
 }
 
 }  // namespace

@@ -68,6 +68,17 @@ def env_number(name, default, kind, environ=None):
         raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
 
 
+def env_choice(name, default, choices, environ, aliases=None):
+    """``environ[name]`` stripped and lower-cased (`default` when unset or empty), through
+    `aliases`; ValueError naming the variable and the choices when it is not one of them."""
+    value = (environ.get(name) or default).strip().lower()
+    value = (aliases or {}).get(value, value)
+    if value not in choices:
+        expected = f"{', '.join(choices[:-1])} or {choices[-1]}"
+        raise ValueError(f"{name}={value!r}: expected {expected}")
+    return value
+
+
 def _algorithm(name, environ):
     raw = (environ.get(name) or "").strip().lower() or None
     if raw is not None and raw not in ALGORITHMS:
@@ -128,18 +139,11 @@ class Options:
         def pick(arg, name, default, kind):
             return kind(arg) if arg is not None else env_number(name, default, kind, env)
 
-        sync = (env.get("PYCOLL_CUDA_SYNC") or "").strip().lower()
-        if sync not in ("", "auto", *SYNC_MODES):
-            raise ValueError(f"PYCOLL_CUDA_SYNC={sync!r}: expected kernel, host or auto")
-        cma = (env.get("PYCOLL_P2P_CMA") or "on").strip().lower()
-        cma = {"0": "off", "1": "on"}.get(cma, cma)
-        if cma not in ("on", "off", "fail"):
-            raise ValueError(f"PYCOLL_P2P_CMA={cma!r}: expected on, off or fail")
-        slot_stores = (env.get("PYCOLL_SLOT_STORES") or "auto").strip().lower()
-        if slot_stores not in SLOT_STORES:
-            raise ValueError(
-                f"PYCOLL_SLOT_STORES={slot_stores!r}: expected {', '.join(SLOT_STORES)}"
-            )
+        sync = env_choice("PYCOLL_CUDA_SYNC", "auto", (*SYNC_MODES, "auto"), env, {"": "auto"})
+        cma = env_choice(
+            "PYCOLL_P2P_CMA", "on", ("on", "off", "fail"), env, {"0": "off", "1": "on"}
+        )
+        slot_stores = env_choice("PYCOLL_SLOT_STORES", "auto", SLOT_STORES, env)
         opts = cls(
             timeout=pick(timeout, "PYCOLL_TIMEOUT", d.timeout, float),
             staging_bytes=pick(staging_bytes, "PYCOLL_STAGING_BYTES", d.staging_bytes, int),
@@ -160,7 +164,7 @@ class Options:
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, int),
-            cuda_sync=None if sync in ("", "auto") else sync,
+            cuda_sync=None if sync == "auto" else sync,
         )
         opts.check()
         return opts

@@ -198,9 +198,10 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
       std::fprintf(stderr,
                    "pycollectives INFO rank %d/%d: %s #%llu: one pass over mapped buffers\n",
                    rank(), n, name, static_cast<unsigned long long>(seq));
-    if (!single && !mapped) make_schedule(algo, call.collective, p, exec);
+    const bool staged = !single && !mapped;  // through the slots
+    if (staged) make_schedule(algo, call.collective, p, exec);
     exec.finish();
-    if (!single && !mapped)
+    if (staged)
       slot_stores_.record(kind, choice_bytes, stream_slots,
                           std::chrono::duration<double>(Clock::now() - started).count());
     const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);

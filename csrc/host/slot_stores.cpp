@@ -44,12 +44,12 @@ SlotStorePolicy::Class* SlotStorePolicy::find(uint32_t kind, size_t bytes) {
 bool SlotStorePolicy::choose(uint32_t kind, size_t bytes) {
   if (mode_ != SlotStores::Auto) return mode_ == SlotStores::Streamed;
   const Class* k = find(kind, bytes);
-  return k != nullptr && k->streamed != k->probing;
+  return k != nullptr && k->next_streamed();
 }
 
 void SlotStorePolicy::record(uint32_t kind, size_t bytes, bool streamed, double seconds) {
   Class* k = find(kind, bytes);
-  if (k == nullptr || seconds <= 0 || streamed != (k->streamed != k->probing)) return;
+  if (k == nullptr || seconds <= 0 || streamed != k->next_streamed()) return;
   if (!k->probing) {
     k->kept.add(seconds);
     ++k->since_probe;

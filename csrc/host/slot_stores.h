@@ -69,6 +69,7 @@ class SlotStorePolicy {
     bool probed = false;    // a probe has run
     double at_probe = 0;    // the kept way's time at the last probe
     uint32_t since_probe = 0, probe_every = kFirstProbe;
+    bool next_streamed() const { return streamed != probing; }  // the way the next call runs
   };
   Class* find(uint32_t kind, size_t bytes);
 

@@ -103,7 +103,7 @@ class Gloo:
                     "gloo", init_method=f"file://{self.path}", rank=mpi.rank, world_size=mpi.size
                 )
             except RuntimeError as e:
-                error = f"{e}".splitlines()[0]
+                error = str(e).split("\n", 1)[0]
             failed = mpi.allgather(error)
             if not any(failed):
                 break
