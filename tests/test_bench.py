@@ -167,7 +167,8 @@ def test_json_matches_the_table_and_check_passes(tmp_path):
         assert float(printed[5]) == pytest.approx(r["oop"]["time_us"], abs=0.006)
         assert float(printed[7]) == pytest.approx(r["oop"]["busbw"], abs=0.006)
         assert int(printed[8]) == r["oop"]["wrong"] == 0
-        assert "ratio" in r["compare"]["mpi"]
+        mpi = r["compare"]["mpi"]  # against ours timed again beside the peer
+        assert mpi["ours_us"] > 0 and mpi["ratio"] == pytest.approx(mpi["time_us"] / mpi["ours_us"])
     assert "Out of bounds values : 0 OK" in stdout
     assert data["meta"]["ranks"] == 2
 
@@ -188,22 +189,27 @@ def test_rounds_keep_each_sizes_best_time_for_ours_and_each_peer():
 
     nan = float("nan")
 
-    def row(size, oop, ip, peer, wrong=0):
+    def row(size, oop, ip, peer, beside, wrong=0):
         return {
             "size": size,
             "oop": {"time_us": oop, "wrong": wrong},
             "ip": {"time_us": ip, "wrong": 0},
-            "compare": {"mpi": {"time_us": peer, "wrong": wrong}, "x": {"skipped": "why"}},
+            "compare": {
+                "mpi": {"time_us": peer, "ours_us": beside, "wrong": wrong},
+                "x": {"skipped": "why"},
+            },
         }
 
-    a = {"all_reduce": [row(8, 5.0, 4.0, 9.0), row(64, 7.0, nan, 6.0, wrong=1)]}
-    b = {"all_reduce": [row(8, 3.0, 6.0, 12.0), row(64, 8.0, nan, 4.0)]}
+    a = {"all_reduce": [row(8, 5.0, 4.0, 9.0, 3.5), row(64, 7.0, nan, 6.0, 9.0, wrong=1)]}
+    b = {"all_reduce": [row(8, 3.0, 6.0, 12.0, 2.0), row(64, 8.0, nan, 4.0, 8.0)]}
     small, large = best_of([a, b])["all_reduce"]
     assert (small["oop"]["time_us"], small["ip"]["time_us"]) == (3.0, 4.0)
     assert small["compare"]["mpi"]["time_us"] == 9.0
-    assert small["compare"]["mpi"]["ratio"] == pytest.approx(3.0)  # best against best
+    # The peer's best against the best of ours timed beside it, not against our row's time.
+    assert small["compare"]["mpi"]["ours_us"] == 2.0
+    assert small["compare"]["mpi"]["ratio"] == pytest.approx(4.5)
     assert large["oop"]["time_us"] == 7.0 and large["oop"]["wrong"] == 1  # every round's count
-    assert large["compare"]["mpi"]["ratio"] == pytest.approx(4.0 / 7.0)
+    assert large["compare"]["mpi"]["ratio"] == pytest.approx(4.0 / 8.0)
     assert large["compare"]["mpi"]["wrong"] == 1
     assert small["compare"]["x"] == {"skipped": "why"}
     assert a["all_reduce"][0]["oop"]["time_us"] == 5.0  # the rounds are left as they were

@@ -111,7 +111,8 @@ def parse_args(argv=None):
         type=int,
         default=1,
         help="measure ours and every peer this many times, one after another, and keep each "
-        "size's best time for each (a machine whose speed drifts favours nobody)",
+        "size's best time for each (a machine whose speed drifts favours nobody); each peer's "
+        "ratio is to ours timed right before it at the same size",
     )
     ap.add_argument(
         "--shared",
@@ -399,13 +400,19 @@ class Sweep:
     def compare(self, row, name, run):
         """Times a peer (out of place) on the row's size, and with -c 1 checks its results as
         ours are checked. Peers run after all of our sizes: some leave threads polling for a
-        while (gloo), which would slow whatever runs next."""
+        while (gloo), which would slow whatever runs next.
+
+        The ratio is taken against ours timed again (out of place, unchecked) right before
+        the peer, at the same size and with the peer open: a machine whose speed changes
+        from one minute to the next (a VM whose host moves its vCPUs) then times both alike,
+        where our row's time may come from another minute. ``ours_us`` keeps that time."""
         if isinstance(run, str):
             row["compare"][name] = {"skipped": run}
             return
         coll, size = row["collective"], row["size"]
         n_in, n_out, _ = layout(coll, size, self.dt, self.n)
         check = bool(self.args.check)
+        ours, _, _ = self.time_one(self.ours(coll), coll, n_in, n_out, False, False)
         t, wrong, iters = self.time_one(
             run, coll, n_in, n_out, False, check, getattr(run, "sync", None)
         )
@@ -413,7 +420,8 @@ class Sweep:
         row["compare"][name] = {
             "time_us": t * 1e6,
             "busbw": F.busbw(coll, self.n, size, t),
-            "ratio": t / (row["oop"]["time_us"] * 1e-6),
+            "ours_us": ours * 1e6,
+            "ratio": t / ours,
             "wrong": wrong,
             "iters": iters,
         }

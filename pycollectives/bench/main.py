@@ -71,8 +71,9 @@ def measure_peer(sweep, peer, name, rows_of, progress):
 
 def best_of(rounds: list) -> dict:
     """One set of rows from several rounds' (same sizes): each size's fastest time for ours
-    (out of place and in place apart) and for each peer, wrong results of every round added
-    up, ratios taken between the best times."""
+    (out of place and in place apart), for each peer and for ours timed beside that peer,
+    wrong results of every round added up, each peer's ratio taken between its best time
+    and the best of ours beside it."""
 
     def best(entries):
         timed = [e for e in entries if "time_us" in e]
@@ -92,9 +93,11 @@ def best_of(rounds: list) -> dict:
                 row[key] = best([r[key] for r in same])
             row["compare"] = {}
             for name in first["compare"]:
-                row["compare"][name] = entry = best([r["compare"][name] for r in same])
+                entries = [r["compare"][name] for r in same]
+                row["compare"][name] = entry = best(entries)
                 if "time_us" in entry:
-                    entry["ratio"] = entry["time_us"] / row["oop"]["time_us"]
+                    entry["ours_us"] = min(e["ours_us"] for e in entries if "time_us" in e)
+                    entry["ratio"] = entry["time_us"] / entry["ours_us"]
             merged[coll].append(row)
     return merged
 

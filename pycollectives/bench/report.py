@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 
 HEADER = "#{:>12} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}"
 ROW = (
@@ -90,8 +91,8 @@ def comparison(
     ((peer, text) pairs: what each peer is)."""
     lines = [
         f"# {memory}: {copy_bw:.2f} GB/s",
-        "# peers' time / ours (>1: ours is faster); bound = least possible time, "
-        "of bound = bound / ours",
+        "# peers' time / ours timed again just before each peer at the same size "
+        "(>1: ours is faster); bound = least possible time, of bound = bound / ours",
         "#{:>12} {:>10} {:>10} {:>8} {}".format(
             "size", "ours us", "bound us", "of bound", " ".join(f"{n:>14}" for n in names)
         ),
@@ -150,7 +151,7 @@ def plot(path: str, rows: list, names: list, title: str):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=9)  # whole, however long
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
