@@ -326,11 +326,13 @@ class Sweep:
                 out[self.rank * n_in : (self.rank + 1) * n_in] = x
 
         reset()
-        t0 = time.perf_counter()
+        warm = []
         for _ in range(a.warmup_iters):
+            t0 = time.perf_counter()
             run(x, out, in_place)
-        sync()
-        iters = self.iterations(time.perf_counter() - t0)
+            sync()
+            warm.append(time.perf_counter() - t0)
+        iters = self.iterations(sorted(warm)[len(warm) // 2] if warm else 0.0)
         rooted = coll in ("reduce", "gather") and self.rank != a.root
         wrong, checks_here = 0, check and not rooted
         want = expected(coll, op, a.root, self.n, self.rank, n_in, self.dt) if check else None
@@ -355,13 +357,14 @@ class Sweep:
         t = self.mpi.allreduce(elapsed / iters, op=_max())
         return t, self.mpi.allreduce(wrong), iters
 
-    def iterations(self, warm):
+    def iterations(self, pace):
         """Timed calls: -n, or with -T as many as fit in -T seconds at the pace of the warm-up
-        (`warm` seconds on this rank; the slowest rank's pace counts)."""
+        (`pace`: this rank's median warm-up call, so that one call that lost the core for a
+        time slice does not set it; the slowest rank's pace counts)."""
         a = self.args
         if a.time <= 0:
             return a.iters
-        pace = self.mpi.allreduce(warm / a.warmup_iters, op=_max())
+        pace = self.mpi.allreduce(pace, op=_max())
         fit = a.time / pace if pace > 0 else MAX_ITERS
         return max(a.iters, min(MAX_ITERS, int(fit)))
 
