@@ -65,7 +65,8 @@ void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
     }
     // A kernel-mode wait gives up at its own timeout, counted from its launch, a little after
     // this wait began: give it time to report the rank it waited for before blaming our GPU.
-    if (Clock::now() >= w.deadline + std::chrono::seconds(5)) {
+    const auto now = Clock::now();
+    if (now >= w.deadline(now) + std::chrono::seconds(5)) {
       check_device_status(w.collective);
       throw CollectiveTimeout(str_cat(w.collective, " #", w.seq, " timed out after ", w.timeout_s,
                                       " s waiting for this rank's GPU (device ", device_, ")"));
@@ -167,7 +168,7 @@ void CudaComm::close() {
     } catch (const CollectiveError&) {
       // Stop the device waits, then give the launches a moment to notice.
       abort("communicator closed with collectives in flight");
-      w.deadline = Clock::now() + std::chrono::seconds(10);
+      w.set_deadline(Clock::now() + std::chrono::seconds(10));
       try {
         wait_event(step_done_, w);
       } catch (const CollectiveError&) {

@@ -134,7 +134,8 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const CallExtents ext = call_extents(call, rank(), n);
   const size_t choice_bytes = choice_count(call, n) * esize;
   const Algo algo = call.algo == Algo::Auto ? choose(call.collective, choice_bytes) : call.algo;
-  const auto started = Clock::now();
+  const bool timed = slot_stores_.measures(choice_bytes);  // small calls read no clock
+  const auto started = timed ? Clock::now() : Clock::time_point{};
 
   CallBuffers buf;
   buf.input = static_cast<const uint8_t*>(call.in);
@@ -201,7 +202,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     const bool staged = !single && !mapped;  // through the slots
     if (staged) make_schedule(algo, call.collective, p, exec);
     exec.finish();
-    if (staged)
+    if (staged && timed)
       slot_stores_.record(kind, choice_bytes, stream_slots,
                           std::chrono::duration<double>(Clock::now() - started).count());
     const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);

@@ -47,6 +47,8 @@ class SlotStorePolicy {
   explicit SlotStorePolicy(SlotStores mode = SlotStores::Auto) : mode_(mode) {}
   SlotStores mode() const { return mode_; }
 
+  // Whether calls of `bytes` per rank are measured (record() wants their times).
+  bool measures(size_t bytes) const { return mode_ == SlotStores::Auto && bytes >= kMinBytes; }
   // Whether the call about to run streams its slots: `kind` names the collective, algorithm
   // and whether it runs in place, `bytes` its size per rank.
   bool choose(uint32_t kind, size_t bytes);

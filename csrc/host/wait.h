@@ -40,7 +40,6 @@ enum class WaitFor { Data, Space, Barrier, Arrival };
 struct WaitContext {
   const char* collective = "";
   uint64_t seq = 0;
-  Clock::time_point deadline;
   double timeout_s = 0;
   const ShmTransport* transport = nullptr;
   const std::atomic<bool>* abort = nullptr;
@@ -49,18 +48,31 @@ struct WaitContext {
   // wait drags on, and against a peer as soon as data from it arrives.
   std::vector<FingerprintGuard>* deferred = nullptr;
 
-  // The context of collective #seq, whose waits may last `timeout_s` from now.
+  // The context of collective #seq, whose waits may last `timeout_s`.
   static WaitContext start(const char* collective, uint64_t seq, double timeout_s,
                            const ShmTransport* transport, const std::atomic<bool>* abort) {
     WaitContext w;
     w.collective = collective;
     w.seq = seq;
     w.timeout_s = timeout_s;
-    w.deadline = deadline_after(timeout_s);
     w.transport = transport;
     w.abort = abort;
     return w;
   }
+
+  // The call's deadline: `timeout_s` after the first of its waits that outlasted the spin
+  // (`now`, when this is first asked). Most small calls never wait that long, and so never read
+  // the clock for it.
+  Clock::time_point deadline(Clock::time_point now) const {
+    if (deadline_ == Clock::time_point{})
+      deadline_ = now + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+    return deadline_;
+  }
+  void set_deadline(Clock::time_point t) { deadline_ = t; }
+
+ private:
+  mutable Clock::time_point deadline_{};
 };
 
 // Throws if waiting on `peer` no longer makes sense: it died, the communicator was aborted, or
@@ -155,6 +167,7 @@ inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor 
     PYCOLL_CPU_RELAX();
   }
   const auto start = Clock::now();
+  const auto deadline = ctx.deadline(start);
   const auto yield_until = start + std::chrono::milliseconds(1);
   auto next_check = start + std::chrono::milliseconds(10);
   Sleeper sleeper(max_sleep_ns);
@@ -166,7 +179,7 @@ inline void wait_until(Ready&& ready, const WaitContext& ctx, int peer, WaitFor 
     }
     if (now >= next_check) {
       check_wait(ctx, peer);
-      if (now >= ctx.deadline) {
+      if (now >= deadline) {
         if (ready()) return;
         throw_timeout(ctx, peer, what);
       }
