@@ -3,10 +3,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "algo/messages.h"
 #include "algo/schedule.h"
@@ -25,6 +28,111 @@ using namespace pycoll;
 using namespace pycoll::pyargs;
 
 namespace {
+
+// The type of pycollectives.ReduceOp, registered by the package when it loads (run_now takes
+// an op only of that exact type; anything else goes the general way).
+PyTypeObject* reduce_op_type = nullptr;
+
+// The algorithm code of `algorithm` as run_now takes it: None (automatic) or a name; -1 for
+// anything else, which the general path converts or rejects.
+int algo_code_of(py::handle algorithm) {
+  if (algorithm.is_none()) return 0;
+  if (!PyUnicode_Check(algorithm.ptr())) return -1;
+  for (int a = 0; a < kNumAlgos; ++a)
+    if (PyUnicode_CompareWithASCIIString(algorithm.ptr(), algo_name(static_cast<Algo>(a))) == 0)
+      return a;
+  return -1;
+}
+
+// Holds the GIL released for its lifetime (what py::gil_scoped_release does, without pybind11's
+// bookkeeping: run_now's calls are the smallest there are).
+struct NoGil {
+  PyThreadState* state = PyEval_SaveThread();
+  NoGil() = default;
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+  ~NoGil() { PyEval_RestoreThread(state); }
+};
+
+// run_now(code, x, out, op, root, algorithm, async_op, stream): the common call in one step from
+// the Python layer. numpy arrays, op a ReduceOp, root an int, algorithm None or a name, run now:
+// returns True once done. Anything else returns False before anything is looked at further,
+// and the Python layer takes its general path (conversions, other array types, Work, its
+// own error messages).
+bool run_now(HostComm& c, PyObject* const* a) {
+  const py::handle x(a[1]), out(a[2]), op(a[3]), root(a[4]), algorithm(a[5]);
+  const auto* ndarray = py::detail::npy_api::get().PyArray_Type_;
+  if (!PyLong_CheckExact(a[0]) || Py_TYPE(x.ptr()) != ndarray ||
+      (!out.is_none() && Py_TYPE(out.ptr()) != ndarray) || a[6] != Py_False || a[7] != Py_None ||
+      !PyLong_CheckExact(root.ptr()))
+    return false;
+  int overflow = 0;
+  const long code = PyLong_AsLongAndOverflow(a[0], &overflow);
+  if (overflow != 0 || code < 0 || code >= kNumCollectives) return false;
+  const auto coll = static_cast<Collective>(code);
+  int op_code = 0;
+  if (carries_partials(coll)) {
+    if (reduce_op_type == nullptr || Py_TYPE(op.ptr()) != reduce_op_type) return false;
+    op_code = static_cast<int>(PyLong_AsLong(op.ptr()));
+  }
+  const int algo = algo_code_of(algorithm);
+  const long r = PyLong_AsLongAndOverflow(root.ptr(), &overflow);
+  if (algo < 0 || overflow != 0 || r < INT_MIN || r > INT_MAX) return false;
+  const CollectiveCall call =
+      parse_call(coll, x, out, static_cast<int>(r), op_code, algo, c.rank(), c.size());
+  NoGil nogil;
+  c.run(call);
+  return true;
+}
+
+// A C++ exception on its way to Python from a plain CPython function: raise_pending (bound by
+// pybind11 in the module) rethrows it, so that pybind11 translates it as for any binding.
+thread_local std::exception_ptr pending_error;
+PyObject* raise_pending = nullptr;
+
+PyObject* raise_as_python(std::exception_ptr e) {
+  pending_error = std::move(e);
+  Py_XDECREF(PyObject_CallNoArgs(raise_pending));  // NULL, with the Python exception set
+  return nullptr;
+}
+
+constexpr const char* kRunNowCapsule = "pycollectives._C.HostComm";
+
+PyObject* run_now_fast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "run_now takes 8 positional arguments");
+    return nullptr;
+  }
+  auto* c = static_cast<HostComm*>(PyCapsule_GetPointer(self, kRunNowCapsule));
+  if (c == nullptr) return nullptr;
+  try {
+    return PyBool_FromLong(run_now(*c, args));
+  } catch (...) {
+    return raise_as_python(std::current_exception());
+  }
+}
+
+PyMethodDef run_now_def = {
+    "run_now", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run_now_fast)),
+    METH_FASTCALL, "run_now(code, x, out, op, root, algorithm, async_op, stream) -> bool"};
+
+// run_now bound to the communicator `self` (a HostComm), which it keeps alive. pybind11's own
+// call machinery would cost as much as the rest of an 8-byte call's native part.
+py::object run_now_function(py::object self) {
+  HostComm& c = self.cast<HostComm&>();
+  PyObject* cap = PyCapsule_New(&c, kRunNowCapsule, [](PyObject* capsule) {
+    Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(capsule)));
+  });
+  if (cap == nullptr) throw py::error_already_set();
+  auto capsule = py::reinterpret_steal<py::object>(cap);
+  if (PyCapsule_SetContext(cap, self.inc_ref().ptr()) != 0) {
+    self.dec_ref();
+    throw py::error_already_set();
+  }
+  PyObject* fn = PyCFunction_NewEx(&run_now_def, cap, nullptr);
+  if (fn == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
 
 // Runs `call` now with the GIL released, or queues it and returns its Work.
 py::object dispatch(HostComm& c, const CollectiveCall& call, bool async_op) {
@@ -149,6 +257,8 @@ void bind_host_comm(py::module_& m) {
             return std::string(algo_name(c.choose(collective_from_name(coll), bytes)));
           },
           py::arg("collective"), py::arg("bytes"))
+      // A plain CPython function (run_now_function), bound to this communicator.
+      .def_property_readonly("run_now", [](py::object self) { return run_now_function(self); })
       .def(
           "run_call",
           [](HostComm& c, const py::tuple& call) {
@@ -431,6 +541,15 @@ PYBIND11_MODULE(_C, m) {
   bind_schedules(m);
   bind_emu_comm(m);
   bind_codes(m);
+  m.def("_raise_pending", [] { std::rethrow_exception(std::exchange(pending_error, nullptr)); });
+  raise_pending = py::object(m.attr("_raise_pending")).release().ptr();  // kept for good
+  m.def(
+      "set_reduce_op_type",
+      [](py::type t) {
+        Py_XDECREF(reduce_op_type);
+        reduce_op_type = reinterpret_cast<PyTypeObject*>(t.release().ptr());  // kept for good
+      },
+      py::arg("type"));
   m.def(
       "check_p2p",
       [](py::handle ops, int rank, int size) {

@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,11 @@ class HostComm:
     def set_tuning(self, rules: list[tuple[str, int, int, int, str]]) -> None: ...
     def set_forced(self, algorithm: str) -> None: ...
     def choose(self, collective: str, bytes: int) -> str: ...
+    @property
+    def run_now(self) -> Callable[[int, Any, Any, Any, Any, Any, Any, Any], bool]:
+        """run_now(collective code, x, out, op, root, algorithm, async_op, stream): runs a
+        blocking call on numpy arrays (op a ReduceOp, root an int, algorithm None or a name) in
+        one step and returns True; returns False, having done nothing, for any other call."""
     def run_call(self, call: Any) -> Work | None:
         """Any collective: a pycollectives.backends.Call, or a plain tuple of its fields in
         order (collective, x, out, op, root, algorithm, async_op, stream, counts, in_splits,
@@ -250,3 +256,5 @@ def check_described_args(
     in_splits: list[int] | None = None,
     out_splits: list[int] | None = None,
 ) -> int: ...
+def set_reduce_op_type(type: type) -> None:
+    """The ReduceOp class, whose members run_now takes as ops."""

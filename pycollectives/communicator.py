@@ -11,13 +11,17 @@ from pycollectives import arrays, bootstrap, shared, trace
 from pycollectives.backends import Call, HostBackend, P2POp
 from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.hierarchy import Hierarchical
-from pycollectives.ops import SUM, algo_code, op_code
+from pycollectives.ops import SUM, algo_code, collective_code, op_code
 from pycollectives.options import Options
 from pycollectives.topology import Topology, ranks_per_node_from_env
 from pycollectives.work import InFlight, Work
 
 # What every rank contributes when the first GPU collective starts the CUDA transport.
 _GPU_HANDSHAKE = b"pycollectives:cuda-transport-v1"
+# Native codes of the collectives that take the one-step path (Communicator._now).
+_AR, _RS, _AG, _BC, _RED = map(
+    collective_code, ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+)
 
 
 class Communicator:
@@ -55,7 +59,7 @@ class Communicator:
         self.options = Options.resolve(
             timeout=timeout, staging_bytes=staging_bytes, staging_slots=staging_slots
         )
-        self._host = self._fast_run = None
+        self._host = self._fast_run = self._now = None
         self._cuda = None  # the CUDA transport, made by the first operation on GPU arrays
         self._cuda_error = None
         self._staged = None  # send/recv of GPU arrays, made by the first one
@@ -77,8 +81,11 @@ class Communicator:
             raise
         self.rank, self.size = self._group.rank, self._group.size
         self._inflight = InFlight()
-        # One machine: numpy calls go straight to the native run (see _run).
-        self._fast_run = self._host.run if isinstance(self._host, HostBackend) else None
+        # One machine: numpy calls go straight to the native run (see _run), and a blocking
+        # call on numpy arrays with no conversion to make runs in one native step (_now: False
+        # when the call is not that, and the general path takes it).
+        if isinstance(self._host, HostBackend):
+            self._fast_run, self._now = self._host.run, self._host.c.run_now
         trace.instrument(self)  # PYCOLL_TRACE: a timeline of this communicator's calls
 
     @classmethod
@@ -132,7 +139,7 @@ class Communicator:
             if self._cuda is not None:
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
         finally:
-            self._cuda = self._fast_run = self._staged = None
+            self._cuda = self._fast_run = self._now = self._staged = None
             self._host.close()
             self._host = None
             self._group.free()
@@ -237,6 +244,8 @@ class Communicator:
     def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`),
         bitwise identical on every rank. Returns the output array."""
+        if self._now is not None and self._now(_AR, x, out, op, 0, algorithm, async_op, stream):
+            return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
         args = ("all_reduce", x, out, op, 0, algorithm, async_op, stream, None, None, None)
         return self._run(args, x if out is None else out)
@@ -246,6 +255,12 @@ class Communicator:
     ):
         """Reduces `x` over all ranks; rank r gets block r in `out`. Blocks are ``out.size``
         elements each, or ``counts[r]`` (a list of per-rank sizes, ``x.size == sum(counts)``)."""
+        if (
+            counts is None
+            and self._now is not None
+            and self._now(_RS, x, out, op, 0, algorithm, async_op, stream)
+        ):
+            return out
         counts = _sizes(counts, "counts")
         op, algorithm = op_code(op), algo_code(algorithm)
         args = ("reduce_scatter", x, out, op, 0, algorithm, async_op, stream, counts, None, None)
@@ -254,12 +269,20 @@ class Communicator:
     def all_gather(self, x, out, counts=None, algorithm=None, async_op=False, stream=None):
         """Gathers every rank's `x` into `out`, rank-major: ``size * x.size`` elements, or
         ``sum(counts)`` with rank r contributing ``counts[r]``."""
+        if (
+            counts is None
+            and self._now is not None
+            and self._now(_AG, x, out, 0, 0, algorithm, async_op, stream)
+        ):
+            return out
         counts, algorithm = _sizes(counts, "counts"), algo_code(algorithm)
         args = ("all_gather", x, out, 0, 0, algorithm, async_op, stream, counts, None, None)
         return self._run(args, out)
 
     def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""
+        if self._now is not None and self._now(_BC, x, None, 0, root, algorithm, async_op, stream):
+            return x
         algorithm = algo_code(algorithm)
         args = ("broadcast", x, None, 0, root, algorithm, async_op, stream, None, None, None)
         return self._run(args, x)
@@ -267,6 +290,8 @@ class Communicator:
     def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
         Elsewhere `out` is checked but not written. Returns the output array."""
+        if self._now is not None and self._now(_RED, x, out, op, root, algorithm, async_op, stream):
+            return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
         args = ("reduce", x, out, op, root, algorithm, async_op, stream, None, None, None)
         return self._run(args, x if out is None else out)

@@ -35,6 +35,7 @@ MIN = ReduceOp.MIN
 MAX = ReduceOp.MAX
 AVG = ReduceOp.AVG
 assert tuple(o.name.lower() for o in ReduceOp) == _C.OPS, "ReduceOp out of step with the core"
+_C.set_reduce_op_type(ReduceOp)  # the op the core's one-step path takes as it is
 
 # Names a caller may pass as `op`: "sum", "SUM", ...
 _OP_NAMES = {name: op for op in ReduceOp for name in (op.name, op.name.lower())}

@@ -1,0 +1,105 @@
+"""The one-step path of blocking calls on numpy arrays (Communicator._now, the core's run_now):
+which calls take it, that they agree with numpy and with the general path, and that its errors
+reach Python as the general path's do."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import pycollectives as pc
+from pycollectives.ops import collective_code
+
+torch = pytest.importorskip("torch")
+
+
+def run_ranks(comms, fn):
+    with ThreadPoolExecutor(len(comms)) as pool:
+        return list(pool.map(fn, comms))
+
+
+def spy(comm) -> list:
+    """What each of `comm`'s calls to the one-step path returned, in order."""
+    returned, real = [], comm._now
+
+    def recorded(*args):
+        returned.append(real(*args))
+        return returned[-1]
+
+    comm._now = recorded
+    return returned
+
+
+def test_one_step_calls_and_fallbacks_agree_with_numpy():
+    n = 2
+    comms = pc.Communicator.local(n, timeout=30)
+    inputs = [np.random.default_rng(r).normal(size=64).astype(np.float32) for r in range(n)]
+    total = np.sum(inputs, axis=0)
+
+    def body(c):
+        r, seen = c.rank, spy(c)
+        got = {}
+        # Taken in one step: numpy arrays, a ReduceOp, root an int, algorithm None or a name.
+        got["sum"] = c.all_reduce(inputs[r].copy())
+        got["max_ring"] = c.all_reduce(inputs[r].copy(), op=pc.MAX, algorithm="ring")
+        out = np.empty(64, np.float32)
+        got["oop"] = c.all_reduce(inputs[r], out) is out and out
+        got["ag"] = c.all_gather(inputs[r], np.empty(n * 64, np.float32))
+        got["rs"] = c.reduce_scatter(np.concatenate([inputs[r]] * n), np.empty(64, np.float32))
+        got["bc"] = c.broadcast(inputs[r].copy(), root=1)
+        got["red"] = c.reduce(inputs[r].copy(), root=0)
+        one_step = list(seen)
+        # Not taken (False, then the general path): an op by name, async_op, a numpy integer
+        # root, torch tensors, split lists (never offered).
+        got["by_name"] = c.all_reduce(inputs[r].copy(), op="min")
+        got["async"] = c.all_reduce(inputs[r].copy(), async_op=True).wait() and None
+        got["np_root"] = c.broadcast(inputs[r].copy(), root=np.int64(1))
+        t = torch.from_numpy(inputs[r].copy())
+        got["torch"] = c.all_reduce(t).numpy()
+        c.all_gather(inputs[r][: r + 1], np.empty(3, np.float32), counts=[1, 2])
+        return one_step, seen[len(one_step) :], got
+
+    results = run_ranks(comms, body)
+    for r, (one_step, general, got) in enumerate(results):
+        assert one_step == [True] * 7
+        assert general == [False] * 4  # counts= never reaches the one-step path
+        np.testing.assert_allclose(got["sum"], total, rtol=1e-6)
+        np.testing.assert_array_equal(got["max_ring"], np.maximum(*inputs))
+        np.testing.assert_allclose(got["oop"], total, rtol=1e-6)
+        np.testing.assert_array_equal(got["ag"], np.concatenate(inputs))
+        np.testing.assert_allclose(got["rs"], total, rtol=1e-6)  # block r of every rank
+        np.testing.assert_array_equal(got["bc"], inputs[1])
+        if r == 0:
+            np.testing.assert_allclose(got["red"], total, rtol=1e-6)
+        np.testing.assert_array_equal(got["by_name"], np.minimum(*inputs))
+        np.testing.assert_array_equal(got["np_root"], inputs[1])
+        np.testing.assert_allclose(got["torch"], total, rtol=1e-6)
+    for c in comms:
+        c.close()
+
+
+def test_one_step_errors_are_the_general_paths():
+    """An error raised in the core on the one-step path is translated as pybind11 translates
+    every other: TypeError, ValueError, and the package's CollectiveError, not a SystemError."""
+    (c,) = pc.Communicator.local(1, timeout=30)
+    now, ar, bc = c._now, collective_code("all_reduce"), collective_code("broadcast")
+    with pytest.raises(TypeError, match="unsupported dtype complex64"):
+        now(ar, np.ones(4, np.complex64), None, pc.SUM, 0, None, False, None)
+    with pytest.raises(ValueError, match="root 3 is out of range"):
+        now(bc, np.ones(4, np.float32), None, 0, 3, None, False, None)
+    with pytest.raises(TypeError, match="8 positional arguments"):
+        now(bc, np.ones(4, np.float32))
+    # Not for the one-step path: False, nothing run.
+    seq = c.seq
+    assert now(ar, np.ones(4, np.float32), None, 0, 0, None, False, None) is False  # int op
+    assert now(ar, np.ones(4, np.float32), None, pc.SUM, 0, "nope", False, None) is False
+    assert now(ar, np.ones(4, np.float32), None, pc.SUM, 2**70, None, False, None) is False
+    for code in (99, -1, 2**70):
+        assert now(code, np.ones(4, np.float32), None, pc.SUM, 0, None, False, None) is False
+    assert c.seq == seq
+    assert now(ar, np.ones(4, np.float32), None, pc.SUM, 0, "auto", False, None) is True
+    assert c.seq == seq + 1
+    c._host.c.abort("stopped by the test")
+    with pytest.raises(pc.CollectiveError, match="stopped by the test"):
+        c.all_reduce(np.ones(4, np.float32))
+    c.close()
