@@ -3,11 +3,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
+#include <cctype>
 #include <climits>
 #include <cstring>
 #include <exception>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -30,7 +33,7 @@ using namespace pycoll::pyargs;
 namespace {
 
 // The type of pycollectives.ReduceOp, registered by the package when it loads (run_now takes
-// an op only of that exact type; anything else goes the general way).
+// members of that exact type, not other integers).
 PyTypeObject* reduce_op_type = nullptr;
 
 // The algorithm code of `algorithm` as run_now takes it: None (automatic) or a name; -1 for
@@ -41,6 +44,25 @@ int algo_code_of(py::handle algorithm) {
   for (int a = 0; a < kNumAlgos; ++a)
     if (PyUnicode_CompareWithASCIIString(algorithm.ptr(), algo_name(static_cast<Algo>(a))) == 0)
       return a;
+  return -1;
+}
+
+// The op code of `op` as run_now takes it: a ReduceOp, or its name in lower or upper case
+// ("sum", "SUM"); -1 for anything else, which the general path converts or rejects.
+int op_code_of(py::handle op) {
+  if (Py_TYPE(op.ptr()) == reduce_op_type) return static_cast<int>(PyLong_AsLong(op.ptr()));
+  if (!PyUnicode_Check(op.ptr())) return -1;
+  static const auto upper = [] {
+    std::array<std::string, kNumRedOps> names;
+    for (int k = 0; k < kNumRedOps; ++k)
+      for (const char* c = redop_name(static_cast<RedOp>(k)); *c != 0; ++c)
+        names[k] += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
+    return names;
+  }();
+  for (int k = 0; k < kNumRedOps; ++k)
+    if (PyUnicode_CompareWithASCIIString(op.ptr(), redop_name(static_cast<RedOp>(k))) == 0 ||
+        PyUnicode_CompareWithASCIIString(op.ptr(), upper[k].c_str()) == 0)
+      return k;
   return -1;
 }
 
@@ -55,7 +77,8 @@ struct NoGil {
 };
 
 // run_now(code, x, out, op, root, algorithm, async_op, stream): the common call in one step from
-// the Python layer. numpy arrays, op a ReduceOp, root an int, algorithm None or a name, run now:
+// the Python layer. numpy arrays, op a ReduceOp or its name, root an int, algorithm None or a
+// name, run now:
 // returns True once done. Anything else returns False before anything is looked at further,
 // and the Python layer takes its general path (conversions, other array types, Work, its
 // own error messages).
@@ -70,14 +93,10 @@ bool run_now(HostComm& c, PyObject* const* a) {
   const long code = PyLong_AsLongAndOverflow(a[0], &overflow);
   if (overflow != 0 || code < 0 || code >= kNumCollectives) return false;
   const auto coll = static_cast<Collective>(code);
-  int op_code = 0;
-  if (carries_partials(coll)) {
-    if (reduce_op_type == nullptr || Py_TYPE(op.ptr()) != reduce_op_type) return false;
-    op_code = static_cast<int>(PyLong_AsLong(op.ptr()));
-  }
+  const int op_code = carries_partials(coll) ? op_code_of(op) : 0;
   const int algo = algo_code_of(algorithm);
   const long r = PyLong_AsLongAndOverflow(root.ptr(), &overflow);
-  if (algo < 0 || overflow != 0 || r < INT_MIN || r > INT_MAX) return false;
+  if (op_code < 0 || algo < 0 || overflow != 0 || r < INT_MIN || r > INT_MAX) return false;
   const CollectiveCall call =
       parse_call(coll, x, out, static_cast<int>(r), op_code, algo, c.rank(), c.size());
   NoGil nogil;

@@ -86,7 +86,8 @@ class HostComm:
     @property
     def run_now(self) -> Callable[[int, Any, Any, Any, Any, Any, Any, Any], bool]:
         """run_now(collective code, x, out, op, root, algorithm, async_op, stream): runs a
-        blocking call on numpy arrays (op a ReduceOp, root an int, algorithm None or a name) in
+        blocking call on numpy arrays (op a ReduceOp or its name, root an int, algorithm None or
+        a name) in
         one step and returns True; returns False, having done nothing, for any other call."""
     def run_call(self, call: Any) -> Work | None:
         """Any collective: a pycollectives.backends.Call, or a plain tuple of its fields in

@@ -39,8 +39,11 @@ def test_one_step_calls_and_fallbacks_agree_with_numpy():
     def body(c):
         r, seen = c.rank, spy(c)
         got = {}
-        # Taken in one step: numpy arrays, a ReduceOp, root an int, algorithm None or a name.
+        # Taken in one step: numpy arrays, a ReduceOp or its name, root an int, algorithm None
+        # or a name.
         got["sum"] = c.all_reduce(inputs[r].copy())
+        got["by_name"] = c.all_reduce(inputs[r].copy(), op="min")
+        got["by_upper_name"] = c.all_reduce(inputs[r].copy(), op="MIN")
         got["max_ring"] = c.all_reduce(inputs[r].copy(), op=pc.MAX, algorithm="ring")
         out = np.empty(64, np.float32)
         got["oop"] = c.all_reduce(inputs[r], out) is out and out
@@ -49,9 +52,9 @@ def test_one_step_calls_and_fallbacks_agree_with_numpy():
         got["bc"] = c.broadcast(inputs[r].copy(), root=1)
         got["red"] = c.reduce(inputs[r].copy(), root=0)
         one_step = list(seen)
-        # Not taken (False, then the general path): an op by name, async_op, a numpy integer
-        # root, torch tensors, split lists (never offered).
-        got["by_name"] = c.all_reduce(inputs[r].copy(), op="min")
+        # Not taken (False, then the general path): torch.distributed's op, async_op, a numpy
+        # integer root, torch tensors, split lists (never offered).
+        got["torch_op"] = c.all_reduce(inputs[r].copy(), op=torch.distributed.ReduceOp.MIN)
         got["async"] = c.all_reduce(inputs[r].copy(), async_op=True).wait() and None
         got["np_root"] = c.broadcast(inputs[r].copy(), root=np.int64(1))
         t = torch.from_numpy(inputs[r].copy())
@@ -61,7 +64,7 @@ def test_one_step_calls_and_fallbacks_agree_with_numpy():
 
     results = run_ranks(comms, body)
     for r, (one_step, general, got) in enumerate(results):
-        assert one_step == [True] * 7
+        assert one_step == [True] * 9
         assert general == [False] * 4  # counts= never reaches the one-step path
         np.testing.assert_allclose(got["sum"], total, rtol=1e-6)
         np.testing.assert_array_equal(got["max_ring"], np.maximum(*inputs))
@@ -71,7 +74,8 @@ def test_one_step_calls_and_fallbacks_agree_with_numpy():
         np.testing.assert_array_equal(got["bc"], inputs[1])
         if r == 0:
             np.testing.assert_allclose(got["red"], total, rtol=1e-6)
-        np.testing.assert_array_equal(got["by_name"], np.minimum(*inputs))
+        for name in ("by_name", "by_upper_name", "torch_op"):
+            np.testing.assert_array_equal(got[name], np.minimum(*inputs))
         np.testing.assert_array_equal(got["np_root"], inputs[1])
         np.testing.assert_allclose(got["torch"], total, rtol=1e-6)
     for c in comms:
@@ -93,6 +97,7 @@ def test_one_step_errors_are_the_general_paths():
     seq = c.seq
     assert now(ar, np.ones(4, np.float32), None, 0, 0, None, False, None) is False  # int op
     assert now(ar, np.ones(4, np.float32), None, pc.SUM, 0, "nope", False, None) is False
+    assert now(ar, np.ones(4, np.float32), None, "Sum", 0, None, False, None) is False
     assert now(ar, np.ones(4, np.float32), None, pc.SUM, 2**70, None, False, None) is False
     for code in (99, -1, 2**70):
         assert now(code, np.ones(4, np.float32), None, pc.SUM, 0, None, False, None) is False
