@@ -10,6 +10,7 @@
 #include <exception>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -560,7 +561,11 @@ PYBIND11_MODULE(_C, m) {
   bind_schedules(m);
   bind_emu_comm(m);
   bind_codes(m);
-  m.def("_raise_pending", [] { std::rethrow_exception(std::exchange(pending_error, nullptr)); });
+  m.def("_raise_pending", [] {
+    std::exception_ptr e = std::exchange(pending_error, nullptr);
+    if (e == nullptr) throw std::logic_error("_raise_pending: no error pending");
+    std::rethrow_exception(e);
+  });
   raise_pending = py::object(m.attr("_raise_pending")).release().ptr();  // kept for good
   m.def(
       "set_reduce_op_type",

@@ -24,6 +24,11 @@ _AR, _RS, _AG, _BC, _RED = map(
 )
 
 
+def _not_now(*args) -> bool:
+    """The one-step path where there is none (several nodes, closed, traced): never taken."""
+    return False
+
+
 class Communicator:
     """A group of ranks that run collectives and exchange messages.
 
@@ -59,7 +64,8 @@ class Communicator:
         self.options = Options.resolve(
             timeout=timeout, staging_bytes=staging_bytes, staging_slots=staging_slots
         )
-        self._host = self._fast_run = self._now = None
+        self._host = self._fast_run = None
+        self._now = _not_now
         self._cuda = None  # the CUDA transport, made by the first operation on GPU arrays
         self._cuda_error = None
         self._staged = None  # send/recv of GPU arrays, made by the first one
@@ -139,7 +145,8 @@ class Communicator:
             if self._cuda is not None:
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
         finally:
-            self._cuda = self._fast_run = self._now = self._staged = None
+            self._cuda = self._fast_run = self._staged = None
+            self._now = _not_now
             self._host.close()
             self._host = None
             self._group.free()
@@ -244,7 +251,7 @@ class Communicator:
     def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`),
         bitwise identical on every rank. Returns the output array."""
-        if self._now is not None and self._now(_AR, x, out, op, 0, algorithm, async_op, stream):
+        if self._now(_AR, x, out, op, 0, algorithm, async_op, stream):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
         args = ("all_reduce", x, out, op, 0, algorithm, async_op, stream, None, None, None)
@@ -255,11 +262,7 @@ class Communicator:
     ):
         """Reduces `x` over all ranks; rank r gets block r in `out`. Blocks are ``out.size``
         elements each, or ``counts[r]`` (a list of per-rank sizes, ``x.size == sum(counts)``)."""
-        if (
-            counts is None
-            and self._now is not None
-            and self._now(_RS, x, out, op, 0, algorithm, async_op, stream)
-        ):
+        if counts is None and self._now(_RS, x, out, op, 0, algorithm, async_op, stream):
             return out
         counts = _sizes(counts, "counts")
         op, algorithm = op_code(op), algo_code(algorithm)
@@ -269,11 +272,7 @@ class Communicator:
     def all_gather(self, x, out, counts=None, algorithm=None, async_op=False, stream=None):
         """Gathers every rank's `x` into `out`, rank-major: ``size * x.size`` elements, or
         ``sum(counts)`` with rank r contributing ``counts[r]``."""
-        if (
-            counts is None
-            and self._now is not None
-            and self._now(_AG, x, out, 0, 0, algorithm, async_op, stream)
-        ):
+        if counts is None and self._now(_AG, x, out, 0, 0, algorithm, async_op, stream):
             return out
         counts, algorithm = _sizes(counts, "counts"), algo_code(algorithm)
         args = ("all_gather", x, out, 0, 0, algorithm, async_op, stream, counts, None, None)
@@ -281,7 +280,7 @@ class Communicator:
 
     def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""
-        if self._now is not None and self._now(_BC, x, None, 0, root, algorithm, async_op, stream):
+        if self._now(_BC, x, None, 0, root, algorithm, async_op, stream):
             return x
         algorithm = algo_code(algorithm)
         args = ("broadcast", x, None, 0, root, algorithm, async_op, stream, None, None, None)
@@ -290,7 +289,7 @@ class Communicator:
     def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
         Elsewhere `out` is checked but not written. Returns the output array."""
-        if self._now is not None and self._now(_RED, x, out, op, root, algorithm, async_op, stream):
+        if self._now(_RED, x, out, op, root, algorithm, async_op, stream):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
         args = ("reduce", x, out, op, root, algorithm, async_op, stream, None, None, None)

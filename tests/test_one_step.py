@@ -93,6 +93,8 @@ def test_one_step_errors_are_the_general_paths():
         now(bc, np.ones(4, np.float32), None, 0, 3, None, False, None)
     with pytest.raises(TypeError, match="8 positional arguments"):
         now(bc, np.ones(4, np.float32))
+    with pytest.raises(RuntimeError, match="no error pending"):  # not a crash
+        pc._C._raise_pending()
     # Not for the one-step path: False, nothing run.
     seq = c.seq
     assert now(ar, np.ones(4, np.float32), None, 0, 0, None, False, None) is False  # int op
