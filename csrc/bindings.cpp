@@ -3,15 +3,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <array>
-#include <cctype>
 #include <climits>
 #include <cstring>
 #include <exception>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
-#include <string>
 #include <tuple>
 #include <utility>
 
@@ -33,9 +30,11 @@ using namespace pycoll::pyargs;
 
 namespace {
 
-// The type of pycollectives.ReduceOp, registered by the package when it loads (run_now takes
-// members of that exact type, not other integers).
+// pycollectives.ReduceOp and the names a caller may give its members (ops._OP_NAMES: name ->
+// member), registered by the package when it loads. run_now takes members of that exact type,
+// not other integers, and names found in that table.
 PyTypeObject* reduce_op_type = nullptr;
+PyObject* op_names = nullptr;
 
 // The algorithm code of `algorithm` as run_now takes it: None (automatic) or a name; -1 for
 // anything else, which the general path converts or rejects.
@@ -48,23 +47,16 @@ int algo_code_of(py::handle algorithm) {
   return -1;
 }
 
-// The op code of `op` as run_now takes it: a ReduceOp, or its name in lower or upper case
-// ("sum", "SUM"); -1 for anything else, which the general path converts or rejects.
+// The op code of `op` as run_now takes it: a ReduceOp, or a name in the package's table; -1
+// for anything else, which the general path converts or rejects.
 int op_code_of(py::handle op) {
-  if (Py_TYPE(op.ptr()) == reduce_op_type) return static_cast<int>(PyLong_AsLong(op.ptr()));
-  if (!PyUnicode_Check(op.ptr())) return -1;
-  static const auto upper = [] {
-    std::array<std::string, kNumRedOps> names;
-    for (int k = 0; k < kNumRedOps; ++k)
-      for (const char* c = redop_name(static_cast<RedOp>(k)); *c != 0; ++c)
-        names[k] += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
-    return names;
-  }();
-  for (int k = 0; k < kNumRedOps; ++k)
-    if (PyUnicode_CompareWithASCIIString(op.ptr(), redop_name(static_cast<RedOp>(k))) == 0 ||
-        PyUnicode_CompareWithASCIIString(op.ptr(), upper[k].c_str()) == 0)
-      return k;
-  return -1;
+  PyObject* member = op.ptr();
+  if (Py_TYPE(member) != reduce_op_type) {
+    if (!PyUnicode_Check(member) || op_names == nullptr) return -1;
+    member = PyDict_GetItemWithError(op_names, member);  // borrowed; str keys: no error
+    if (member == nullptr) return -1;
+  }
+  return static_cast<int>(PyLong_AsLong(member));
 }
 
 // Holds the GIL released for its lifetime (what py::gil_scoped_release does, without pybind11's
@@ -79,10 +71,9 @@ struct NoGil {
 
 // run_now(code, x, out, op, root, algorithm, async_op, stream): the common call in one step from
 // the Python layer. numpy arrays, op a ReduceOp or its name, root an int, algorithm None or a
-// name, run now:
-// returns True once done. Anything else returns False before anything is looked at further,
-// and the Python layer takes its general path (conversions, other array types, Work, its
-// own error messages).
+// name, run now: returns True once done. Anything else returns False before anything is looked
+// at further, and the Python layer takes its general path (conversions, other array types,
+// Work, its own error messages).
 bool run_now(HostComm& c, PyObject* const* a) {
   const py::handle x(a[1]), out(a[2]), op(a[3]), root(a[4]), algorithm(a[5]);
   const auto* ndarray = py::detail::npy_api::get().PyArray_Type_;
@@ -568,12 +559,14 @@ PYBIND11_MODULE(_C, m) {
   });
   raise_pending = py::object(m.attr("_raise_pending")).release().ptr();  // kept for good
   m.def(
-      "set_reduce_op_type",
-      [](py::type t) {
+      "set_reduce_ops",
+      [](py::type t, py::dict names) {
         Py_XDECREF(reduce_op_type);
+        Py_XDECREF(op_names);
         reduce_op_type = reinterpret_cast<PyTypeObject*>(t.release().ptr());  // kept for good
+        op_names = names.release().ptr();
       },
-      py::arg("type"));
+      py::arg("type"), py::arg("names"));
   m.def(
       "check_p2p",
       [](py::handle ops, int rank, int size) {

@@ -87,8 +87,8 @@ class HostComm:
     def run_now(self) -> Callable[[int, Any, Any, Any, Any, Any, Any, Any], bool]:
         """run_now(collective code, x, out, op, root, algorithm, async_op, stream): runs a
         blocking call on numpy arrays (op a ReduceOp or its name, root an int, algorithm None or
-        a name) in
-        one step and returns True; returns False, having done nothing, for any other call."""
+        a name) in one step and returns True; returns False, having done nothing, for any other
+        call."""
     def run_call(self, call: Any) -> Work | None:
         """Any collective: a pycollectives.backends.Call, or a plain tuple of its fields in
         order (collective, x, out, op, root, algorithm, async_op, stream, counts, in_splits,
@@ -257,5 +257,5 @@ def check_described_args(
     in_splits: list[int] | None = None,
     out_splits: list[int] | None = None,
 ) -> int: ...
-def set_reduce_op_type(type: type) -> None:
-    """The ReduceOp class, whose members run_now takes as ops."""
+def set_reduce_ops(type: type, names: dict[str, Any]) -> None:
+    """The ReduceOp class and its members by name: what run_now takes as ops."""

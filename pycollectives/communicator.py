@@ -89,9 +89,12 @@ class Communicator:
         self._inflight = InFlight()
         # One machine: numpy calls go straight to the native run (see _run), and a blocking
         # call on numpy arrays with no conversion to make runs in one native step (_now: False
-        # when the call is not that, and the general path takes it).
+        # when the call is not that, and the general path takes it). Traced, every call goes
+        # through _run, where it is recorded.
         if isinstance(self._host, HostBackend):
-            self._fast_run, self._now = self._host.run, self._host.c.run_now
+            self._fast_run = self._host.run
+            if not trace.enabled():
+                self._now = self._host.c.run_now
         trace.instrument(self)  # PYCOLL_TRACE: a timeline of this communicator's calls
 
     @classmethod

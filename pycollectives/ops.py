@@ -35,10 +35,10 @@ MIN = ReduceOp.MIN
 MAX = ReduceOp.MAX
 AVG = ReduceOp.AVG
 assert tuple(o.name.lower() for o in ReduceOp) == _C.OPS, "ReduceOp out of step with the core"
-_C.set_reduce_op_type(ReduceOp)  # the op the core's one-step path takes as it is
 
 # Names a caller may pass as `op`: "sum", "SUM", ...
 _OP_NAMES = {name: op for op in ReduceOp for name in (op.name, op.name.lower())}
+_C.set_reduce_ops(ReduceOp, _OP_NAMES)  # what the core's one-step path takes as ops
 # Twins in torch.distributed.ReduceOp (by name) and mpi4py's MPI.Op (by identity).
 _TORCH_TWINS = {"SUM": SUM, "PRODUCT": PROD, "MIN": MIN, "MAX": MAX, "AVG": AVG}
 _MPI_TWINS = ("SUM", "PROD", "MIN", "MAX")

@@ -111,7 +111,6 @@ def instrument(comm):
     _tracks[calling] = "calls"
     _tracks[progress] = f"communicator {cid} ({comm.size} ranks): asynchronous"
     run, batch_p2p, barrier = comm._run, comm.batch_p2p, comm.barrier
-    comm._now = lambda *args: False  # no one-step calls: every call goes through _run
     algorithms: dict = {}  # (collective, algorithm code, bytes) -> name: asked once
     dtypes: dict = {}
 
