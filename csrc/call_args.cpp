@@ -22,6 +22,13 @@ struct ArrayArg {
   size_t bytes() const { return count * dtype_size(dtype); }
 };
 
+bool is_tagged_bfloat16(const py::dtype& dt) {
+  py::object meta = dt.attr("metadata");
+  if (meta.is_none()) return false;
+  py::object tag = meta.attr("get")("pycollectives");
+  return py::isinstance<py::str>(tag) && tag.cast<std::string>() == "bfloat16";
+}
+
 int dtype_code(const py::dtype& dt) {
   if (dt.byteorder() == '>') return -1;  // not native on the little-endian hosts we run on
   const auto size = dt.itemsize();
@@ -29,7 +36,10 @@ int dtype_code(const py::dtype& dt) {
     case 'i':
       return size == 1 ? 0 : size == 4 ? 2 : size == 8 ? 3 : -1;
     case 'u':
-      return size == 1 ? 1 : -1;
+      if (size == 1) return 1;
+      // bfloat16 bit patterns in a uint16 tagged as such (pycollectives.arrays.BFLOAT16_BITS).
+      if (size == 2 && is_tagged_bfloat16(dt)) return 5;
+      return -1;
     case 'f':
       return size == 2 ? 4 : size == 4 ? 6 : size == 8 ? 7 : -1;
     default:

@@ -29,6 +29,16 @@ SUPPORTED = "int8, uint8, int32, int64, float16, bfloat16, float32, float64 in n
 
 HOST = -1  # `device` of host memory
 
+# bfloat16 with numpy alone: the bit patterns as uint16, tagged so that every layer reads them
+# as bfloat16 (the native one too). torch's bfloat16 tensors are seen this way, so they need
+# no ml_dtypes; numpy arithmetic on such an array would be integer arithmetic, and none is done.
+BFLOAT16_BITS = np.dtype(np.uint16, metadata={"pycollectives": "bfloat16"})
+
+
+def is_bfloat16(dt: np.dtype) -> bool:
+    """Whether a numpy dtype holds bfloat16: ml_dtypes' or BFLOAT16_BITS."""
+    return dt.name == "bfloat16" or (dt.metadata or {}).get("pycollectives") == "bfloat16"
+
 
 @dataclass(frozen=True)
 class ArrayInfo:
@@ -78,7 +88,7 @@ def _c_contiguous(shape, strides, itemsize) -> bool:
 def _numpy_dtype_name(dt: np.dtype) -> str:
     if dt.byteorder == ">":
         return f"{dt.name} (big-endian)"
-    return dt.name  # ml_dtypes' bfloat16 is named "bfloat16"
+    return "bfloat16" if is_bfloat16(dt) else dt.name
 
 
 _TYPESTR = {"i1": "int8", "u1": "uint8", "i4": "int32", "i8": "int64", "f2": "float16"}
@@ -301,22 +311,27 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def storage_dtype(name: str) -> np.dtype:
+    """A numpy dtype whose arrays hold `name`'s values to be moved (and reduced by the native
+    layer) without ml_dtypes: bfloat16 is BFLOAT16_BITS."""
+    return BFLOAT16_BITS if name == "bfloat16" else np.dtype(name)
+
+
 def torch_loaded() -> bool:
     """Whether torch has been imported (only then can an argument be a torch tensor)."""
     return "torch" in sys.modules
 
 
 def host_view(obj):
-    """`obj` as a numpy array without a copy when it is a torch CPU tensor (bfloat16 through
-    ml_dtypes); anything else unchanged (the native layer says what is wrong with it)."""
+    """`obj` as a numpy array without a copy when it is a torch CPU tensor (bfloat16 as
+    BFLOAT16_BITS); anything else unchanged (the native layer says what is wrong with it)."""
     if not _is_torch_tensor(obj) or obj.is_cuda or obj.device.type != "cpu":
         return obj
     t = obj.detach()
     if str(t.dtype) == "torch.bfloat16":
-        import ml_dtypes
         import torch
 
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.view(torch.int16).numpy().view(BFLOAT16_BITS)
     try:
         return t.numpy()
     except TypeError:  # a dtype numpy lacks: the caller's error names it

@@ -69,7 +69,7 @@ class _Staged:
     def __init__(self, kind, info, stream, buf):
         self.kind, self.info, self.stream, self.buf = kind, info, stream, buf
         self.view = np.frombuffer(buf, np.uint8, count=info.nbytes).view(
-            arrays.numpy_dtype(info.dtype_name)
+            arrays.storage_dtype(info.dtype_name)
         )
 
 

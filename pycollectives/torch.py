@@ -73,10 +73,7 @@ def init_process_group(*, timeout=None, backend=BACKEND, **kwargs):
 
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
-try:  # bfloat16 buckets are numpy arrays of ml_dtypes' bfloat16
-    _NUMPY_DTYPES[torch.bfloat16] = arrays.numpy_dtype("bfloat16")
-except TypeError:  # no ml_dtypes
-    pass
+_NUMPY_DTYPES[torch.bfloat16] = arrays.BFLOAT16_BITS  # bfloat16 buckets: tagged uint16
 
 _BUFFER_DTYPES = set(_NUMPY_DTYPES) | {
     torch.int8,
@@ -149,7 +146,7 @@ class _HookWork:
 
 def _torch_view(a: np.ndarray) -> torch.Tensor:
     """A numpy bucket view as a tensor on the same memory (bfloat16 through int16)."""
-    if a.dtype.name == "bfloat16":
+    if arrays.is_bfloat16(a.dtype):
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
@@ -158,8 +155,7 @@ class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its parameters are broadcast from rank 0 and their gradients averaged.
 
     Args:
-        module: a CPU ``torch.nn.Module`` (float32, float64, float16 or bfloat16 parameters;
-            bfloat16 needs ml_dtypes).
+        module: a CPU ``torch.nn.Module`` (float32, float64, float16 or bfloat16 parameters).
         comm: a ``pc.Communicator`` (None: ``pc.Communicator()``).
         bucket_cap_mb / first_bucket_mb: as ``GradientBucketer``.
         broadcast_buffers: as torch DDP: rank 0's buffers (BatchNorm's running statistics,

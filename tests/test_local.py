@@ -135,3 +135,37 @@ def test_dp_vs_ddp_example(tmp_path):
     assert "matches single-process training: yes" in proc.stdout, proc.stdout
     assert "DataParallel (1 process)" in proc.stdout and "DDP (1 process per rank)" in proc.stdout
     assert png.stat().st_size > 1000
+
+
+def test_bfloat16_as_tagged_uint16_without_ml_dtypes():
+    # arrays.BFLOAT16_BITS: bfloat16 bit patterns in a uint16 array tagged as bfloat16 (how torch
+    # tensors are seen); the native layer reduces them as bfloat16, accumulating in float32.
+    from pycollectives import _C, arrays
+
+    def bits(values):  # exactly representable in bfloat16: the top half of float32's bits
+        f = np.asarray(values, np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(arrays.BFLOAT16_BITS)
+
+    def floats(b):
+        return (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+    comms = pc.Communicator.local(2, timeout=30)
+    ins = [bits([1.5, -2.0, 0.25, 3.0]), bits([2.25, 0.5, 0.25, -1.0])]
+
+    def body(c):
+        x = ins[c.rank].copy()
+        c.all_reduce(x)
+        out = np.empty(8, arrays.BFLOAT16_BITS)
+        c.all_gather(ins[c.rank], out)
+        return x, out
+
+    for x, out in run_ranks(comms, body):
+        assert arrays.is_bfloat16(x.dtype) and arrays.is_bfloat16(out.dtype)
+        np.testing.assert_array_equal(floats(x), [3.75, -1.5, 0.5, 2.0])
+        np.testing.assert_array_equal(out, np.concatenate(ins))
+    for c in comms:
+        c.close()
+    assert arrays.describe(ins[0]).dtype_name == "bfloat16"
+    assert _C.check_p2p([("send", ins[0], 1, 0)], 0, 2)[0][3] == arrays.DTYPE_CODES["bfloat16"]
+    with pytest.raises(TypeError, match="uint16"):  # untagged, it is an unsupported dtype
+        _C.check_p2p([("send", ins[0].view(np.uint16), 1, 0)], 0, 2)
