@@ -570,8 +570,14 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "check_p2p",
       [](py::handle ops, int rank, int size) {
-        py::list arrays;
-        parse_p2p(ops, rank, size, arrays);
+        // The ops as another transport takes them: (send, address, count, dtype code, peer,
+        // tag), every one checked as the host path checks it.
+        py::list arrays, described;
+        for (const P2POp& o : parse_p2p(ops, rank, size, arrays))
+          described.append(py::make_tuple(o.kind == P2PKind::Send,
+                                          reinterpret_cast<uintptr_t>(o.buf), o.count,
+                                          static_cast<int>(o.dtype), o.peer, o.tag));
+        return described;
       },
       py::arg("ops"), py::arg("rank"), py::arg("size"));
   m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),

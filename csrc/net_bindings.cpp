@@ -12,11 +12,15 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/errors.h"
 #include "core_errors.h"
 #include "net/net_comm.h"
+#include "net/net_p2p.h"
 
 namespace py = pybind11;
 using namespace pycoll;
@@ -47,6 +51,36 @@ struct PyNetComm {
   py::object keep;
   std::unique_ptr<NetComm> comm;
 };
+
+struct PyNetP2P {
+  py::object keep;
+  std::shared_ptr<NetP2P> engine;
+};
+
+// A batch of point-to-point operations in flight; it keeps its engine (closed or not) alive.
+struct PyNetP2PWork {
+  std::shared_ptr<NetP2P> engine;
+  std::shared_ptr<NetP2PBatch> batch;
+};
+
+// (send, address, count, dtype code, peer, tag), as pycollectives._C.check_p2p describes them.
+using DescribedOp = std::tuple<bool, uintptr_t, size_t, int, int, uint64_t>;
+
+std::vector<NetP2POp> net_ops(const std::vector<DescribedOp>& described) {
+  std::vector<NetP2POp> ops;
+  for (const auto& [send, addr, count, dtype, peer, tag] : described) {
+    if (!valid_dtype(dtype)) throw InvalidArgument(str_cat("p2p: bad dtype code ", dtype));
+    NetP2POp o;
+    o.send = send;
+    o.buf = reinterpret_cast<uint8_t*>(addr);
+    o.count = count;
+    o.dtype = static_cast<DType>(dtype);
+    o.peer = peer;
+    o.tag = tag;
+    ops.push_back(o);
+  }
+  return ops;
+}
 
 }  // namespace
 
@@ -115,4 +149,58 @@ PYBIND11_MODULE(_net, m) {
           py::arg("divisor"), py::arg("seq"), py::arg("counts") = std::vector<uint64_t>{},
           py::arg("send_counts") = std::vector<uint64_t>{},
           py::arg("recv_counts") = std::vector<uint64_t>{});
+
+  py::class_<PyNetP2PWork>(m, "NetP2PWork")
+      .def(
+          "wait",
+          [](PyNetP2PWork& w, std::optional<double> timeout) {
+            bool done;
+            {
+              py::gil_scoped_release nogil;
+              done = w.engine->wait(*w.batch, timeout ? *timeout : -1.0);
+            }
+            if (!done)
+              throw CollectiveTimeout(str_cat(
+                  "Work.wait: point-to-point operations not complete after ", *timeout, " s"));
+            return true;
+          },
+          py::arg("timeout") = py::none())
+      .def("is_completed", [](const PyNetP2PWork& w) { return w.batch->done.load(); })
+      .def_property_readonly("seq", [](const PyNetP2PWork&) { return 0; });
+
+  py::class_<PyNetP2P>(m, "NetP2P")
+      .def(py::init([](py::object comm, double timeout, size_t block_bytes) {
+             return PyNetP2P{comm,
+                             std::make_shared<NetP2P>(mpi_comm_of(comm), timeout, block_bytes)};
+           }),
+           py::arg("comm"), py::arg("timeout"), py::arg("block_bytes") = size_t{1} << 30)
+      .def_property(
+          "timeout", [](const PyNetP2P& p) { return p.engine->timeout(); },
+          [](PyNetP2P& p, double s) { p.engine->set_timeout(s); })
+      .def_property_readonly("tag_ub", [](const PyNetP2P& p) { return p.engine->tag_ub(); })
+      .def_property_readonly("error",
+                             [](const PyNetP2P& p) -> std::optional<std::string> {
+                               std::string why = p.engine->poison_reason();
+                               if (why.empty()) return std::nullopt;
+                               return why;
+                             })
+      .def(
+          "start",
+          [](PyNetP2P& p, const std::vector<DescribedOp>& described) {
+            const std::vector<NetP2POp> ops = net_ops(described);
+            py::gil_scoped_release nogil;
+            return PyNetP2PWork{p.engine, p.engine->start(ops)};
+          },
+          py::arg("ops"))
+      .def(
+          "abort",
+          [](PyNetP2P& p, const std::string& reason) {
+            py::gil_scoped_release nogil;
+            p.engine->abort(reason);
+          },
+          py::arg("reason"))
+      .def("close", [](PyNetP2P& p) {
+        py::gil_scoped_release nogil;
+        p.engine->close();
+      });
 }

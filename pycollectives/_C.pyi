@@ -226,8 +226,11 @@ class EmuComm:
         self, collective: str, x: Any, out: Any, root: int = 0, op: int = 0, algorithm: int = 0
     ) -> None: ...
 
-def check_p2p(ops: list[tuple[str, Any, int, int]], rank: int, size: int) -> None:
-    """HostComm.p2p's argument checks (TypeError / ValueError), moving nothing."""
+def check_p2p(
+    ops: list[tuple[str, Any, int, int]], rank: int, size: int
+) -> list[tuple[bool, int, int, int, int, int]]:
+    """HostComm.p2p's argument checks (TypeError / ValueError), moving nothing; returns the ops
+    as (send, address, count, dtype code, peer, tag), as ``_net.NetP2P.start`` takes them."""
 
 def check_args(
     collective: str,

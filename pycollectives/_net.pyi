@@ -23,3 +23,30 @@ class NetComm:
         divisor: int,
         seq: int,
     ) -> None: ...
+
+class NetP2PWork:
+    """A batch of point-to-point operations in flight (``NetP2P.start``)."""
+
+    @property
+    def seq(self) -> int: ...
+    def wait(self, timeout: float | None = None) -> bool:
+        """Progresses every pending operation until this batch is done; rethrows its error;
+        CollectiveTimeout if not done after `timeout` seconds (None: its own deadline)."""
+    def is_completed(self) -> bool: ...
+
+class NetP2P:
+    """Send/recv with other nodes over MPI, each posted at once and progressing on its own
+    (``csrc/net/net_p2p.h``). Collective to make: duplicates `comm` three times."""
+
+    def __init__(self, comm: Any, timeout: float, block_bytes: int = 1 << 30) -> None: ...
+    timeout: float
+    @property
+    def tag_ub(self) -> int: ...
+    @property
+    def error(self) -> str | None:
+        """Why the engine is unusable, or None."""
+    def start(self, ops: list[tuple[bool, int, int, int, int, int]]) -> NetP2PWork:
+        """Posts `ops` as ``pycollectives._C.check_p2p`` describes them (send, address, count,
+        dtype code, MPI rank, tag); the caller keeps the arrays alive until the work is done."""
+    def abort(self, reason: str) -> None: ...
+    def close(self) -> None: ...

@@ -30,7 +30,6 @@ from pycollectives import _C
 from pycollectives.bootstrap import MpiGroup
 from pycollectives.errors import CollectiveError, CollectiveTimeout
 from pycollectives.hierarchy_blocks import BlocksAndMessages
-from pycollectives.netp2p import MpiP2P
 from pycollectives.ops import ALGORITHMS_FOR, AVG, algo_code
 from pycollectives.topology import Topology
 
@@ -128,7 +127,7 @@ class Hierarchical(BlocksAndMessages):
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
         hier._node_group = node_group
-        hier._p2p = MpiP2P(mpi)  # collective: made with the communicator
+        hier._p2p = _net.NetP2P(mpi, opts.timeout)  # collective: duplicates `mpi`
         hier.mpi = mpi
         return hier
 
@@ -169,9 +168,7 @@ class Hierarchical(BlocksAndMessages):
             try:
                 fn(seq)
             except CollectiveError as e:
-                if self._error is None:
-                    self._error = str(e)
-                    self.host.abort(str(e))
+                self.abort(str(e))
                 raise
 
         if async_op:
@@ -185,10 +182,13 @@ class Hierarchical(BlocksAndMessages):
         return None
 
     def abort(self, reason: str):
-        """Unusable from now on; a wait in the shared-memory part ends at once."""
+        """Unusable from now on: a wait in the shared-memory part ends at once, and every
+        message in flight to another node fails."""
         if self._error is None:
             self._error = reason
         self.host.abort(reason)
+        if self._p2p is not None:
+            self._p2p.abort(reason)
 
     def close(self):
         if self._pool is not None:
@@ -211,6 +211,8 @@ class Hierarchical(BlocksAndMessages):
     def timeout(self, seconds: float):
         self.host.timeout = seconds
         self.net.timeout = seconds
+        if self._p2p is not None:
+            self._p2p.timeout = seconds
 
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return "hierarchical"
@@ -236,6 +238,8 @@ class Hierarchical(BlocksAndMessages):
         raise CollectiveError(f"{c}: unknown collective")
 
     def _check_usable(self):
+        if self._error is None and self._p2p is not None and self._p2p.error is not None:
+            self.abort(self._p2p.error)  # a message to another node failed
         if self._error is not None:
             raise CollectiveError(f"communicator is unusable after an earlier error: {self._error}")
 

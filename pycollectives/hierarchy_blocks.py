@@ -4,15 +4,17 @@ over several nodes (mixed into ``pycollectives.hierarchy.Hierarchical``).
 All-to-all, gather, scatter and uneven all-gather / reduce-scatter run flat over all ranks
 through MPI (``_net``, the same schedules as on one node): no intra-node phase would make fewer
 bytes cross the network. Messages to a rank of this node go over shared memory, to other nodes
-over MPI (``pycollectives.netp2p``).
+over MPI (``_net.NetP2P``: posted at once, progressing on their own).
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pycollectives import _C
-from pycollectives.errors import CollectiveMismatch
+from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.ops import AVG
 
 
@@ -43,24 +45,66 @@ class BlocksAndMessages:
         return self.submit(run, call.async_op)
 
     def p2p(self, ops, async_op):
-        """Messages to ranks of this node over shared memory, to other nodes over MPI."""
-        _C.check_p2p(ops, self.rank, self.size)  # the host path's checks, on global ranks
-        here = [o for o in ops if self.topo.node_of[o.peer] == self.node]
-        away = [o for o in ops if self.topo.node_of[o.peer] != self.node]
-        if away:
-            self._p2p.check(away)
-        local = [(o.kind, o.array, self.topo.local_of[o.peer], o.tag) for o in here]
-
-        def run(seq):
-            work = self.host.p2p(local, True) if local else None
+        """Messages to ranks of this node over shared memory, to other nodes over MPI
+        (``_net.NetP2P``). Every one is posted now and progresses on its own, whatever the
+        order in which this or any rank waits, and beside collectives in flight; returns a
+        handle (async_op) or None once all are done."""
+        self._check_usable()
+        described = _C.check_p2p(ops, self.rank, self.size)  # the host path's checks
+        node_of, node = self.topo.node_of, self.node
+        away, here = [], []
+        for o, d in zip(ops, described):
+            if node_of[o.peer] != node:
+                away.append(d)
+            else:
+                here.append((o.kind, o.array, self.topo.local_of[o.peer], o.tag))
+        if not away:
+            return self.host.p2p(here, async_op)
+        net = self._p2p.start(away)  # every tag checked before anything is posted
+        if here:
             try:
-                if away:
-                    self._p2p.run(away, self.timeout)
-            finally:
-                if work is not None:
-                    work.wait()
+                local = self.host.p2p(here, async_op)
+            except CollectiveError as e:
+                self.abort(str(e))
+                raise
+            net = _Messages([net] if local is None else [net, local], self)
+        # Alone, the MPI part's error poisons its engine, and so this communicator at its next
+        # call (_check_usable).
+        if async_op:
+            return net
+        net.wait()
+        return None
 
-        return self.submit(run, async_op, collective=False)
+
+class _Messages:
+    """The native side of a Work (``pycollectives.work.Work``) for point-to-point operations
+    on a communicator over several nodes: done when its messages to this node (shared memory)
+    and to other nodes (MPI) are. An error in either makes the whole communicator unusable."""
+
+    __slots__ = ("_parts", "_hier", "seq")
+
+    def __init__(self, parts, hier):
+        self._parts, self._hier, self.seq = parts, hier, hier.seq
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        error = None
+        for part in self._parts:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                part.wait(left)
+            except CollectiveError as e:
+                if not part.is_completed():  # only out of time: nothing failed
+                    raise
+                if error is None:
+                    error = e
+                    self._hier.abort(str(e))  # the other part fails at once, not at its deadline
+        if error is not None:
+            raise error
+        return True
+
+    def is_completed(self):
+        return all(part.is_completed() for part in self._parts)
 
 
 def _check_splits(rows, seq):

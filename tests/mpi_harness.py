@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 WORKERS = Path(__file__).parent / "workers"
+# 4 ranks as 2 nodes x 2 (emulated): shared memory inside each node, MPI between them.
+TWO_NODES = {"PYCOLL_RANKS_PER_NODE": "2"}
 
 
 def mpiexec() -> str:

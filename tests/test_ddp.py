@@ -1,12 +1,16 @@
 """Data-parallel training on several ranks: numpy model and the torch adapter."""
 
 import pytest
-from mpi_harness import run_mpi
+from mpi_harness import TWO_NODES, run_mpi
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_data_parallel_numpy(nranks):
     assert "PASS ddp_numpy" in run_mpi(nranks, "ddp_numpy.py", timeout=120)
+
+
+def test_data_parallel_numpy_across_nodes():
+    assert "PASS ddp_numpy" in run_mpi(4, "ddp_numpy.py", timeout=120, env=TWO_NODES)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

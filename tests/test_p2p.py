@@ -96,6 +96,35 @@ def test_p2p_semantics_across_nodes():
     assert "PASS p2p semantics" in run_mpi(4, "p2p.py", "semantics", env=env, timeout=120)
 
 
+@pytest.mark.parametrize("nranks", [4, 6])
+def test_p2p_progresses_on_its_own_across_nodes(nranks):
+    # 2 x 2 and 3 x 2 nodes: isends received in the other order, several messages in flight
+    # received and waited for in every order, one tag overtaking nothing, two-way batches,
+    # point-to-point beside collectives in flight, objects; each phase far below the timeout.
+    env = {"PYCOLL_RANKS_PER_NODE": "2"}
+    out = run_mpi(nranks, "p2p.py", "progress", env=env, timeout=120)
+    assert f"PASS p2p progress ranks={nranks}" in out
+
+
+def test_inter_node_engine_alone():
+    # _net.NetP2P on MPI_COMM_WORLD: messages in blocks and a tail, any order of waits,
+    # tags past MPI's bound, a mismatch that leaves the array alone, timeout, abort, close.
+    out = run_mpi(2, "p2p.py", "engine", timeout=60)
+    assert "PASS p2p engine rank=0" in out and "PASS p2p engine rank=1" in out
+
+
+@pytest.mark.parametrize("case", ["eager", "mismatch-late", "timeout"])
+def test_p2p_semantics_on_one_node_hold_across_nodes(case):
+    # One rank per node: every message crosses MPI. Many messages waiting unreceived, one tag
+    # in order across sizes; a mismatch met late; a recv whose sender never comes.
+    env = {"PYCOLL_RANKS_PER_NODE": "1"}
+    if case == "timeout":
+        env["PYCOLL_TIMEOUT"] = "2"
+    out = run_mpi(2, "p2p.py", case, env=env, timeout=60)
+    want = {"eager": "PASS p2p eager", "mismatch-late": "PASS mismatch late rank 1"}
+    assert want.get(case, "PASS timeout") in out
+
+
 @pytest.mark.parametrize("field", ["size", "dtype"])
 def test_p2p_mismatch_across_nodes_raises_on_both_ranks(field):
     env = {"PYCOLL_RANKS_PER_NODE": "1"}

@@ -1,7 +1,7 @@
 """Pipeline parallelism (GPipe, 1F1B) against one process's training, and its helpers."""
 
 import pytest
-from mpi_harness import run_mpi
+from mpi_harness import TWO_NODES, run_mpi
 
 from pycollectives.parallel import nn
 from pycollectives.parallel.pipeline import split_stages, theoretical_bubble
@@ -47,10 +47,13 @@ def test_split_stages_errors():
         split_stages(nn.mlp([8, 8]), 0)
 
 
-@pytest.mark.parametrize("nranks", [2, 4])
-def test_pipeline_matches_one_process(nranks):
-    """Both schedules: gradients of one step, several optimizer steps, and bad input."""
-    out = run_mpi(nranks, "pipeline.py", timeout=120, env=ONE_BLAS_THREAD)
+@pytest.mark.parametrize(
+    "nranks,nodes", [(2, {}), (4, {}), (4, TWO_NODES)], ids=["2", "4", "4-two-nodes"]
+)
+def test_pipeline_matches_one_process(nranks, nodes):
+    """Both schedules: gradients of one step, several optimizer steps, and bad input; on one
+    node and on two (every other stage boundary crosses MPI)."""
+    out = run_mpi(nranks, "pipeline.py", timeout=120, env={**ONE_BLAS_THREAD, **nodes})
     assert f"PASS pipeline {nranks}" in out
 
 

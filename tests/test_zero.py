@@ -1,12 +1,16 @@
 """ZeRO stages 1-3 against single-process training, on 2 and 4 ranks (numpy)."""
 
 import pytest
-from mpi_harness import run_mpi
+from mpi_harness import TWO_NODES, run_mpi
 
 
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_zero(nranks):
     assert "PASS zero" in run_mpi(nranks, "zero.py", timeout=180)
+
+
+def test_zero_across_nodes():
+    assert "PASS zero" in run_mpi(4, "zero.py", timeout=180, env=TWO_NODES)
 
 
 def test_zero_example():

@@ -2,12 +2,14 @@
 against mpi4py's own Send/Recv of the same data.
 
 Usage: mpiexec -n N python p2p.py matrix|semantics|eager|mismatch-size|mismatch-dtype|
-                                  mismatch-late|timeout|dead|args
+                                  mismatch-late|timeout|dead|args|progress|engine
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import pickle
 import sys
 import time
 
@@ -125,6 +127,224 @@ def semantics():
     if r == 0:
         print("PASS p2p semantics", flush=True)
     comm.close()
+
+
+def _same(got, want, what):
+    if got.tobytes() != want.tobytes():
+        bad = np.flatnonzero(got.view(np.uint8) != want.view(np.uint8))
+        raise AssertionError(f"{what}: {bad.size} bytes differ, first at byte {bad[0]}")
+
+
+def _quick(t0, what, limit=5.0):
+    """A phase that only a stuck message could slow to the communicator's timeout (30 s)."""
+    took = time.monotonic() - t0
+    assert took < limit, f"{what} took {took:.2f} s: messages waited for the program"
+
+
+def progress():
+    """Every send and receive progresses on its own, as MPI's do: whatever order the program
+    waits in, with several messages in flight, beside collectives in flight. Run on several
+    (emulated) nodes, where a ring mixes shared-memory and MPI links. A message that waited
+    for the program to reach it would hang here until the 30 s timeout."""
+    comm = pc.Communicator(timeout=30)
+    r, n = comm.rank, comm.size
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    f32 = np.dtype(np.float32)
+    # Two isends, then blocking recvs in the other order.
+    t0 = time.monotonic()
+    x, y = np.full(4, r, np.float32), np.full(4, 10 * r, np.float32)
+    a, b = np.empty(4, np.float32), np.empty(4, np.float32)
+    w1 = comm.send(x, nxt, tag=1, async_op=True)
+    w2 = comm.send(y, nxt, tag=2, async_op=True)
+    comm.recv(b, prv, tag=2)
+    comm.recv(a, prv, tag=1)
+    w1.wait()
+    w2.wait()
+    assert np.all(a == prv) and np.all(b == 10 * prv), (a, b)
+    _quick(t0, "two isends received in the other order")
+    # Four messages in flight (empty, small, past MPI's eager limit, large) on four tags,
+    # received blocking in every order.
+    sizes = (0, 3, 20_000, 300_000)
+    t0 = time.monotonic()
+    for k, order in enumerate(itertools.permutations(range(len(sizes)))):
+        sends = [
+            comm.send(data(r, nxt, c, f32, k + i), nxt, tag=10 + i, async_op=True)
+            for i, c in enumerate(sizes)
+        ]
+        outs = [np.empty(c, np.float32) for c in sizes]
+        for i in order:
+            comm.recv(outs[i], prv, tag=10 + i)
+        for w in reversed(sends):
+            w.wait()
+        for i, c in enumerate(sizes):
+            _same(outs[i], data(prv, r, c, f32, k + i), f"tag {10 + i} received in order {order}")
+    _quick(t0, "24 orders of 4 messages in flight", 15.0)
+    # Receives posted first, all asynchronous, waited for in every order (sends last).
+    t0 = time.monotonic()
+    for k, order in enumerate(itertools.permutations(range(len(sizes)))):
+        outs = [np.empty(c, np.float32) for c in sizes]
+        recvs = [comm.recv(o, prv, tag=20 + i, async_op=True) for i, o in enumerate(outs)]
+        sends = [
+            comm.send(data(r, nxt, c, f32, 100 + k + i), nxt, tag=20 + i, async_op=True)
+            for i, c in enumerate(sizes)
+        ]
+        for i in order:
+            assert recvs[i].wait(timeout=20) and recvs[i].is_completed()
+        for i, c in enumerate(sizes):
+            want = data(prv, r, c, f32, 100 + k + i)
+            _same(outs[i], want, f"async recv {i} waited in {order}")
+        for w in sends:
+            w.wait()
+    _quick(t0, "24 orders of waits on posted receives", 15.0)
+    # One tag, several messages of different sizes in flight: they arrive in issue order,
+    # whichever receive is waited for first.
+    t0 = time.monotonic()
+    msgs = [np.full(c, i + 1, np.float64) for i, c in enumerate((70_000, 1, 0, 500, 9000))]
+    outs = [np.zeros_like(m) for m in msgs]
+    recvs = [comm.recv(o, prv, tag=7, async_op=True) for o in outs]
+    sends = [comm.send(m, nxt, tag=7, async_op=True) for m in msgs]
+    for w in reversed(recvs + sends):
+        w.wait()
+    for o, m in zip(outs, msgs):
+        _same(o, m, "one tag, several in flight: overtaken")
+    _quick(t0, "one tag, several messages in flight")
+    # Batches both ways at once: a ring exchange each way in one batch_p2p, many times.
+    t0 = time.monotonic()
+    for i in range(20):
+        to_next, to_prev = data(r, nxt, 100 + i, f32, i), data(r, prv, 50, f32, i)
+        from_prev, from_next = np.empty(100 + (i + 0), np.float32), np.empty(50, np.float32)
+        comm.batch_p2p([
+            pc.P2POp("recv", from_prev, prv, 3), pc.P2POp("send", to_next, nxt, 3),
+            pc.P2POp("send", to_prev, prv, 4), pc.P2POp("recv", from_next, nxt, 4),
+        ])  # fmt: skip
+        _same(from_prev, data(prv, r, 100 + i, f32, i), "batch ring forward")
+        _same(from_next, data(nxt, r, 50, f32, i), "batch ring backward")
+    _quick(t0, "20 two-way batches")
+    # Beside collectives in flight: an isend, then a blocking collective, then the recv; a
+    # receive posted, a collective, then the send; point-to-point while an all-reduce runs.
+    t0 = time.monotonic()
+    big = data(r, nxt, 200_000, f32)
+    w = comm.send(big, nxt, tag=30, async_op=True)
+    total = comm.all_reduce(np.full(1000, r + 1, np.int64))
+    got = comm.recv(np.empty_like(big), prv, tag=30)
+    w.wait()
+    _same(got, data(prv, r, 200_000, f32), "isend across a blocking all_reduce")
+    assert np.all(total == n * (n + 1) // 2), total
+    got = np.empty_like(big)
+    w = comm.recv(got, prv, tag=31, async_op=True)
+    comm.barrier()
+    comm.send(big, nxt, tag=31)
+    w.wait()
+    _same(got, data(prv, r, 200_000, f32), "recv posted across a barrier")
+    # A receive posted before a collective completes while this rank is inside it: its peer
+    # (half the ranks away, on another node) sends blocking, and only then joins.
+    half = n // 2
+    if n % 2 == 0 and r < half:
+        got = np.empty_like(big)
+        w = comm.recv(got, r + half, tag=32, async_op=True)
+        comm.all_reduce(np.ones(10))
+        w.wait()
+        _same(got, data(r + half, r, 200_000, f32), "recv completed from inside a collective")
+    elif n % 2 == 0:
+        comm.send(data(r, r - half, 200_000, f32), r - half, tag=32)
+        comm.all_reduce(np.ones(10))
+    else:
+        comm.all_reduce(np.ones(10))
+    vec = np.full(300_000, float(r), np.float64)
+    ar = comm.all_reduce(vec, async_op=True)
+    for i in range(5):
+        w = comm.send(np.full(1000, i + r, np.int32), nxt, tag=40 + i, async_op=True)
+        got = comm.recv(np.empty(1000, np.int32), prv, tag=40 + i)
+        w.wait()
+        assert np.all(got == i + prv), f"p2p while an all_reduce was in flight: {got[:3]}"
+    ar.wait()
+    assert np.all(vec == n * (n - 1) / 2), vec[:3]
+    _quick(t0, "point-to-point beside collectives")
+
+    # Objects: gathered, broadcast, and sent as torch's send_object_list does (the size, then
+    # the pickled bytes) around a ring shifted by q, for every q: every pair, local and remote.
+    def blob(p):
+        return {"from": p, "pad": "x" * (1000 * p)}
+
+    t0 = time.monotonic()
+    assert comm.all_gather_object(blob(r)) == [blob(p) for p in range(n)]
+    assert comm.broadcast_object(blob(r), root=n - 1) == blob(n - 1)
+    for q in range(1, n):
+        dst, src = (r + q) % n, (r - q) % n
+        payload = np.frombuffer(bytearray(pickle.dumps(blob(r))), np.uint8)
+        size = np.empty(1, np.int64)
+        comm.batch_p2p([pc.P2POp("send", np.array([payload.size]), dst, 9),
+                        pc.P2POp("recv", size, src, 9)])  # fmt: skip
+        inbox = np.empty(int(size[0]), np.uint8)
+        comm.batch_p2p([pc.P2POp("send", payload, dst, 9), pc.P2POp("recv", inbox, src, 9)])
+        assert pickle.loads(inbox.tobytes()) == blob(src), f"object from rank {src}"
+    _quick(t0, "objects around every ring")
+    comm.barrier()
+    if r == 0:
+        print(f"PASS p2p progress ranks={n}", flush=True)
+    comm.close()
+
+
+def engine():
+    """``_net.NetP2P`` alone on 2 ranks, with 1000-byte blocks so that messages are described
+    to MPI as blocks and a tail: the bytes as sent, each op its own batch, all in flight,
+    waited for in a random order; a tag past MPI's bound refused before anything is posted;
+    a mismatch raised on both ends without touching the receiver's array; timeout, abort and
+    close fail what is pending, promptly."""
+    from pycollectives import _C, _net
+
+    world = MPI.COMM_WORLD
+    r, n = world.Get_rank(), world.Get_size()
+    peer = 1 - r
+
+    def start(eng, *ops):
+        return eng.start(_C.check_p2p(list(ops), r, n))
+
+    u8, f64 = np.dtype(np.uint8), np.dtype(np.float64)
+    eng = _net.NetP2P(world, 20.0, block_bytes=1000)
+    sizes = [(0, u8), (999, u8), (1000, u8), (1001, u8), (2500, u8), (375, f64), (30_001, f64)]
+    outs = [np.zeros(c, dt) for c, dt in sizes]
+    works = [start(eng, ("recv", o, peer, i)) for i, o in enumerate(outs)]
+    sent = [data(r, peer, c, dt) for c, dt in sizes]  # alive until sent: the engine holds none
+    works += [start(eng, ("send", x, peer, i)) for i, x in enumerate(sent)]
+    for k in np.random.default_rng(r).permutation(len(works)):
+        assert works[k].wait(timeout=20) and works[k].is_completed()
+    for o, (c, dt) in zip(outs, sizes):
+        _same(o, data(peer, r, c, dt), f"{c} x {dt} in blocks of 1000 bytes")
+    x = np.ones(10, np.float32)
+    expect(ValueError, lambda: start(eng, ("send", x, peer, eng.tag_ub + 1)), "largest tag")
+    y = np.full(12, 7.0, np.float32)
+    if r == 0:
+        w = start(eng, ("send", x, peer, 99))
+    else:
+        w = start(eng, ("recv", y, peer, 99))
+    msg = expect(pc.CollectiveMismatch, w.wait, "tag 99", "10 x float32", "12 x float32")
+    assert np.all(y == 7.0), "a message that did not fit was written into the array"
+    assert eng.error == msg, (eng.error, msg)
+    expect(pc.CollectiveError, lambda: start(eng, ("send", x, peer, 1)), "earlier error")
+    eng.close()
+    # Nobody sends: the recv times out after the engine's timeout, naming what it waited for.
+    eng = _net.NetP2P(world, 0.5)
+    t0 = time.monotonic()
+    w = start(eng, ("recv", y, peer, 5))
+    expect(pc.CollectiveTimeout, w.wait, f"recv from rank {peer} (tag 5", "sent no matching")
+    assert time.monotonic() - t0 < 3, time.monotonic() - t0
+    eng.close()
+    # abort() and close() end pending waits at once.
+    eng = _net.NetP2P(world, 20.0)
+    w = start(eng, ("recv", y, peer, 6))
+    expect(pc.CollectiveTimeout, lambda: w.wait(timeout=0.05), "not complete after")
+    assert not w.is_completed()
+    eng.abort("stopped by the test")
+    expect(pc.CollectiveError, w.wait, "stopped by the test")
+    eng.close()
+    eng = _net.NetP2P(world, 20.0)
+    w = start(eng, ("recv", y, peer, 7))
+    eng.close()
+    expect(pc.CollectiveError, w.wait, "closed with point-to-point operations in flight")
+    expect(pc.CollectiveError, lambda: start(eng, ("recv", y, peer, 7)), "closed")
+    world.Barrier()
+    print(f"PASS p2p engine rank={r}", flush=True)
 
 
 def eager():
@@ -286,5 +506,6 @@ if __name__ == "__main__":
     modes = {"matrix": matrix, "semantics": semantics, "timeout": timeout, "dead": dead}
     modes |= {"args": args, "mismatch-size": lambda: mismatch("size")}
     modes["mismatch-dtype"] = lambda: mismatch("dtype")
-    modes |= {"eager": eager, "mismatch-late": mismatch_late}
+    modes |= {"eager": eager, "mismatch-late": mismatch_late, "progress": progress}
+    modes["engine"] = engine
     run_main(modes[sys.argv[1]])

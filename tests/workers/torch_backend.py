@@ -3,7 +3,8 @@ torch sends a backend, on every dtype, gives gloo's result (or, where gloo has n
 operation or dtype, the value computed here); stock DistributedDataParallel, ZeRO, FSDP2,
 tensor parallel and pipelining (GPipe, 1F1B) train to gloo's parameters.
 
-Usage: mpiexec -n N python torch_backend.py ops|ddp|parallel|errors
+Usage: mpiexec -n N python torch_backend.py CASE[,CASE...]
+       (ops, ddp, parallel, errors, exchange)
 (or under torchrun, where pycollectives.torch.init_process_group is dist.init_process_group)
 """
 
@@ -23,6 +24,8 @@ import pycollectives as pc
 import pycollectives.torch as pct
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
+# Several emulated nodes (PYCOLL_RANKS_PER_NODE): shared memory inside each, MPI between them.
+NODES = os.environ.get("PYCOLL_RANKS_PER_NODE", "") != ""
 
 DTYPES = [
     torch.float32,
@@ -165,9 +168,10 @@ def check_ops(gloo):
     same(got, torch.arange(n).repeat_interleave(2).float(), "funcol all_gather_tensor")
     got = funcol.reduce_scatter_tensor(torch.arange(2.0 * n), "sum", 0, world)
     same(got, n * torch.arange(2.0 * r, 2.0 * r + 2), "funcol reduce_scatter_tensor")
-    # A subgroup of the first two ranks (every rank makes it, as torch requires).
-    sub = dist.new_group([0, 1 % n])
-    if r < 2:
+    # A subgroup of the first two ranks (every rank makes it, as torch requires). Subgroups
+    # meet through torch's store, which knows nothing of nodes (emulated ones included).
+    sub = None if NODES else dist.new_group([0, 1 % n])
+    if sub is not None and r < 2:
         t = torch.full((4,), float(r + 1))
         dist.all_reduce(t, group=sub)
         same(t, torch.full((4,), 3.0 if n > 1 else 1.0), "subgroup all_reduce")
@@ -364,6 +368,41 @@ def check_parallel(gloo):
     print(f"PASS torch parallel rank={r}")
 
 
+def check_exchange(gloo):
+    """The pipeline exchange: batch_isend_irecv to the next rank and from the previous one
+    (and the other way), every dtype, as gloo delivers it; isends waited for only after the
+    irecvs. Each round is a few messages: a stuck one would take the timeout."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    t0 = time.monotonic()
+    for k, dtype in enumerate(DTYPES):
+        got = {}
+        for name, group in (("ours", None), ("gloo", gloo)):
+            fwd, bwd = torch.empty(1000 + k, dtype=dtype), torch.empty(7, dtype=dtype)
+            ops = [
+                dist.P2POp(dist.isend, value(r, 1000 + k, dtype, salt=1), nxt, group),
+                dist.P2POp(dist.irecv, fwd, prv, group),
+                dist.P2POp(dist.isend, value(r, 7, dtype, salt=2), prv, group),
+                dist.P2POp(dist.irecv, bwd, nxt, group),
+            ]
+            for w in reversed(dist.batch_isend_irecv(ops)):
+                w.wait()
+            got[name] = (fwd, bwd)
+        same(got["ours"][0], got["gloo"][0], f"exchange forward {dtype}")
+        same(got["ours"][1], got["gloo"][1], f"exchange backward {dtype}")
+        same(got["ours"][0], value(prv, 1000 + k, dtype, salt=1), f"exchange value {dtype}")
+    sends = [dist.isend(torch.full((5,), float(10 * r + t)), nxt, tag=t) for t in range(3)]
+    for t in reversed(range(3)):
+        buf = torch.empty(5)
+        dist.recv(buf, prv, tag=t)
+        same(buf, torch.full((5,), float(10 * prv + t)), f"tag {t} received last-first")
+    for w in sends:
+        w.wait()
+    took = time.monotonic() - t0
+    assert took < 20, f"the exchanges took {took:.1f} s: messages waited for the program"
+    print(f"PASS torch exchange rank={r}")
+
+
 def check_async(gloo):
     """Operations of 1 MiB and more run on the communicator's progress thread: results, Work
     and futures as for the small ones, callbacks that issue collectives, several in flight."""
@@ -476,14 +515,22 @@ def main():
     # The C++ backend serves the groups unless PYCOLL_TORCH_NATIVE=0 asks for the Python one.
     world = dist.group.WORLD
     native = os.environ.get("PYCOLL_TORCH_NATIVE", "1") != "0"
-    if native:
-        assert world._get_backend(torch.device("cpu")).native, "not the C++ backend"
+    if native:  # over several nodes, the C++ backend hands every call to the Python one
+        assert world._get_backend(torch.device("cpu")).native != NODES, "not the C++ backend"
     else:
         assert isinstance(world, pct.torch_backend.ProcessGroup), type(world)
     gloo = dist.new_group(backend="gloo")
     cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
-    cases["errors"] = check_errors
-    cases[sys.argv[1]](gloo)
+    cases.update(errors=check_errors, exchange=check_exchange)
+    for case in sys.argv[1].split(","):
+        cases[case](gloo)
+    if os.environ.get("PYCOLL_EXPECT_NO_ML_DTYPES"):  # the test hid it: make sure it was
+        try:
+            import ml_dtypes  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("ml_dtypes was importable")
     dist.destroy_process_group()
 
 

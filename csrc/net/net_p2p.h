@@ -1,0 +1,156 @@
+// Point-to-point messages between nodes, over MPI, that progress on their own.
+//
+// Every send and receive is posted the moment it is issued and moves as soon as its peer's
+// side is posted, whatever order the program waits in (MPI's progress rule: a cycle of sends
+// never blocks). A message is three MPI messages, each on a communicator of its own (so they
+// never meet the collectives' traffic), all with the caller's tag:
+//   header  (count, dtype)          sender -> receiver, posted with the send;
+//   data    (the bytes)             sender -> receiver, posted with the send;
+//   verdict (fits, count, dtype)    receiver -> sender, once the receiver has read the header.
+// A receive posts its header receive at once. When the header arrives it posts the data
+// receive: into the caller's array when count and dtype agree, else into scratch space, so a
+// mismatch corrupts nothing. A send completes with its verdict (so both ends learn of a
+// mismatch and raise CollectiveMismatch), a receive with its data. Between one pair with one
+// tag, messages match in issue order: MPI's non-overtaking rule for headers and data, and data
+// receives posted in the order their headers were posted. Different tags complete in any order.
+//
+// Progress: one thread at a time advances every pending operation. A thread waiting on a batch
+// progresses while it waits; otherwise a thread started on first use does, sleeping while
+// nothing is pending. Each batch has a deadline (the timeout when it was issued). An error
+// (timeout, mismatch, abort, MPI failure) poisons the engine and fails every pending operation.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/dtypes.h"
+#include "host/wait.h"
+
+namespace pycoll {
+
+// One operation as the caller checked it: a send of, or receive into, `count` x `dtype` at
+// `buf`, with MPI rank `peer` of the engine's communicator.
+struct NetP2POp {
+  bool send = true;
+  uint8_t* buf = nullptr;
+  size_t count = 0;
+  DType dtype = DType::Float32;
+  int peer = 0;
+  uint64_t tag = 0;
+};
+
+// Operations issued together: complete when all of theirs are.
+struct NetP2PBatch {
+  size_t remaining = 0;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;  // written before `done` is set
+  Clock::time_point deadline;
+  double timeout_s = 0;
+};
+
+class NetP2P {
+ public:
+  // Collective over `comm` (which must outlive this engine): duplicates it three times.
+  // Messages of more than `block_bytes` are described to MPI as blocks of that size and a tail
+  // (MPI counts are ints).
+  NetP2P(MPI_Comm comm, double timeout_s, size_t block_bytes = size_t{1} << 30);
+  ~NetP2P();
+  NetP2P(const NetP2P&) = delete;
+  NetP2P& operator=(const NetP2P&) = delete;
+
+  int tag_ub() const { return tag_ub_; }
+  double timeout() const { return timeout_s_.load(); }
+  void set_timeout(double s) { timeout_s_.store(s); }
+
+  // Posts `ops`, every one checked first (InvalidArgument: nothing is posted).
+  std::shared_ptr<NetP2PBatch> start(const std::vector<NetP2POp>& ops);
+  // Waits for `b` up to `timeout_s` (< 0: until it completes or fails, which its deadline
+  // bounds), progressing every pending operation meanwhile. False if still pending; rethrows
+  // the batch's error.
+  bool wait(NetP2PBatch& b, double timeout_s);
+  // Poisons the engine: every pending operation fails with CollectiveError(reason).
+  void abort(const std::string& reason);
+  // Why the engine is unusable, or "".
+  std::string poison_reason() const;
+  // Fails what is pending, stops the progress thread and frees the communicators. Idempotent.
+  void close();
+
+ private:
+  struct Op {
+    NetP2POp io;
+    std::shared_ptr<NetP2PBatch> batch;
+    int64_t mine[2] = {0, 0};       // this end's (count, dtype)
+    int64_t theirs[3] = {0, 0, 0};  // recv: the sender's header; send: the verdict
+    int64_t verdict[3] = {0, 0, 0};
+    MPI_Request req[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::vector<uint8_t> scratch;  // a message that does not fit drains here
+    bool fits = true;
+    size_t bytes() const { return io.count * dtype_size(io.dtype); }
+    std::string describe() const;  // "send to rank 1 (tag 3, 10 x float32)"
+  };
+  using OpPtr = std::shared_ptr<Op>;
+  using Key = std::pair<int, uint64_t>;  // (peer, tag)
+
+  void post_send(const OpPtr& o);
+  void post_data_recv(const OpPtr& o);
+  // One pass over every pending operation (mu_ held); true if anything moved. An error fails
+  // every pending operation and poisons the engine.
+  bool progress();
+  bool test_all();
+  void advance_sends();
+  void advance_headers();
+  void advance_receives();
+  void advance_verdicts();
+  void check_deadlines(Clock::time_point now);
+  void complete(const OpPtr& o);
+  void finish(NetP2PBatch& b, std::exception_ptr error);
+  template <class E>
+  [[noreturn]] void raise(const OpPtr& o, const std::string& msg) {
+    culprit_ = o;
+    throw E(msg);
+  }
+  void fail_all(const OpPtr& culprit, std::exception_ptr e);
+  void progress_loop();
+  // The MPI description of `bytes` bytes: (datatype, count); a derived type is freed by
+  // the caller once the operation is posted.
+  std::pair<MPI_Datatype, int> bytes_type(size_t bytes) const;
+
+  MPI_Comm headers_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, verdicts_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, tag_ub_ = 32767;
+  const size_t block_bytes_;
+  std::atomic<double> timeout_s_;
+
+  mutable std::mutex mu_;  // one thread progresses at a time
+  std::condition_variable cv_;
+  std::vector<OpPtr> sends_;                // posted, verdict not yet in
+  std::map<Key, std::deque<OpPtr>> heads_;  // receives awaiting their header, in issue order
+  std::vector<OpPtr> receiving_;            // data receive posted
+  std::vector<OpPtr> answering_;            // received; verdict still on its way back
+  std::vector<MPI_Request> reqs_;           // test_all's scratch: every request in flight,
+  std::vector<MPI_Request*> slots_;         // where each lives,
+  std::vector<int> done_;                   // and the indices of those completed
+  size_t pending_ = 0;                      // operations not yet complete
+  OpPtr culprit_;                           // the op whose failure is being thrown
+  Clock::time_point next_check_;
+  std::string poisoned_;
+  std::atomic<bool> failed_{false};  // poisoned_ is set
+  int waiters_ = 0;                  // threads progressing in wait()
+  Clock::time_point last_call_{};    // the program's latest start() or wait()
+  bool idle_ = false;                // the progress thread waits for work (to be notified)
+  bool stopping_ = false, closed_ = false;
+  std::thread thread_;
+};
+
+}  // namespace pycoll
