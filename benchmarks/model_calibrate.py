@@ -7,7 +7,7 @@ Two link classes, each measured with our own ring all-reduce (float32 sum) on 2 
 ranks as two emulated nodes, PYCOLL_RANKS_PER_NODE=1, flat ring). For each class the model's
 time is linear in (alpha, 1/beta, gamma) given the schedule's step, byte and reduction counts
 (pycollectives.model.schedule_costs); a least-squares fit on relative error gives them. The
-file keeps the measurements too; tests/test_model.py checks the model against them.
+file keeps the measurements too; tests/unit/test_model.py checks the model against them.
 """
 
 from __future__ import annotations

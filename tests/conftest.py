@@ -13,6 +13,9 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    from harness.pool import POOLS
+
+    POOLS.close()
     # Ranks the fault tests kill leave MPICH's segments behind; remove those of this run that
     # no process maps any more (as pycollectives.launch does after a failed job).
     from pycollectives.launch import remove_orphaned_shm

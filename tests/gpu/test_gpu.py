@@ -1,0 +1,268 @@
+"""The CUDA transport on real GPUs (``make gpu-test``): several ranks on one GPU, every
+collective x algorithm x dtype x op x root x size against numpy, bitwise equal across ranks;
+torch tensors; stream ordering; async work; kernel mode under MPS; faults.
+
+Skipped where there is no GPU (no nvidia-smi, or it lists none). Where nvidia-smi lists a GPU
+that CUDA cannot use (a driver older than the CUDA runtime pycollectives was built with, say),
+every test here fails, saying why: a GPU suite that runs nothing must not pass."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from harness.launch import run_mpi
+
+from pycollectives.cuda import cuda_status, mps_active
+
+pytestmark = pytest.mark.gpu
+
+# Decided once, at import: ("ok" | "absent" | "broken", why).
+STATUS, WHY = cuda_status()
+HAVE_CUPY = importlib.util.find_spec("cupy") is not None
+
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
+SMALL = {"PYCOLL_CUDA_STAGING_BYTES": "4096", "PYCOLL_CUDA_BLOCKS": "4"}
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+@pytest.fixture(autouse=True)
+def _usable_gpu():
+    """Skips without a GPU; fails where a GPU is listed but CUDA cannot use it."""
+    if STATUS == "broken":
+        pytest.fail(f"a GPU is present but CUDA cannot use it: {WHY}", pytrace=False)
+    if STATUS != "ok":
+        pytest.skip(WHY)
+    if not HAVE_CUPY:
+        pytest.skip("cupy is not installed")
+
+
+# -- MPS: kernel mode for ranks that share one GPU ---------------------------------------------
+
+
+def mps_processes(pipe: str) -> list[int]:
+    """The pids of this user's MPS daemons and servers that use the pipe directory `pipe`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not (entry / "comm").read_text().startswith("nvidia-cuda-mps"):
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours
+            continue
+        if f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode() in env:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_until(cond, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def start_mps(exe: str, seconds: float = 20.0) -> dict:
+    """Starts an MPS control daemon with private pipe and log directories; returns the
+    environment its clients need. Raises RuntimeError (after stopping what it started) if the
+    daemon does not come up within `seconds`."""
+    root = tempfile.mkdtemp(prefix="pycoll-mps-")  # short: the pipe is a unix socket path
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": os.path.join(root, "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": os.path.join(root, "log"),
+    }
+    for d in env.values():
+        os.mkdir(d)
+    try:
+        proc = subprocess.run(
+            [exe, "-d"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+            check=False,
+        )
+        control = os.path.join(env["CUDA_MPS_PIPE_DIRECTORY"], "control")
+        if proc.returncode != 0 or not _wait_until(lambda: os.path.exists(control), seconds):
+            raise RuntimeError(
+                f"{exe} -d (exit status {proc.returncode}) did not start an MPS daemon: "
+                f"{proc.stdout}{proc.stderr}{_mps_log(env)}"
+            )
+    except BaseException:
+        stop_mps(exe, env, seconds)
+        raise
+    return env
+
+
+def _mps_log(env: dict) -> str:
+    try:
+        log = Path(env["CUDA_MPS_LOG_DIRECTORY"], "control.log").read_text()
+    except OSError:
+        return ""
+    return "\ncontrol.log:\n" + log[-2000:]
+
+
+def stop_mps(exe: str, env: dict, seconds: float = 20.0) -> None:
+    """Asks the daemon started by start_mps to quit, waits (bounded) for it and its servers
+    to exit, stops any that do not, and removes its directories."""
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    try:
+        subprocess.run(
+            [exe],
+            input="quit\n",
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if not _wait_until(lambda: not mps_processes(pipe), seconds):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in mps_processes(pipe):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            if _wait_until(lambda: not mps_processes(pipe), 5):
+                break
+    shutil.rmtree(os.path.dirname(pipe), ignore_errors=True)
+
+
+def _device_count() -> int:
+    from pycollectives import _cuda
+
+    return _cuda.device_count()[0]
+
+
+@pytest.fixture(scope="class")
+def kernel_mode_env():
+    """The environment for kernel-mode workers (2 ranks): PYCOLL_CUDA_SYNC=kernel, and an MPS
+    daemon of our own when the ranks share a GPU and none runs, stopped after the class."""
+    env = {"PYCOLL_CUDA_SYNC": "kernel"}
+    if STATUS != "ok" or not HAVE_CUPY or mps_active() or _device_count() >= 2:
+        # Nothing to run (the tests skip or fail), an MPS daemon already, or a GPU per rank.
+        yield env
+        return
+    exe = shutil.which(MPS_CONTROL)
+    if exe is None:
+        pytest.skip(f"kernel mode on a shared GPU needs MPS, and {MPS_CONTROL} is not on PATH")
+    try:
+        mps = start_mps(exe)
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield {**env, **mps}
+    finally:
+        stop_mps(exe, mps)
+
+
+# -- collectives -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("staging", ["small", "default"])
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_gpu_collective_matrix(nranks, collective, staging):
+    env = SMALL if staging == "small" else {}
+    out = run_mpi(nranks, "gpu_collectives.py", collective, staging, env=env, timeout=900)
+    for algo in ("ring", "direct", "auto"):
+        assert f"PASS {collective} {algo} ranks={nranks}" in out, out
+
+
+NEW_COLLECTIVES = ["all_to_all", "gather", "scatter", "all_gather_v", "reduce_scatter_v"]
+
+
+@pytest.mark.parametrize("staging", ["small", "default"])
+@pytest.mark.parametrize("collective", NEW_COLLECTIVES)
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_gpu_new_collectives(nranks, collective, staging):
+    # Per-rank counts and splits (zeros, one long block), every root, absent arrays off it.
+    env = SMALL if staging == "small" else {}
+    out = run_mpi(nranks, "gpu_collectives.py", collective, staging, env=env, timeout=900)
+    ring = collective.endswith("_v")  # the uneven forms have a ring schedule too
+    for algo in (["ring"] if ring else []) + ["direct", "auto"]:
+        assert f"PASS {collective} {algo} ranks={nranks}" in out, out
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_gpu_twoshot_all_reduce(nranks):
+    env = dict(SMALL, PYCOLL_ONESHOT_BYTES="0")
+    out = run_mpi(nranks, "gpu_collectives.py", "all_reduce", "small", "direct", env=env)
+    assert f"PASS all_reduce direct ranks={nranks}" in out
+
+
+@pytest.mark.parametrize("what", ["stream", "async", "mismatch"])
+def test_gpu_streams_and_async(what):
+    assert run_mpi(2, "gpu_extras.py", what).count(f"PASS {what}") == 2
+
+
+def test_gpu_torch_tensors():
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    assert run_mpi(3, "gpu_extras.py", "torch").count("PASS torch") == 3
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_gpu_through_communicator(nranks):
+    assert run_mpi(nranks, "gpu_communicator.py").count("PASS communicator") == nranks
+
+
+def test_gpu_training_job():
+    out = run_mpi(
+        2, "run_module.py", "pycollectives.examples.train", "--epochs", "4", "--device", "gpu"
+    )
+    assert "on the GPU" in out and "replicas bit-identical across 2 ranks: yes" in out, out
+
+
+# -- faults ------------------------------------------------------------------------------------
+# As tests/ranks/test_faults.py on the host path. "fingerprints": the host rendezvous before each
+# launch meets the fault; "device": without it (PYCOLL_CHECK_MISMATCH=0), the device waits
+# (kernel mode) or the host-driven steps (host mode) must.
+
+FAULT_TIMEOUT = {"die": "10", "skip": "3"}
+
+
+def run_fault(fault: str, check: str, env: dict, mode: str):
+    env = dict(env, PYCOLL_TIMEOUT=FAULT_TIMEOUT[fault])
+    if check == "device":
+        env["PYCOLL_CHECK_MISMATCH"] = "0"
+    # Keep mpiexec from killing the survivor when the other rank leaves early.
+    out = run_mpi(
+        2, "gpu_faults.py", fault, env=env, timeout=120, mpiexec_args=("-disable-auto-cleanup",)
+    )
+    assert out.count(f"PASS {fault} sync={mode}") == 1, out
+
+
+@pytest.mark.parametrize("check", ["fingerprints", "device"])
+@pytest.mark.parametrize("fault", ["die", "skip"])
+def test_gpu_faults_host_mode(fault, check):
+    run_fault(fault, check, {"PYCOLL_CUDA_SYNC": "host"}, "host")
+
+
+class TestKernelMode:
+    """Kernel mode (one launch per collective, device-side waits). Ranks sharing one GPU need
+    MPS for it: the class starts a daemon of its own when none runs (kernel_mode_env)."""
+
+    @pytest.mark.parametrize("collective", COLLECTIVES)
+    def test_gpu_kernel_mode_collectives(self, kernel_mode_env, collective):
+        env = dict(SMALL, **kernel_mode_env)
+        out = run_mpi(2, "gpu_collectives.py", collective, "small", "ring", env=env)
+        assert f"PASS {collective} ring ranks=2" in out and "sync=kernel" in out, out
+
+    @pytest.mark.parametrize("check", ["fingerprints", "device"])
+    @pytest.mark.parametrize("fault", ["die", "skip"])
+    def test_gpu_faults_kernel_mode(self, kernel_mode_env, fault, check):
+        run_fault(fault, check, kernel_mode_env, "kernel")

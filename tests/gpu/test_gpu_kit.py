@@ -1,0 +1,69 @@
+"""The GPU run kit (tools/gpu/), checked without a GPU: the scripts parse, run.sh refuses a
+missing OUTDIR, its stage limits fit one 10-minute remote command, and git ignores the wheels."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT = ROOT / "tools" / "gpu"
+SCRIPTS = ["run.sh", "fetch_wheels.sh"]
+
+
+def bash(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_syntax(script):
+    proc = bash("-n", str(KIT / script))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("args", [(), ("a", "b"), ("--dry-run",)])
+def test_run_without_outdir_prints_usage(args):
+    proc = bash(str(KIT / "run.sh"), *args)
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr
+
+
+def test_dry_run_fits_one_remote_command(tmp_path):
+    out = tmp_path / "out"
+    proc = bash(str(KIT / "run.sh"), "--dry-run", str(out))
+    assert proc.returncode == 0, proc.stderr
+    stages = [line.split()[0] for line in proc.stdout.splitlines()[:-1]]
+    assert stages == ["env", "build", "gpu", "bench-2", "bench-4", "train"]
+    total = int(re.search(r"^total\s+(\d+)s", proc.stdout, re.M).group(1))
+    assert total <= 570, proc.stdout  # a remote command gets 600 s
+    # Summary plus one log per stage: a remote runner brings back at most 8 files.
+    assert len(stages) + 1 <= 8
+    assert not out.exists()  # a dry run writes nothing
+
+
+def test_extra_stages_run_only_when_asked(tmp_path):
+    proc = bash(str(KIT / "run.sh"), "--dry-run", str(tmp_path / "out"),
+                env={"STAGES": "build bench-mps"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()[:-1]
+    assert [line.split()[0] for line in lines] == ["build", "bench-mps"]
+    assert "bench_mps" in lines[1]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_gitignore_ignores_wheels_and_venv():
+    for path in ["tools/gpu/wheels/mpich-5.0.2-py3-none-manylinux_2_28_x86_64.whl", ".venv-gpu/x"]:
+        proc = subprocess.run(
+            ["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT, check=False
+        )
+        if proc.returncode == 128:
+            pytest.skip("not a git checkout")
+        assert proc.returncode == 0, f"{path} is not ignored by .gitignore"

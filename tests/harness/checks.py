@@ -1,0 +1,131 @@
+"""Shared helpers for worker scripts: inputs every rank can regenerate, numpy references."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import traceback
+import zlib
+
+import numpy as np
+
+try:
+    import ml_dtypes
+
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # bfloat16 cases are skipped without ml_dtypes
+    BFLOAT16 = None
+
+DTYPES = [np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64]
+DTYPES = [np.dtype(d) for d in DTYPES] + ([BFLOAT16] if BFLOAT16 is not None else [])
+OPS = ["sum", "prod", "min", "max", "avg"]
+
+
+def is_float(dt) -> bool:
+    return dt.kind == "f" or dt == BFLOAT16
+
+
+def valid(dt, op) -> bool:
+    return op != "avg" or is_float(dt)
+
+
+def make_input(rank: int, count: int, dt, op: str, salt: int = 0) -> np.ndarray:
+    """Deterministic input of `rank`; values keep products and sums in a sane range."""
+    rng = np.random.default_rng([rank, count, salt, zlib.crc32(str(dt).encode()), OPS.index(op)])
+    if is_float(dt):
+        if op == "prod":
+            v = rng.uniform(0.5, 1.5, count)
+        else:
+            v = rng.uniform(-2.0, 2.0, count)
+        return v.astype(dt)
+    if op == "prod":
+        lo, hi = (0, 4) if dt.kind == "u" else (-3, 4)
+    else:
+        info = np.iinfo(dt)
+        lo, hi = max(info.min, -1000), min(info.max, 1000)
+    return rng.integers(lo, hi, count, endpoint=False).astype(dt)
+
+
+def reference(inputs: list[np.ndarray], op: str, dt) -> np.ndarray:
+    """numpy reference: exact (wrapping) for integers, float64 for floats."""
+    if is_float(dt):
+        stack = np.stack([x.astype(np.float64) for x in inputs])
+    else:
+        stack = np.stack(inputs)
+    if op in ("sum", "avg"):
+        r = np.sum(stack, axis=0, dtype=stack.dtype)
+        if op == "avg":
+            r = r / len(inputs)
+    elif op == "prod":
+        r = np.prod(stack, axis=0, dtype=stack.dtype)
+    elif op == "min":
+        r = np.min(stack, axis=0)
+    else:
+        r = np.max(stack, axis=0)
+    return r
+
+
+def eps(dt) -> float:
+    if dt == BFLOAT16:
+        return 2.0**-8
+    return float(np.finfo(dt).eps)
+
+
+def check_close(got: np.ndarray, want: np.ndarray, dt, nranks: int, what: str, op: str):
+    """Integers and min/max exactly; floats within the rounding of another summation order."""
+    if got.shape != want.shape:
+        raise AssertionError(f"{what}: shape {got.shape} != {want.shape}")
+    if not is_float(dt) or op in ("min", "max"):
+        g = got.astype(np.float64) if is_float(dt) else got
+        w = want.astype(dt).astype(np.float64) if is_float(dt) else want
+        if not np.array_equal(g, w):
+            bad = np.flatnonzero(g != w)
+            raise AssertionError(
+                f"{what}: {bad.size} wrong, first at {bad[0]}: {g[bad[0]]} != {w[bad[0]]}"
+            )
+        return
+    g = got.astype(np.float64)
+    tol = 4 * nranks * eps(dt)
+    scale = 4.0 if op != "prod" else 2.0**nranks
+    err = np.abs(g - want)
+    limit = tol * (np.abs(want) + scale)
+    if np.any(err > limit):
+        i = int(np.argmax(err - limit))
+        raise AssertionError(f"{what}: element {i}: {g[i]} vs reference {want[i]} (tol {limit[i]})")
+
+
+def digest(a: np.ndarray) -> bytes:
+    return hashlib.sha1(a.tobytes()).digest()
+
+
+def expect(exc_type, fn, *words):
+    """`fn()` raises `exc_type` with every one of `words` in its message; returns the message."""
+    try:
+        fn()
+    except exc_type as e:
+        for w in words:
+            assert w in str(e), f"{w!r} not in {e}"
+        return str(e)
+    raise AssertionError(f"expected {exc_type.__name__}")
+
+
+def run_main(main):
+    """Runs a worker's main as a job of its own; any failure is reported for the test
+    (TEST_RESULTS_DIR, see launch.run_mpi), printed, and aborts every rank."""
+    from mpi4py import MPI
+
+    try:
+        main()
+    except BaseException as e:
+        folder = os.environ.get("TEST_RESULTS_DIR")
+        if folder:
+            rank = MPI.COMM_WORLD.Get_rank()
+            result = {"type": type(e).__name__, "message": str(e)}
+            with open(os.path.join(folder, f"result-{rank}.json"), "w") as f:
+                json.dump(result, f)
+        sys.stdout.flush()
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)

@@ -1,0 +1,148 @@
+"""Runs worker scripts on several ranks, and turns a failure into a readable pytest failure.
+
+Workers live beside the tests that run them (tests/ranks/workers, tests/gpu/workers) and
+import their shared checks from this folder (checks.py). A case runs in a rank pool (pool.py)
+unless it needs a job of its own; either way a failure names the case, the rank and the error
+its checks raised (what differed, where).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harness.pool import OWN_JOB_VARIABLES, POOLS, CaseFailed, split_env
+
+HARNESS = Path(__file__).resolve().parent
+TESTS = HARNESS.parent
+WORKER_DIRS = (TESTS / "ranks" / "workers", TESTS / "gpu" / "workers")
+# 4 ranks as 2 nodes x 2 (emulated): shared memory inside each node, MPI between them.
+TWO_NODES = {"PYCOLL_RANKS_PER_NODE": "2"}
+
+
+def worker_path(name: str) -> Path:
+    """A worker script by file name (run_module.py, ``python -m``, is the harness's own), or
+    any script by its absolute path."""
+    if Path(name).is_absolute() and Path(name).is_file():
+        return Path(name)
+    for folder in (HARNESS, *WORKER_DIRS):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"no worker {name} in {', '.join(map(str, WORKER_DIRS))}")
+
+
+def with_harness(env: dict) -> dict:
+    """`env` with this folder on PYTHONPATH: a worker started by any launcher finds checks.py."""
+    path = [str(HARNESS), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {**env, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def mpiexec() -> str:
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.skip("mpiexec not found (make test installs mpich into .venv)")
+    return found
+
+
+def run_mpi(
+    nprocs: int,
+    worker: str,
+    *args: str,
+    timeout: float = 300,
+    env: dict | None = None,
+    mpiexec_args: tuple = (),
+    with_stderr: bool = False,
+    returncodes: tuple = (0,),
+    own_job: bool = False,
+):
+    """Runs the worker script `worker` on `nprocs` ranks; returns its stdout (and stderr if
+    asked). A case that fails on any rank fails the test, naming the rank and what went wrong.
+
+    Cases run in a rank pool (pool.py: one job per rank count that runs case after case)
+    unless they need a job of their own: `own_job` (ranks that die or are killed, a job's exit
+    itself under test), `mpiexec_args`, an exit code other than 0 expected, or a variable read
+    once per process (pool.OWN_JOB_VARIABLES)."""
+    env = env or {}
+    own_job = own_job or any(k in env for k in OWN_JOB_VARIABLES)
+    path = worker_path(worker)
+    if not own_job and not mpiexec_args and returncodes == (0,):
+        case_env, launch_env = split_env(env)
+        case_env.setdefault("PYCOLL_TIMEOUT", os.environ.get("PYCOLL_TIMEOUT", "60"))
+        if worker == "run_module.py":
+            case = {"module": args[0], "argv": list(args[1:]), "env": case_env}
+        elif path.parent not in WORKER_DIRS:  # a script of the test's own, run as __main__
+            case = {"script": str(path), "argv": list(args), "env": case_env}
+        else:
+            case = {"worker": str(path), "argv": list(args), "env": case_env}
+        try:
+            out, err = POOLS.run(mpiexec(), nprocs, HARNESS, case, launch_env, timeout)
+        except CaseFailed as e:
+            pytest.fail(str(e), pytrace=False)
+        return (out, err) if with_stderr else out
+    full_env = with_harness(dict(os.environ))
+    full_env.setdefault("PYCOLL_TIMEOUT", "60")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env.update(with_harness(env) if "PYTHONPATH" in env else env)
+    cmd = [mpiexec(), *mpiexec_args, "-n", str(nprocs), sys.executable, str(path), *args]
+    with tempfile.TemporaryDirectory(prefix="pycoll-job-") as results:
+        full_env["TEST_RESULTS_DIR"] = results  # checks.run_main reports a rank's error here
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, env=full_env, check=False
+            )
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\n{e.stdout}\n{e.stderr}")
+        if proc.returncode not in returncodes:
+            errors = rank_errors(Path(results))
+            pytest.fail(
+                f"{worker} {' '.join(args)} on {nprocs} ranks exited with {proc.returncode}"
+                + "".join(f"\n  {line}" for line in errors)
+                + f"\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-6000:]}",
+                pytrace=False,
+            )
+    return (proc.stdout, proc.stderr) if with_stderr else proc.stdout
+
+
+def rank_errors(folder: Path) -> list[str]:
+    """What each rank that failed reported (checks.run_main): 'rank r: Type: message'."""
+    lines = []
+    for path in sorted(folder.glob("result-*.json"), key=lambda p: int(p.stem.split("-")[1])):
+        res = json.loads(path.read_text())
+        lines.append(f"rank {path.stem.split('-')[1]}: {res['type']}: {res['message']}")
+    return lines
+
+
+def fake_tool(directory: Path, name: str, script: str) -> Path:
+    """An executable shell script `name` in `directory` (a stand-in for a system tool)."""
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return path
+
+
+def our_segments() -> set:
+    """This user's pycollectives segments currently in /dev/shm."""
+    return {f for f in os.listdir("/dev/shm") if f.startswith(f"pycoll-{os.getuid()}-")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra) -> dict:
+    """This process's environment without MPI's launch variables (for other launchers), with
+    the harness on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    env.update(PYTHONUNBUFFERED="1", PYCOLL_TIMEOUT="30", **extra)
+    return with_harness(env)

@@ -1,0 +1,199 @@
+"""Rank pools: one mpiexec job per rank count (and launch environment) that runs case after case.
+
+Starting a job costs a fresh Python, numpy, mpi4py and MPI set-up on every rank (0.5-1.3 s on
+2 cores for 2-6 ranks, 7 s with torch on 4): most of what a small multi-rank test took. A pool
+starts once and runs every case sent to it (rank.py), each still its own pytest item with its
+own verdict. A case is a worker's ``main()`` with its arguments and ``PYCOLL_*`` environment
+(read when a communicator is made, so they differ per case); other variables (PYTHONPATH, MPI's
+own settings) are the launch environment and key the pool. A case that fails on any rank is
+reported with the rank, the case and the error (the worker's own assertion message: what
+differed), and ends its pool: the next case starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# Per-case variables: read by the package when a communicator is made. PYCOLL_TRACE is read at
+# import and gathers a process's calls: a case that sets it needs a job of its own.
+CASE_PREFIX = "PYCOLL_"
+OWN_JOB_VARIABLES = ("PYCOLL_TRACE",)
+# Idle ranks of other pools sleep; these keep BLAS from oversubscribing the cores.
+POOL_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class CaseFailed(Exception):
+    """A case failed on some rank: the message says which, and how."""
+
+
+def split_env(env: dict) -> tuple[dict, dict]:
+    """(per-case variables, launch variables) of a case's environment."""
+    case = {k: v for k, v in env.items() if k.startswith(CASE_PREFIX)}
+    return case, {k: v for k, v in env.items() if k not in case}
+
+
+class RankPool:
+    def __init__(self, mpiexec: str, nranks: int, harness: Path, launch_env: dict):
+        self.nranks = nranks
+        self.box = Path(tempfile.mkdtemp(prefix="pycoll-pool-"))
+        self.k = 0
+        env = {**os.environ, **POOL_ENV, **launch_env, "PYTHONUNBUFFERED": "1"}
+        cmd = [mpiexec, "-n", str(nranks), sys.executable, str(HERE / "rank.py"), str(self.box)]
+        cmd += [str(harness), str(os.getpid())]
+        self.log = open(self.box / "pool.log", "w+b")  # what ranks print outside a case
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, case: dict, timeout: float) -> tuple[str, str]:
+        """Runs `case` on every rank; (stdout, stderr) of all ranks, rank by rank. CaseFailed
+        (after which this pool is closed) if any rank failed or the case took too long."""
+        k, n = self.k, self.nranks
+        self.k += 1
+        tmp = self.box / f".case-{k}"
+        tmp.write_text(json.dumps(case))
+        tmp.rename(self.box / f"case-{k}.json")
+        deadline = time.monotonic() + timeout
+        results: dict[int, dict] = {}
+        failed_at = None
+        nap = 0.0002
+        while len(results) < n:
+            for r in range(n):
+                if r not in results:
+                    path = self.box / f"result-{k}-{r}.json"
+                    if path.exists():
+                        results[r] = json.loads(path.read_text())
+                        if not results[r]["ok"] and failed_at is None:
+                            failed_at = time.monotonic()
+            now = time.monotonic()
+            if len(results) == n:
+                break
+            # A failed rank's peers may be stuck in the case: give them a moment to fail too.
+            if failed_at is not None and now - failed_at > 3.0:
+                break
+            if now > deadline or not self.alive():
+                break
+            time.sleep(nap)
+            nap = min(0.01, nap * 1.5)
+        out, err = self.outputs(k)
+        bad = {r: res for r, res in results.items() if not res["ok"]}
+        if len(results) == n and not bad:
+            self.cleanup(k)
+            return out, err
+        if len(results) < n and self.alive():  # hung ranks: ask them where they are
+            self.dump_stacks()
+            out, err = self.outputs(k)
+        self.close(kill=True)
+        raise CaseFailed(self.describe(case, k, results, bad, timeout, out, err))
+
+    def outputs(self, k: int) -> tuple[str, str]:
+        def read(kind):
+            texts = []
+            for r in range(self.nranks):
+                try:
+                    texts.append((self.box / f"{kind}-{k}-{r}").read_text(errors="replace"))
+                except FileNotFoundError:
+                    pass
+            return "".join(texts)
+
+        return read("out"), read("err")
+
+    def cleanup(self, k: int):
+        for path in self.box.glob(f"*-{k}*"):
+            if path.name.startswith(("case-", "result-", "out-", "err-")):
+                path.unlink(missing_ok=True)
+
+    def dump_stacks(self):
+        for r in range(self.nranks):
+            try:
+                os.kill(int((self.box / f"pid-{r}").read_text()), signal.SIGUSR1)
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.5)
+
+    def describe(self, case, k, results, bad, timeout, out, err) -> str:
+        if "module" in case:
+            worker = f"-m {case['module']}"
+        else:
+            worker = Path(case.get("worker") or case["script"]).name
+        what = " ".join([worker, *case["argv"]])
+        env = " ".join(f"{k}={v}" for k, v in case.get("env", {}).items() if k != "PYCOLL_TIMEOUT")
+        head = f"{what} on {self.nranks} ranks" + (f" ({env})" if env else "")
+        lines = []
+        for r, res in sorted(bad.items()):
+            lines.append(f"rank {r}: {res['type']}: {res['message']}")
+        missing = [r for r in range(self.nranks) if r not in results]
+        if missing:
+            why = "the job ended" if not self.alive() else f"not done after {timeout:.0f} s"
+            if bad:
+                why = "still running when the others had failed"
+            lines.append(f"ranks {missing}: {why}")
+        text = head + ":\n  " + "\n  ".join(lines)
+        for r, res in sorted(bad.items())[:2]:
+            text += f"\n--- rank {r} traceback ---\n{res['traceback'][-3000:]}"
+        text += f"\n--- stdout (all ranks) ---\n{out[-3000:]}\n--- stderr ---\n{err[-4000:]}"
+        try:
+            self.log.seek(0)
+            log = self.log.read().decode(errors="replace")
+            if log.strip():
+                text += f"\n--- pool log ---\n{log[-2000:]}"
+        except (OSError, ValueError):
+            pass
+        return text
+
+    def close(self, kill: bool = False):
+        if self.proc.poll() is None and not kill:
+            (self.box / f"case-{self.k}.json").write_text(json.dumps({"stop": True}))
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                kill = True
+        if self.proc.poll() is None:  # the ranks first: mpiexec then ends on its own
+            for r in range(self.nranks):
+                try:
+                    os.kill(int((self.box / f"pid-{r}").read_text()), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.box, ignore_errors=True)
+
+
+class Pools:
+    """The pools of a test session, one per (ranks, launch environment), made on first use."""
+
+    def __init__(self):
+        self.pools: dict[tuple, RankPool] = {}
+
+    def run(self, mpiexec, nranks, harness, case, launch_env, timeout):
+        key = (nranks, tuple(sorted(launch_env.items())))
+        pool = self.pools.get(key)
+        if pool is None or not pool.alive():
+            pool = self.pools[key] = RankPool(mpiexec, nranks, harness, launch_env)
+        try:
+            return pool.run(case, timeout)
+        except CaseFailed:
+            del self.pools[key]
+            raise
+
+    def close(self):
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+
+
+POOLS = Pools()

@@ -1,0 +1,190 @@
+"""One rank of a pool (see pool.py): runs case after case in this process, as mpiexec started it.
+
+Usage (by pool.py): mpiexec -n N python rank.py BOX HARNESS PYTEST_PID
+
+Cases arrive as files BOX/case-K.json, K = 0, 1, ...: {"worker": path of a worker script
+(its ``main()`` is run), or "module" (``python -m``) or "script" (run as ``__main__``),
+"argv": [...], "env": {...}}. Each rank runs the worker's
+``main()`` with ``sys.argv`` and the environment set as a job of its own would have them, on a
+fresh duplicate of MPI_COMM_WORLD (so that a message a case left unreceived cannot reach the
+next one), its stdout and stderr (Python's and the native layer's) in BOX/out-K-R and
+BOX/err-K-R, then closes the communicators the case left open and writes
+BOX/result-K-R.json: ``{"ok": true}`` or the exception, its message and traceback. After a
+failure the pool is discarded (peers may be stuck in the failed case), so a failed case is
+never followed by another in this process. {"stop": true} ends the loop.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import importlib.util
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+import weakref
+from pathlib import Path
+
+
+def wait_for(path: Path, pytest_pid: int) -> dict:
+    """The case file `path`, polled with a sleep that grows to 20 ms while idle; exits if the
+    pytest process that owns the pool has gone."""
+    nap, checked = 0.0002, time.monotonic()
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        now = time.monotonic()
+        if now - checked > 2.0:
+            checked = now
+            try:
+                os.kill(pytest_pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
+        time.sleep(nap)
+        nap = min(0.02, nap * 1.5)
+
+
+class Redirect:
+    """fds 1 and 2 (and so every write, Python's or native) into two files, for one case."""
+
+    def __init__(self, out: Path, err: Path):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = (os.dup(1), os.dup(2))
+        for fd, path in ((1, out), (2, err)):
+            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(f, fd)
+            os.close(f)
+
+    def restore(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+
+
+def load(path: Path):
+    """The worker script at `path` as a module, imported once per process (its folder on
+    sys.path, for the workers it imports)."""
+    mod_name = "pool_worker_" + path.stem
+    module = sys.modules.get(mod_name)
+    if module is None:
+        if str(path.parent) not in sys.path:
+            sys.path.insert(1, str(path.parent))
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def track_communicators():
+    """Every pc.Communicator made from now on, in order (weakly): what a case leaves open is
+    closed after it, in the order made (the same on every rank)."""
+    import pycollectives as pc
+
+    made = []
+    init = pc.Communicator.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    pc.Communicator.__init__ = recording_init
+    return made
+
+
+def run_case(case: dict, made: list) -> dict:
+    from mpi4py import MPI
+
+    saved_env = dict(os.environ)  # restored whole: a case may set more (torch's MASTER_PORT)
+    os.environ.update(case.get("env", {}))
+    saved_argv = sys.argv
+    world = MPI.COMM_WORLD
+    MPI.COMM_WORLD = world.Dup()  # a communicator of the case's own
+    del made[:]
+    t0 = time.monotonic()
+    result = {"ok": True}
+    try:
+        if "module" in case:  # python -m MODULE ARGS
+            sys.argv = [case["module"], *case["argv"]]
+            runpy.run_module(case["module"], run_name="__main__", alter_sys=True)
+        elif "script" in case:  # python SCRIPT ARGS
+            sys.argv = [case["script"], *case["argv"]]
+            runpy.run_path(case["script"], run_name="__main__")
+        else:
+            sys.argv = [case["worker"], *case["argv"]]
+            load(Path(case["worker"])).main()
+    except SystemExit as e:  # a CLI's normal end
+        if e.code not in (None, 0):
+            result = failure(e)
+    except BaseException as e:  # noqa: BLE001 - reported to pytest, which decides
+        result = failure(e)
+    if result["ok"]:
+        try:
+            for ref in made:
+                comm = ref()
+                if comm is not None:
+                    comm.close()
+            MPI.COMM_WORLD.Free()
+        except BaseException as e:  # noqa: BLE001
+            result = failure(e, "closing what the case left open")
+    del made[:]
+    gc.collect()
+    MPI.COMM_WORLD = world
+    sys.argv = saved_argv
+    os.environ.clear()
+    os.environ.update(saved_env)
+    result["seconds"] = time.monotonic() - t0
+    return result
+
+
+def failure(e: BaseException, where: str = "") -> dict:
+    return {
+        "ok": False,
+        "type": type(e).__name__,
+        "message": (f"{where}: " if where else "") + str(e),
+        "traceback": traceback.format_exc(),
+    }
+
+
+def main():
+    box, harness, pytest_pid = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    sys.path.insert(0, str(harness))  # checks.py, which every worker imports
+    from mpi4py import MPI
+
+    import pycollectives  # noqa: F401 - loaded once, before any case
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    (box / f"pid-{rank}").write_text(str(os.getpid()))
+    made = track_communicators()
+    k = 0
+    while True:
+        case = wait_for(box / f"case-{k}.json", pytest_pid)
+        if case.get("stop"):
+            break
+        redirect = Redirect(box / f"out-{k}-{rank}", box / f"err-{k}-{rank}")
+        # A case that hangs is dumped on request (pool.py sends SIGUSR1 before killing).
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+        try:
+            result = run_case(case, made)
+        finally:
+            faulthandler.unregister(signal.SIGUSR1)
+            redirect.restore()
+        tmp = box / f".result-{k}-{rank}"
+        tmp.write_text(json.dumps(result))
+        tmp.rename(box / f"result-{k}-{rank}.json")
+        if not result["ok"]:
+            break  # the pool is discarded; peers may be stuck in the failed case
+        k += 1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The CUDA transport's device code on the CPU (the emulated device, csrc/emu/): the step
+kernel compiled for the host, run by every rank over shared memory with the GPU's segment
+layout, every access bounds-checked, in kernel mode (blocks waiting on peers' device flags)
+and host mode (one launch per step). See workers/emulated.py."""
+
+import pytest
+from harness.launch import run_mpi
+
+pytestmark = pytest.mark.emulated
+
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
+MODES = ["kernel", "host"]
+
+
+def _algos(collective):
+    tree = collective in ("all_reduce", "broadcast", "reduce")
+    return ["ring"] + (["tree"] if tree else []) + ["direct", "auto"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize(
+    "nranks,staging", [(2, "small"), (3, "small"), (4, "small"), (2, "default"), (3, "default")]
+)
+def test_emulated_matrix(mode, collective, nranks, staging):
+    out = run_mpi(nranks, "emulated.py", mode, collective, staging)
+    for algo in _algos(collective):
+        assert f"PASS {collective} {algo} {mode} ranks={nranks}" in out
+
+
+NEW_PARTS = ["all_to_all", "gather_scatter", "all_gather_v", "reduce_scatter_v"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("part", NEW_PARTS)
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_emulated_new_collectives(mode, part, nranks):
+    # all_to_all (even and split), gather and scatter from every root, uneven all_gather and
+    # reduce_scatter: every dtype, 4 KiB slots, against MPI and numpy (workers/new_collectives.py).
+    out = run_mpi(nranks, "emulated.py", mode, part)
+    assert f"PASS {part} {mode} ranks={nranks}" in out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_emulated_split_and_count_mismatch(mode, nranks):
+    out = run_mpi(nranks, "emulated.py", mode, "split_mismatch")
+    assert f"PASS split_mismatch {mode} ranks={nranks}" in out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("blocks", [1, 7])
+def test_emulated_block_counts(mode, blocks):
+    # One channel, and a channel count that divides no message evenly.
+    out = run_mpi(3, "emulated.py", mode, "all_reduce", "small", "ring,direct", str(blocks))
+    assert f"PASS all_reduce ring {mode} ranks=3" in out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_twoshot(mode):
+    out = run_mpi(
+        3, "emulated.py", mode, "all_reduce", "small", "direct", env={"PYCOLL_ONESHOT_BYTES": "0"}
+    )
+    assert f"PASS all_reduce direct {mode} ranks=3" in out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_more_shapes_than_the_plan_cache(mode):
+    out = run_mpi(2, "emulated.py", mode, "shapes")
+    assert f"PASS shapes {mode}" in out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_sizes_change_back_to_back(mode):
+    out = run_mpi(3, "emulated.py", mode, "resize")
+    assert f"PASS resize {mode}" in out
+
+
+def _drill(mode, what, nranks=3):
+    out = run_mpi(nranks, "emulated.py", mode, what, mpiexec_args=("-disable-auto-cleanup",))
+    return ["RAISED" + part.split("\n")[0] for part in out.split("RAISED")[1:]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_peer_dies_mid_collective(mode):
+    raised = _drill(mode, "dies_mid")
+    assert len(raised) == 2, raised  # both survivors
+    for line in raised:
+        assert "CollectiveError" in line and "rank 1" in line and "no longer running" in line
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_peer_stalls_mid_collective(mode):
+    raised = _drill(mode, "stalls_mid")
+    assert len(raised) == 2, raised
+    for line in raised:
+        assert "CollectiveTimeout" in line and "rank 1" in line
+        assert float(line.split(" after ")[1].split("s:")[0]) < 10  # the timeout is 3 s
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("what", ["dead_peer", "timeout"])
+def test_emulated_peer_missing_between_collectives(mode, what):
+    raised = _drill(mode, what)
+    assert len(raised) == 2, raised
+    kind = "CollectiveTimeout" if what == "timeout" else "CollectiveError"
+    assert all(kind in line and "rank 1" in line for line in raised), raised
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_mismatch(mode):
+    raised = _drill(mode, "mismatch", nranks=2)
+    assert len(raised) == 2, raised
+    assert all("CollectiveMismatch" in line and "count" in line for line in raised), raised

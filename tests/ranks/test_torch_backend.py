@@ -1,0 +1,81 @@
+"""pycollectives as a torch.distributed backend (see workers/torch_backend.py): every operation
+torch sends a backend against gloo in the same job; stock DistributedDataParallel,
+ZeroRedundancyOptimizer, FSDP2, tensor parallel and pipelining against gloo; clear errors;
+launched by mpiexec and by torchrun."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness.launch import TWO_NODES, clean_env, free_port, run_mpi
+
+WORKER = Path(__file__).parent / "workers" / "torch_backend.py"
+
+
+def without_ml_dtypes() -> dict:
+    """The environment of a worker that cannot import ml_dtypes (as where torch is installed
+    without it): tensors of every dtype, bfloat16 included, must move with torch alone."""
+    path = [str(WORKER.parent / "no_ml_dtypes"), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in path if p), "PYCOLL_EXPECT_NO_ML_DTYPES": "1"}
+
+
+@pytest.mark.parametrize("nranks,native,hide", [(2, "1", True), (3, "1", False), (2, "0", True)])
+def test_every_operation_matches_gloo(nranks, native, hide):
+    # native "0": the Python backend alone (what the C++ one hands CUDA tensors and
+    # multi-node groups to).
+    env = {"PYCOLL_TORCH_NATIVE": native, **(without_ml_dtypes() if hide else {})}
+    out = run_mpi(nranks, "torch_backend.py", "ops", timeout=240, env=env)
+    assert out.count("PASS torch ops") == nranks, out
+
+
+def test_operations_pipelining_and_ddp_across_nodes_as_on_gloo():
+    # 2 nodes x 2 ranks, emulated: shared memory inside each, MPI between them (the Python
+    # backend serves groups over several nodes). The operations suite, point-to-point and
+    # async included, then ZeRO, FSDP2, tensor parallel, pipelining (GPipe, 1F1B) and stock
+    # DDP against gloo, and without ml_dtypes.
+    env = {**TWO_NODES, **without_ml_dtypes()}
+    out = run_mpi(4, "torch_backend.py", "ops,exchange,parallel,ddp", timeout=300, env=env)
+    for case in ("ops", "exchange", "parallel", "ddp"):
+        assert out.count(f"PASS torch {case}") == 4, out
+
+
+def test_pipeline_exchange_on_three_nodes_as_on_gloo():
+    # 3 nodes x 2 ranks: batch_isend_irecv both ways around the ring, every dtype.
+    env = {"PYCOLL_RANKS_PER_NODE": "2"}
+    out = run_mpi(6, "torch_backend.py", "exchange", timeout=300, env=env)
+    assert out.count("PASS torch exchange") == 6, out
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_stock_ddp_trains_as_on_gloo(nranks):
+    out = run_mpi(nranks, "torch_backend.py", "ddp", timeout=300)
+    assert out.count("PASS torch ddp") == nranks, out
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_zero_fsdp_tensor_parallel_and_pipelining_train_as_on_gloo(nranks):
+    out = run_mpi(nranks, "torch_backend.py", "parallel", timeout=300)
+    assert out.count("PASS torch parallel") == nranks, out
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_unsupported_ops_and_layouts_are_refused_and_errors_named(native):
+    out = run_mpi(2, "torch_backend.py", "errors", env={"PYCOLL_TORCH_NATIVE": native})
+    assert out.count("PASS torch errors") == 2, out
+
+
+def test_torchrun_with_stock_init_process_group():
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed")
+    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(free_port()), str(WORKER)]
+    proc = subprocess.run(
+        cmd + ["ops", "stock"], capture_output=True, text=True, timeout=240, env=clean_env()
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(re.findall(r"PASS torch ops rank=(\d)", proc.stdout)) == ["0", "1"], proc.stdout

@@ -1,0 +1,234 @@
+"""How the CUDA communicator picks its device, with a fake ``pycollectives._cuda`` (two fake
+GPUs, nothing dereferenced), so that it runs without a GPU.
+
+Usage: mpiexec -n 3 python cuda_nogpu_fake_native.py CASE
+  arrays        CudaComm(arrays=...) takes the arrays' device, not local_rank % device_count
+  forced        PYCOLL_DEVICE=0 (set by the test), rank 1's arrays on device 1: CollectiveError
+                naming rank 1 on every rank, and every rank's device memory released
+  explicit      device=1 on every rank, rank 2's arrays on device 0: the same, naming rank 2
+  split         rank 0's x on device 0 and out on device 1: CollectiveError on every rank
+  communicator  pc.Communicator: the first GPU collective's arrays choose the device
+  communicator_forced   pc.Communicator under PYCOLL_DEVICE=0, rank 1's arrays on device 1:
+                CollectiveError on every rank, and later GPU calls say why
+  communicator_new      pc.Communicator's all_to_all (splits), gather, scatter (arrays absent
+                off the root) and uneven all_gather / reduce_scatter reach the native layer
+                with their pointers, counts and lists
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+from checks import expect, run_main
+from mpi4py import MPI
+
+import pycollectives
+
+NDEV = 2
+
+
+class FakeNativeComm:
+    """Stands in for ``_cuda.CudaComm``: records where it was made and what was asked of it."""
+
+    made: list = []
+
+    def __init__(self, rank, size, device, opts):
+        if not 0 <= device < NDEV:
+            raise ValueError(f"fake: no device {device}")
+        self.rank, self.size, self.device, self.opts = rank, size, device, opts
+        self.timeout = opts.timeout
+        self.seq = 0
+        self.poisoned = False
+        self.closed = False
+        self.calls = []
+        self.ipc_handle = bytes([rank]) * 64
+        self.shm_name = f"fake-{rank}"
+        self.device_uuid = bytes([device]) * 16
+        FakeNativeComm.made.append(self)
+
+    def attach(self, handles, shm_names, sync_mode):
+        assert len(handles) == len(shm_names) == self.size
+        self.sync_mode = sync_mode
+
+    def unlink(self):
+        pass
+
+    def check(self):
+        pass
+
+    def run(
+        self, collective, x_ptr, out_ptr, count, dtype, op, root, algorithm, stream, a, **lists
+    ):
+        self.seq += 1
+        self.calls.append((collective, x_ptr, out_ptr, count))
+        self.lists = lists
+        return FakeWork(self.seq)
+
+    def barrier(self):
+        self.seq += 1
+
+    def close(self):
+        self.closed = True
+
+
+class FakeWork:
+    def __init__(self, seq):
+        self.seq = seq
+
+    def is_completed(self):
+        return True
+
+    def wait_on(self, stream):
+        pass
+
+
+class FakeOptions:
+    def __init__(self):
+        self.slot_bytes, self.nslots, self.nblocks, self.timeout = 1 << 20, 4, 8, 60.0
+        self.debug, self.check_mismatch = False, True
+        self.oneshot_max_bytes, self.direct_max_bytes = 64 * 1024, 256 * 1024
+
+
+def install_fake_native():
+    fake = types.ModuleType("pycollectives._cuda")
+    fake.device_count = lambda: (NDEV, "")
+    fake.pointer_device = lambda ptr: -1
+    fake.CudaComm = FakeNativeComm
+    fake.CudaCommOptions = FakeOptions
+    fake.MAX_RANKS = 32
+    sys.modules["pycollectives._cuda"] = fake
+    pycollectives._cuda = fake
+
+
+class FakeCudaArray:
+    """``__cuda_array_interface__`` on a fake device; never dereferenced."""
+
+    _next = 0x7F0000000000
+
+    def __init__(self, count, device, typestr="<f4"):
+        FakeCudaArray._next += 1 << 20
+        self.__cuda_array_interface__ = {
+            "shape": (count,),
+            "typestr": typestr,
+            "data": (FakeCudaArray._next, False),
+            "strides": None,
+            "version": 3,
+            "stream": 1,
+        }
+        self.device = device
+
+
+def expect_everywhere(fn, *words):
+    """`fn` raises CollectiveError containing `words` on this rank; returns the message."""
+    from pycollectives.errors import CollectiveError
+
+    return expect(CollectiveError, fn, *words)
+
+
+def local_default(mpi):
+    node = mpi.Split_type(MPI.COMM_TYPE_SHARED, key=mpi.rank)
+    local = node.Get_rank()
+    node.Free()
+    return local % NDEV
+
+
+def ptr(a) -> int:
+    return a.__cuda_array_interface__["data"][0]
+
+
+def communicator_new(pc, mpi):
+    """What the Communicator hands the native layer for the collectives with per-rank lists
+    and for the rooted ones whose arrays are absent off the root."""
+    from pycollectives.ops import collective_code
+
+    r, n = mpi.rank, mpi.size
+    dev = local_default(mpi)
+    with pc.Communicator(timeout=20) as comm:
+        send = [q + r for q in range(n)]  # rank q sends q + p to rank p: column p is p + q
+        recv = [r + q for q in range(n)]
+        x, out = FakeCudaArray(sum(send), dev), FakeCudaArray(sum(recv), dev)
+        comm.all_to_all(x, out, send, recv)
+        native = comm._cuda._c
+        want = (collective_code("all_to_all"), ptr(x), ptr(out), 0)
+        assert native.calls[-1] == want, native.calls[-1]
+        assert native.lists == {"counts": None, "in_splits": send, "out_splits": recv}
+        counts = [1 + q for q in range(n)]
+        x, out = FakeCudaArray(counts[r], dev), FakeCudaArray(sum(counts), dev)
+        comm.all_gather(x, out, counts=counts)
+        assert native.calls[-1][3] == sum(counts) and native.lists["counts"] == counts
+        comm.reduce_scatter(out, x, counts=counts)
+        assert native.calls[-1][1:] == (ptr(out), ptr(x), sum(counts)), native.calls[-1]
+        x = FakeCudaArray(4, dev)
+        full = FakeCudaArray(4 * n, dev) if r == 1 else None
+        comm.gather(x, full, root=1)
+        assert native.calls[-1][1:] == (ptr(x), ptr(full) if r == 1 else 0, 4), native.calls[-1]
+        comm.scatter(full, x, root=1)
+        assert native.calls[-1][1:] == (ptr(full) if r == 1 else 0, ptr(x), 4), native.calls[-1]
+        assert native.lists == {"counts": None, "in_splits": None, "out_splits": None}
+        mine, too_long = FakeCudaArray(counts[r], dev), FakeCudaArray(sum(counts) + 1, dev)
+        expect(ValueError, lambda: comm.all_gather(mine, too_long, counts=counts), "out has")
+
+
+def main():
+    case = sys.argv[1]
+    install_fake_native()
+    import pycollectives as pc
+    from pycollectives.cuda import CudaComm
+
+    mpi = MPI.COMM_WORLD
+    r, n = mpi.rank, mpi.size
+    assert n >= 3, "run on 3 ranks"
+    other = (local_default(mpi) + 1) % NDEV  # never the device local_rank % count would pick
+    if case == "arrays":
+        x = FakeCudaArray(8, other)
+        comm = CudaComm(mpi, r, n, timeout=20, arrays=(x, None))
+        assert comm.device == other, (comm.device, other)
+        assert FakeNativeComm.made[-1].device == other
+        comm.all_reduce(x, None, 0, None, None, False)  # the arrays' device: accepted
+        comm.close()
+    elif case in ("forced", "explicit", "split"):
+        out, device = None, None
+        if case == "forced":  # PYCOLL_DEVICE=0 in the environment
+            x = FakeCudaArray(8, 1 if r == 1 else 0)
+            words = ("rank 1", "device 1", "PYCOLL_DEVICE=0")
+        elif case == "explicit":
+            device, x = 1, FakeCudaArray(8, 0 if r == 2 else 1)
+            words = ("rank 2", "device 0", "device=1")
+        else:
+            x = FakeCudaArray(8, 0)
+            out = FakeCudaArray(8, 1) if r == 0 else None
+            words = ("rank 0", "different CUDA devices", "x on device 0", "out on device 1")
+        expect_everywhere(
+            lambda: CudaComm(mpi, r, n, timeout=20, device=device, arrays=(x, out)), *words
+        )
+        # Every rank that had made its device memory gave it back.
+        assert all(c.closed for c in FakeNativeComm.made), FakeNativeComm.made
+    elif case == "communicator":
+        with pc.Communicator(timeout=20) as comm:
+            x = FakeCudaArray(8, other)
+            comm.all_reduce(x)
+            assert comm._cuda.device == other, (comm._cuda.device, other)
+            h = np.full(3, r, np.int64)  # the host path still runs beside it
+            comm.all_reduce(h)
+            assert (h == n * (n - 1) // 2).all()
+    elif case == "communicator_forced":
+        comm = pc.Communicator(timeout=20)
+        x = FakeCudaArray(8, 1 if r == 1 else 0)
+        first = expect_everywhere(lambda: comm.all_reduce(x), "rank 1", "device 1")
+        again = expect_everywhere(lambda: comm.all_reduce(FakeCudaArray(8, 0)))
+        assert again == first, (first, again)
+        h = np.full(3, r, np.int64)
+        comm.all_reduce(h)
+        assert (h == n * (n - 1) // 2).all()
+        comm.close()
+    elif case == "communicator_new":
+        communicator_new(pc, mpi)
+    else:
+        raise SystemExit(f"unknown case {case}")
+    print(f"PASS {case} rank={r}", flush=True)
+
+
+if __name__ == "__main__":
+    run_main(main)

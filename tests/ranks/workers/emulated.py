@@ -1,0 +1,288 @@
+"""The CUDA transport's device code, run on the CPU: the emulated device (see csrc/emu/).
+
+Every rank runs the step kernel compiled for the host over shared memory laid out as the GPU
+segment, in kernel mode (a thread per block, waiting on its peers' flags) or host mode (one
+launch per step, the host waiting between launches). The test bodies are those of the host
+collectives (workers/collectives.py), run through an adapter with the Communicator's API.
+
+Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS]
+  MODE: kernel or host; STAGING: small (4 KiB slots: multi-piece messages) or default (64 KiB);
+  ALGOS: comma-separated (default ring,tree,direct,auto); BLOCKS: blocks per launch (default 4).
+  Special COLLECTIVE values: shapes (more than 256 distinct call shapes, back to back),
+  resize (sizes changing within the slot window), the fault drills dead_peer, timeout,
+  mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective), and
+  all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
+  workers/new_collectives.py, against MPI's Alltoall(v), Gather, Scatter, Allgatherv and
+  numpy) and split_mismatch (ranks disagreeing on splits, counts or root).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+from checks import make_input, reference, run_main
+from collectives import TREE_COLLECTIVES, Checker
+from mpi4py import MPI
+from new_collectives import Data
+
+import pycollectives as pc
+from pycollectives import _C
+from pycollectives.ops import algo_code, op_code
+
+STAGING = {"small": 4096, "default": 64 * 1024}
+
+
+class EmulatedDevice:
+    """The collectives of pc.Communicator over the emulated device. Its launches are
+    synchronous: `async_op` is accepted (the shared test bodies pass it) and changes nothing."""
+
+    def __init__(self, mpi, mode="kernel", staging="default", blocks=4, timeout=60.0, fault=None):
+        o = _C.EmuOptions()
+        o.slot_bytes = STAGING[staging]
+        o.nslots = 2 if staging == "small" else 4
+        o.nblocks = blocks
+        o.kernel_mode = mode == "kernel"
+        o.timeout = timeout
+        o.oneshot_max_bytes = int(os.environ.get("PYCOLL_ONESHOT_BYTES", o.oneshot_max_bytes))
+        if fault is not None:  # (collective number, step, exit?) of a drill on this rank
+            o.fault_seq, o.fault_step, o.fault_exit = fault
+        self.mpi = mpi
+        self.rank, self.size = mpi.rank, mpi.size
+        self.dev = _C.EmuComm(self.rank, self.size, o)
+        names = mpi.allgather((self.dev.segment_name, self.dev.flags_name))
+        self.dev.attach([s for s, _ in names], [f for _, f in names])
+        mpi.Barrier()
+        self.dev.unlink()
+
+    def all_reduce(self, x, out=None, op="sum", algorithm=None):
+        self.dev.run("all_reduce", x, out, 0, op_code(op), algo_code(algorithm))
+        return x if out is None else out
+
+    def reduce_scatter(self, x, out, op="sum", algorithm=None, counts=None, async_op=False):
+        self.dev.run("reduce_scatter", x, out, 0, op_code(op), algo_code(algorithm), counts=counts)
+        return out
+
+    def all_gather(self, x, out, algorithm=None, counts=None, async_op=False):
+        self.dev.run("all_gather", x, out, 0, 0, algo_code(algorithm), counts=counts)
+        return out
+
+    def broadcast(self, x, root=0, algorithm=None):
+        self.dev.run("broadcast", x, None, root, 0, algo_code(algorithm))
+        return x
+
+    def reduce(self, x, out=None, root=0, op="sum", algorithm=None):
+        self.dev.run("reduce", x, out, root, op_code(op), algo_code(algorithm))
+        return x if out is None else out
+
+    def all_to_all(self, x, out, in_splits=None, out_splits=None, algorithm=None, async_op=False):
+        code = algo_code(algorithm)
+        self.dev.run("all_to_all", x, out, 0, 0, code, in_splits=in_splits, out_splits=out_splits)
+        return out
+
+    def gather(self, x, out=None, root=0, algorithm=None, async_op=False):
+        self.dev.run("gather", x, out, root, 0, algo_code(algorithm))
+        return out
+
+    def scatter(self, x, out, root=0, algorithm=None, async_op=False):
+        self.dev.run("scatter", x, out, root, 0, algo_code(algorithm))
+        return out
+
+    def barrier(self):
+        self.mpi.Barrier()
+
+
+class EmulatedChecker(Checker):
+    def counts(self, staging):
+        # 5000 elements: several pieces of a 4 KiB slot, several blocks' slices of each.
+        return [0, 1, 7, 3 * self.size + 1, 5000]
+
+
+def matrix(mpi, mode, collective, staging, algos, blocks):
+    dev = EmulatedDevice(mpi, mode, staging, blocks)
+    algos = [a for a in algos if a != "tree" or collective in TREE_COLLECTIVES]
+    for algo in algos:
+        checker = EmulatedChecker(dev, mpi, None if algo == "auto" else algo)
+        getattr(checker, collective)(staging)
+        mpi.Barrier()
+        if mpi.rank == 0:
+            print(f"PASS {collective} {algo} {mode} ranks={mpi.size} checks={checker.checks}")
+
+
+def shapes(mpi, mode):
+    """More distinct call shapes than the plan cache holds, and every one still right."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2)
+    n = mpi.size
+    for i in range(300):
+        count = 1 + i * 7
+        dt = np.dtype(np.float32 if i % 2 else np.int32)
+        inputs = [make_input(q, count, dt, "sum", salt=i) for q in range(n)]
+        out = dev.all_reduce(inputs[mpi.rank].copy(), algorithm="ring" if i % 3 else "direct")
+        want = reference(inputs, "sum", dt)
+        assert np.allclose(out.astype(np.float64), want, rtol=1e-5, atol=1e-4), f"shape {i}"
+    assert dev.dev.plans_built > 256 and dev.dev.plans_cached <= 256, dev.dev.plans_cached
+    if mpi.rank == 0:
+        print(f"PASS shapes {mode} built={dev.dev.plans_built} cached={dev.dev.plans_cached}")
+
+
+def resize(mpi, mode):
+    """Back-to-back calls whose sizes change while earlier messages still sit in the slots."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3)
+    n = mpi.size
+    sizes = [5000, 3, 1200, 1, 777, 4096, 17, 2500, 0, 999]
+    for rep in range(3):
+        for j, count in enumerate(sizes):
+            dt = np.dtype(np.float64 if j % 2 else np.float16)
+            inputs = [make_input(q, count, dt, "sum", salt=rep * 100 + j) for q in range(n)]
+            for algo in ("ring", "direct", "tree"):
+                out = dev.all_reduce(inputs[mpi.rank].copy(), algorithm=algo)
+                want = reference(inputs, "sum", dt)
+                tol = 1e-2 if dt == np.float16 else 1e-9
+                assert np.allclose(out.astype(np.float64), want, rtol=tol, atol=tol * 8), (
+                    f"resize rep={rep} count={count} {algo}"
+                )
+            g = np.zeros(n * count, dt)
+            dev.all_gather(inputs[mpi.rank].copy(), g, algorithm="ring")
+            assert np.array_equal(g.view(np.uint8), np.concatenate(inputs).view(np.uint8))
+    if mpi.rank == 0:
+        print(f"PASS resize {mode}")
+
+
+def say(line):
+    """One write per line: ranks share the launcher's stdout."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def faults(mpi, mode, what):
+    # Drills in the middle of a collective: rank 1 runs 3 of its steps of call #2, then dies or
+    # stalls, so its peers' waits happen inside the device code (device flags in kernel mode).
+    drill = {"dies_mid": (2, 3, True), "stalls_mid": (2, 3, False)}.get(what)
+    fault = drill if mpi.rank == 1 else None
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=3.0, fault=fault)
+    x = np.ones(5000, np.float32)
+    dev.all_reduce(x)  # everyone arrives once
+    if what == "dead_peer":
+        if mpi.rank == 1:
+            os._exit(0)  # dies without a word, mid-job
+        time.sleep(0.2)
+    elif what == "timeout":
+        if mpi.rank == 1:
+            time.sleep(8)  # never arrives within the others' timeout
+            os._exit(0)
+    elif what == "mismatch":
+        x = np.ones(5000 if mpi.rank == 0 else 4000, np.float32)
+    t0 = time.monotonic()
+    try:
+        dev.all_reduce(x, algorithm="ring")
+    except pc.CollectiveError as e:
+        took = time.monotonic() - t0
+        say(f"RAISED {type(e).__name__} after {took:.1f}s: {e}")
+        try:
+            dev.all_reduce(x)
+        except pc.CollectiveError as again:
+            say(f"POISONED {again}")
+        if what == "stalls_mid":
+            # Outlive the other survivor's own timeout: exiting first would show it a dead
+            # peer (rank 0 gone) instead of the stalled one it waits for.
+            time.sleep(5)
+        os._exit(0)
+    raise AssertionError(f"{what}: no error on rank {mpi.rank}")
+
+
+NEW_COLLECTIVES = ("all_to_all", "gather_scatter", "all_gather_v", "reduce_scatter_v")
+
+
+def new_collectives(mpi, mode, part):
+    """The host path's own test body for `part` (workers/new_collectives.py: every dtype,
+    counts 0/1/7/multi-piece, uneven splits with zeros, every root), on the device code."""
+    d = Data(EmulatedDevice(mpi, mode, "small", blocks=3), mpi)
+    getattr(d, part)()
+    mpi.Barrier()
+    if mpi.rank == 0:
+        print(f"PASS {part} {mode} ranks={mpi.size} calls={d.calls}")
+
+
+def split_mismatch(mpi, mode):
+    """Ranks that disagree on splits, counts, sizes or root: CollectiveMismatch on every rank,
+    before anything moves, naming the field (for splits: the same words everywhere)."""
+    n, r = mpi.size, mpi.rank
+    last = r == n - 1
+    m = [[1 + q + p for p in range(n)] for q in range(n)]
+    col = [m[q][r] + (1 if last and q == 0 else 0) for q in range(n)]
+    counts = [1 + q for q in range(n)]
+    bad = counts[:-1] + [counts[-1] + last]
+    i4, f4 = np.int32, np.float32
+    cases = {
+        "splits": (
+            lambda d: d.all_to_all(np.ones(sum(m[r]), i4), np.ones(sum(col), i4), m[r], col),
+            ["splits", f"rank 0 sends {m[0][n - 1]} elements to rank {n - 1}"],
+        ),
+        "even vs splits": (
+            lambda d: d.all_to_all(
+                np.ones(n, i4), np.ones(n, i4), *([[1] * n] * 2 if last else [])
+            ),
+            ["splits"],
+        ),
+        "all_gather counts": (
+            lambda d: d.all_gather(np.ones(bad[r], f4), np.ones(sum(bad), f4), counts=bad),
+            ["counts"],
+        ),
+        "reduce_scatter counts": (
+            lambda d: d.reduce_scatter(np.ones(sum(bad), f4), np.ones(bad[r], f4), counts=bad),
+            ["counts"],
+        ),
+        "gather count": (
+            lambda d: d.gather(
+                np.ones(3 + last, np.int8), np.ones(n * 3, np.int8) if r == 0 else None
+            ),
+            ["count"],
+        ),
+        "scatter root": (
+            lambda d: d.scatter(np.ones(2 * n, np.float64), np.ones(2, np.float64), int(last)),
+            ["root"],
+        ),
+    }
+    for name, (call, words) in cases.items():
+        d = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=30.0)
+        d.all_reduce(np.ones(3, np.int32))  # a matching call first
+        t0 = time.monotonic()
+        try:
+            call(d)
+        except pc.CollectiveMismatch as e:
+            msg = str(e)
+        else:
+            raise AssertionError(f"{name}: no CollectiveMismatch on rank {r}")
+        assert time.monotonic() - t0 < 10, f"{name}: detected late"
+        assert "#2" in msg and all(w in msg for w in words), f"{name}: {msg}"
+        assert d.dev.poisoned, name
+        if name == "splits":  # every rank checked the same matrix
+            assert len(set(mpi.allgather(msg))) == 1, name
+    if r == 0:
+        print(f"PASS split_mismatch {mode} ranks={n} cases={len(cases)}")
+
+
+def main():
+    mode, collective = sys.argv[1], sys.argv[2]
+    staging = sys.argv[3] if len(sys.argv) > 3 else "default"
+    algos = (sys.argv[4] if len(sys.argv) > 4 else "ring,tree,direct,auto").split(",")
+    blocks = int(sys.argv[5]) if len(sys.argv) > 5 else 4
+    mpi = MPI.COMM_WORLD
+    if collective == "shapes":
+        shapes(mpi, mode)
+    elif collective == "resize":
+        resize(mpi, mode)
+    elif collective in NEW_COLLECTIVES:
+        new_collectives(mpi, mode, collective)
+    elif collective == "split_mismatch":
+        split_mismatch(mpi, mode)
+    elif collective in ("dead_peer", "timeout", "mismatch", "dies_mid", "stalls_mid"):
+        faults(mpi, mode, collective)
+    else:
+        matrix(mpi, mode, collective, staging, algos, blocks)
+
+
+if __name__ == "__main__":
+    run_main(main)

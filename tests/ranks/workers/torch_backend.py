@@ -1,0 +1,538 @@
+"""The "pycollectives" torch.distributed backend against gloo in the same job: every operation
+torch sends a backend, on every dtype, gives gloo's result (or, where gloo has no such
+operation or dtype, the value computed here); stock DistributedDataParallel, ZeRO, FSDP2,
+tensor parallel and pipelining (GPipe, 1F1B) train to gloo's parameters.
+
+Usage: mpiexec -n N python torch_backend.py CASE[,CASE...]
+       (ops, ddp, parallel, errors, exchange)
+(or under torchrun, where pycollectives.torch.init_process_group is dist.init_process_group)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from checks import run_main
+
+import pycollectives as pc
+import pycollectives.torch as pct
+
+warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
+# Several emulated nodes (PYCOLL_RANKS_PER_NODE): shared memory inside each, MPI between them.
+NODES = os.environ.get("PYCOLL_RANKS_PER_NODE", "") != ""
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+]
+
+
+def value(rank, count, dtype, salt=0):
+    """Small integers (exact in every dtype and under every reduction order)."""
+    g = torch.Generator().manual_seed(1000 * rank + 7 * count + salt)
+    return torch.randint(0, 4, (count,), generator=g).to(dtype)
+
+
+def same(a, b, what):
+    assert a.dtype == b.dtype and torch.equal(a, b), f"{what}: {a} != {b}"
+
+
+def check_ops(gloo):
+    r, n = dist.get_rank(), dist.get_world_size()
+    for dtype in DTYPES:
+        for count in (1, 1000, 70_000):
+            x = value(r, count, dtype)
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+                a, b = x.clone(), x.clone()
+                dist.all_reduce(a, op=op)
+                dist.all_reduce(b, op=op, group=gloo)
+                same(a, b, f"all_reduce {dtype} {count} {op}")
+            a, b = x.clone(), x.clone()
+            dist.broadcast(a, n - 1)
+            dist.broadcast(b, n - 1, group=gloo)
+            same(a, b, f"broadcast {dtype}")
+            a, b = x.clone(), x.clone()
+            dist.reduce(a, 0)
+            dist.reduce(b, 0, group=gloo)
+            if r == 0:
+                same(a, b, f"reduce {dtype}")
+            outs = [torch.empty_like(x) for _ in range(n)]
+            dist.all_gather(outs, x)
+            for q in range(n):
+                same(outs[q], value(q, count, dtype), f"all_gather {dtype}")
+            flat = torch.empty(n * count, dtype=dtype)
+            dist.all_gather_into_tensor(flat, x)
+            same(flat, torch.cat([value(q, count, dtype) for q in range(n)]), "all_gather_into")
+            big = value(r, n * count, dtype, salt=1)
+            a, b = torch.empty_like(x), torch.empty_like(x)
+            dist.reduce_scatter_tensor(a, big)
+            want = sum(value(q, n * count, dtype, salt=1) for q in range(n))
+            same(a, want[r * count : (r + 1) * count].to(dtype), f"reduce_scatter {dtype}")
+            dist.reduce_scatter(b, list(big.chunk(n)))
+            same(b, a, f"reduce_scatter list {dtype}")
+            a = torch.empty_like(big)
+            dist.all_to_all_single(a, big)
+            want = torch.cat([value(q, n * count, dtype, salt=1).chunk(n)[r] for q in range(n)])
+            same(a, want, f"all_to_all_single {dtype}")
+    # Uneven all_to_all_single: rank r sends q + r + 1 rows of 3 to rank q.
+    rows = [q + r + 1 for q in range(n)]
+    got = [r + q + 1 for q in range(n)]
+    x = torch.cat([torch.full((k, 3), float(100 * r + q)) for q, k in enumerate(rows)])
+    a = torch.empty(sum(got), 3)
+    b = torch.empty(sum(got), 3)
+    dist.all_to_all_single(a, x, got, rows)
+    dist.all_to_all_single(b, x, got, rows, group=gloo)
+    same(a, b, "uneven all_to_all_single")
+    outs = [torch.empty(q + 2) for q in range(n)]
+    dist.all_to_all(outs, [torch.full((r + 2,), float(10 * r + q)) for q in range(n)])
+    for q in range(n):
+        same(outs[q], torch.full((q + 2,), float(10 * q + r)), "all_to_all lists")
+    gathered = [torch.empty(5) for _ in range(n)] if r == 1 % n else None
+    dist.gather(torch.full((5,), float(r)), gathered, dst=1 % n)
+    if gathered is not None:
+        for q in range(n):
+            same(gathered[q], torch.full((5,), float(q)), "gather")
+    part = torch.empty(4, dtype=torch.int64)
+    dist.scatter(part, [torch.full((4,), q) for q in range(n)] if r == 0 else None, src=0)
+    same(part, torch.full((4,), r), "scatter")
+    check_async(gloo)
+    # Coalesced forms, AVG, bool, objects, futures.
+    ts = [value(r, 10, torch.float32), value(r, 3, torch.float32)]
+    ws = [t.clone() for t in ts]
+    dist.all_reduce_coalesced(ts)
+    dist.all_reduce_coalesced(ws, group=gloo)
+    for t, w in zip(ts, ws):
+        same(t, w, "all_reduce_coalesced")
+    a = torch.full((6,), float(r))
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)
+    same(a, torch.full((6,), (n - 1) / 2), "all_reduce AVG")
+    b = torch.tensor([r == 0, True, False])
+    dist.all_reduce(b)
+    same(b, torch.tensor([True, True, False]), "all_reduce bool (or)")
+    b = torch.tensor([r == 0, True, False])
+    dist.all_reduce(b, op=dist.ReduceOp.MIN)
+    same(b, torch.tensor([n == 1, True, False]), "all_reduce bool MIN (and)")
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r, "blob": "x" * (r * 1000)})
+    assert objs == [{"rank": q, "blob": "x" * (q * 1000)} for q in range(n)], objs
+    lst = [f"from {r}", r]
+    dist.broadcast_object_list(lst, src=n - 1)
+    assert lst == [f"from {n - 1}", n - 1], lst
+    t = torch.ones(50_000)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future().then(lambda f: f.value()[0] * 2)
+    same(fut.wait(), torch.full((50_000,), 2.0 * n), "future chained")
+    assert work.is_completed()
+    # Point to point: a ring of batch_isend_irecv, and tagged sends received in the other order.
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    got = torch.empty(7, dtype=torch.int32)
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, torch.full((7,), r, dtype=torch.int32), nxt),
+            dist.P2POp(dist.irecv, got, prv),
+        ]
+    )
+    for q in reqs:
+        q.wait()
+    same(got, torch.full((7,), prv, dtype=torch.int32), "batch_isend_irecv")
+    if n > 1:
+        if r == 0:
+            w1 = dist.isend(torch.full((3,), 1.0), 1, tag=1)
+            w2 = dist.isend(torch.full((5,), 2.0), 1, tag=2)
+            w1.wait()
+            w2.wait()
+        elif r == 1:
+            a, b = torch.empty(5), torch.empty(3)
+            dist.recv(a, 0, tag=2)
+            dist.recv(b, 0, tag=1)
+            same(a, torch.full((5,), 2.0), "recv tag 2")
+            same(b, torch.full((3,), 1.0), "recv tag 1")
+    # torch's functional collectives (DTensor's) dispatch to the backend from C++.
+    import torch.distributed._functional_collectives as funcol
+
+    world = dist.group.WORLD
+    same(funcol.all_reduce(torch.ones(4), "sum", world), torch.full((4,), float(n)), "funcol")
+    got = funcol.all_gather_tensor(torch.full((2,), float(r)), 0, world)
+    same(got, torch.arange(n).repeat_interleave(2).float(), "funcol all_gather_tensor")
+    got = funcol.reduce_scatter_tensor(torch.arange(2.0 * n), "sum", 0, world)
+    same(got, n * torch.arange(2.0 * r, 2.0 * r + 2), "funcol reduce_scatter_tensor")
+    # A subgroup of the first two ranks (every rank makes it, as torch requires). Subgroups
+    # meet through torch's store, which knows nothing of nodes (emulated ones included).
+    sub = None if NODES else dist.new_group([0, 1 % n])
+    if sub is not None and r < 2:
+        t = torch.full((4,), float(r + 1))
+        dist.all_reduce(t, group=sub)
+        same(t, torch.full((4,), 3.0 if n > 1 else 1.0), "subgroup all_reduce")
+    dist.barrier()
+    print(f"PASS torch ops rank={r}")
+
+
+def make_model(seed=0, unused=False):
+    torch.manual_seed(seed)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(12, 32)
+            self.bn = torch.nn.BatchNorm1d(32)
+            self.b = torch.nn.Linear(32, 4)
+            self.spare = torch.nn.Linear(32, 4)  # used only on some steps
+
+        def forward(self, x, step=0):
+            h = torch.relu(self.bn(self.a(x)))
+            out = self.b(h)
+            if not unused or step % 2 == 0:
+                out = out + self.spare(h)
+            return out
+
+    return Net()
+
+
+def train(ddp, steps, rank):
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(steps):
+        x = torch.randn(16, 12, generator=g) + rank  # ranks see different data
+        y = torch.randint(0, 4, (16,), generator=g)
+        loss = torch.nn.functional.cross_entropy(ddp(x, step), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return ddp.module
+
+
+def check_ddp(gloo):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    r = dist.get_rank()
+    variants = {
+        "plain": ({"gradient_as_bucket_view": True}, None, False),
+        "unused": ({"find_unused_parameters": True}, None, True),
+        "fp16 hook": ({}, hooks.fp16_compress_hook, False),
+        "small buckets": ({"bucket_cap_mb": 0.001, "broadcast_buffers": True}, None, False),
+    }
+    for name, (kwargs, hook, unused) in variants.items():
+        models = []
+        for group in (None, gloo):
+            ddp = DDP(make_model(seed=r, unused=unused), process_group=group, **kwargs)
+            if hook is not None:
+                ddp.register_comm_hook(group or dist.group.WORLD, hook)
+            models.append(train(ddp, 4, r))
+        ours, theirs = models
+        for (k, p), q in zip(ours.state_dict().items(), theirs.state_dict().values()):
+            # fp16 sums of 3+ ranks round differently in another reduction order
+            tol = {"rtol": 2e-2, "atol": 2e-3} if "fp16" in name else {"rtol": 1e-5, "atol": 1e-6}
+            torch.testing.assert_close(p, q, **tol, msg=f"{name}: {k}")
+        # Replicas' parameters agree (BatchNorm's running statistics are each rank's own since
+        # the last forward: DDP broadcasts buffers as a forward begins).
+        flat = torch.cat([v.double().reshape(-1) for v in ours.parameters()])
+        first = flat.clone()
+        dist.broadcast(first, 0)
+        torch.testing.assert_close(flat, first, msg=f"{name}: replicas differ")
+    sampler = torch.utils.data.DistributedSampler(list(range(10)), shuffle=False)
+    n = dist.get_world_size()
+    padded = list(range(10)) + list(range(10))[: -10 % n]  # wrapped round to even shares
+    assert list(sampler) == padded[r::n], list(sampler)
+    print(f"PASS torch ddp rank={r}")
+
+
+def _mesh(group):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
+
+
+def _batches(rank, steps, width=12):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(8, width, generator=g) for _ in range(steps)]
+
+
+def _mlp(width=12, depth=3):
+    torch.manual_seed(0)  # the same on every rank: FSDP and TP expect replicas to start alike
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+
+
+def _full(params):
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in params]
+
+
+def _close(a, b, what):
+    for i, (p, q) in enumerate(zip(a, b)):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"{what}: parameter {i}")
+
+
+def zero_run(group, r):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(), process_group=group)
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2, process_group=group
+    )
+    for x in _batches(r, 3):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
+def fsdp_run(group, r):
+    from torch.distributed.fsdp import fully_shard
+
+    model, mesh = _mlp(), _mesh(group)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in _batches(r, 3):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
+def tp_run(group, r):
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    n = dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(12, 8 * n), torch.nn.ReLU(), torch.nn.Linear(8 * n, 12)
+    )
+    parallelize_module(model, _mesh(group), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in _batches(0, 3):  # tensor parallel: every rank sees the same batch
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
+def pipeline_run(group, r, schedule):
+    from torch.distributed import pipelining
+
+    n = dist.get_world_size()
+    torch.manual_seed(0)
+    stages = [torch.nn.Sequential(torch.nn.Linear(12, 12), torch.nn.Tanh()) for _ in range(n)]
+    stage = pipelining.PipelineStage(stages[r], r, n, torch.device("cpu"), group=group)
+    cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule]
+    sched = cls(stage, n_microbatches=4, loss_fn=lambda out, target: (out - target).square().mean())
+    opt = torch.optim.SGD(stages[r].parameters(), lr=0.1)
+    losses = []
+    for x in _batches(0, 2):
+        if r == 0:
+            sched.step(x)
+        elif r == n - 1:
+            sched.step(target=torch.zeros_like(x), losses=losses)
+        else:
+            sched.step()
+        opt.step()
+        opt.zero_grad()
+    return _full(stages[r].parameters()) + ([torch.stack(losses)] if losses else [])
+
+
+def check_parallel(gloo):
+    """ZeRO, FSDP2, tensor parallel and pipelining on our backend give gloo's parameters."""
+    r = dist.get_rank()
+    runs = {
+        "ZeroRedundancyOptimizer": zero_run,
+        "fully_shard": fsdp_run,
+        "parallelize_module": tp_run,
+        "pipelining GPipe": lambda g, r: pipeline_run(g, r, "gpipe"),
+        "pipelining 1F1B": lambda g, r: pipeline_run(g, r, "1f1b"),
+    }
+    for name, run in runs.items():
+        _close(run(None, r), run(gloo, r), name)
+        dist.barrier()
+    print(f"PASS torch parallel rank={r}")
+
+
+def check_exchange(gloo):
+    """The pipeline exchange: batch_isend_irecv to the next rank and from the previous one
+    (and the other way), every dtype, as gloo delivers it; isends waited for only after the
+    irecvs. Each round is a few messages: a stuck one would take the timeout."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    t0 = time.monotonic()
+    for k, dtype in enumerate(DTYPES):
+        got = {}
+        for name, group in (("ours", None), ("gloo", gloo)):
+            fwd, bwd = torch.empty(1000 + k, dtype=dtype), torch.empty(7, dtype=dtype)
+            ops = [
+                dist.P2POp(dist.isend, value(r, 1000 + k, dtype, salt=1), nxt, group),
+                dist.P2POp(dist.irecv, fwd, prv, group),
+                dist.P2POp(dist.isend, value(r, 7, dtype, salt=2), prv, group),
+                dist.P2POp(dist.irecv, bwd, nxt, group),
+            ]
+            for w in reversed(dist.batch_isend_irecv(ops)):
+                w.wait()
+            got[name] = (fwd, bwd)
+        same(got["ours"][0], got["gloo"][0], f"exchange forward {dtype}")
+        same(got["ours"][1], got["gloo"][1], f"exchange backward {dtype}")
+        same(got["ours"][0], value(prv, 1000 + k, dtype, salt=1), f"exchange value {dtype}")
+    sends = [dist.isend(torch.full((5,), float(10 * r + t)), nxt, tag=t) for t in range(3)]
+    for t in reversed(range(3)):
+        buf = torch.empty(5)
+        dist.recv(buf, prv, tag=t)
+        same(buf, torch.full((5,), float(10 * prv + t)), f"tag {t} received last-first")
+    for w in sends:
+        w.wait()
+    took = time.monotonic() - t0
+    assert took < 20, f"the exchanges took {took:.1f} s: messages waited for the program"
+    print(f"PASS torch exchange rank={r}")
+
+
+def check_async(gloo):
+    """Operations of 1 MiB and more run on the communicator's progress thread: results, Work
+    and futures as for the small ones, callbacks that issue collectives, several in flight."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    count = 300_000
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        x = value(r, count, dtype, salt=2)
+        a, b = x.clone(), x.clone()
+        dist.all_reduce(a, op=dist.ReduceOp.MAX)
+        dist.all_reduce(b, op=dist.ReduceOp.MAX, group=gloo)
+        same(a, b, f"async all_reduce MAX {dtype}")
+        a = x.clone()
+        dist.broadcast(a, n - 1)
+        same(a, value(n - 1, count, dtype, salt=2), f"async broadcast {dtype}")
+        a = x.clone()
+        dist.reduce(a, 1 % n)
+        if r == 1 % n:
+            same(a, sum(value(q, count, dtype, salt=2) for q in range(n)).to(dtype), "async reduce")
+        flat = torch.empty(n * count, dtype=dtype)
+        dist.all_gather_into_tensor(flat, x)
+        same(flat, torch.cat([value(q, count, dtype, salt=2) for q in range(n)]), "async gather")
+        part = torch.empty(count // n, dtype=dtype)
+        dist.reduce_scatter_tensor(part, x)
+        want = sum(value(q, count, dtype, salt=2) for q in range(n)).to(dtype)
+        same(part, want.chunk(n)[r], f"async reduce_scatter {dtype}")
+    # Several in flight, one dropped unwaited (its tensors stay alive until it is done), and
+    # a future whose callback issues collectives itself.
+    ts = [torch.full((count,), float(k + r)) for k in range(3)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    dist.all_reduce(torch.ones(count), async_op=True)
+    fut = dist.all_reduce(torch.ones(count), async_op=True).get_future()
+
+    def then(f):
+        small = f.value()[0][:4].clone()
+        dist.all_reduce(small)
+        return small
+
+    same(fut.then(then).wait(), torch.full((4,), float(n * n)), "callback issuing a collective")
+    for k, (w, t) in enumerate(zip(works, ts)):
+        w.wait()
+        assert w.is_completed() and w.is_success()
+        same(t, torch.full((count,), float(n * k + n * (n - 1) / 2)), f"in flight {k}")
+    coal = [torch.full((count,), 1.0), torch.full((7,), 2.0)]
+    dist.all_reduce_coalesced(coal)
+    same(coal[0], torch.full((count,), float(n)), "async all_reduce_coalesced")
+
+
+def check_errors(gloo):
+    r = dist.get_rank()
+    for op, words in ((dist.ReduceOp.BAND, "BAND"), (dist.ReduceOp.BXOR, "BXOR")):
+        try:
+            dist.all_reduce(torch.ones(3, dtype=torch.int32), op=op)
+        except ValueError as e:
+            assert words in str(e), e
+        else:
+            raise AssertionError(f"{words} was accepted")
+    try:
+        dist.all_reduce(torch.ones(4, 4).t())
+    except Exception as e:  # torch or the backend: either way a clear refusal
+        assert "contiguous" in str(e), e
+    else:
+        raise AssertionError("a non-contiguous tensor was accepted")
+    # init_process_group(timeout=60) and new_group(timeout=...) bound our waits.
+    assert pct.communicator().timeout == 60
+    short = dist.new_group(timeout=timedelta(seconds=7))
+    assert pct.communicator(short).timeout == 7, pct.communicator(short).timeout
+    t = torch.ones(5)
+    dist.all_reduce(t)  # still usable
+    assert (t == dist.get_world_size()).all()
+    # A bounded wait on an asynchronous operation whose peer is late: CollectiveTimeout, and
+    # the operation goes on to complete.
+    big = torch.ones(1 << 20)
+    if r == 1:
+        time.sleep(1.0)
+    work = dist.all_reduce(big, async_op=True)
+    if r == 0:
+        try:
+            work.wait(timeout=timedelta(seconds=0.1))
+        except pc.CollectiveTimeout as e:
+            assert "not complete after" in str(e), e
+        else:
+            raise AssertionError("Work.wait(timeout) returned while the peer was late")
+    work.wait()
+    assert (big == dist.get_world_size()).all()
+    # Ranks that disagree: CollectiveMismatch on both, that group unusable, the others fine.
+    odd = dist.new_group()
+    try:
+        dist.all_reduce(torch.ones(8 if r == 0 else 16), group=odd)
+    except pc.CollectiveMismatch as e:
+        assert "disagree" in str(e), e
+    else:
+        raise AssertionError("a mismatch went unnoticed")
+    try:
+        dist.all_reduce(torch.ones(8), group=odd)
+    except pc.CollectiveError as e:
+        assert "unusable" in str(e), e
+    else:
+        raise AssertionError("a poisoned group ran a collective")
+    dist.all_reduce(t)
+    assert (t == dist.get_world_size() ** 2).all()
+    print(f"PASS torch errors rank={r}")
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[2] == "stock":  # torchrun: torch's own call, unchanged
+        dist.init_process_group("pycollectives")
+    else:
+        pct.init_process_group(timeout=60)
+    assert dist.get_backend() == "pycollectives", dist.get_backend()
+    # The C++ backend serves the groups unless PYCOLL_TORCH_NATIVE=0 asks for the Python one.
+    world = dist.group.WORLD
+    native = os.environ.get("PYCOLL_TORCH_NATIVE", "1") != "0"
+    if native:  # over several nodes, the C++ backend hands every call to the Python one
+        assert world._get_backend(torch.device("cpu")).native != NODES, "not the C++ backend"
+    else:
+        assert isinstance(world, pct.torch_backend.ProcessGroup), type(world)
+    gloo = dist.new_group(backend="gloo")
+    cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
+    cases.update(errors=check_errors, exchange=check_exchange)
+    for case in sys.argv[1].split(","):
+        cases[case](gloo)
+    if os.environ.get("PYCOLL_EXPECT_NO_ML_DTYPES"):  # the test hid it: make sure it was
+        try:
+            import ml_dtypes  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("ml_dtypes was importable")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_main(main)
