@@ -73,27 +73,46 @@ def eps(dt) -> float:
     return float(np.finfo(dt).eps)
 
 
+def wrong(what: str, bad: np.ndarray, total: int, got, want, note: str = "") -> AssertionError:
+    """The error of a check: how many elements differ, the first, its value on each side."""
+    i = int(bad[0])
+    return AssertionError(
+        f"{what}: {bad.size} of {total} elements wrong, first at [{i}]: got {got[i]!r}, "
+        f"expected {want[i]!r}{note}"
+    )
+
+
+def same_bytes(got: np.ndarray, want: np.ndarray, what: str):
+    """`got` is `want` bit for bit (any dtype, bfloat16 and -0.0 included)."""
+    g, w = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+    if g.shape != w.shape or g.dtype.itemsize != w.dtype.itemsize:
+        raise AssertionError(f"{what}: {g.size} x {g.dtype} where {w.size} x {w.dtype} expected")
+    unit = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[g.dtype.itemsize]
+    bad = np.flatnonzero(g.view(unit) != w.view(unit))
+    if bad.size:
+        raise wrong(what, bad, g.size, g, w)
+
+
 def check_close(got: np.ndarray, want: np.ndarray, dt, nranks: int, what: str, op: str):
     """Integers and min/max exactly; floats within the rounding of another summation order."""
     if got.shape != want.shape:
-        raise AssertionError(f"{what}: shape {got.shape} != {want.shape}")
+        raise AssertionError(f"{what}: shape {got.shape}, expected {want.shape}")
     if not is_float(dt) or op in ("min", "max"):
         g = got.astype(np.float64) if is_float(dt) else got
         w = want.astype(dt).astype(np.float64) if is_float(dt) else want
         if not np.array_equal(g, w):
-            bad = np.flatnonzero(g != w)
-            raise AssertionError(
-                f"{what}: {bad.size} wrong, first at {bad[0]}: {g[bad[0]]} != {w[bad[0]]}"
-            )
+            g, w = g.reshape(-1), w.reshape(-1)
+            raise wrong(what, np.flatnonzero(g != w), g.size, g, w)
         return
-    g = got.astype(np.float64)
+    g = got.astype(np.float64).reshape(-1)
+    want = want.reshape(-1)
     tol = 4 * nranks * eps(dt)
     scale = 4.0 if op != "prod" else 2.0**nranks
     err = np.abs(g - want)
     limit = tol * (np.abs(want) + scale)
-    if np.any(err > limit):
-        i = int(np.argmax(err - limit))
-        raise AssertionError(f"{what}: element {i}: {g[i]} vs reference {want[i]} (tol {limit[i]})")
+    bad = np.flatnonzero(err > limit)
+    if bad.size:
+        raise wrong(what, bad, g.size, g, want, f" (tolerance {limit[bad[0]]:.3g})")
 
 
 def digest(a: np.ndarray) -> bytes:

@@ -115,8 +115,8 @@ def test_plain_pip_install_has_the_inter_node_transport(tmp_path):
         # run over the same _net in test_hierarchy.py
         cmd = [bin_ / "mpiexec", "-n", "4", bin_ / "python", WORKERS / "collectives.py", coll,
                "small"]  # fmt: skip
-        out = sh(cmd, env, tmp_path).stdout
-        assert f"PASS {coll} auto ranks=4" in out and f"PASS {coll} ring ranks=4" in out
+        out = sh(cmd, env, tmp_path).stdout  # a failed check aborts the job (exit status)
+        assert f"{coll} ring,tree,direct,auto ranks=4" in out or f"{coll} ring,direct" in out
 
 
 @pytest.mark.slow

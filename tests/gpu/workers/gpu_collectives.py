@@ -235,7 +235,7 @@ def main():
             comm.barrier()
             if comm.rank == 0:
                 print(
-                    f"PASS {collective} {algo} ranks={comm.size} staging={staging} "
+                    f"{collective} {algo} ranks={comm.size} staging={staging} "
                     f"sync={comm.sync_mode} checks={checker.checks}"
                 )
     finally:

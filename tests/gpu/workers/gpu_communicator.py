@@ -131,7 +131,7 @@ def main():
         check_streams_and_async(comm)
         check_data_parallel(comm)
         check_send_recv(comm)
-        print(f"PASS communicator rank={comm.rank}")
+        print(f"communicator rank={comm.rank}")
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def main():
         gil_released(comm)
         wait_timeout(comm)
         if comm.rank == 0:
-            print("PASS async")
+            print("async")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from checks import (
     make_input,
     reference,
     run_main,
+    same_bytes,
     valid,
 )
 from mpi4py import MPI
@@ -29,8 +30,13 @@ MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
 
 class Checker:
-    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm, algorithm):
-        self.comm, self.mpi, self.algorithm = comm, mpi, algorithm
+    """The test bodies: for each dtype, op, count (and root), the inputs and references are made
+    once and every algorithm in `algorithms` is checked against them."""
+
+    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm, algorithms):
+        self.comm, self.mpi = comm, mpi
+        # "auto" (None): the communicator's own choice
+        self.algorithms = [None if a == "auto" else a for a in algorithms]
         self.rank, self.size = comm.rank, comm.size
         self.checks = 0
 
@@ -48,39 +54,40 @@ class Checker:
         if len(set(digests)) != 1:
             raise AssertionError(f"{what}: results differ bitwise between ranks")
 
+    def against_mpi(self, got, ref, dt, what, op):
+        check_close(got, ref.astype(np.float64) if is_float(dt) else ref, dt, self.size, what, op)
+
     # -- one function per collective ----------------------------------------------------------
 
     def all_reduce(self, staging):
+        r, n = self.rank, self.size
         for dt in DTYPES:
             for op in OPS:
                 if not valid(dt, op):
                     continue
                 for count in self.counts(staging):
-                    inputs = [make_input(r, count, dt, op) for r in range(self.size)]
+                    inputs = [make_input(q, count, dt, op) for q in range(n)]
                     want = reference(inputs, op, dt)
-                    for in_place in (False, True):
-                        what = f"all_reduce {dt} {op} count={count} in_place={in_place}"
-                        x = inputs[self.rank].copy()
-                        if in_place:
-                            out = self.comm.all_reduce(x, op=op, algorithm=self.algorithm)
-                        else:
-                            out = np.zeros_like(x)
-                            self.comm.all_reduce(x, out, op=op, algorithm=self.algorithm)
-                            assert np.array_equal(x, inputs[self.rank]), f"{what}: x modified"
-                        check_close(out, want, dt, self.size, what, op)
-                        self.same_everywhere(out, what)
-                        self.checks += 1
+                    ref = None
                     if self.mpi_ok(dt, op) and count:
-                        ref = np.empty_like(inputs[self.rank])
-                        self.mpi.Allreduce(inputs[self.rank], ref, op=MPI_OPS[op])
-                        check_close(
-                            out,
-                            ref.astype(np.float64) if is_float(dt) else ref,
-                            dt,
-                            self.size,
-                            f"all_reduce vs MPI {dt} {op} {count}",
-                            op,
-                        )
+                        ref = np.empty_like(inputs[r])
+                        self.mpi.Allreduce(inputs[r], ref, op=MPI_OPS[op])
+                    for algo in self.algorithms:
+                        for in_place in (False, True):
+                            what = f"all_reduce {algo or 'auto'} {dt} {op} count={count} "
+                            what += f"in_place={in_place}"
+                            x = inputs[r].copy()
+                            if in_place:
+                                out = self.comm.all_reduce(x, op=op, algorithm=algo)
+                            else:
+                                out = np.zeros_like(x)
+                                self.comm.all_reduce(x, out, op=op, algorithm=algo)
+                                assert np.array_equal(x, inputs[r]), f"{what}: x modified"
+                            check_close(out, want, dt, n, what, op)
+                            self.same_everywhere(out, what)
+                            if ref is not None:
+                                self.against_mpi(out, ref, dt, what + " vs MPI", op)
+                            self.checks += 1
 
     def reduce_scatter(self, staging):
         r, n = self.rank, self.size
@@ -96,24 +103,22 @@ class Checker:
                     )
                     blocks_r = [make_input(q, count, dt, op, salt=r + 1) for q in range(n)]
                     want = reference(blocks_r, op, dt)
-                    for in_place in (False, True):
-                        what = f"reduce_scatter {dt} {op} count={count} in_place={in_place}"
-                        x = mine.copy()
-                        out = x[r * count : (r + 1) * count] if in_place else np.zeros(count, dt)
-                        self.comm.reduce_scatter(x, out, op=op, algorithm=self.algorithm)
-                        check_close(out, want, dt, n, what, op)
-                        self.checks += 1
+                    ref = None
                     if self.mpi_ok(dt, op) and count:
                         ref = np.empty(count, dt)
                         self.mpi.Reduce_scatter_block(mine, ref, op=MPI_OPS[op])
-                        check_close(
-                            out,
-                            ref.astype(np.float64) if is_float(dt) else ref,
-                            dt,
-                            n,
-                            f"reduce_scatter vs MPI {dt} {op} {count}",
-                            op,
-                        )
+                    for algo in self.algorithms:
+                        for in_place in (False, True):
+                            what = f"reduce_scatter {algo or 'auto'} {dt} {op} count={count} "
+                            what += f"in_place={in_place}"
+                            x = mine.copy()
+                            mine_r = x[r * count : (r + 1) * count]
+                            out = mine_r if in_place else np.zeros(count, dt)
+                            self.comm.reduce_scatter(x, out, op=op, algorithm=algo)
+                            check_close(out, want, dt, n, what, op)
+                            if ref is not None:
+                                self.against_mpi(out, ref, dt, what + " vs MPI", op)
+                            self.checks += 1
 
     def all_gather(self, staging):
         r, n = self.rank, self.size
@@ -121,21 +126,23 @@ class Checker:
             for count in self.counts(staging):
                 inputs = [make_input(q, count, dt, "sum") for q in range(n)]
                 want = np.concatenate(inputs) if count else np.zeros(0, dt)
-                for in_place in (False, True):
-                    what = f"all_gather {dt} count={count} in_place={in_place}"
-                    out = np.zeros(n * count, dt)
-                    if in_place:
-                        x = out[r * count : (r + 1) * count]
-                        x[...] = inputs[r]
-                    else:
-                        x = inputs[r].copy()
-                    self.comm.all_gather(x, out, algorithm=self.algorithm)
-                    assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), what
-                    self.checks += 1
+                ref = None
                 if count and dt.kind in "iuf" and dt.itemsize != 2:
                     ref = np.empty(n * count, dt)
                     self.mpi.Allgather(inputs[r], ref)
-                    assert np.array_equal(out, ref), f"all_gather vs MPI {dt} {count}"
+                    assert np.array_equal(want, ref), f"all_gather: MPI gathers {dt} otherwise"
+                for algo in self.algorithms:
+                    for in_place in (False, True):
+                        what = f"all_gather {algo or 'auto'} {dt} count={count} in_place={in_place}"
+                        out = np.zeros(n * count, dt)
+                        if in_place:
+                            x = out[r * count : (r + 1) * count]
+                            x[...] = inputs[r]
+                        else:
+                            x = inputs[r].copy()
+                        self.comm.all_gather(x, out, algorithm=algo)
+                        same_bytes(out, want, what)
+                        self.checks += 1
 
     def broadcast(self, staging):
         r, n = self.rank, self.size
@@ -143,15 +150,16 @@ class Checker:
             for count in self.counts(staging):
                 inputs = [make_input(q, count, dt, "sum") for q in range(n)]
                 for root in range(n):
-                    what = f"broadcast {dt} count={count} root={root}"
-                    x = inputs[r].copy()
-                    self.comm.broadcast(x, root=root, algorithm=self.algorithm)
-                    assert np.array_equal(x.view(np.uint8), inputs[root].view(np.uint8)), what
-                    self.checks += 1
                     if count and dt.kind in "iuf" and dt.itemsize != 2:
                         ref = inputs[r].copy()
                         self.mpi.Bcast(ref, root=root)
-                        assert np.array_equal(x, ref), f"broadcast vs MPI: {what}"
+                        assert np.array_equal(ref, inputs[root]), f"MPI broadcasts {dt} otherwise"
+                    for algo in self.algorithms:
+                        what = f"broadcast {algo or 'auto'} {dt} count={count} root={root}"
+                        x = inputs[r].copy()
+                        self.comm.broadcast(x, root=root, algorithm=algo)
+                        same_bytes(x, inputs[root], what)
+                        self.checks += 1
 
     def reduce(self, staging):
         r, n = self.rank, self.size
@@ -167,58 +175,53 @@ class Checker:
                     roots = range(n) if count < 100_000 else sorted({0, n // 2, n - 1})
                     sentinel = make_input(r + 100, count, dt, op)
                     for root in roots:
-                        for in_place in (False, True):
-                            what = f"reduce {dt} {op} count={count} root={root} in_place={in_place}"
-                            x = inputs[r].copy()
-                            out = None if in_place else sentinel.copy()
-                            res = self.comm.reduce(
-                                x, out, root=root, op=op, algorithm=self.algorithm
-                            )
-                            if r == root:
-                                check_close(res, want, dt, n, what, op)
-                            elif in_place:
-                                assert np.array_equal(x, inputs[r]), f"{what}: non-root x changed"
-                            else:
-                                assert np.array_equal(out, sentinel), (
-                                    f"{what}: non-root out written"
-                                )
-                            if not in_place:
-                                assert np.array_equal(x, inputs[r]), f"{what}: x modified"
-                            self.checks += 1
+                        ref = None
                         if self.mpi_ok(dt, op) and count and root == n - 1:
                             ref = np.empty_like(inputs[r])
                             self.mpi.Reduce(inputs[r], ref, op=MPI_OPS[op], root=root)
-                            if r == root:
-                                check_close(
-                                    res,
-                                    ref.astype(np.float64) if is_float(dt) else ref,
-                                    dt,
-                                    n,
-                                    f"reduce vs MPI {dt} {op} {count}",
-                                    op,
-                                )
+                        for algo in self.algorithms:
+                            for in_place in (False, True):
+                                what = f"reduce {algo or 'auto'} {dt} {op} count={count} "
+                                what += f"root={root} in_place={in_place}"
+                                x = inputs[r].copy()
+                                out = None if in_place else sentinel.copy()
+                                res = self.comm.reduce(x, out, root=root, op=op, algorithm=algo)
+                                if r == root:
+                                    check_close(res, want, dt, n, what, op)
+                                    if ref is not None:
+                                        self.against_mpi(res, ref, dt, what + " vs MPI", op)
+                                elif in_place:
+                                    same_bytes(x, inputs[r], f"{what}: non-root x")
+                                else:
+                                    same_bytes(out, sentinel, f"{what}: non-root out")
+                                if not in_place:
+                                    same_bytes(x, inputs[r], f"{what}: x (an input)")
+                                self.checks += 1
 
 
 TREE_COLLECTIVES = ("all_reduce", "broadcast", "reduce")
 
 
+def algorithms(collective: str, names: str = "ring,tree,direct,auto") -> list[str]:
+    """The algorithms named in `names` that have `collective`."""
+    return [a for a in names.split(",") if a != "tree" or collective in TREE_COLLECTIVES]
+
+
 def main():
     collective = sys.argv[1]
     staging = sys.argv[2] if len(sys.argv) > 2 else "default"
-    algos = (sys.argv[3] if len(sys.argv) > 3 else "ring,tree,direct,auto").split(",")
-    algos = [a for a in algos if a != "tree" or collective in TREE_COLLECTIVES]
+    algos = algorithms(collective, *sys.argv[3:4])
     kwargs = {"staging_bytes": 256, "staging_slots": 2} if staging == "small" else {}
     mpi = MPI.COMM_WORLD
     with pc.Communicator(mpi, **kwargs) as comm:
-        for algo in algos:
-            checker = Checker(comm, mpi, None if algo == "auto" else algo)
-            getattr(checker, collective)(staging)
-            comm.barrier()
-            if comm.rank == 0:
-                print(
-                    f"PASS {collective} {algo} ranks={comm.size} staging={staging} "
-                    f"checks={checker.checks}"
-                )
+        checker = Checker(comm, mpi, algos)
+        getattr(checker, collective)(staging)
+        comm.barrier()
+        if comm.rank == 0:
+            print(
+                f"{collective} {','.join(algos)} ranks={comm.size} staging={staging}: "
+                f"{checker.checks} checks"
+            )
 
 
 if __name__ == "__main__":

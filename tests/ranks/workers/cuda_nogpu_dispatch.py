@@ -67,7 +67,7 @@ def main():
         raise SystemExit(f"unknown case {case}")
     if case != "mixed":
         comm.close()
-    print(f"PASS {case} rank={r}")
+    print(f"{case} rank={r}")
 
 
 if __name__ == "__main__":

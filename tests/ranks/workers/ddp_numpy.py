@@ -165,7 +165,7 @@ def main():
             test(comm)
             comm.barrier()
         if comm.rank == 0:
-            print("PASS ddp_numpy")
+            print("ddp_numpy")
 
 
 if __name__ == "__main__":

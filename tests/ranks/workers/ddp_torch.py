@@ -209,7 +209,7 @@ def main():
     world.Barrier()
     if r == 0:
         os.unlink(path) if os.path.exists(path) else None
-        print("PASS ddp_torch")
+        print("ddp_torch")
 
 
 if __name__ == "__main__":

@@ -354,7 +354,7 @@ def main():
     mpi = MPI.COMM_WORLD
     summary = {"data": data, "blocks": blocks, "mismatch": mismatch, "args": args}[mode](mpi)
     if mpi.rank == 0:
-        print(f"PASS {mode} ranks={mpi.size} {summary}")
+        print(f"{mode} ranks={mpi.size} {summary}")
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def check_matrix(comm):
                 assert GPU.queued[7] > GPU.ran[7], (dt, count)
             GPU.synchronize()
             assert np.array_equal(out.host.view(np.uint8), want.view(np.uint8)), (dt, count)
-    print(f"PASS staged matrix ranks={n} bfloat16={BFLOAT16 is not None}")
+    print(f"staged matrix ranks={n} bfloat16={BFLOAT16 is not None}")
 
 
 def check_semantics(comm, staged_pool):
@@ -176,7 +176,7 @@ def check_semantics(comm, staged_pool):
         )
         GPU.synchronize()
         assert (g_in.host == np.arange(8)).all() and (h_in == np.arange(8) * 2).all()
-    print(f"PASS staged semantics rank={r}")
+    print(f"staged semantics rank={r}")
 
 
 def check_mismatch(comm, staged_pool):
@@ -187,7 +187,7 @@ def check_mismatch(comm, staged_pool):
         expect(pc.CollectiveMismatch, lambda: comm.recv(gpu(np.zeros(12, np.float32)), 0), "12")
     GPU.synchronize()
     assert staged_pool().idle_buffers() >= 1, "the failed batch kept its buffer"
-    print(f"PASS staged mismatch rank={r}")
+    print(f"staged mismatch rank={r}")
 
 
 def check_bad(comm):
@@ -206,7 +206,7 @@ def check_bad(comm):
     )
     GPU.synchronize()
     assert (out.host == peer).all()
-    print(f"PASS staged bad rank={r}")
+    print(f"staged bad rank={r}")
 
 
 def main():

@@ -180,7 +180,7 @@ def main():
             test(comm)
             comm.barrier()
         if comm.rank == 0:
-            print("PASS tensor_parallel")
+            print("tensor_parallel")
 
 
 if __name__ == "__main__":

@@ -176,7 +176,7 @@ def check_ops(gloo):
         dist.all_reduce(t, group=sub)
         same(t, torch.full((4,), 3.0 if n > 1 else 1.0), "subgroup all_reduce")
     dist.barrier()
-    print(f"PASS torch ops rank={r}")
+    print(f"torch ops rank={r}")
 
 
 def make_model(seed=0, unused=False):
@@ -246,7 +246,7 @@ def check_ddp(gloo):
     n = dist.get_world_size()
     padded = list(range(10)) + list(range(10))[: -10 % n]  # wrapped round to even shares
     assert list(sampler) == padded[r::n], list(sampler)
-    print(f"PASS torch ddp rank={r}")
+    print(f"torch ddp rank={r}")
 
 
 def _mesh(group):
@@ -365,7 +365,7 @@ def check_parallel(gloo):
     for name, run in runs.items():
         _close(run(None, r), run(gloo, r), name)
         dist.barrier()
-    print(f"PASS torch parallel rank={r}")
+    print(f"torch parallel rank={r}")
 
 
 def check_exchange(gloo):
@@ -400,7 +400,7 @@ def check_exchange(gloo):
         w.wait()
     took = time.monotonic() - t0
     assert took < 20, f"the exchanges took {took:.1f} s: messages waited for the program"
-    print(f"PASS torch exchange rank={r}")
+    print(f"torch exchange rank={r}")
 
 
 def check_async(gloo):
@@ -503,7 +503,7 @@ def check_errors(gloo):
         raise AssertionError("a poisoned group ran a collective")
     dist.all_reduce(t)
     assert (t == dist.get_world_size() ** 2).all()
-    print(f"PASS torch errors rank={r}")
+    print(f"torch errors rank={r}")
 
 
 def main():
