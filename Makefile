@@ -17,7 +17,7 @@ LINT_DEPS := ruff clang-format
 # With an NVIDIA driver present, cupy too: `make run` then trains on the GPU.
 GPU_DEPS := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cupy-cuda13x)
 
-.PHONY: run test gpu-test lint format bench install clean
+.PHONY: run test test-quick gpu-test lint format bench install clean coverage
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,24 +38,50 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# Every collective once on 2 ranks, in under a minute: for the inner loop while developing.
+test-quick: install
+	$(BIN)/python -m pytest -q -m quick tests
+
 gpu-test: install
 	$(BIN)/python -m pytest -q -m gpu tests
 
 bench: install
 	bash benchmarks/bench_sweep.sh
 
+# Line coverage of the suite: the native modules built again with gcov instrumentation (in
+# build/coverage/native), the suite run with Python coverage in every process (a .pth file
+# starts it wherever COVERAGE_PROCESS_START is set), then line coverage per folder of csrc/ and
+# per module of pycollectives/ (tools/coverage/report.py). The normal build is put back after.
+COV_DEPS := coverage gcovr
+COV := $(CURDIR)/build/coverage
+coverage: $(VENV)/.deps
+	$(BIN)/pip install -q --disable-pip-version-check $(COV_DEPS)
+	rm -rf $(COV) && mkdir -p $(COV)/python
+	PYCOLL_COVERAGE=ON $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation \
+	    -C build-dir=$(COV)/native -e .
+	echo "import coverage; coverage.process_startup()" > $$($(BIN)/python -c \
+	    "import sysconfig; print(sysconfig.get_paths()['purelib'])")/pycoll_coverage.pth
+	COVERAGE_PROCESS_START=$(CURDIR)/tools/coverage/coveragerc COVERAGE_DATA_DIR=$(COV)/python \
+	    $(BIN)/python -m pytest -q tests; echo $$? > $(COV)/status
+	rm -f $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/pycoll_coverage.pth
+	COVERAGE_DATA_DIR=$(COV)/python $(BIN)/coverage combine -q --rcfile=tools/coverage/coveragerc
+	COVERAGE_DATA_DIR=$(COV)/python COVERAGE_RCFILE=tools/coverage/coveragerc \
+	    $(BIN)/python tools/coverage/report.py $(COV)/native --json $(COV)/figures.json
+	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e .
+	@echo "suite exit status under coverage: $$(cat $(COV)/status)"
+
 $(VENV)/.lint-deps: $(BIN)/python
 	$(BIN)/pip install -q --disable-pip-version-check $(LINT_DEPS)
 	touch $@
 
 lint: $(VENV)/.lint-deps
-	$(BIN)/ruff check pycollectives tests benchmarks
-	$(BIN)/ruff format --check pycollectives tests benchmarks
+	$(BIN)/ruff check pycollectives tests benchmarks tools
+	$(BIN)/ruff format --check pycollectives tests benchmarks tools
 	$(BIN)/clang-format --dry-run -Werror $$(find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh')
 
 format: $(VENV)/.lint-deps
-	$(BIN)/ruff format pycollectives tests benchmarks
-	$(BIN)/ruff check --fix pycollectives tests benchmarks
+	$(BIN)/ruff format pycollectives tests benchmarks tools
+	$(BIN)/ruff check --fix pycollectives tests benchmarks tools
 	$(BIN)/clang-format -i $$(find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh')
 
 clean:

@@ -11,7 +11,13 @@ RANKS = [1, 2, 3, 4, 5]
 # 5 ranks on a 2-core machine take a minute for the five collectives with default slots: 3
 # and 4 ranks run the default slots, 5 ranks the small ones (more pieces per call, the same
 # schedules).
-RANKS_STAGING = [(n, s) for n in RANKS for s in ("small", "default") if (n, s) != (5, "default")]
+# 2 ranks with small slots: the quick tier's pass over every collective (make test-quick).
+RANKS_STAGING = [
+    pytest.param(n, s, marks=[pytest.mark.quick] if (n, s) == (2, "small") else [])
+    for n in RANKS
+    for s in ("small", "default")
+    if (n, s) != (5, "default")
+]
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)

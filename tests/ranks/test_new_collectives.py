@@ -6,7 +6,7 @@ import pytest
 from harness.launch import run_mpi
 
 
-@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("nranks", [1, pytest.param(2, marks=pytest.mark.quick), 3, 4, 5])
 def test_new_collectives_match_mpi(nranks):
     run_mpi(nranks, "new_collectives.py", "data")
 

@@ -5,7 +5,7 @@ import pytest
 from harness.launch import our_segments, run_mpi
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 5])
+@pytest.mark.parametrize("nranks", [pytest.param(2, marks=pytest.mark.quick), 3, 5])
 def test_p2p_matches_mpi(nranks):
     run_mpi(nranks, "p2p.py", "matrix", timeout=120)
 

@@ -24,8 +24,14 @@ import pycollectives as pc
 import pycollectives.torch as pct
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
+
+
 # Several emulated nodes (PYCOLL_RANKS_PER_NODE): shared memory inside each, MPI between them.
-NODES = os.environ.get("PYCOLL_RANKS_PER_NODE", "") != ""
+def several_nodes() -> bool:
+    """Whether this run is over several (emulated) nodes (read per run: a rank pool runs
+    several in one process)."""
+    return os.environ.get("PYCOLL_RANKS_PER_NODE", "") != ""
+
 
 DTYPES = [
     torch.float32,
@@ -170,7 +176,7 @@ def check_ops(gloo):
     same(got, n * torch.arange(2.0 * r, 2.0 * r + 2), "funcol reduce_scatter_tensor")
     # A subgroup of the first two ranks (every rank makes it, as torch requires). Subgroups
     # meet through torch's store, which knows nothing of nodes (emulated ones included).
-    sub = None if NODES else dist.new_group([0, 1 % n])
+    sub = None if several_nodes() else dist.new_group([0, 1 % n])
     if sub is not None and r < 2:
         t = torch.full((4,), float(r + 1))
         dist.all_reduce(t, group=sub)
@@ -516,7 +522,8 @@ def main():
     world = dist.group.WORLD
     native = os.environ.get("PYCOLL_TORCH_NATIVE", "1") != "0"
     if native:  # over several nodes, the C++ backend hands every call to the Python one
-        assert world._get_backend(torch.device("cpu")).native != NODES, "not the C++ backend"
+        native_backend = world._get_backend(torch.device("cpu")).native
+        assert native_backend != several_nodes(), "not the C++ backend"
     else:
         assert isinstance(world, pct.torch_backend.ProcessGroup), type(world)
     gloo = dist.new_group(backend="gloo")
