@@ -59,16 +59,18 @@ coverage: $(VENV)/.deps
 	rm -rf $(COV) && mkdir -p $(COV)/python
 	PYCOLL_COVERAGE=ON $(BIN)/pip install -q --disable-pip-version-check --no-build-isolation \
 	    -C build-dir=$(COV)/native -e .
-	echo "import coverage; coverage.process_startup()" > $$($(BIN)/python -c \
-	    "import sysconfig; print(sysconfig.get_paths()['purelib'])")/pycoll_coverage.pth
+	pth=$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/pycoll_coverage.pth; \
+	echo "import coverage; coverage.process_startup()" > $$pth; \
 	COVERAGE_PROCESS_START=$(CURDIR)/tools/coverage/coveragerc COVERAGE_DATA_DIR=$(COV)/python \
-	    $(BIN)/python -m pytest -q tests; echo $$? > $(COV)/status
-	rm -f $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/pycoll_coverage.pth
-	COVERAGE_DATA_DIR=$(COV)/python $(BIN)/coverage combine -q --rcfile=tools/coverage/coveragerc
-	COVERAGE_DATA_DIR=$(COV)/python COVERAGE_RCFILE=tools/coverage/coveragerc \
-	    $(BIN)/python tools/coverage/report.py $(COV)/native --json $(COV)/figures.json
-	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e .
-	@echo "suite exit status under coverage: $$(cat $(COV)/status)"
+	    $(BIN)/python -m pytest -q tests; suite=$$?; \
+	rm -f $$pth; \
+	COVERAGE_DATA_DIR=$(COV)/python $(BIN)/coverage combine -q --rcfile=tools/coverage/coveragerc \
+	&& COVERAGE_DATA_DIR=$(COV)/python COVERAGE_RCFILE=tools/coverage/coveragerc \
+	    $(BIN)/python tools/coverage/report.py $(COV)/native --json $(COV)/figures.json; \
+	report=$$?; \
+	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e .; \
+	echo "suite exit status under coverage: $$suite"; \
+	test $$suite -eq 0 -a $$report -eq 0
 
 $(VENV)/.lint-deps: $(BIN)/python
 	$(BIN)/pip install -q --disable-pip-version-check $(LINT_DEPS)

@@ -15,6 +15,7 @@
 #include "algo/messages.h"
 #include "algo/schedule.h"
 #include "call_args.h"
+#include "common/coverage.h"
 #include "common/errors.h"
 #include "emu/emu_comm.h"
 #include "host/host_capi.h"
@@ -552,6 +553,7 @@ PYBIND11_MODULE(_C, m) {
   bind_schedules(m);
   bind_emu_comm(m);
   bind_codes(m);
+  PYCOLL_BIND_COVERAGE_DUMP(m);
   m.def("_raise_pending", [] {
     std::exception_ptr e = std::exchange(pending_error, nullptr);
     if (e == nullptr) throw std::logic_error("_raise_pending: no error pending");

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/coverage.h"
 #include "common/errors.h"
 #include "core_errors.h"
 #include "net/net_comm.h"
@@ -88,6 +89,7 @@ PYBIND11_MODULE(_net, m) {
   m.doc() = "pycollectives inter-node transport over MPI (private)";
   translate_errors_as_core();
   m.attr("built_with_mpi") = built_with_mpi();
+  PYCOLL_BIND_COVERAGE_DUMP(m);
 
   py::class_<PyNetComm>(m, "NetComm")
       .def(py::init([](py::object comm, size_t piece_bytes, int window, double timeout) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "algo/schedule.h"
+#include "common/coverage.h"
 #include "common/dtypes.h"
 #include "host/host_capi.h"
 
@@ -534,6 +535,7 @@ class Backend : public c10d::Backend {
 PYBIND11_MODULE(_torch, m) {
   using pycoll_torch::Backend;
   m.doc() = "pycollectives' torch.distributed backend in C++ (private; see pycollectives.torch)";
+  PYCOLL_BIND_COVERAGE_DUMP(m);
   py::module_::import("torch.distributed");  // c10d's Backend and Work types
   py::module_ core = py::module_::import("pycollectives._C");
   auto* api = static_cast<const pycoll_host_api*>(

@@ -130,6 +130,28 @@ def expect(exc_type, fn, *words):
     raise AssertionError(f"expected {exc_type.__name__}")
 
 
+def save_coverage():
+    """Writes what ``make coverage`` measured in this process so far (Python and each native
+    module's gcov counts): for a rank about to end by os._exit or MPI_Abort, which skip the
+    exit handlers that would write it. Nothing outside a coverage run."""
+    if "coverage" in sys.modules:
+        cov = sys.modules["coverage"].Coverage.current()
+        if cov is not None:
+            cov.stop()
+            cov.save()
+    for name in ("_C", "_net", "_torch"):
+        dump = getattr(sys.modules.get(f"pycollectives.{name}"), "_coverage_dump", None)
+        if dump is not None:
+            dump()
+
+
+def hard_exit(code: int = 0):
+    """os._exit(code) (a rank that must not finalize MPI: its peers are gone or poisoned),
+    after save_coverage()."""
+    save_coverage()
+    os._exit(code)
+
+
 def run_main(main):
     """Runs a worker's main as a job of its own; any failure is reported for the test
     (TEST_RESULTS_DIR, see launch.run_mpi), printed, and aborts every rank."""
@@ -147,4 +169,5 @@ def run_main(main):
         sys.stdout.flush()
         traceback.print_exc()
         sys.stderr.flush()
+        save_coverage()
         MPI.COMM_WORLD.Abort(1)

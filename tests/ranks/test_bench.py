@@ -191,6 +191,18 @@ def test_oneccl_peer_is_checked_against_numpy(tmp_path):
     assert "oneCCL 2022" in data["meta"]["peers"]["oneccl"]
 
 
+@pytest.mark.skipif(not _installed("torch"), reason="torch not installed")
+def test_gloo_peer_is_checked_against_numpy(tmp_path):
+    stdout, data = bench(tmp_path, "-e", "64K", "-f", "64", "--compare", "gloo", coll="all")
+    ran = {r["collective"] for r in data["rows"] if "ratio" in r["compare"]["gloo"]}
+    assert {"all_reduce", "all_gather", "broadcast", "reduce", "all_to_all", "gather"} <= ran, ran
+    assert all(r["compare"]["gloo"].get("wrong", 0) == 0 for r in data["rows"])
+    for r in data["rows"]:
+        if r["collective"] not in ran:  # gloo has no reduce-scatter: said so, not timed
+            assert r["compare"]["gloo"]["skipped"], r
+    assert "gloo" in data["meta"]["peers"]["gloo"]
+
+
 @pytest.mark.skipif(not _installed("deepspeed", "torch"), reason="deepspeed not installed")
 def test_deepspeed_peer_runs_its_shared_memory_all_reduce(tmp_path):
     # The first run builds DeepSpeed's op (about a minute on 2 cores); later runs load it.

@@ -23,7 +23,7 @@ import sys
 import time
 
 import numpy as np
-from checks import make_input, reference, run_main
+from checks import hard_exit, make_input, reference, run_main
 from collectives import Checker, algorithms
 from mpi4py import MPI
 from new_collectives import Data
@@ -190,7 +190,7 @@ def faults(mpi, mode, what):
             # Outlive the other survivor's own timeout: exiting first would show it a dead
             # peer (rank 0 gone) instead of the stalled one it waits for.
             time.sleep(DRILL_TIMEOUT + 0.5)
-        os._exit(0)
+        hard_exit(0)
     raise AssertionError(f"{what}: no error on rank {mpi.rank}")
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import numpy as np
-from checks import expect, run_main
+from checks import expect, hard_exit, run_main
 from mpi4py import MPI
 
 import pycollectives as pc
@@ -108,7 +108,7 @@ def dead_peer(name, leave):
         print(f"{name}: the survivor raised within {took:.2f} s", flush=True)
     else:
         raise AssertionError(f"{name}: dead peer not detected")
-    os._exit(0)
+    hard_exit(0)
 
 
 def die():
