@@ -45,6 +45,14 @@ class Checker:
         big = 1000 if staging == "small" else 300_000
         return [0, 1, 7, 3 * n + 1, big]
 
+    def reducing_cases(self, staging: str):
+        """(dtype, op, count) of every reducing case: each dtype with each op it has."""
+        for dt in DTYPES:
+            for op in OPS:
+                if valid(dt, op):
+                    for count in self.counts(staging):
+                        yield dt, op, count
+
     def mpi_ok(self, dt, op) -> bool:
         # MPI has no float16/bfloat16 and no avg; its own collectives are the second reference.
         return dt.kind in "iuf" and dt.itemsize >= 4 - 3 * (dt.kind != "f") and op in MPI_OPS
@@ -61,64 +69,54 @@ class Checker:
 
     def all_reduce(self, staging):
         r, n = self.rank, self.size
-        for dt in DTYPES:
-            for op in OPS:
-                if not valid(dt, op):
-                    continue
-                for count in self.counts(staging):
-                    inputs = [make_input(q, count, dt, op) for q in range(n)]
-                    want = reference(inputs, op, dt)
-                    ref = None
-                    if self.mpi_ok(dt, op) and count:
-                        ref = np.empty_like(inputs[r])
-                        self.mpi.Allreduce(inputs[r], ref, op=MPI_OPS[op])
-                    for algo in self.algorithms:
-                        for in_place in (False, True):
-                            what = f"all_reduce {algo or 'auto'} {dt} {op} count={count} "
-                            what += f"in_place={in_place}"
-                            x = inputs[r].copy()
-                            if in_place:
-                                out = self.comm.all_reduce(x, op=op, algorithm=algo)
-                            else:
-                                out = np.zeros_like(x)
-                                self.comm.all_reduce(x, out, op=op, algorithm=algo)
-                                assert np.array_equal(x, inputs[r]), f"{what}: x modified"
-                            check_close(out, want, dt, n, what, op)
-                            self.same_everywhere(out, what)
-                            if ref is not None:
-                                self.against_mpi(out, ref, dt, what + " vs MPI", op)
-                            self.checks += 1
+        for dt, op, count in self.reducing_cases(staging):
+            inputs = [make_input(q, count, dt, op) for q in range(n)]
+            want = reference(inputs, op, dt)
+            ref = None
+            if self.mpi_ok(dt, op) and count:
+                ref = np.empty_like(inputs[r])
+                self.mpi.Allreduce(inputs[r], ref, op=MPI_OPS[op])
+            for algo in self.algorithms:
+                for in_place in (False, True):
+                    what = f"all_reduce {algo or 'auto'} {dt} {op} count={count} "
+                    what += f"in_place={in_place}"
+                    x = inputs[r].copy()
+                    if in_place:
+                        out = self.comm.all_reduce(x, op=op, algorithm=algo)
+                    else:
+                        out = np.zeros_like(x)
+                        self.comm.all_reduce(x, out, op=op, algorithm=algo)
+                        assert np.array_equal(x, inputs[r]), f"{what}: x modified"
+                    check_close(out, want, dt, n, what, op)
+                    self.same_everywhere(out, what)
+                    if ref is not None:
+                        self.against_mpi(out, ref, dt, what + " vs MPI", op)
+                    self.checks += 1
 
     def reduce_scatter(self, staging):
         r, n = self.rank, self.size
-        for dt in DTYPES:
-            for op in OPS:
-                if not valid(dt, op):
-                    continue
-                for count in self.counts(staging):
-                    # Rank q's input is n blocks, block k made on its own: this rank makes
-                    # its whole input and every rank's block r, not every rank's whole input.
-                    mine = np.concatenate(
-                        [make_input(r, count, dt, op, salt=k + 1) for k in range(n)]
-                    )
-                    blocks_r = [make_input(q, count, dt, op, salt=r + 1) for q in range(n)]
-                    want = reference(blocks_r, op, dt)
-                    ref = None
-                    if self.mpi_ok(dt, op) and count:
-                        ref = np.empty(count, dt)
-                        self.mpi.Reduce_scatter_block(mine, ref, op=MPI_OPS[op])
-                    for algo in self.algorithms:
-                        for in_place in (False, True):
-                            what = f"reduce_scatter {algo or 'auto'} {dt} {op} count={count} "
-                            what += f"in_place={in_place}"
-                            x = mine.copy()
-                            mine_r = x[r * count : (r + 1) * count]
-                            out = mine_r if in_place else np.zeros(count, dt)
-                            self.comm.reduce_scatter(x, out, op=op, algorithm=algo)
-                            check_close(out, want, dt, n, what, op)
-                            if ref is not None:
-                                self.against_mpi(out, ref, dt, what + " vs MPI", op)
-                            self.checks += 1
+        for dt, op, count in self.reducing_cases(staging):
+            # Rank q's input is n blocks, block k made on its own: this rank makes
+            # its whole input and every rank's block r, not every rank's whole input.
+            mine = np.concatenate([make_input(r, count, dt, op, salt=k + 1) for k in range(n)])
+            blocks_r = [make_input(q, count, dt, op, salt=r + 1) for q in range(n)]
+            want = reference(blocks_r, op, dt)
+            ref = None
+            if self.mpi_ok(dt, op) and count:
+                ref = np.empty(count, dt)
+                self.mpi.Reduce_scatter_block(mine, ref, op=MPI_OPS[op])
+            for algo in self.algorithms:
+                for in_place in (False, True):
+                    what = f"reduce_scatter {algo or 'auto'} {dt} {op} count={count} "
+                    what += f"in_place={in_place}"
+                    x = mine.copy()
+                    mine_r = x[r * count : (r + 1) * count]
+                    out = mine_r if in_place else np.zeros(count, dt)
+                    self.comm.reduce_scatter(x, out, op=op, algorithm=algo)
+                    check_close(out, want, dt, n, what, op)
+                    if ref is not None:
+                        self.against_mpi(out, ref, dt, what + " vs MPI", op)
+                    self.checks += 1
 
     def all_gather(self, staging):
         r, n = self.rank, self.size
@@ -163,40 +161,36 @@ class Checker:
 
     def reduce(self, staging):
         r, n = self.rank, self.size
-        for dt in DTYPES:
-            for op in OPS:
-                if not valid(dt, op):
-                    continue
-                for count in self.counts(staging):
-                    inputs = [make_input(q, count, dt, op) for q in range(n)]
-                    want = reference(inputs, op, dt)
-                    # Every root for short vectors; for the long one the first, a middle and
-                    # the last (the one MPI checks): each root's schedule is the same code.
-                    roots = range(n) if count < 100_000 else sorted({0, n // 2, n - 1})
-                    sentinel = make_input(r + 100, count, dt, op)
-                    for root in roots:
-                        ref = None
-                        if self.mpi_ok(dt, op) and count and root == n - 1:
-                            ref = np.empty_like(inputs[r])
-                            self.mpi.Reduce(inputs[r], ref, op=MPI_OPS[op], root=root)
-                        for algo in self.algorithms:
-                            for in_place in (False, True):
-                                what = f"reduce {algo or 'auto'} {dt} {op} count={count} "
-                                what += f"root={root} in_place={in_place}"
-                                x = inputs[r].copy()
-                                out = None if in_place else sentinel.copy()
-                                res = self.comm.reduce(x, out, root=root, op=op, algorithm=algo)
-                                if r == root:
-                                    check_close(res, want, dt, n, what, op)
-                                    if ref is not None:
-                                        self.against_mpi(res, ref, dt, what + " vs MPI", op)
-                                elif in_place:
-                                    same_bytes(x, inputs[r], f"{what}: non-root x")
-                                else:
-                                    same_bytes(out, sentinel, f"{what}: non-root out")
-                                if not in_place:
-                                    same_bytes(x, inputs[r], f"{what}: x (an input)")
-                                self.checks += 1
+        for dt, op, count in self.reducing_cases(staging):
+            inputs = [make_input(q, count, dt, op) for q in range(n)]
+            want = reference(inputs, op, dt)
+            # Every root for short vectors; for the long one the first, a middle and
+            # the last (the one MPI checks): each root's schedule is the same code.
+            roots = range(n) if count < 100_000 else sorted({0, n // 2, n - 1})
+            sentinel = make_input(r + 100, count, dt, op)
+            for root in roots:
+                ref = None
+                if self.mpi_ok(dt, op) and count and root == n - 1:
+                    ref = np.empty_like(inputs[r])
+                    self.mpi.Reduce(inputs[r], ref, op=MPI_OPS[op], root=root)
+                for algo in self.algorithms:
+                    for in_place in (False, True):
+                        what = f"reduce {algo or 'auto'} {dt} {op} count={count} "
+                        what += f"root={root} in_place={in_place}"
+                        x = inputs[r].copy()
+                        out = None if in_place else sentinel.copy()
+                        res = self.comm.reduce(x, out, root=root, op=op, algorithm=algo)
+                        if r == root:
+                            check_close(res, want, dt, n, what, op)
+                            if ref is not None:
+                                self.against_mpi(res, ref, dt, what + " vs MPI", op)
+                        elif in_place:
+                            same_bytes(x, inputs[r], f"{what}: non-root x")
+                        else:
+                            same_bytes(out, sentinel, f"{what}: non-root out")
+                        if not in_place:
+                            same_bytes(x, inputs[r], f"{what}: x (an input)")
+                        self.checks += 1
 
 
 TREE_COLLECTIVES = ("all_reduce", "broadcast", "reduce")
