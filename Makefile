@@ -32,10 +32,18 @@ $(VENV)/.deps: $(BIN)/python Makefile pyproject.toml
 install: $(VENV)/.deps
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e .
 
+# DeepSpeed's shared-memory op (a peer of `pycoll-bench --compare deepspeed`), built ahead as
+# DeepSpeed's installs with DS_BUILD_OPS do, into torch's extension cache: the tests and the
+# benchmarks load it from there instead of compiling it on their first run (a minute).
+$(VENV)/.peer-ops: $(VENV)/.deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.accelerator \
+	    import get_accelerator as a; a().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
+	touch $@
+
 run: install
 	$(BIN)/mpiexec -n $(NP) $(BIN)/python -m pycollectives.examples.train
 
-test: install
+test: install $(VENV)/.peer-ops
 	$(BIN)/python -m pytest -q tests
 
 # Every collective once on 2 ranks, in under a minute: for the inner loop while developing.
@@ -45,7 +53,7 @@ test-quick: install
 gpu-test: install
 	$(BIN)/python -m pytest -q -m gpu tests
 
-bench: install
+bench: install $(VENV)/.peer-ops
 	bash benchmarks/bench_sweep.sh
 
 # Line coverage of the suite: the native modules built again with gcov instrumentation (in

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -42,10 +43,23 @@ def split_env(env: dict) -> tuple[dict, dict]:
 
 
 class RankPool:
+    """One job of `nranks` ranks running rank.py. Cases are files (BOX/case-K.json); a rank
+    waits for the next one blocked on a pipe of its own (BOX/wake-R), and tells it is done
+    through one pipe that this side waits on (BOX/done), so neither side polls and an idle
+    pool takes no CPU."""
+
     def __init__(self, mpiexec: str, nranks: int, harness: Path, launch_env: dict):
         self.nranks = nranks
         self.box = Path(tempfile.mkdtemp(prefix="pycoll-pool-"))
         self.k = 0
+        # O_RDWR: opening does not wait for the other end, and reads never see end-of-file.
+        self.wake = []
+        for r in range(nranks):
+            os.mkfifo(self.box / f"wake-{r}")
+            self.wake.append(os.open(self.box / f"wake-{r}", os.O_RDWR))
+        os.mkfifo(self.box / "done")
+        self.done = os.open(self.box / "done", os.O_RDWR | os.O_NONBLOCK)
+        self.pending = b""
         env = {**os.environ, **POOL_ENV, **launch_env, "PYTHONUNBUFFERED": "1"}
         cmd = [mpiexec, "-n", str(nranks), sys.executable, str(HERE / "rank.py"), str(self.box)]
         cmd += [str(harness), str(os.getpid())]
@@ -55,36 +69,48 @@ class RankPool:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def post(self, k: int, case: dict):
+        """Case `k` for every rank: its file, then a line on each rank's wake-up pipe."""
+        tmp = self.box / f".case-{k}"
+        tmp.write_text(json.dumps(case))
+        tmp.rename(self.box / f"case-{k}.json")
+        for fd in self.wake:
+            os.write(fd, b"%d\n" % k)
+
+    def finished(self, wait: float) -> list[int]:
+        """Ranks that reported the current case done (lines "K R" on the done pipe), waiting
+        up to `wait` seconds for the first."""
+        ready, _, _ = select.select([self.done], [], [], max(wait, 0.0))
+        if not ready:
+            return []
+        try:
+            self.pending += os.read(self.done, 65536)
+        except BlockingIOError:
+            return []
+        *lines, self.pending = self.pending.split(b"\n")
+        return [int(line.split()[1]) for line in lines if int(line.split()[0]) == self.k - 1]
+
     def run(self, case: dict, timeout: float) -> tuple[str, str]:
         """Runs `case` on every rank; (stdout, stderr) of all ranks, rank by rank. CaseFailed
         (after which this pool is closed) if any rank failed or the case took too long."""
         k, n = self.k, self.nranks
         self.k += 1
-        tmp = self.box / f".case-{k}"
-        tmp.write_text(json.dumps(case))
-        tmp.rename(self.box / f"case-{k}.json")
+        self.post(k, case)
         deadline = time.monotonic() + timeout
         results: dict[int, dict] = {}
         failed_at = None
-        nap = 0.0002
         while len(results) < n:
-            for r in range(n):
-                if r not in results:
-                    path = self.box / f"result-{k}-{r}.json"
-                    if path.exists():
-                        results[r] = json.loads(path.read_text())
-                        if not results[r]["ok"] and failed_at is None:
-                            failed_at = time.monotonic()
             now = time.monotonic()
-            if len(results) == n:
-                break
             # A failed rank's peers may be stuck in the case: give them a moment to fail too.
             if failed_at is not None and now - failed_at > 3.0:
                 break
             if now > deadline or not self.alive():
                 break
-            time.sleep(nap)
-            nap = min(0.01, nap * 1.5)
+            limit = deadline if failed_at is None else failed_at + 3.0
+            for r in self.finished(min(limit - now, 1.0)):  # 1 s: to notice a job that ended
+                results[r] = json.loads((self.box / f"result-{k}-{r}.json").read_text())
+                if not results[r]["ok"] and failed_at is None:
+                    failed_at = time.monotonic()
         out, err = self.outputs(k)
         bad = {r: res for r, res in results.items() if not res["ok"]}
         if len(results) == n and not bad:
@@ -93,8 +119,9 @@ class RankPool:
         if len(results) < n and self.alive():  # hung ranks: ask them where they are
             self.dump_stacks()
             out, err = self.outputs(k)
+        text = self.describe(case, k, results, bad, timeout, out, err)  # while the job lives
         self.close(kill=True)
-        raise CaseFailed(self.describe(case, k, results, bad, timeout, out, err))
+        raise CaseFailed(text)
 
     def outputs(self, k: int) -> tuple[str, str]:
         def read(kind):
@@ -153,7 +180,7 @@ class RankPool:
 
     def close(self, kill: bool = False):
         if self.proc.poll() is None and not kill:
-            (self.box / f"case-{self.k}.json").write_text(json.dumps({"stop": True}))
+            self.post(self.k, {"stop": True})
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -170,6 +197,8 @@ class RankPool:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        for fd in (*self.wake, self.done):
+            os.close(fd)
         shutil.rmtree(self.box, ignore_errors=True)
 
 

@@ -2,16 +2,17 @@
 
 Usage (by pool.py): mpiexec -n N python rank.py BOX HARNESS PYTEST_PID
 
-Cases arrive as files BOX/case-K.json, K = 0, 1, ...: {"worker": path of a worker script
-(its ``main()`` is run), or "module" (``python -m``) or "script" (run as ``__main__``),
-"argv": [...], "env": {...}}. Each rank runs the worker's
-``main()`` with ``sys.argv`` and the environment set as a job of its own would have them, on a
-fresh duplicate of MPI_COMM_WORLD (so that a message a case left unreceived cannot reach the
-next one), its stdout and stderr (Python's and the native layer's) in BOX/out-K-R and
-BOX/err-K-R, then closes the communicators the case left open and writes
-BOX/result-K-R.json: ``{"ok": true}`` or the exception, its message and traceback. After a
-failure the pool is discarded (peers may be stuck in the failed case), so a failed case is
-never followed by another in this process. {"stop": true} ends the loop.
+Cases arrive as files BOX/case-K.json, K = 0, 1, ..., each announced by a line "K" on the rank's
+pipe BOX/wake-R: {"worker": path of a worker script (its ``main()`` is run), or "module"
+(``python -m``) or "script" (run as ``__main__``), "argv": [...], "env": {...}}. Each rank runs
+the worker's ``main()`` with ``sys.argv`` and the environment set as a job of its own would have
+them, on a fresh duplicate of MPI_COMM_WORLD (so that a message a case left unreceived cannot
+reach the next one), its stdout and stderr (Python's and the native layer's) in BOX/out-K-R and
+BOX/err-K-R, then closes the communicators the case left open and writes BOX/result-K-R.json:
+``{"ok": true}`` or the exception, its message and traceback, and says so with a line "K R" on
+the pipe BOX/done. After a failure the pool is discarded (peers may be stuck in the failed
+case), so a failed case is never followed by another in this process. {"stop": true} ends the
+loop.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import importlib.util
 import json
 import os
 import runpy
+import select
 import signal
 import sys
 import time
@@ -30,24 +32,28 @@ import weakref
 from pathlib import Path
 
 
-def wait_for(path: Path, pytest_pid: int) -> dict:
-    """The case file `path`, polled with a sleep that grows to 20 ms while idle; exits if the
-    pytest process that owns the pool has gone."""
-    nap, checked = 0.0002, time.monotonic()
-    while True:
-        try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        now = time.monotonic()
-        if now - checked > 2.0:
-            checked = now
+class Wake:
+    """This rank's wake-up pipe (BOX/wake-R): a line "K" when case K is ready. Waiting on it
+    blocks in the kernel, waking every 2 s to exit if the pytest process that owns the pool
+    has gone."""
+
+    def __init__(self, path: Path, pytest_pid: int):
+        self.fd = os.open(path, os.O_RDWR)
+        self.pytest_pid = pytest_pid
+        self.pending = b""
+
+    def next(self) -> int:
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([self.fd], [], [], 2.0)
+            if ready:
+                self.pending += os.read(self.fd, 4096)
+                continue
             try:
-                os.kill(pytest_pid, 0)
+                os.kill(self.pytest_pid, 0)
             except ProcessLookupError:
                 os._exit(3)
-        time.sleep(nap)
-        nap = min(0.02, nap * 1.5)
+        line, self.pending = self.pending.split(b"\n", 1)
+        return int(line)
 
 
 class Redirect:
@@ -165,9 +171,11 @@ def main():
     rank = MPI.COMM_WORLD.Get_rank()
     (box / f"pid-{rank}").write_text(str(os.getpid()))
     made = track_communicators()
-    k = 0
+    wake = Wake(box / f"wake-{rank}", pytest_pid)
+    done = os.open(box / "done", os.O_WRONLY)
     while True:
-        case = wait_for(box / f"case-{k}.json", pytest_pid)
+        k = wake.next()
+        case = json.loads((box / f"case-{k}.json").read_text())
         if case.get("stop"):
             break
         redirect = Redirect(box / f"out-{k}-{rank}", box / f"err-{k}-{rank}")
@@ -181,9 +189,9 @@ def main():
         tmp = box / f".result-{k}-{rank}"
         tmp.write_text(json.dumps(result))
         tmp.rename(box / f"result-{k}-{rank}.json")
+        os.write(done, b"%d %d\n" % (k, rank))  # one short write: never split between ranks
         if not result["ok"]:
             break  # the pool is discarded; peers may be stuck in the failed case
-        k += 1
 
 
 if __name__ == "__main__":

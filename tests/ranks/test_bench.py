@@ -205,7 +205,8 @@ def test_gloo_peer_is_checked_against_numpy(tmp_path):
 
 @pytest.mark.skipif(not _installed("deepspeed", "torch"), reason="deepspeed not installed")
 def test_deepspeed_peer_runs_its_shared_memory_all_reduce(tmp_path):
-    # The first run builds DeepSpeed's op (about a minute on 2 cores); later runs load it.
+    # make test builds DeepSpeed's op ahead (the Makefile's .peer-ops); without that the first
+    # run builds it (about a minute on 2 cores), later runs load it.
     stdout, data = bench(tmp_path, "-e", "1M", "-f", "32", "--compare", "deepspeed", timeout=400)
     what = data["meta"]["peers"]["deepspeed"]
     assert "shm all-reduce (deepspeed_shm_comm) active" in what, what

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,11 +49,10 @@ def user_env() -> dict:
 
 
 def sh(cmd, env, cwd, timeout=600, check=True):
-    done = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    cmd = [str(c) for c in cmd]
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
-        pytest.fail(f"{' '.join(map(str, cmd))} exited with {done.returncode}\n"
+        pytest.fail(f"{' '.join(cmd)} exited with {done.returncode}\n"
                     f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")  # fmt: skip
     return done
 
@@ -88,22 +88,81 @@ def fresh_venv(tmp: Path, env) -> Path:
     return tmp / "venv" / "bin"
 
 
-@pytest.mark.slow
-def test_plain_pip_install_has_the_inter_node_transport(tmp_path):
+def user_install_env() -> dict:
     env = user_env()
     # The CUDA transport is built (nvcc, two thirds of the build's time) by every other test's
     # install; this one is about MPI and the inter-node transport.
     env["PYCOLL_CUDA"] = "OFF"
     # As some compilers do by default: the C++ runtime linked into each module statically.
     env["LDFLAGS"] = "-static-libstdc++"
-    src = source_copy(tmp_path)
-    bin_ = fresh_venv(tmp_path, env)
-    sh([bin_ / "pip", "install", "-q", "mpich", "mpi4py"], env, tmp_path)
-    sh([bin_ / "pip", "install", "-q", src], env, tmp_path)
+    return env
+
+
+def install_as_a_user(tmp: Path) -> Path:
+    """A fresh virtualenv with MPI from the index and the package from a copy of this tree:
+    the virtualenv's bin/."""
+    env = user_install_env()
+    src = source_copy(tmp)
+    bin_ = fresh_venv(tmp, env)
+    sh([bin_ / "pip", "install", "-q", "mpich", "mpi4py"], env, tmp)
+    sh([bin_ / "pip", "install", "-q", src], env, tmp)
+    return bin_
+
+
+def install_without_mpi(tmp: Path):
+    """The same install with no MPI anywhere: the finished pip (None if this machine has an
+    MPI on PATH)."""
+    env = user_env()
+    env["PYCOLL_CUDA"] = "OFF"  # only the MPI check matters here
+    if shutil.which("mpicc", path=env.get("PATH")):
+        return None
+    src = source_copy(tmp)
+    bin_ = fresh_venv(tmp, env)
+    return sh([bin_ / "pip", "install", src], env, tmp, check=False)
+
+
+class Install(threading.Thread):
+    """`how(folder)` in a thread of its own: the two installs below build the package (a minute
+    and a half of both cores each) with long one-core phases (virtualenv, pip, CMake's
+    configure) that the other's compiler fills when they run side by side."""
+
+    def __init__(self, how, folder: Path):
+        super().__init__(name=how.__name__, daemon=True)
+        self.how, self.folder, self.value, self.error = how, folder, None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.value = self.how(self.folder)
+        except BaseException as e:  # noqa: BLE001 - raised again in the test that waits
+            self.error = e
+
+    def result(self, timeout: float = 900):
+        self.join(timeout)
+        if self.is_alive():
+            pytest.fail(f"{self.name} not done after {timeout:.0f} s", pytrace=False)
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@pytest.fixture(scope="module")
+def installs(tmp_path_factory):
+    """Both installs, started together by whichever of their tests runs first."""
+    return {
+        how.__name__: Install(how, tmp_path_factory.mktemp(how.__name__))
+        for how in (install_as_a_user, install_without_mpi)
+    }
+
+
+@pytest.mark.slow
+def test_plain_pip_install_has_the_inter_node_transport(installs):
+    bin_ = installs["install_as_a_user"].result()
+    tmp, env = bin_.parent.parent, user_install_env()
     probe = "import pycollectives, pycollectives._net as n; print(pycollectives.__file__); " \
             "print(n.built_with_mpi)"  # fmt: skip
-    where, mpi = sh([bin_ / "python", "-c", probe], env, tmp_path).stdout.split()
-    assert where.startswith(str(tmp_path / "venv")) and mpi == "MPICH"
+    where, mpi = sh([bin_ / "python", "-c", probe], env, tmp).stdout.split()
+    assert where.startswith(str(tmp / "venv")) and mpi == "MPICH"
     built = sorted(Path(where).parent.glob("_*.so"))
     assert {m.name.split(".")[0] for m in built} == {"_C", "_net"}
     for module in built:
@@ -115,19 +174,15 @@ def test_plain_pip_install_has_the_inter_node_transport(tmp_path):
         # run over the same _net in test_hierarchy.py
         cmd = [bin_ / "mpiexec", "-n", "4", bin_ / "python", WORKERS / "collectives.py", coll,
                "small"]  # fmt: skip
-        out = sh(cmd, env, tmp_path).stdout  # a failed check aborts the job (exit status)
+        out = sh(cmd, env, tmp).stdout  # a failed check aborts the job (exit status)
         assert f"{coll} ring,tree,direct,auto ranks=4" in out or f"{coll} ring,direct" in out
 
 
 @pytest.mark.slow
-def test_build_without_mpi_fails_loudly(tmp_path):
-    env = user_env()
-    env["PYCOLL_CUDA"] = "OFF"  # only the MPI check matters here
-    if shutil.which("mpicc", path=env.get("PATH")):
+def test_build_without_mpi_fails_loudly(installs):
+    done = installs["install_without_mpi"].result()
+    if done is None:
         pytest.skip("this machine has an MPI on PATH")
-    src = source_copy(tmp_path)
-    bin_ = fresh_venv(tmp_path, env)
-    done = sh([bin_ / "pip", "install", src], env, tmp_path, check=False)
     text = done.stdout + done.stderr
     assert done.returncode != 0
     assert "no MPI found" in text and "pip install mpich mpi4py" in text

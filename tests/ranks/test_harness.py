@@ -1,0 +1,68 @@
+"""The rank pool itself (harness/pool.py, rank.py): a case that fails or hangs is reported with
+the rank, the case and the error, ends its pool, and the next case gets a fresh one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness.launch import HARNESS, mpiexec
+from harness.pool import CaseFailed, Pools
+
+SCRIPT = """
+import sys, time
+from mpi4py import MPI
+rank, what = MPI.COMM_WORLD.Get_rank(), sys.argv[1]
+print(f"rank {rank} says hello")
+if what == "fail" and rank == 1:
+    raise AssertionError("x: 3 of 10 elements wrong, first at [4]: got 1, expected 2")
+if what == "hang" and rank == 0:
+    time.sleep(60)
+MPI.COMM_WORLD.Barrier() if what == "ok" else None
+"""
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.fixture
+def pools():
+    made = Pools()
+    yield made
+    made.close()
+
+
+def test_failures_name_the_rank_and_the_case_and_the_next_case_gets_a_fresh_pool(tmp_path, pools):
+    script = tmp_path / "case.py"
+    script.write_text(SCRIPT)
+
+    def case(what):
+        return {"script": str(script), "argv": [what], "env": {"PYCOLL_TIMEOUT": "10"}}
+
+    out, _ = pools.run(mpiexec(), 2, HARNESS, case("ok"), {}, 60)
+    assert "rank 0 says hello" in out and "rank 1 says hello" in out
+    first = next(iter(pools.pools.values()))
+    # An idle pool sleeps in the kernel: no CPU while it waits for the next case.
+    pids = [int((first.box / f"pid-{r}").read_text()) for r in range(2)]
+    before = [cpu_ticks(p) for p in pids]
+    time.sleep(1.0)
+    assert [cpu_ticks(p) - b for p, b in zip(pids, before)] == [0, 0]
+
+    with pytest.raises(CaseFailed) as failed:
+        pools.run(mpiexec(), 2, HARNESS, case("fail"), {}, 60)
+    text = str(failed.value)
+    assert "case.py fail on 2 ranks" in text
+    assert "rank 1: AssertionError: x: 3 of 10 elements wrong, first at [4]" in text
+    assert "rank 0:" not in text.split("---")[0]  # rank 0 passed
+    assert not first.alive() and not first.box.exists()
+
+    with pytest.raises(CaseFailed) as hung:
+        pools.run(mpiexec(), 2, HARNESS, case("hang"), {}, 3)
+    text = str(hung.value)
+    assert "ranks [0]: not done after 3 s" in text
+    assert "time.sleep" in text or "in <module>" in text  # rank 0's stack, dumped on request
+
+    out, _ = pools.run(mpiexec(), 2, HARNESS, case("ok"), {}, 60)  # a fresh pool
+    assert "rank 1 says hello" in out
