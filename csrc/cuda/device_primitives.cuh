@@ -72,7 +72,7 @@ PYCOLL_DEVICE bool claim(uint32_t* p) { return atomicCAS(p, 0u, 1u) == 0u; }
 // Orders the error details before the code, on the error path only.
 PYCOLL_DEVICE void fence_system() { __threadfence_system(); }
 // Between polls of a flag: nothing, the poll itself is the pause.
-PYCOLL_DEVICE void poll_pause(uint64_t) {}
+PYCOLL_DEVICE void poll_pause(const uint64_t*, uint64_t, uint64_t) {}
 // Loads that bypass L1, which is not coherent with other GPUs or processes: staging slots are
 // reused, and a stale line from an earlier message must never be read.
 PYCOLL_DEVICE Vec16 load16(const void* p) { return __ldcg(static_cast<const uint4*>(p)); }
@@ -113,6 +113,7 @@ inline uint64_t ld_acquire_sys(const uint64_t* p) {
 inline void st_release_sys(uint64_t* p, uint64_t v) {
   emu::check_access(p, sizeof(*p), true);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
+  emu::wake(p);  // blocks asleep in poll_pause on this flag
 }
 inline uint32_t ld_relaxed_sys(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 inline void st_relaxed_sys(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
@@ -122,7 +123,9 @@ inline bool claim(uint32_t* p) {
   return __atomic_compare_exchange_n(p, &expected, 1u, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 inline void fence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void poll_pause(uint64_t spins) { emu::backoff(spins); }
+inline void poll_pause(const uint64_t* flag, uint64_t seen, uint64_t spins) {
+  emu::wait_change(flag, seen, spins);
+}
 inline Vec16 load16(const void* p) {
   emu::check_access(p, 16, false);
   emu::check_aligned16(p);

@@ -126,8 +126,8 @@ PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block
                              const uint8_t* seg, size_t off, uint64_t target, int peer, int step) {
   const uint64_t* flag = reinterpret_cast<const uint64_t*>(seg + off);
   uint64_t spins = 0;
-  while (ld_acquire_sys(flag) < target) {
-    poll_pause(++spins);
+  for (uint64_t seen; (seen = ld_acquire_sys(flag)) < target;) {
+    poll_pause(flag, seen, ++spins);
     if ((spins & 1023) != 0) continue;
     if (ld_relaxed_sys(&a.status->abort) != 0) {
       report(a, block, kAborted, peer, step);

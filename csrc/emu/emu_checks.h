@@ -63,8 +63,14 @@ void check_slot(const void* p, size_t bytes, const void* seg, const cuda::Segmen
                 int block, int channel, uint64_t m);
 
 uint64_t now_ns();
-// The pause after `spins` unsuccessful polls of a flag: spin, then yield, then sleep.
-void backoff(uint64_t spins);
+// The pause after `spins` unsuccessful polls of the flag `flag`, last seen holding `seen`: a
+// short spin, then a sleep in the kernel until a post to the flag (post_flag, which wakes its
+// waiters) or 200 us, whichever comes first. Ranks outnumber cores here (3 ranks x 4 blocks on
+// 2 cores in CI): a block that yields or naps instead hands the core around until the one
+// block that can make progress happens to run.
+void wait_change(const uint64_t* flag, uint64_t seen, uint64_t spins);
+// Wakes the blocks of every rank waiting on `flag` (after a store to it).
+void wake(const uint64_t* flag);
 
 }  // namespace emu
 }  // namespace pycoll

@@ -2,10 +2,13 @@
 // and the checks and back-off it runs with here.
 #include "emu/emu_device.h"
 
-#include <sched.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdint>
 
 #include "common/errors.h"
@@ -79,14 +82,19 @@ uint64_t now_ns() {
                                    .count());
 }
 
-void backoff(uint64_t spins) {
+// A flag is 64 bits; the futex is its low 32 (little-endian), which change with every post.
+void wait_change(const uint64_t* flag, uint64_t seen, uint64_t spins) {
   if (spins < 64) return;
-  if (spins < 2048) {
-    sched_yield();
-    return;
-  }
-  struct timespec ts{0, 20000};
-  nanosleep(&ts, nullptr);
+  struct timespec ts{0, 200000};
+  // The flag lies in memory shared between processes: not a FUTEX_PRIVATE_FLAG futex. A post
+  // between the caller's load and this call changed the word: the call returns at once.
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(flag), FUTEX_WAIT,
+          static_cast<uint32_t>(seen), &ts, nullptr, 0);
+}
+
+void wake(const uint64_t* flag) {
+  syscall(SYS_futex, reinterpret_cast<const uint32_t*>(flag), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+          0);
 }
 
 void run_block(DType dtype, const cuda::KernelArgs& a, int block, int threads) {
