@@ -1,11 +1,42 @@
-"""What the parallel-training examples share: synthetic data every rank can regenerate, and
-the closing comparison with the same training in one process."""
+"""What the parallel-training examples share: the digits data set and synthetic data every
+rank can regenerate, and the closing comparison with the same training in one process."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import numpy as np
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits, as ``sklearn.datasets.load_digits(return_X_y=True)`` gives them:
+    (1797 x 64 pixel values 0-16 as float64, labels as int64). Read from the file scikit-learn
+    ships (datasets/data/digits.csv.gz) without importing it: the import, scipy's with it, takes
+    two seconds of every rank's start."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the digits data set comes with scikit-learn: pip install scikit-learn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if not path.is_file():  # a scikit-learn that keeps it elsewhere
+        from sklearn.datasets import load_digits
+
+        x, y = load_digits(return_X_y=True)
+        return x, y.astype(np.int64)
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1], data[:, -1].astype(np.int64)
+
+
+def digits_split(seed: int = 0):
+    """((x_train, y_train), (x_test, y_test)): the digits shuffled by `seed`, a fifth held out
+    for testing, pixels scaled to [0, 1] as float32."""
+    pixels, labels = digits()
+    x = (pixels / 16.0).astype(np.float32)
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order], labels[order]
+    n_test = len(x) // 5
+    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
 def classification_data(n: int, n_in: int, n_classes: int, seed: int = 0, dtype=np.float64):

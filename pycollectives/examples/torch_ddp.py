@@ -21,16 +21,11 @@ import torch
 import torch.distributed as dist
 
 import pycollectives.torch as pct
+from pycollectives.examples.common import digits_split
 
 
 def data(seed: int):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=seed)
+    (xtr, ytr), (xte, yte) = (tuple(map(torch.from_numpy, part)) for part in digits_split(seed))
     return torch.utils.data.TensorDataset(xtr, ytr), (xte, yte)
 
 

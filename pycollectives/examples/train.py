@@ -33,6 +33,7 @@ import numpy as np
 
 import pycollectives as pc
 from pycollectives import trace
+from pycollectives.examples.common import digits_split
 
 
 class MLP:
@@ -105,18 +106,6 @@ def array_module(device: str, comm):
     if device == "gpu":
         raise SystemExit(f"--device gpu: {why or 'a rank has no usable GPU'}")
     return np, "the CPU (shared memory)"
-
-
-def load_digits_split(seed: int = 0):
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    n_test = len(x) // 5
-    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
 def progress(done: int, total: int, text: str):
@@ -199,7 +188,7 @@ def main(argv=None):
     comm = pc.Communicator()
     rank, size = comm.rank, comm.size
     xp, where = array_module(args.device, comm)
-    (x_train, y_train), (x_test, y_test) = load_digits_split(args.seed)
+    (x_train, y_train), (x_test, y_test) = digits_split(args.seed)
     x_train, y_train, x_test, y_test = (xp.asarray(a) for a in (x_train, y_train, x_test, y_test))
     model = MLP(x_train.shape[1], args.hidden, 10, np.random.default_rng(args.seed + rank), xp)
     # Broadcasts rank 0's parameters (replicas start identical, whatever each rank drew).
