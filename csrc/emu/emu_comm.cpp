@@ -110,10 +110,20 @@ void EmuComm::check_status(const char* name, uint64_t seq) {
   throw CollectiveError(reason.empty() ? what : str_cat(what, ": ", reason));
 }
 
-// A fault drill: this process dies, or stalls past its peers' timeout and then dies.
+// A fault drill: this process dies, or stalls past its peers' timeout and then dies: once
+// they have all gone (they end after reporting it), or 3 s after it at the latest.
 void EmuComm::drill_fault() const {
-  if (!opts_.fault_exit)
-    std::this_thread::sleep_for(std::chrono::duration<double>(opts_.timeout_s + 3));
+  if (!opts_.fault_exit) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(opts_.timeout_s));
+    const auto last = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    auto any_peer = [&] {
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && shm_.peer_alive(r)) return true;
+      return false;
+    };
+    while (any_peer() && std::chrono::steady_clock::now() < last)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   _exit(0);
 }
 

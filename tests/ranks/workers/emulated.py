@@ -158,12 +158,29 @@ def say(line):
 DRILL_TIMEOUT = 1.5
 
 
+def until_gone(pids, limit):
+    """Waits until none of the processes `pids` runs any more (gone, or a zombie that its
+    launcher has not reaped yet), `limit` seconds at most."""
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    end = time.monotonic() + limit
+    while any(map(running, pids)) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def faults(mpi, mode, what):
     # Drills in the middle of a collective: rank 1 runs 3 of its steps of call #2, then dies or
     # stalls, so its peers' waits happen inside the device code (device flags in kernel mode).
     drill = {"dies_mid": (2, 3, True), "stalls_mid": (2, 3, False)}.get(what)
     fault = drill if mpi.rank == 1 else None
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT, fault=fault)
+    pids = mpi.allgather(os.getpid())
     x = np.ones(5000, np.float32)
     dev.all_reduce(x)  # everyone arrives once
     if what == "dead_peer":
@@ -171,8 +188,9 @@ def faults(mpi, mode, what):
             os._exit(0)  # dies without a word, mid-job
         time.sleep(0.2)
     elif what == "timeout":
-        if mpi.rank == 1:
-            time.sleep(DRILL_TIMEOUT + 2)  # never arrives within the others' timeout
+        if mpi.rank == 1:  # never arrives within the others' timeout; ends when they have
+            time.sleep(DRILL_TIMEOUT)
+            until_gone([p for q, p in enumerate(pids) if q != 1], DRILL_TIMEOUT + 2)
             os._exit(0)
     elif what == "mismatch":
         x = np.ones(5000 if mpi.rank == 0 else 4000, np.float32)
@@ -186,10 +204,10 @@ def faults(mpi, mode, what):
             dev.all_reduce(x)
         except pc.CollectiveError as again:
             say(f"POISONED {again}")
-        if what == "stalls_mid":
-            # Outlive the other survivor's own timeout: exiting first would show it a dead
-            # peer (rank 0 gone) instead of the stalled one it waits for.
-            time.sleep(DRILL_TIMEOUT + 0.5)
+        if what == "stalls_mid" and mpi.rank == 0:
+            # Outlive the other survivors' own timeouts: exiting first would show them a dead
+            # peer (rank 0 gone) instead of the stalled one they wait for.
+            until_gone(pids[2:], DRILL_TIMEOUT + 0.5)
         hard_exit(0)
     raise AssertionError(f"{what}: no error on rank {mpi.rank}")
 
