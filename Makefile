@@ -34,7 +34,10 @@ install: $(VENV)/.deps
 
 # DeepSpeed's shared-memory op (a peer of `pycoll-bench --compare deepspeed`), built ahead as
 # DeepSpeed's installs with DS_BUILD_OPS do, into torch's extension cache: the tests and the
-# benchmarks load it from there instead of compiling it on their first run (a minute).
+# benchmarks load it from there instead of compiling it on their first run (a minute). The cache
+# lives in the virtualenv, beside the stamp that says it is built (another checkout's build would
+# replace the op in the shared ~/.cache/torch_extensions).
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/$(VENV)/torch_extensions
 $(VENV)/.peer-ops: $(VENV)/.deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" DS_ACCELERATOR=cpu $(BIN)/python -c "from deepspeed.accelerator \
 	    import get_accelerator as a; a().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
