@@ -132,6 +132,13 @@ def expect(exc_type, fn, *words):
     raise AssertionError(f"expected {exc_type.__name__}")
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: [0] the state ("Z": a zombie),
+    [11] and [12] user and system CPU ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def save_coverage():
     """Writes what ``make coverage`` measured in this process so far (Python and each native
     module's gcov counts): for a rank about to end by os._exit or MPI_Abort, which skip the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from harness.checks import proc_stat
 from harness.launch import HARNESS, mpiexec
 from harness.pool import CaseFailed, Pools
 
@@ -23,7 +24,7 @@ MPI.COMM_WORLD.Barrier() if what == "ok" else None
 
 
 def cpu_ticks(pid: int) -> int:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
     return int(fields[11]) + int(fields[12])
 
 
