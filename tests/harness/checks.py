@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -31,23 +32,57 @@ def valid(dt, op) -> bool:
     return op != "avg" or is_float(dt)
 
 
-def make_input(rank: int, count: int, dt, op: str, salt: int = 0) -> np.ndarray:
-    """Deterministic input of `rank`; values keep products and sums in a sane range."""
-    rng = np.random.default_rng([rank, count, salt, zlib.crc32(str(dt).encode()), OPS.index(op)])
-    # Drawn in float32 (float64 for float64) and in the integer type itself: a third of the CPU
-    # time of float64 and int64 draws converted, on every rank for every rank's input.
+# Inputs are windows of fixed random pools, one per dtype and value range, built in chunks of
+# _CHUNK elements, each from a seed of its own (so a pool is the same on every rank, whatever it
+# was asked for before). A rank's window starts 7919 elements after the previous rank's, modulo
+# the prime _SPAN: distinct ranks get distinct inputs. Slicing a pool costs a copy where drawing
+# 300k random numbers cost more than the collective under test, on every rank for every rank.
+_CHUNK = 1 << 16
+_SPAN = 65521
+_CACHED_CHUNKS = 32  # 2M elements of each pool kept; beyond that drawn again when asked
+_chunks: dict = {}
+
+
+def _draw(rng, count: int, dt, prod: bool) -> np.ndarray:
+    # In float32 (float64 for float64) and in the integer type itself.
     if is_float(dt):
-        lo, width = (0.5, 1.0) if op == "prod" else (-2.0, 4.0)
+        lo, width = (0.5, 1.0) if prod else (-2.0, 4.0)
         v = rng.random(count, dtype=np.float64 if dt.itemsize == 8 else np.float32)
         v *= width
         v += lo
         return v if v.dtype == dt else v.astype(dt)
-    if op == "prod":
+    if prod:
         lo, hi = (0, 4) if dt.kind == "u" else (-3, 4)
     else:
         info = np.iinfo(dt)
         lo, hi = max(info.min, -1000), min(info.max, 1000)
     return rng.integers(lo, hi, count, dtype=dt, endpoint=False)
+
+
+def _chunk(dt, prod: bool, i: int) -> np.ndarray:
+    key = (dt, prod, i)
+    c = _chunks.get(key)
+    if c is None:
+        c = _draw(np.random.default_rng([zlib.crc32(str(dt).encode()), prod, i]), _CHUNK, dt, prod)
+        c.flags.writeable = False
+        if i < _CACHED_CHUNKS:
+            _chunks[key] = c
+    return c
+
+
+def make_input(rank: int, count: int, dt, op: str, salt: int = 0) -> np.ndarray:
+    """Deterministic input of `rank` (a new array); values keep products and sums in a sane
+    range."""
+    dt = np.dtype(dt)
+    start = (zlib.crc32(f"{count},{salt},{OPS.index(op)}".encode()) + 7919 * rank) % _SPAN
+    out = np.empty(count, dt)
+    done = 0
+    while done < count:
+        i, at = divmod(start + done, _CHUNK)
+        n = min(count - done, _CHUNK - at)
+        out[done : done + n] = _chunk(dt, op == "prod", i)[at : at + n]
+        done += n
+    return out
 
 
 def reference(inputs: list[np.ndarray], op: str, dt) -> np.ndarray:
@@ -84,15 +119,18 @@ def wrong(what: str, bad: np.ndarray, total: int, got, want, note: str = "") -> 
     )
 
 
+_UNITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def same_bytes(got: np.ndarray, want: np.ndarray, what: str):
     """`got` is `want` bit for bit (any dtype, bfloat16 and -0.0 included)."""
     g, w = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
     if g.shape != w.shape or g.dtype.itemsize != w.dtype.itemsize:
         raise AssertionError(f"{what}: {g.size} x {g.dtype} where {w.size} x {w.dtype} expected")
-    unit = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[g.dtype.itemsize]
-    bad = np.flatnonzero(g.view(unit) != w.view(unit))
-    if bad.size:
-        raise wrong(what, bad, g.size, g, w)
+    unit = _UNITS[g.dtype.itemsize]
+    differ = g.view(unit) != w.view(unit)
+    if differ.any():
+        raise wrong(what, np.flatnonzero(differ), g.size, g, w)
 
 
 def check_close(got: np.ndarray, want: np.ndarray, dt, nranks: int, what: str, op: str):
@@ -106,14 +144,19 @@ def check_close(got: np.ndarray, want: np.ndarray, dt, nranks: int, what: str, o
             g, w = g.reshape(-1), w.reshape(-1)
             raise wrong(what, np.flatnonzero(g != w), g.size, g, w)
         return
-    g = got.astype(np.float64).reshape(-1)
     want = want.reshape(-1)
     tol = 4 * nranks * eps(dt)
     scale = 4.0 if op != "prod" else 2.0**nranks
-    err = np.abs(g - want)
-    limit = tol * (np.abs(want) + scale)
-    bad = np.flatnonzero(err > limit)
-    if bad.size:
+    err = got.astype(np.float64).reshape(-1)
+    err -= want
+    np.abs(err, out=err)
+    limit = np.abs(want)
+    limit += scale
+    limit *= tol
+    outside = ~(err <= limit)  # NaN is outside too
+    if outside.any():
+        bad = np.flatnonzero(outside)
+        g = got.astype(np.float64).reshape(-1)
         raise wrong(what, bad, g.size, g, want, f" (tolerance {limit[bad[0]]:.3g})")
 
 
@@ -166,6 +209,7 @@ def run_main(main):
     (TEST_RESULTS_DIR, see launch.run_mpi), printed, and aborts every rank."""
     from mpi4py import MPI
 
+    gc.freeze()  # the imports (torch's among them) are long-lived: see rank.run_case
     try:
         main()
     except BaseException as e:

@@ -57,10 +57,14 @@ class Checker:
         # MPI has no float16/bfloat16 and no avg; its own collectives are the second reference.
         return dt.kind in "iuf" and dt.itemsize >= 4 - 3 * (dt.kind != "f") and op in MPI_OPS
 
-    def same_everywhere(self, a: np.ndarray, what: str):
-        digests = self.mpi.allgather(digest(a))
-        if len(set(digests)) != 1:
-            raise AssertionError(f"{what}: results differ bitwise between ranks")
+    def same_everywhere(self, outputs: list[tuple[str, np.ndarray]]):
+        """Each output is the same bits on every rank: one exchange of digests for a case's
+        outputs (an MPI call per output cost more than the checks themselves on 5 ranks)."""
+        mine = [digest(a) for _, a in outputs]
+        for theirs in self.mpi.allgather(mine):
+            for (what, _), d, e in zip(outputs, mine, theirs):
+                if d != e:
+                    raise AssertionError(f"{what}: results differ bitwise between ranks")
 
     def against_mpi(self, got, ref, dt, what, op):
         check_close(got, ref.astype(np.float64) if is_float(dt) else ref, dt, self.size, what, op)
@@ -76,10 +80,10 @@ class Checker:
             if self.mpi_ok(dt, op) and count:
                 ref = np.empty_like(inputs[r])
                 self.mpi.Allreduce(inputs[r], ref, op=MPI_OPS[op])
+            case, outputs = f"{dt} {op} count={count}", []
             for algo in self.algorithms:
                 for in_place in (False, True):
-                    what = f"all_reduce {algo or 'auto'} {dt} {op} count={count} "
-                    what += f"in_place={in_place}"
+                    what = f"all_reduce {algo or 'auto'} {case} in_place={in_place}"
                     x = inputs[r].copy()
                     if in_place:
                         out = self.comm.all_reduce(x, op=op, algorithm=algo)
@@ -88,10 +92,11 @@ class Checker:
                         self.comm.all_reduce(x, out, op=op, algorithm=algo)
                         assert np.array_equal(x, inputs[r]), f"{what}: x modified"
                     check_close(out, want, dt, n, what, op)
-                    self.same_everywhere(out, what)
+                    outputs.append((what, out))
                     if ref is not None:
                         self.against_mpi(out, ref, dt, what + " vs MPI", op)
                     self.checks += 1
+            self.same_everywhere(outputs)
 
     def reduce_scatter(self, staging):
         r, n = self.rank, self.size
@@ -101,14 +106,13 @@ class Checker:
             mine = np.concatenate([make_input(r, count, dt, op, salt=k + 1) for k in range(n)])
             blocks_r = [make_input(q, count, dt, op, salt=r + 1) for q in range(n)]
             want = reference(blocks_r, op, dt)
-            ref = None
+            case, ref = f"{dt} {op} count={count}", None
             if self.mpi_ok(dt, op) and count:
                 ref = np.empty(count, dt)
                 self.mpi.Reduce_scatter_block(mine, ref, op=MPI_OPS[op])
             for algo in self.algorithms:
                 for in_place in (False, True):
-                    what = f"reduce_scatter {algo or 'auto'} {dt} {op} count={count} "
-                    what += f"in_place={in_place}"
+                    what = f"reduce_scatter {algo or 'auto'} {case} in_place={in_place}"
                     x = mine.copy()
                     mine_r = x[r * count : (r + 1) * count]
                     out = mine_r if in_place else np.zeros(count, dt)
@@ -122,6 +126,7 @@ class Checker:
         r, n = self.rank, self.size
         for dt in DTYPES:
             for count in self.counts(staging):
+                case = f"{dt} count={count}"
                 inputs = [make_input(q, count, dt, "sum") for q in range(n)]
                 want = np.concatenate(inputs) if count else np.zeros(0, dt)
                 ref = None
@@ -131,7 +136,7 @@ class Checker:
                     assert np.array_equal(want, ref), f"all_gather: MPI gathers {dt} otherwise"
                 for algo in self.algorithms:
                     for in_place in (False, True):
-                        what = f"all_gather {algo or 'auto'} {dt} count={count} in_place={in_place}"
+                        what = f"all_gather {algo or 'auto'} {case} in_place={in_place}"
                         out = np.zeros(n * count, dt)
                         if in_place:
                             x = out[r * count : (r + 1) * count]
@@ -146,6 +151,7 @@ class Checker:
         r, n = self.rank, self.size
         for dt in DTYPES:
             for count in self.counts(staging):
+                case = f"{dt} count={count}"
                 inputs = [make_input(q, count, dt, "sum") for q in range(n)]
                 for root in range(n):
                     if count and dt.kind in "iuf" and dt.itemsize != 2:
@@ -153,7 +159,7 @@ class Checker:
                         self.mpi.Bcast(ref, root=root)
                         assert np.array_equal(ref, inputs[root]), f"MPI broadcasts {dt} otherwise"
                     for algo in self.algorithms:
-                        what = f"broadcast {algo or 'auto'} {dt} count={count} root={root}"
+                        what = f"broadcast {algo or 'auto'} {case} root={root}"
                         x = inputs[r].copy()
                         self.comm.broadcast(x, root=root, algorithm=algo)
                         same_bytes(x, inputs[root], what)
@@ -168,6 +174,7 @@ class Checker:
             # the last (the one MPI checks): each root's schedule is the same code.
             roots = range(n) if count < 100_000 else sorted({0, n // 2, n - 1})
             sentinel = make_input(r + 100, count, dt, op)
+            case = f"{dt} {op} count={count}"
             for root in roots:
                 ref = None
                 if self.mpi_ok(dt, op) and count and root == n - 1:
@@ -175,8 +182,7 @@ class Checker:
                     self.mpi.Reduce(inputs[r], ref, op=MPI_OPS[op], root=root)
                 for algo in self.algorithms:
                     for in_place in (False, True):
-                        what = f"reduce {algo or 'auto'} {dt} {op} count={count} "
-                        what += f"root={root} in_place={in_place}"
+                        what = f"reduce {algo or 'auto'} {case} root={root} in_place={in_place}"
                         x = inputs[r].copy()
                         out = None if in_place else sentinel.copy()
                         res = self.comm.reduce(x, out, root=root, op=op, algorithm=algo)
