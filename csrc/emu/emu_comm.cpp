@@ -1,12 +1,15 @@
 #include "emu/emu_comm.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
+#include <climits>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <thread>
 
 #include "common/errors.h"
@@ -17,6 +20,62 @@
 
 namespace pycoll {
 namespace emu {
+
+// Kernel mode's block threads, started at the first launch and kept for the next ones: a launch
+// hands every thread its block by bumping a generation number that they sleep on, instead of
+// starting a thread per block (a clone, a stack and an exit per block per call: 18k of each in
+// one 4-rank test case). The launching thread waits for them, watching the peers every 2 ms
+// meanwhile.
+class BlockThreads {
+ public:
+  explicit BlockThreads(int n) {
+    for (int b = 0; b < n; ++b) threads_.emplace_back([this, b] { loop(b); });
+  }
+  ~BlockThreads() {
+    stop_.store(true);
+    gen_.fetch_add(1);
+    wake(&gen_);
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // Runs body(b) on block b's thread for every b; returns when all have returned.
+  void run(const std::function<void(int)>& body, const std::function<void()>& watch) {
+    body_ = &body;
+    running_.store(static_cast<uint32_t>(threads_.size()));
+    gen_.fetch_add(1);  // seq_cst: body_ and running_ are seen by whoever sees the new number
+    wake(&gen_);
+    for (uint32_t left; (left = running_.load()) != 0;) {
+      const struct timespec two_ms{0, 2000000};
+      futex(&running_, FUTEX_WAIT_PRIVATE, left, &two_ms);
+      if (running_.load() != 0) watch();
+    }
+    body_ = nullptr;
+  }
+
+ private:
+  static long futex(std::atomic<uint32_t>* word, int op, uint32_t value,
+                    const struct timespec* timeout = nullptr) {
+    return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+  }
+  static void wake(std::atomic<uint32_t>* word) { futex(word, FUTEX_WAKE_PRIVATE, INT_MAX); }
+
+  void loop(int b) {
+    for (uint32_t seen = 0;;) {
+      uint32_t now;
+      while ((now = gen_.load()) == seen) futex(&gen_, FUTEX_WAIT_PRIVATE, seen);
+      seen = now;
+      if (stop_.load()) return;
+      (*body_)(b);
+      if (running_.fetch_sub(1) == 1) wake(&running_);
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::atomic<uint32_t> gen_{0};
+  std::atomic<uint32_t> running_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int)>* body_ = nullptr;
+};
 
 EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
     : rank_(rank), size_(size), opts_(opts), shm_(rank, size, 64, opts.nslots), counters_(size) {
@@ -136,34 +195,24 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
   const Regions regions = launch_regions(call);
   std::vector<std::exception_ptr> errors(opts_.nblocks);
-  std::mutex mu;
-  std::condition_variable done;
-  int running = opts_.nblocks;
-  std::vector<std::thread> blocks;
-  for (int b = 0; b < opts_.nblocks; ++b) {
-    blocks.emplace_back([&, b] {
-      const RegionsScope scope(&regions);
-      try {
-        run_block(call.dtype, a, b, opts_.threads);
-      } catch (...) {
-        errors[b] = std::current_exception();
-        __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);  // stop the other blocks
-      }
-      std::lock_guard<std::mutex> g(mu);
-      if (--running == 0) done.notify_one();
-    });
-  }
-  // The watchdog: device waits cannot see that a peer process died.
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (!done.wait_for(lock, std::chrono::milliseconds(2), [&] { return running == 0; })) {
-      for (int r = 0; r < size_ && !aborted_.load(); ++r)
-        if (r != rank_ && !shm_.peer_alive(r))
-          abort(str_cat(w.collective, " #", w.seq, ": rank ", r, " (pid ", shm_.pid_of(r),
-                        ") is no longer running"));
-    }
-  }
-  for (std::thread& t : blocks) t.join();
+  if (!blocks_) blocks_ = std::make_unique<BlockThreads>(opts_.nblocks);
+  blocks_->run(
+      [&](int b) {
+        const RegionsScope scope(&regions);
+        try {
+          run_block(call.dtype, a, b, opts_.threads);
+        } catch (...) {
+          errors[b] = std::current_exception();
+          __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);  // stop the other blocks
+        }
+      },
+      // The watchdog: device waits cannot see that a peer process died.
+      [&] {
+        for (int r = 0; r < size_ && !aborted_.load(); ++r)
+          if (r != rank_ && !shm_.peer_alive(r))
+            abort(str_cat(w.collective, " #", w.seq, ": rank ", r, " (pid ", shm_.pid_of(r),
+                          ") is no longer running"));
+      });
   if (drill) drill_fault();
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);

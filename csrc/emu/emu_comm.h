@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@
 
 namespace pycoll {
 namespace emu {
+
+class BlockThreads;
 
 struct EmuOptions {
   size_t slot_bytes = 64 * 1024;
@@ -98,6 +101,7 @@ class EmuComm {
   std::atomic<bool> aborted_{false};
   std::string poison_reason_;
   std::mutex run_mu_;
+  std::unique_ptr<BlockThreads> blocks_;  // kernel mode's block threads, from the first launch
 };
 
 }  // namespace emu
