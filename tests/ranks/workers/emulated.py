@@ -180,6 +180,12 @@ def faults(mpi, mode, what):
     fault = drill if mpi.rank == 1 else None
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT, fault=fault)
     pids = mpi.allgather(os.getpid())
+    # The ranks that will raise (all but rank 1, unless every rank is healthy): none of them
+    # leaves before all have raised. A survivor gone early is a dead peer to the others: a
+    # kernel-mode launch watches every peer, and one still waiting out its own timeout then
+    # reported "rank 2 is no longer running" instead of the timeout.
+    faulty = what in ("dies_mid", "stalls_mid", "dead_peer", "timeout")
+    survivors = mpi.Split(MPI.UNDEFINED if faulty and mpi.rank == 1 else 0, mpi.rank)
     x = np.ones(5000, np.float32)
     dev.all_reduce(x)  # everyone arrives once
     if what == "dead_peer":
@@ -203,6 +209,9 @@ def faults(mpi, mode, what):
             dev.all_reduce(x)
         except pc.CollectiveError as again:
             say(f"POISONED {again}")
+        done, end = survivors.Ibarrier(), time.monotonic() + 10
+        while not done.Test() and time.monotonic() < end:
+            time.sleep(0.005)
         if what == "stalls_mid" and mpi.rank == 0:
             # Outlive the other survivors' own timeouts: exiting first would show them a dead
             # peer (rank 0 gone) instead of the stalled one they wait for.
