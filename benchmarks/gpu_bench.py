@@ -1,44 +1,52 @@
-"""GPU collectives: pycollectives' CUDA transport vs NCCL vs host-staged MPI, same run.
+"""GPU collectives through pycollectives.Communicator vs NCCL vs host-staged MPI, against the
+memory bound and the floors, all measured in the same run.
 
-    mpiexec -n 2 python benchmarks/gpu_bench.py [--max-bytes 1G] [--collectives all_reduce,...]
-    mpiexec -n 4 python benchmarks/gpu_bench.py
+    mpiexec -n 2 python benchmarks/gpu_bench.py [--max-bytes 128M] [--json FILE]
+    PYCOLL_CUDA_SYNC=kernel mpiexec -n 4 python benchmarks/gpu_bench.py   # under MPS
 
-Written for ranks sharing one GPU (2 and 4 ranks on the test machine), but runs on any
-number of GPUs. For each size (float32, 8 B to --max-bytes) it prints latency and nccl-tests
-busbw (all-reduce 2(n-1)/n, all-gather (n-1)/n with bytes = the gathered size) of:
-  ours        pycollectives.cuda.CudaComm (sync mode printed: kernel or host)
-  nccl        torch.distributed over NCCL (NCCL_MULTI_RANK_GPU_ENABLE=1; skipped when NCCL
-              cannot run several ranks on one GPU, or torch is missing)
-  staged      what a user would write with mpi4py: copy to host, MPI Allreduce/Allgather,
-              copy back
-and the physical bound: on one GPU every rank's data crosses HBM, so an all-reduce of S bytes
-over n ranks moves at least 2*n*S bytes through it (all-gather: n*S written + S*n read),
-timed against a device-to-device copy of a large buffer. Times: slowest rank, median of
---iters timed calls after warm-up, each call synchronised.
+Each size (float32, 8 B to --max-bytes, x4) is timed through the public API a user calls,
+``Communicator.all_reduce(x, out)`` / ``all_gather(x, out)`` on cupy arrays, two ways:
+  sync      each call followed by a synchronisation of the stream (what a latency-bound
+            caller sees): the slowest rank's median
+  b2b       back to back: many calls queued, one synchronisation, time / calls (what a
+            throughput-bound caller sees, e.g. one bucket after another)
+and beside it, in the same run:
+  staged    what an mpi4py user writes: copy to the host, MPI's collective, copy back
+  nccl      NCCL on the same ranks (cupy.cuda.nccl or torch.distributed), or why it cannot
+            run (NCCL refuses ranks that share a GPU)
+  bound     the memory bound (pycollectives.bench.formulas, shared with pycoll-bench): one
+            rank's least traffic (all-reduce: read S, write S) over the copy bandwidth one
+            rank gets while every rank copies at once; equivalently every rank's traffic over
+            the whole GPU's bandwidth when ranks share one GPU
+and the floors, printed first: an empty kernel launched and synchronised, the same launched
+back to back, and one flag's round trip between two processes' kernels through CUDA IPC
+memory (only where kernels of different processes run side by side: own GPUs or MPS).
+
+Sizes are nccl-tests': all-gather's is the gathered output (each rank gives size / n).
+Ratios: "of bound" = bound / b2b; "x floor" = sync / the launch+sync floor; "staged/sync" and
+"nccl/sync" > 1 mean ours is faster.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
-from pycollectives.bench.gpu import hbm_copy_bandwidth, staged_runner, torch_nccl
+from pycollectives.bench import formulas as F
+from pycollectives.bench import gpu
+
+SYNC_BUDGET_S = 0.25  # time each mode may take per size (at least 3 calls)
+B2B_BUDGET_S = 0.15
 
 
 def fail(msg: str):
     if MPI.COMM_WORLD.rank == 0:
         print(f"gpu_bench: {msg}", file=sys.stderr)
     sys.exit(2)
-
-
-def parse_bytes(s: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip().upper().rstrip("B")
-    return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
 
 
 def sizes(lo: int, hi: int):
@@ -48,115 +56,149 @@ def sizes(lo: int, hi: int):
         s *= 4
 
 
-def timed(fn, sync, iters: int, mpi) -> float:
-    """Slowest rank's median seconds per call."""
-    for _ in range(2):
-        fn()
-    sync()
-    samples = []
-    for _ in range(iters):
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return mpi.allreduce(float(np.median(samples)), op=MPI.MAX)
+def counts(coll: str, nbytes: int, n: int) -> tuple:
+    """(elements each rank gives, elements each rank gets) for a size of `nbytes`."""
+    if coll == "all_gather":
+        per_rank = max(nbytes // (4 * n), 1)
+        return per_rank, per_rank * n
+    count = max(nbytes // 4, 2)
+    return count, count
 
 
-def measure(coll, count, comm, nccl, cp, mpi, iters):
-    """(ours, nccl, host-staged) seconds per call for one size."""
+def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls) -> dict:
+    """One row: every time in seconds (nan where a peer cannot run), and the size."""
     n = mpi.size
     stream = cp.cuda.get_current_stream()
-    x = cp.ones(count, cp.float32)
-    out = cp.empty(count * (n if coll == "all_gather" else 1), cp.float32)
-    staged_run = staged_runner(mpi, coll, "sum", 0, np.dtype(np.float32))
+    give, get = counts(coll, nbytes, n)
+    # Small integers, not zeros (nothing runs faster on special values), so that every sum is
+    # exact in float32 whatever the order of the additions.
+    x = (cp.arange(give) % 1024).astype(cp.float32)
+    out = cp.empty(get, cp.float32)
 
     def ours():
         if coll == "all_reduce":
-            comm.all_reduce(x, out, 0, None, stream, False)
+            comm.all_reduce(x, out)
         else:
-            comm.all_gather(x, out, None, stream, False)
+            comm.all_gather(x, out)
 
-    def staged():
-        staged_run(x, out, False)  # copy to host, MPI Allreduce/Allgather, copy back
+    row = {"size": get * 4}
+    sync = stream.synchronize
+    ours()  # the first call of a shape plans it
+    sync()
+    k = gpu.calls_for(mpi, ours, sync, SYNC_BUDGET_S, iters)
+    row["sync"] = gpu.time_synchronised(mpi, ours, sync, k)
+    k = gpu.calls_for(mpi, ours, sync, B2B_BUDGET_S, calls, least=2)
+    row["b2b"] = gpu.time_back_to_back(mpi, ours, sync, k)
+    expect = (np.arange(give) % 1024).astype(np.float32)
+    expect = expect * n if coll == "all_reduce" else np.tile(expect, n)
+    if not np.array_equal(cp.asnumpy(out), expect):
+        raise SystemExit(f"gpu_bench: rank {mpi.rank}: {coll} of {row['size']} B is wrong")
 
-    t_ours = timed(ours, stream.synchronize, iters, mpi)
-    t_staged = timed(staged, stream.synchronize, max(2, iters // 2), mpi)
-    t_nccl = float("nan")
-    if nccl is not None:
-        torch, dist = nccl
-        tx = torch.ones(count, device="cuda")
-        tout = torch.empty(out.size, device="cuda")
+    staged = gpu.staged_runner(mpi, coll, "sum", 0, np.dtype(np.float32))
 
-        def with_nccl():
-            if coll == "all_reduce":
-                dist.all_reduce(tx)
-            else:
-                dist.all_gather_into_tensor(tout, tx)
+    def run_staged():
+        staged(x, out, False)
 
-        t_nccl = timed(with_nccl, torch.cuda.synchronize, iters, mpi)
-    return t_ours, t_nccl, t_staged
+    k = gpu.calls_for(mpi, run_staged, sync, SYNC_BUDGET_S, max(3, iters // 2))
+    row["staged"] = gpu.time_synchronised(mpi, run_staged, sync, k)
+    row["nccl"] = float("nan")
+    run = nccl.runner(coll, "sum", 0, np.dtype(np.float32)) if nccl.reason is None else None
+    if callable(run):
+        nsync = getattr(run, "sync", sync)
+
+        def run_nccl():
+            run(x, out, False)
+
+        run_nccl()
+        k = gpu.calls_for(mpi, run_nccl, nsync, SYNC_BUDGET_S, iters)
+        row["nccl"] = gpu.time_synchronised(mpi, run_nccl, nsync, k)
+    return row
+
+
+def derived(coll: str, row: dict, n: int, copy_bw_gbs: float, floors) -> dict:
+    """The row's bound and ratios (rank 0 prints them). Times in seconds, bandwidths in GB/s."""
+    bound = F.bound_time(coll, row["size"], n, copy_bw_gbs)
+    return {
+        "bound": bound,
+        "busbw": F.busbw(coll, n, row["size"], row["b2b"]),
+        "of_bound": bound / row["b2b"],
+        "x_floor": row["sync"] / floors.launch_sync,
+        "staged_ratio": row["staged"] / row["sync"],
+        "nccl_ratio": row["nccl"] / row["sync"],
+    }
+
+
+def us(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e6:.1f} us"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--min-bytes", type=parse_bytes, default=8)
-    ap.add_argument("--max-bytes", type=parse_bytes, default=1 << 30)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--min-bytes", type=F.parse_size, default=8)
+    ap.add_argument("--max-bytes", type=F.parse_size, default=128 << 20)
+    ap.add_argument("--iters", type=int, default=20, help="synchronised calls per size, at most")
+    ap.add_argument("--calls", type=int, default=50, help="back-to-back calls per size, at most")
     ap.add_argument("--collectives", default="all_reduce,all_gather")
+    ap.add_argument("--json", help="also write every row to this file (rank 0)")
     args = ap.parse_args()
+    colls = args.collectives.split(",")
+    bad = [c for c in colls if c not in ("all_reduce", "all_gather")]
+    if bad:
+        fail(f"unknown collective {bad[0]!r}: all_reduce, all_gather")
     mpi = MPI.COMM_WORLD
-
-    from pycollectives.cuda import CudaComm, cuda_available
-
-    ok, why = cuda_available()
-    if not ok:
-        fail(f"needs a CUDA GPU: {why}")
-    try:
-        import cupy as cp
-    except ImportError:
-        fail("needs cupy (pip install cupy-cuda12x)")
-
-    comm = CudaComm(mpi, mpi.rank, mpi.size, timeout=120)
-    cp.cuda.Device(comm.device).use()
     n = mpi.size
-    hbm = mpi.allreduce(hbm_copy_bandwidth(cp), op=MPI.MIN)
-    nccl, nccl_what = torch_nccl(mpi, comm.device)
-    devices = sorted(set(mpi.allgather(comm.device)))  # every rank: it is a collective
-    if mpi.rank == 0:
-        print(f"# {n} ranks, devices {devices}, sync={comm.sync_mode}")
-        print(f"# HBM copy bandwidth {hbm / 1e9:.1f} GB/s (read+write); {nccl_what}")
+    try:
+        dev = gpu.open_device(mpi, np.dtype(np.float32))
+    except gpu.Unusable as e:
+        fail(f"needs a CUDA GPU and cupy: {e}")
+    cp = dev.cp
+    import pycollectives as pc
 
-    for coll in args.collectives.split(","):
-        factor = 2 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n
+    comm = pc.Communicator(mpi, timeout=120)
+    warm = cp.ones(2, cp.float32)
+    comm.all_reduce(warm)  # starts the CUDA transport
+    cp.cuda.get_current_stream().synchronize()
+    mode = comm._cuda.sync_mode  # kernel: one launch per call; host: the host drives steps
+    copy_bw = gpu.copy_bandwidth(mpi, dev)
+    floors = gpu.measure_floors(mpi, cp, kernel_mode=mode == "kernel")
+    nccl = gpu.Nccl(mpi, dev)
+    if mpi.rank == 0:
+        print(f"# {n} ranks on {dev.name}, devices {sorted(set(dev.devices))}, sync={mode}")
+        print(
+            f"# copy bandwidth per rank, all ranks copying: {copy_bw:.1f} GB/s "
+            f"({2 * copy_bw * dev.devices.count(dev.index):.0f} GB/s of traffic on the GPU)"
+        )
+        print(f"# floors: launch+sync {us(floors.launch_sync)}, launch back to back "
+              f"{us(floors.launch_b2b)}, IPC flag round trip {us(floors.ping_pong)}"
+              + (f" ({floors.why})" if floors.why else ""))  # fmt: skip
+        print(f"# nccl: {nccl.what}")
+    results = {"ranks": n, "device": dev.name, "sync_mode": mode, "copy_bw_gbs": copy_bw,
+               "floors": vars(floors), "nccl": nccl.what, "rows": {}}  # fmt: skip
+    for coll in colls:
         if mpi.rank == 0:
-            print(f"\n## {coll} float32, busbw factor {factor:.3f}")
-            print(
-                f"{'bytes':>12} {'ours us':>10} {'busbw':>8} {'nccl us':>10} {'busbw':>8} "
-                f"{'staged us':>10} {'bound us':>10} {'ours/nccl':>9} {'staged/ours':>11} "
-                f"{'bound/ours':>10}"
-            )
+            print(f"\n## {coll} float32 (busbw factor {F.bus_factor(coll, n):.3f})")
+            print(f"{'bytes':>10} {'sync us':>9} {'b2b us':>9} {'busbw':>7} {'staged us':>10} "
+                  f"{'nccl us':>8} {'bound us':>9} {'of bound':>8} {'x floor':>7} "
+                  f"{'staged/sync':>11} {'nccl/sync':>9}")  # fmt: skip
+        rows = []
         for nbytes in sizes(args.min_bytes, args.max_bytes):
-            count = max(nbytes // 4, 2)
-            t_ours, t_nccl, t_staged = measure(coll, count, comm, nccl, cp, mpi, args.iters)
-            size_bytes = count * 4
-            busbytes = size_bytes * (n if coll == "all_gather" else 1)
-            # On one GPU every rank's data crosses the same HBM (all-gather: each rank writes
-            # n*S and reads n*S; all-reduce: 2*n*S in all).
-            traffic = 2 * n * size_bytes * (n if coll == "all_gather" else 1)
-            t_bound = traffic / hbm
+            row = measure(coll, nbytes, comm, nccl, cp, mpi, args.iters, args.calls)
+            row.update(derived(coll, row, n, copy_bw, floors))
+            rows.append(row)
             if mpi.rank == 0:
-                bw_ours, bw_nccl = (busbytes * factor / t / 1e9 for t in (t_ours, t_nccl))
-                print(
-                    f"{size_bytes:>12} {t_ours * 1e6:>10.1f} {bw_ours:>8.2f} "
-                    f"{t_nccl * 1e6:>10.1f} {bw_nccl:>8.2f} "
-                    f"{t_staged * 1e6:>10.1f} {t_bound * 1e6:>10.1f} {t_ours / t_nccl:>9.2f} "
-                    f"{t_staged / t_ours:>11.2f} {t_bound / t_ours:>10.3f}"
-                )
-            cp.get_default_memory_pool().free_all_blocks()
+                print(f"{row['size']:>10} {row['sync'] * 1e6:>9.1f} {row['b2b'] * 1e6:>9.1f} "
+                      f"{row['busbw']:>7.2f} {row['staged'] * 1e6:>10.1f} "
+                      f"{row['nccl'] * 1e6:>8.1f} {row['bound'] * 1e6:>9.1f} "
+                      f"{row['of_bound']:>8.1%} {row['x_floor']:>7.1f} "
+                      f"{row['staged_ratio']:>11.2f} {row['nccl_ratio']:>9.2f}",
+                      flush=True)  # fmt: skip
+            dev.release()
+        results["rows"][coll] = rows
+    if args.json and mpi.rank == 0:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    nccl.close()
     comm.close()
-    if nccl is not None:
-        nccl[1].destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -409,3 +409,196 @@ def _mpi_op(name: str):
     from mpi4py import MPI
 
     return getattr(MPI, name)
+
+
+# -- Timing and floors for benchmarks/gpu_bench.py -------------------------------------------
+
+# What no collective can beat: an empty kernel launched (and synchronised), and one flag
+# carried from one process's kernel to another's and back through CUDA IPC memory. Compiled at
+# run time by cupy (NVRTC). The flag stores and loads are the transport's own: release/acquire
+# at system scope on 64-bit counters that only grow, so a launch never has to reset them.
+FLOORS_SOURCE = r"""
+extern "C" __global__ void pycoll_empty() {}
+
+__device__ __forceinline__ unsigned long long pycoll_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned long long pycoll_load(unsigned long long p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void pycoll_store(unsigned long long p, unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// One thread. `mine` is this rank's flag, `peer` the other rank's (IPC-mapped); the rank with
+// `first` set sends, the other echoes, `rounds` times, counting on from `base`. out[0]: rounds
+// done (fewer if a wait ran past timeout_ns), out[1]: ns from the end of the first round to the
+// end of the last (the first absorbs the two launches' skew).
+extern "C" __global__ void pycoll_ping_pong(unsigned long long mine, unsigned long long peer,
+                                            unsigned long long base, int rounds, int first,
+                                            unsigned long long timeout_ns,
+                                            unsigned long long* out) {
+  const unsigned long long start = pycoll_now();
+  unsigned long long t1 = start;
+  int done = 0;
+  for (int i = 1; i <= rounds; ++i) {
+    const unsigned long long v = base + i;
+    if (first) pycoll_store(peer, v);
+    while (pycoll_load(mine) < v) {
+      if (pycoll_now() - start > timeout_ns) {
+        out[0] = done;
+        out[1] = 0;
+        return;
+      }
+    }
+    if (!first) pycoll_store(peer, v);
+    done = i;
+    if (i == 1) t1 = pycoll_now();
+  }
+  out[0] = done;
+  out[1] = pycoll_now() - t1;
+}
+"""
+
+
+def _max_over_ranks(mpi, seconds: float) -> float:
+    return mpi.allreduce(float(seconds), op=_mpi_op("MAX"))
+
+
+def calls_for(mpi, fn, sync, budget_s: float, most: int, least: int = 3) -> int:
+    """How many calls of `fn` fit in `budget_s`, between `least` and `most`, from one
+    synchronised call timed on every rank (the slowest counts: the same on every rank)."""
+    mpi.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    once = _max_over_ranks(mpi, time.perf_counter() - t0)
+    return max(least, min(most, int(budget_s / max(once, 1e-9))))
+
+
+def time_synchronised(mpi, fn, sync, iters: int) -> float:
+    """Seconds per call when the caller waits for each: ranks start together, each call is
+    followed by `sync`; the slowest rank's median over `iters` calls."""
+    samples = []
+    for _ in range(iters):
+        mpi.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return _max_over_ranks(mpi, float(np.median(samples)))
+
+
+def time_back_to_back(mpi, fn, sync, calls: int, reps: int = 3) -> float:
+    """Seconds per call when `calls` calls are queued one after another and waited for once:
+    each repetition's slowest rank, the median over `reps` repetitions."""
+    per_rep = []
+    for _ in range(reps):
+        mpi.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        per_rep.append(_max_over_ranks(mpi, (time.perf_counter() - t0) / calls))
+    return float(np.median(per_rep))
+
+
+@dataclass
+class Floors:
+    """The floors of one run (seconds; ping_pong None where it could not run, `why` says)."""
+
+    launch_sync: float  # an empty kernel launched, then its stream synchronised
+    launch_b2b: float  # per empty kernel, many launched back to back and synchronised once
+    ping_pong: float | None  # one flag round trip between two processes' kernels (IPC)
+    why: str = ""
+
+
+def measure_floors(mpi, cp, kernel_mode: bool, iters: int = 200, calls: int = 200,
+                   rounds: int = 2000, timeout_s: float = 5.0) -> Floors:  # fmt: skip
+    """The floors on every rank at once, timed as gpu_bench times a collective. The ping-pong
+    runs between ranks 0 and 1 only, and only where their kernels run side by side
+    (`kernel_mode`: GPUs of their own, or MPS); every rank returns the same Floors."""
+    module = cp.RawModule(code=FLOORS_SOURCE)
+    empty = module.get_function("pycoll_empty")
+    stream = cp.cuda.get_current_stream()
+
+    def launch():
+        empty((1,), (1,), ())
+
+    launch()
+    stream.synchronize()
+    sync = time_synchronised(mpi, launch, stream.synchronize, iters)
+    b2b = time_back_to_back(mpi, launch, stream.synchronize, calls)
+    if mpi.size < 2:
+        return Floors(sync, b2b, None, "one rank: no peer to signal")
+    if not kernel_mode:
+        return Floors(sync, b2b, None, "ranks time-slice one GPU (no MPS): kernels cannot "
+                                       "wait for each other")  # fmt: skip
+    per_round, why = _ping_pong(mpi, cp, module.get_function("pycoll_ping_pong"), rounds,
+                                timeout_s)  # fmt: skip
+    return Floors(sync, b2b, per_round, why)
+
+
+def _ping_pong(mpi, cp, kernel, rounds: int, timeout_s: float):
+    """(seconds per round trip, "") between ranks 0 and 1, or (None, why not). Every step
+    that can fail on one rank is followed by an exchange of errors, so no rank is left in a
+    collective the others skipped."""
+    rt = cp.cuda.runtime
+    state: dict = {"flag": None, "peer": None, "times": []}
+    out = cp.zeros(2, cp.uint64)
+
+    def step(fn):
+        error = None
+        try:
+            fn()
+        except Exception as e:  # reported, and the benchmark goes on without this floor
+            error = _first_line(e)
+        errors = [e for e in mpi.allgather(error) if e]
+        return f"ping-pong: {errors[0]}" if errors else ""
+
+    def allocate():
+        state["flag"] = rt.malloc(8)  # its own allocation: an IPC handle names a whole one
+        rt.memset(state["flag"], 0, 8)
+        rt.deviceSynchronize()
+
+    def open_peer():
+        if mpi.rank < 2:  # lazy peer access (cudaIpcMemLazyEnablePeerAccess)
+            state["peer"] = rt.ipcOpenMemHandle(handles[1 - mpi.rank], 1)
+
+    def run(base):
+        if mpi.rank >= 2:
+            return
+        args = (np.uint64(state["flag"]), np.uint64(state["peer"]), np.uint64(base),
+                np.int32(rounds), np.int32(mpi.rank == 0), np.uint64(int(timeout_s * 1e9)),
+                out)  # fmt: skip
+        kernel((1,), (1,), args)
+        done, ns = (int(v) for v in out.get())
+        if done != rounds:
+            raise TimeoutError(f"rank {mpi.rank} saw {done} of {rounds} rounds in {timeout_s:g} s")
+        state["times"].append(ns * 1e-9 / (rounds - 1))
+
+    why = step(allocate)
+    handles = None
+    if not why:
+        handles = mpi.allgather(rt.ipcGetMemHandle(state["flag"]))
+        why = step(open_peer)
+    for base in (0, rounds):  # the first launch warms up, the second is timed
+        if why:
+            break
+        mpi.Barrier()
+        why = step(lambda b=base: run(b))
+
+    def release():
+        if state["peer"] is not None:
+            rt.ipcCloseMemHandle(state["peer"])
+
+    step(release)  # every peer has unmapped this rank's flag before it is freed
+    if state["flag"] is not None:
+        rt.free(state["flag"])
+    if why:
+        return None, why
+    return _max_over_ranks(mpi, state["times"][-1] if state["times"] else 0.0), ""

@@ -9,6 +9,7 @@ every test here fails, saying why: a GPU suite that runs nothing must not pass."
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -221,6 +222,29 @@ def test_gpu_training_job():
     assert "on the GPU" in out and "replicas bit-identical across 2 ranks: yes" in out, out
 
 
+def run_gpu_bench(tmp_path, env: dict | None = None) -> dict:
+    """benchmarks/gpu_bench.py on 2 ranks over a few small sizes; its --json, checked."""
+    out_json = tmp_path / "bench.json"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_bench.py"
+    out = run_mpi(2, str(bench), "--max-bytes", "2K", "--iters", "3", "--calls", "3",
+                  "--json", str(out_json), env=env, own_job=True, timeout=300)  # fmt: skip
+    assert "# floors: launch+sync" in out, out
+    got = json.loads(out_json.read_text())
+    floors = got["floors"]
+    assert 0 < floors["launch_b2b"] < 0.01 and 0 < floors["launch_sync"] < 0.01, floors
+    for coll in ("all_reduce", "all_gather"):
+        rows = got["rows"][coll]
+        assert [r["size"] for r in rows] == [8, 32, 128, 512, 2048], rows
+        for r in rows:
+            assert 0 < r["bound"] < r["b2b"] and 0 < r["sync"] and 0 < r["staged"], r
+    return got
+
+
+def test_gpu_bench_host_mode(tmp_path):
+    got = run_gpu_bench(tmp_path, {"PYCOLL_CUDA_SYNC": "host"})
+    assert got["sync_mode"] == "host" and got["floors"]["ping_pong"] is None, got["floors"]
+
+
 # -- faults ------------------------------------------------------------------------------------
 # As tests/ranks/test_faults.py on the host path. "fingerprints": the host rendezvous before each
 # launch meets the fault; "device": without it (PYCOLL_CHECK_MISMATCH=0), the device waits
@@ -260,3 +284,8 @@ class TestKernelMode:
     @pytest.mark.parametrize("fault", ["die", "skip"])
     def test_gpu_faults_kernel_mode(self, kernel_mode_env, fault, check):
         run_fault(fault, check, kernel_mode_env, "kernel")
+
+    def test_gpu_bench_kernel_mode(self, kernel_mode_env, tmp_path):
+        got = run_gpu_bench(tmp_path, kernel_mode_env)
+        assert got["sync_mode"] == "kernel", got
+        assert 0 < got["floors"]["ping_pong"] < 1e-3, got["floors"]  # one flag's round trip

@@ -41,7 +41,7 @@ def test_dry_run_fits_one_remote_command(tmp_path):
     proc = bash(str(KIT / "run.sh"), "--dry-run", str(out))
     assert proc.returncode == 0, proc.stderr
     stages = [line.split()[0] for line in proc.stdout.splitlines()[:-1]]
-    assert stages == ["env", "build", "gpu", "bench-2", "bench-4", "train"]
+    assert stages == ["env", "build", "bench-2", "bench-mps", "train", "gpu"]
     total = int(re.search(r"^total\s+(\d+)s", proc.stdout, re.M).group(1))
     assert total <= 570, proc.stdout  # a remote command gets 600 s
     # Summary plus one log per stage: a remote runner brings back at most 8 files.
@@ -51,11 +51,11 @@ def test_dry_run_fits_one_remote_command(tmp_path):
 
 def test_extra_stages_run_only_when_asked(tmp_path):
     proc = bash(str(KIT / "run.sh"), "--dry-run", str(tmp_path / "out"),
-                env={"STAGES": "build bench-mps"})  # fmt: skip
+                env={"STAGES": "build bench-4 emulated"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()[:-1]
-    assert [line.split()[0] for line in lines] == ["build", "bench-mps"]
-    assert "bench_mps" in lines[1]
+    assert [line.split()[0] for line in lines] == ["build", "bench-4", "emulated"]
+    assert "-n 4" in lines[1] and "-m emulated" in lines[2]
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

@@ -1,11 +1,17 @@
 """The benchmark CLI in one process: parsing, busbw formulas, the table, rounds, the bound,
 and the peers' set-up."""
 
+import importlib.util
+import math
+from pathlib import Path
+
 import pytest
 
 from pycollectives.bench import formulas as F
 from pycollectives.bench import report
 from pycollectives.bench.cli import parse_args
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sizes_and_suffixes():
@@ -86,6 +92,41 @@ def test_busbw_formulas_by_hand():
     assert F.bound_traffic("all_gather", 100, 4) == 125
     # 2 GB of traffic at 1 GB/s copy bandwidth (2 GB/s of traffic): 1 s.
     assert F.bound_time("all_reduce", 10**9, 2, 1.0) == pytest.approx(1.0)
+
+
+def test_gpu_bound_by_hand():
+    """Two ranks share a GPU whose copies move 4 TB/s of traffic (read + write), so each rank,
+    copying while the other does, gets 1000 GB/s of copy bandwidth (2 TB/s of traffic). A
+    128 MiB all-reduce: one rank reads 128 MiB and writes 128 MiB, 268435456 B at 2e12 B/s =
+    134.2 us; the same as both ranks' 536870912 B over the whole GPU's 4e12 B/s. (gpu_bench
+    once divided both ranks' traffic by one rank's share: 268.4 us, n times too lenient.)"""
+    mib128 = 128 << 20
+    assert F.bound_traffic("all_reduce", mib128, 2) == 268435456
+    assert F.bound_time("all_reduce", mib128, 2, 1000.0) == pytest.approx(134.217728e-6)
+    assert F.bound_time("all_reduce", mib128, 2, 1000.0) == pytest.approx(2 * 2 * mib128 / 4e12)
+    # All-gather of 64 MiB gathered on 4 ranks sharing the GPU (500 GB/s copy each): one rank
+    # writes 64 MiB and reads its own 16 MiB, 83886080 B at 1e12 B/s of traffic = 83.9 us.
+    assert F.bound_time("all_gather", 64 << 20, 4, 500.0) == pytest.approx(83.88608e-6)
+
+
+def test_gpu_bench_ratios_by_hand():
+    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from pycollectives.bench.gpu import Floors
+
+    row = {"size": 128 << 20, "sync": 2e-3, "b2b": 1.34217728e-3, "staged": 0.1,
+           "nccl": float("nan")}  # fmt: skip
+    got = bench.derived("all_reduce", row, 2, 1000.0, Floors(10e-6, 3e-6, 5e-6))
+    assert got["bound"] == pytest.approx(134.217728e-6)
+    assert got["of_bound"] == pytest.approx(0.1)  # bound / back-to-back time
+    assert got["x_floor"] == pytest.approx(200)  # synchronised call / launch+sync floor
+    assert got["staged_ratio"] == pytest.approx(50)
+    assert math.isnan(got["nccl_ratio"])
+    # busbw, nccl-tests' way: 128 MiB / 1.342 ms = 100 GB/s algbw, x 2(n-1)/n = 1 for 2 ranks.
+    assert got["busbw"] == pytest.approx(100.0)
+    assert bench.counts("all_gather", 64 << 20, 4) == (4 << 20, 16 << 20)
+    assert bench.counts("all_reduce", 8, 4) == (2, 2)
 
 
 def test_table_row_has_the_nccl_tests_columns():
