@@ -14,8 +14,9 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,8 +41,10 @@ def is_bfloat16(dt: np.dtype) -> bool:
     return dt.name == "bfloat16" or (dt.metadata or {}).get("pycollectives") == "bfloat16"
 
 
-@dataclass(frozen=True)
-class ArrayInfo:
+class ArrayInfo(NamedTuple):
+    """One array, as the collectives see it. A tuple: made on every GPU call, and a tuple is
+    made in a fraction of a frozen dataclass's time (0.2 against 2 us)."""
+
     ptr: int
     count: int
     dtype_name: str  # numpy-style name, or the producer's own name when unsupported
@@ -152,26 +155,30 @@ def _from_torch(t) -> ArrayInfo:
     )
 
 
+# typestr -> dtype name for the common cases: a dictionary lookup instead of parsing.
+_CAI_NAMES = {f"<{code}": name for code, name in _TYPESTR.items()}
+_CAI_NAMES.update({"|i1": "int8", "|u1": "uint8"})
+
+
 def _from_cai(obj, cai: dict) -> ArrayInfo:
-    shape = tuple(int(s) for s in cai["shape"])
+    shape = cai["shape"]
     ptr, readonly = cai["data"]
-    name = _typestr_name(cai["typestr"], obj)
-    itemsize = int(cai["typestr"][2:]) if cai["typestr"][2:].isdigit() else 0
-    library = "cupy" if type(obj).__module__.split(".")[0] == "cupy" else "cai"
+    typestr = cai["typestr"]
+    name = _CAI_NAMES.get(typestr) or _typestr_name(typestr, obj)
+    strides = cai.get("strides")
+    if strides is None:  # C-contiguous by the interface's definition
+        contiguous = True
+    else:
+        itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
+        contiguous = _c_contiguous(shape, strides, itemsize)
+    library = "cupy" if type(obj).__module__.partition(".")[0] == "cupy" else "cai"
     device = _device_attr(obj)
     if device is None and ptr:
         device = _pointer_device(ptr)
     return ArrayInfo(
-        ptr=int(ptr or 0),
-        count=_count(shape),
-        dtype_name=name,
-        device=device,
-        is_cuda=True,
-        contiguous=_c_contiguous(shape, cai.get("strides"), itemsize),
-        readonly=bool(readonly),
-        library=library,
-        stream=cai.get("stream"),
-    )
+        int(ptr or 0), int(math.prod(shape)), name, device, True, contiguous, bool(readonly),
+        library, cai.get("stream"),
+    )  # fmt: skip
 
 
 # DLPack (v0.x ABI, the "dltensor" capsule every producer still offers).
@@ -237,10 +244,41 @@ def _is_torch_tensor(obj) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def _is_cupy_array(obj) -> bool:
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(obj, cupy.ndarray)
+
+
+_DTYPE_NAMES: dict = {}  # numpy dtype -> its name here (few dtypes, looked up on every call)
+
+
+def _from_cupy(a) -> ArrayInfo:
+    """A cupy array from its own attributes: its ``__cuda_array_interface__`` builds a dict
+    (numpy's descr, the current stream) on every access, several microseconds a call. A cupy
+    without these attributes is described through the interface."""
+    try:
+        data = a.data  # a MemoryPointer: the view's own address and device
+        device = getattr(data, "device_id", None)
+        if device is None:  # cupy before the attribute
+            device = data.device.id
+        dt = a.dtype
+        name = _DTYPE_NAMES.get(dt)
+        if name is None:
+            name = _DTYPE_NAMES.setdefault(dt, _numpy_dtype_name(dt))
+        return ArrayInfo(
+            int(data.ptr), int(a.size), name, int(device), True, bool(a.flags.c_contiguous),
+            False, "cupy", None,
+        )  # fmt: skip
+    except AttributeError:
+        return _from_cai(a, a.__cuda_array_interface__)
+
+
 def describe(obj) -> ArrayInfo:
     """Describes `obj`; TypeError when it is not an array this library understands."""
     if isinstance(obj, np.ndarray):
         return _from_numpy(obj)
+    if _is_cupy_array(obj):
+        return _from_cupy(obj)
     if _is_torch_tensor(obj):
         return _from_torch(obj)  # torch's own fields also cover bfloat16
     cai = getattr(obj, "__cuda_array_interface__", None)
@@ -258,6 +296,8 @@ def is_cuda_array(obj) -> bool:
     """True for arrays in CUDA device memory; never imports an array library."""
     if isinstance(obj, np.ndarray):
         return False
+    if _is_cupy_array(obj):
+        return True
     if _is_torch_tensor(obj):
         return bool(obj.is_cuda)
     if hasattr(obj, "__cuda_array_interface__"):

@@ -3,8 +3,6 @@ arrays, raised as ValueError/TypeError before anything is queued."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from pycollectives import _C, arrays
 
 
@@ -67,7 +65,7 @@ def check_call(
     # Past the checks, at least one array is there (the native layer sees pointer 0 for the
     # one that is not, and never touches it: call_extents gives it no elements).
     if xi is None:
-        xi = dataclasses.replace(oi, ptr=0, count=0)
+        xi = oi._replace(ptr=0, count=0)
     if oi is None:
-        oi = dataclasses.replace(xi, ptr=0, count=0)
+        oi = xi._replace(ptr=0, count=0)
     return xi, oi, count

@@ -5,8 +5,10 @@ and device choices, the GPU suite's MPS daemon."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
+import types
 
 import numpy as np
 import pytest
@@ -83,6 +85,48 @@ def test_cuda_array_interface(typestr, name, code):
     assert info.is_cuda and info.device == 1 and info.readonly and info.contiguous
     assert info.library == "cai" and info.stream == 1
     assert arrays.is_cuda_array(x)
+
+
+class FakeCupy:
+    """A module named cupy whose ndarray has cupy's own attributes (data.ptr, data.device_id,
+    size, dtype, flags.c_contiguous) and the interface they stand for."""
+
+    class ndarray:  # noqa: N801 (cupy's name)
+        def __init__(self, ptr, shape, dtype, device=0, contiguous=True, old=False):
+            count = int(np.prod(shape))
+            self.data = types.SimpleNamespace(ptr=ptr, device=types.SimpleNamespace(id=device))
+            if not old:  # cupy before MemoryPointer.device_id has .device.id alone
+                self.data.device_id = device
+            self.size, self.dtype = count, np.dtype(dtype)
+            self.flags = types.SimpleNamespace(c_contiguous=contiguous)
+            self.device = types.SimpleNamespace(id=device)
+            strides = None if contiguous else tuple(2 * self.dtype.itemsize for _ in shape)
+            self.__cuda_array_interface__ = {
+                "shape": shape, "typestr": self.dtype.str, "data": (ptr, False),
+                "strides": strides, "version": 3, "stream": 1,
+            }  # fmt: skip
+
+
+@pytest.mark.parametrize("old", [False, True])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "float16", "float32",
+                                   "float64", "complex64"])  # fmt: skip
+def test_cupy_arrays_described_from_their_attributes(monkeypatch, dtype, old):
+    """cupy arrays skip the interface's dict, and are described as through it."""
+    monkeypatch.setitem(sys.modules, "cupy", FakeCupy)
+    for contiguous in (True, False):
+        a = FakeCupy.ndarray(0x7F0000001000 + 64, (3, 5), dtype, 1, contiguous, old)
+        info = arrays.describe(a)
+        ref = arrays._from_cai(a, a.__cuda_array_interface__)
+        if dtype == "complex64":  # unsupported either way; named as numpy names it
+            assert info.dtype == ref.dtype == -1 and info.dtype_name == "complex64"
+            ref = ref._replace(dtype_name="complex64")
+        assert info._replace(stream=None) == ref._replace(stream=None, library="cupy")
+        assert (info.ptr, info.count, info.device, info.library) == (a.data.ptr, 15, 1, "cupy")
+        assert info.contiguous == contiguous and arrays.is_cuda_array(a)
+    # A cupy whose arrays lack these attributes: the interface describes them.
+    bare = FakeCupy.ndarray(4096, (4,), "float32")
+    del bare.data
+    assert arrays.describe(bare).ptr == 4096 and arrays.describe(bare).count == 4
 
 
 def test_cuda_array_interface_layouts():
