@@ -10,6 +10,10 @@ with zeros and one long block); bfloat16 is covered by gpu_extras.py (torch).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# The host path's worker, whose uneven counts these checks share, is in tests/ranks/workers.
+sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "ranks" / "workers"))
 
 import cupy as cp
 import numpy as np

@@ -5,8 +5,11 @@ from __future__ import annotations
 from mpi4py import MPI
 
 
-def local_rank(comm=MPI.COMM_WORLD) -> int:
-    """This rank's index among the ranks of its machine (collective over `comm`)."""
+def local_rank(comm=None) -> int:
+    """This rank's index among the ranks of its machine (collective over `comm`, by default
+    the world as it is at the call: the rank pool gives each case a world of its own, so a
+    default bound at import would be the first case's, freed since)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         return node.Get_rank()

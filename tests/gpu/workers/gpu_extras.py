@@ -17,7 +17,6 @@ from pycollectives.cuda import CudaComm
 from pycollectives.errors import CollectiveMismatch
 
 SUM = 0
-MPI_COMM = MPI.COMM_WORLD
 
 
 def check_stream(comm: CudaComm):
@@ -73,7 +72,7 @@ def check_torch(comm: CudaComm):
         got = x.double().cpu().numpy()
         tol = 0.02 if dt in (torch.bfloat16, torch.float16) else 1e-6
         assert np.allclose(got, want.numpy(), rtol=tol, atol=tol), dt
-        digests = MPI_COMM.allgather(x.cpu().view(torch.uint8).numpy().tobytes())
+        digests = MPI.COMM_WORLD.allgather(x.cpu().view(torch.uint8).numpy().tobytes())
         assert len(set(digests)) == 1, f"{dt}: ranks differ"
     # A non-default torch stream, given explicitly.
     s = torch.cuda.Stream(device=dev)
@@ -96,7 +95,7 @@ def check_mismatch(comm: CudaComm):
     else:
         raise AssertionError("mismatched counts were not detected")
     # A barrier against a collective is a mismatch too.
-    comm2 = CudaComm(MPI_COMM, MPI_COMM.rank, MPI_COMM.size, timeout=30)
+    comm2 = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=30)
     try:
         if comm.rank == 0:
             comm2.barrier()
@@ -114,7 +113,7 @@ def check_mismatch(comm: CudaComm):
 def main():
     what = sys.argv[1]
     use_local_device()
-    comm = CudaComm(MPI_COMM, MPI_COMM.rank, MPI_COMM.size, timeout=60)
+    comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
     checks["mismatch"] = check_mismatch
     try:
