@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -289,3 +290,9 @@ class TestKernelMode:
         got = run_gpu_bench(tmp_path, kernel_mode_env)
         assert got["sync_mode"] == "kernel", got
         assert 0 < got["floors"]["ping_pong"] < 1e-3, got["floors"]  # one flag's round trip
+
+    def test_gpu_call_cost(self, kernel_mode_env):
+        script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_call_cost.py"
+        out = run_mpi(2, str(script), "--calls", "20", env=kernel_mode_env, own_job=True)
+        for layer in ("Communicator", "CudaComm", "native.run"):
+            assert re.search(rf"^{re.escape(layer)} +wall +[0-9.]+ us/call", out, re.M), out

@@ -11,8 +11,8 @@
 #   build     a venv (.venv-gpu) on top of the machine's packages, the carried wheels, and
 #             `pip install -e .` with the CUDA transport required
 #   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode)
-#   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, under an MPS daemon it
-#             starts and stops
+#   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, and the host's cost of one
+#             small call layer by layer (gpu_call_cost.py), under an MPS daemon it starts and stops
 #   train     the training job on the GPU, 4 ranks
 #   gpu       the GPU test suite, last: it takes what time is left
 #   emulated  the emulated-device suite (CI runs it on every change; only when asked)
@@ -173,6 +173,7 @@ bench_mps() {
     PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n "$PY" benchmarks/gpu_bench.py \
       --max-bytes "$BENCH_MAX_BYTES" || rc=1
   done
+  PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_call_cost.py || rc=1
   echo quit | nvidia-cuda-mps-control
   return $rc
 }
