@@ -49,6 +49,14 @@ def check_call(
     written = collective == "broadcast" or (out is None and collective in ("all_reduce", "reduce"))
     xi = None if absent_x else gpu_array(x, fn, "x", written, device)
     oi = xi if single else (None if absent_out else gpu_array(out, fn, "out", True, device))
+    # The per-rank lists are passed only when given: a keyword costs the call 2 us even as None.
+    lists = {}
+    if counts is not None:
+        lists["counts"] = counts
+    if in_splits is not None:
+        lists["in_splits"] = in_splits
+    if out_splits is not None:
+        lists["out_splits"] = out_splits
     count = _C.check_described_args(
         collective,
         None if xi is None else (xi.ptr, xi.count, xi.dtype),
@@ -58,9 +66,7 @@ def check_call(
         algorithm or 0,
         rank,
         size,
-        counts=counts,
-        in_splits=in_splits,
-        out_splits=out_splits,
+        **lists,
     )
     # Past the checks, at least one array is there (the native layer sees pointer 0 for the
     # one that is not, and never touches it: call_extents gives it no elements).

@@ -63,7 +63,7 @@ class FakeNativeComm:
     ):
         self.seq += 1
         self.calls.append((collective, x_ptr, out_ptr, count))
-        self.lists = lists
+        self.lists = {"counts": None, "in_splits": None, "out_splits": None, **lists}  # defaults
         return FakeWork(self.seq)
 
     def barrier(self):

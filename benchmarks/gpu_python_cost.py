@@ -1,0 +1,132 @@
+"""The Python layer's share of a GPU collective, measured without a GPU: an 8 B all-reduce on
+cupy-like arrays through ``Communicator.all_reduce`` and ``CudaComm.all_reduce``, with a
+stand-in for the native CUDA module whose ``run`` does nothing but return a finished Work.
+
+    python benchmarks/gpu_python_cost.py [--calls 20000]
+
+What it times is what every GPU call pays in Python before the C++ call (describing the arrays,
+checking the call, choosing the stream, keeping the Work): on a GPU machine the same layers
+are timed for real by benchmarks/gpu_call_cost.py. The stand-in arrays offer both cupy's own
+attributes and ``__cuda_array_interface__``, so any version of the package runs it. One
+process, no mpiexec needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import types
+
+import numpy as np
+
+
+class _Work:
+    seq = 0
+
+    def is_completed(self):
+        return True
+
+    def wait_on(self, stream):
+        pass
+
+
+class _NativeComm:
+    """Stands in for ``_cuda.CudaComm`` on one rank and one device."""
+
+    def __init__(self, rank, size, device, opts):
+        self.rank, self.size, self.device, self.timeout, self.seq = rank, size, device, 60.0, 0
+        self.ipc_handle, self.shm_name, self.device_uuid = bytes(64), "stand-in", bytes(16)
+        self.poisoned = False
+
+    def attach(self, handles, shm_names, sync_mode):
+        self.sync_mode = sync_mode
+
+    def unlink(self):
+        pass
+
+    def check(self):
+        pass
+
+    def run(self, *args, **lists):
+        self.seq += 1
+        return _Work()
+
+    def barrier(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class _Options:
+    def __init__(self):
+        self.slot_bytes, self.nslots, self.nblocks, self.timeout = 1 << 20, 4, 8, 60.0
+        self.debug, self.check_mismatch = False, True
+        self.oneshot_max_bytes, self.direct_max_bytes = 64 * 1024, 256 * 1024
+
+
+def install_stand_ins():
+    """A native CUDA module and a cupy that need no GPU (before pycollectives is imported)."""
+    native = types.ModuleType("pycollectives._cuda")
+    native.device_count = lambda: (1, "")
+    native.pointer_device = lambda ptr: 0
+    native.CudaComm, native.CudaCommOptions, native.MAX_RANKS = _NativeComm, _Options, 32
+    sys.modules["pycollectives._cuda"] = native
+
+    cupy = types.ModuleType("cupy")
+    stream = types.SimpleNamespace(ptr=0)
+    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
+
+    class ndarray:  # noqa: N801 (cupy's name)
+        def __init__(self, ptr, n):
+            self.data = types.SimpleNamespace(ptr=ptr, device_id=0)
+            self.size, self.dtype, self.shape = n, np.dtype(np.float32), (n,)
+            self.flags = types.SimpleNamespace(c_contiguous=True)
+            self.device = types.SimpleNamespace(id=0)
+
+        @property
+        def __cuda_array_interface__(self):  # built on each access, as cupy's is
+            return {"shape": self.shape, "typestr": self.dtype.str, "descr": self.dtype.descr,
+                    "data": (self.data.ptr, False), "strides": None, "version": 3,
+                    "stream": 1}  # fmt: skip
+
+    cupy.ndarray = ndarray
+    sys.modules["cupy"] = cupy
+    return cupy
+
+
+def per_call(fn, calls: int) -> float:
+    for _ in range(200):
+        fn()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=20000)
+    args = ap.parse_args()
+    cupy = install_stand_ins()
+    from mpi4py import MPI
+
+    import pycollectives as pc
+
+    comm = pc.Communicator(MPI.COMM_SELF)
+    x, out = cupy.ndarray(1 << 40, 2), cupy.ndarray((1 << 40) + 4096, 2)
+    comm.all_reduce(x, out)  # starts the (stand-in) CUDA transport
+    inner = comm._cuda
+    print("# the Python layer of an 8 B GPU all-reduce, native call stood in for; best of 5")
+    for name, fn in (("Communicator", lambda: comm.all_reduce(x, out)),
+                     ("CudaComm", lambda: inner.all_reduce(x, out))):  # fmt: skip
+        print(f"{name:14s} {per_call(fn, args.calls) * 1e6:6.2f} us/call")
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()
