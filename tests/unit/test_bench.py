@@ -3,6 +3,7 @@ and the peers' set-up."""
 
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,17 @@ def test_gloo_set_up_is_tried_again_after_a_failed_mesh(monkeypatch, failures, o
     else:
         assert "gloo set-up failed 3 times: Gloo connectFullMesh failed" in g.reason
         assert g.runner("all_reduce", "sum", 0, None) == g.reason
+
+
+def test_gpu_python_cost_runs_without_a_gpu():
+    """benchmarks/gpu_python_cost.py stands in for the native CUDA module and cupy: it runs
+    (and so keeps running) on a machine without a GPU."""
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "gpu_python_cost.py"
+    proc = subprocess.run([sys.executable, str(script), "--calls", "200"], capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for layer in ("Communicator", "CudaComm"):
+        assert re.search(rf"^{layer} +[0-9.]+ us/call$", proc.stdout, re.M), proc.stdout
