@@ -20,7 +20,9 @@ and beside it, in the same run:
             the whole GPU's bandwidth when ranks share one GPU
 and the floors, printed first: an empty kernel launched and synchronised, the same launched
 back to back, and one flag's round trip between two processes' kernels through CUDA IPC
-memory (only where kernels of different processes run side by side: own GPUs or MPS).
+memory (only where kernels of different processes run side by side: own GPUs or MPS); in
+kernel mode also 100 8 B all-reduces captured into one CUDA graph, the time per call of a
+launch of it.
 
 Sizes are nccl-tests': all-gather's is the gathered output (each rank gives size / n).
 Ratios: "of bound" = bound / b2b; "x floor" = sync / the launch+sync floor; "staged/sync" and
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -128,6 +131,39 @@ def derived(coll: str, row: dict, n: int, copy_bw_gbs: float, floors) -> dict:
     }
 
 
+def graph_per_call(comm, cp, mpi, calls: int = 100, reps: int = 5):
+    """(seconds per call, "") of 8 B all-reduces captured into one CUDA graph of `calls` and
+    launched `reps` times (the slowest rank's median), or (None, why not): kernel mode only."""
+    error, per = None, []
+    s = cp.cuda.Stream(non_blocking=True)
+    x, out = cp.ones(2, cp.float32), cp.empty(2, cp.float32)
+    try:
+        with s:
+            comm.all_reduce(x, out)  # the shape's plan is built outside the capture
+        s.synchronize()
+        s.begin_capture()
+        try:
+            with s:
+                for _ in range(calls):
+                    comm.all_reduce(x, out)
+        finally:
+            graph = s.end_capture()
+        graph.launch(stream=s)
+        s.synchronize()
+        for _ in range(reps):
+            mpi.Barrier()
+            t0 = time.perf_counter()
+            graph.launch(stream=s)
+            s.synchronize()
+            per.append((time.perf_counter() - t0) / calls)
+    except Exception as e:  # reported; the rest of the benchmark goes on
+        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    errors = [e for e in mpi.allgather(error) if e]
+    if errors:
+        return None, errors[0]
+    return mpi.allreduce(float(np.median(per)), op=MPI.MAX), ""
+
+
 def us(seconds) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e6:.1f} us"
 
@@ -161,6 +197,9 @@ def main():
     mode = comm._cuda.sync_mode  # kernel: one launch per call; host: the host drives steps
     copy_bw = gpu.copy_bandwidth(mpi, dev)
     floors = gpu.measure_floors(mpi, cp, kernel_mode=mode == "kernel")
+    graph, graph_why = None, "kernel mode only (host mode cannot be captured)"
+    if mode == "kernel":
+        graph, graph_why = graph_per_call(comm, cp, mpi)
     nccl = gpu.Nccl(mpi, dev)
     if mpi.rank == 0:
         print(f"# {n} ranks on {dev.name}, devices {sorted(set(dev.devices))}, sync={mode}")
@@ -171,9 +210,12 @@ def main():
         print(f"# floors: launch+sync {us(floors.launch_sync)}, launch back to back "
               f"{us(floors.launch_b2b)}, IPC flag round trip {us(floors.ping_pong)}"
               + (f" ({floors.why})" if floors.why else ""))  # fmt: skip
+        print(f"# 8 B all-reduces in a CUDA graph of 100, per call: {us(graph)}"
+              + (f" ({graph_why})" if graph_why else ""))  # fmt: skip
         print(f"# nccl: {nccl.what}")
     results = {"ranks": n, "device": dev.name, "sync_mode": mode, "copy_bw_gbs": copy_bw,
-               "floors": vars(floors), "nccl": nccl.what, "rows": {}}  # fmt: skip
+               "floors": vars(floors), "graph_per_call": graph, "nccl": nccl.what,
+               "rows": {}}  # fmt: skip
     for coll in colls:
         if mpi.rank == 0:
             print(f"\n## {coll} float32 (busbw factor {F.bus_factor(coll, n):.3f})")

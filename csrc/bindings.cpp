@@ -438,7 +438,25 @@ void bind_emu_comm(py::module_& m) {
           py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
           py::arg("op") = 0, py::arg("algorithm") = 0, py::kw_only(),
           py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
-          py::arg("out_splits") = py::none());
+          py::arg("out_splits") = py::none())
+      // Capture and replay, as a CUDA graph of a kernel-mode launch (emu_comm.h, EmuGraph).
+      // The graph keeps the communicator alive; the arrays stay the caller's to keep.
+      .def(
+          "capture",
+          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
+             int op, int algo) {
+            const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root,
+                                                   op, algo, c.rank(), c.size(), Splits{});
+            py::gil_scoped_release nogil;
+            return c.capture(call);
+          },
+          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
+          py::arg("op") = 0, py::arg("algorithm") = 0, py::keep_alive<0, 1>())
+      .def("replay", &emu::EmuComm::replay, py::arg("graph"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned);
+  py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
+      .def_readonly("seq", &emu::EmuGraph::seq);
 }
 
 // Schedules as plain tuples, for tests that check them without processes.

@@ -39,8 +39,12 @@ void EventPool::give(cudaEvent_t e) {
   free_.push_back(e);
 }
 
-CudaWork::CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq)
-    : pool_(std::move(pool)), device_(device), event_(pool_->take()), seq_(seq) {}
+CudaWork::CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq, bool captured)
+    : pool_(std::move(pool)),
+      device_(device),
+      event_(pool_->take()),
+      seq_(seq),
+      captured_(captured) {}
 
 // Re-recording an event that others still wait on is safe: a wait uses the state of the event
 // at the time it was queued.
@@ -49,6 +53,7 @@ CudaWork::~CudaWork() {
 }
 
 bool CudaWork::is_completed() const {
+  if (captured_) return true;  // an event recorded in a capture cannot be queried
   const cudaError_t e = cudaEventQuery(event_);
   if (e == cudaErrorNotReady) return false;
   PYCOLL_CUDA_CHECK(e);
@@ -56,6 +61,7 @@ bool CudaWork::is_completed() const {
 }
 
 void CudaWork::wait_on(cudaStream_t stream) const {
+  if (captured_) return;  // the capture joined the caller's stream already
   DeviceGuard g(device_);
   PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
 }
@@ -168,6 +174,8 @@ void CudaComm::release() {
   segments_.clear();
   for (auto& kv : plans_.entries()) cudaFree(kv.second.device_steps);
   plans_.entries().clear();
+  for (auto& kv : plans_.pinned_entries()) cudaFree(kv.second.device_steps);  // graphs' plans
+  plans_.pinned_entries().clear();
   if (segment_ != nullptr) cudaFree(segment_);
   segment_ = nullptr;
   if (error_claim_ != nullptr) cudaFree(error_claim_);
@@ -243,11 +251,25 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
   check_usable(name);
   DeviceGuard dg(device_);
   check_device_status(name);
-  const uint64_t seq = ++seq_;
   const size_t esize = dtype_size(call.dtype);
   const Algo algo = call.algo == Algo::Auto
                         ? choose(call.collective, choice_count(call, size_) * esize)
                         : call.algo;
+  // A stream being captured into a CUDA graph: the launch is captured, to run at every launch
+  // of the graph. Refused, before anything is exchanged, where a replay could not be right:
+  // host mode (the host drives every step, between launches), and a call shape not run before
+  // (its plan would be built and uploaded inside the capture; it is pinned once captured).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  PYCOLL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  if (capturing && mode_ != SyncMode::Kernel)
+    throw CollectiveError(str_cat(name, ": cannot be captured into a CUDA graph in host mode, ",
+                                  "where the host drives every step (kernel mode needs a GPU ",
+                                  "per rank, or MPS)"));
+  if (capturing && !moves_nothing(call, rank_, size_) && plans_.find(call, algo) == nullptr)
+    throw CollectiveError(str_cat(name, ": capture a call shape into a CUDA graph only after ",
+                                  "running it once (its plan is built then, outside the capture)"));
+  const uint64_t seq = ++seq_;
   if (opts_.debug)
     std::fprintf(stderr,
                  "pycollectives INFO rank %d/%d cuda:%d %s #%llu count=%zu %s %s root=%d algo=%s%s "
@@ -259,7 +281,7 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
   FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
   WaitContext w = wait_context(name, seq);
   try {
-    if (opts_.check_mismatch) {
+    if (opts_.check_mismatch || capturing) {  // a capture is checked whatever the option says
       w.fingerprints = &guard;
       guard.publish();
     }
@@ -268,20 +290,26 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     if (!call.send_counts.empty())
       check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
     // Every peer runs this very call: only now may anything be queued.
-    if (opts_.check_mismatch) guard.finish(w);
-    auto work = std::make_shared<CudaWork>(events_, device_, seq);
+    if (opts_.check_mismatch || capturing) guard.finish(w);
+    auto work = std::make_shared<CudaWork>(events_, device_, seq, capturing);
+    // In a capture these two calls fork our stream into it, and the two at the end join it
+    // back (a capture must end joined, so an async call is joined too).
     PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
     PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     if (!moves_nothing(call, rank_, size_)) {
-      const CachedPlan& cp = plan_for(call, algo);
-      if (mode_ == SyncMode::Kernel)
-        run_kernel_mode(call, cp);
-      else
-        run_host_mode(call, cp, w);
+      if (capturing) {
+        run_kernel_mode(call, plans_.pin(call, algo));  // the graph reads it: never freed
+      } else {
+        const CachedPlan& cp = plan_for(call, algo);
+        if (mode_ == SyncMode::Kernel)
+          run_kernel_mode(call, cp);
+        else
+          run_host_mode(call, cp, w);
+      }
     }
     PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
-    if (!async_op) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
-    {
+    if (!async_op || capturing) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
+    if (!capturing) {  // the watchdog looks after work that runs now
       std::lock_guard<std::mutex> w(watch_mu_);
       last_work_ = work;
     }

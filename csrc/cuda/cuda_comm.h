@@ -71,12 +71,15 @@ class EventPool {
 // Completion of one queued collective: an event on the communicator's stream.
 class CudaWork {
  public:
-  CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq);
+  // `captured`: queued into a CUDA graph being captured, not run: it completes each time the
+  // graph is launched, so there is nothing to query or wait for here.
+  CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq, bool captured = false);
   ~CudaWork();
   CudaWork(const CudaWork&) = delete;
   CudaWork& operator=(const CudaWork&) = delete;
   cudaEvent_t event() const { return event_; }
   uint64_t seq() const { return seq_; }
+  bool captured() const { return captured_; }
   bool is_completed() const;
   // Makes work queued later on `stream` wait for this collective.
   void wait_on(cudaStream_t stream) const;
@@ -86,6 +89,7 @@ class CudaWork {
   int device_;
   cudaEvent_t event_ = nullptr;
   uint64_t seq_;
+  bool captured_;
 };
 
 class CudaComm {
@@ -115,7 +119,11 @@ class CudaComm {
 
   Algo choose(Collective c, size_t bytes) const;
   // Queues `call` behind `stream`'s work; `stream` waits for it unless `async_op`.
+  // On a stream being captured into a CUDA graph, the launch is captured instead (kernel mode
+  // only, and only for a call shape run once before: see run's definition), and every launch
+  // of the graph runs the collective again, the flags advancing on the device.
   std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
+  size_t plans_pinned() const { return plans_.pinned(); }
   // Waits for this rank's queued collectives, then for every rank to arrive.
   void barrier();
   // Waits (bounded) for queued work and releases every resource; later calls fail.

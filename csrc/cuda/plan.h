@@ -64,7 +64,9 @@ struct PlanKey {
 
 // Plans by PlanKey. When full, every entry is dropped at once, after `drop_all` has released
 // them (launches may still read them). Calls whose splits change every time (a mixture of
-// experts' all-to-all) each build a plan, and refill the cache in 256 calls.
+// experts' all-to-all) each build a plan, and refill the cache in 256 calls. A plan that a
+// captured launch reads (a CUDA graph replays it any number of times, later) is pinned: it
+// leaves the cache's count and is never dropped, and its address stays the same (map nodes).
 template <class Entry>
 class PlanCache {
  public:
@@ -74,19 +76,36 @@ class PlanCache {
   template <class Make, class DropAll>
   Entry& get(const CollectiveCall& call, Algo algo, Make&& make, DropAll&& drop_all) {
     Key key(call, algo);
-    auto it = entries_.find(key);
-    if (it != entries_.end()) return it->second;
+    if (Entry* e = find(key)) return *e;
     if (entries_.size() >= kCapacity) {
       drop_all(entries_);
       entries_.clear();
     }
     return entries_.emplace(std::move(key), make()).first->second;
   }
+  // The cached plan of `call`, or null: nothing is built.
+  Entry* find(const CollectiveCall& call, Algo algo) { return find(Key(call, algo)); }
+  // Keeps `call`'s plan (which must be cached) for the cache's lifetime; returns it.
+  Entry& pin(const CollectiveCall& call, Algo algo) {
+    Key key(call, algo);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return pinned_.at(key);
+    return pinned_.insert(entries_.extract(it)).position->second;
+  }
   size_t size() const { return entries_.size(); }
+  size_t pinned() const { return pinned_.size(); }
   std::map<Key, Entry>& entries() { return entries_; }
+  std::map<Key, Entry>& pinned_entries() { return pinned_; }
 
  private:
+  Entry* find(const Key& key) {
+    auto it = entries_.find(key);
+    if (it != entries_.end()) return &it->second;
+    auto p = pinned_.find(key);
+    return p != pinned_.end() ? &p->second : nullptr;
+  }
   std::map<Key, Entry> entries_;
+  std::map<Key, Entry> pinned_;
 };
 
 // Elements [lo, hi) of an n-element message that block `block` of `nblocks` carries. Both ends

@@ -193,14 +193,18 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
                                               plan.steps.size(), counters_);
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
-  const Regions regions = launch_regions(call);
+  launch(call.dtype, a, launch_regions(call), w, drill);
+}
+
+void EmuComm::launch(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
+                     const WaitContext& w, bool drill) {
   std::vector<std::exception_ptr> errors(opts_.nblocks);
   if (!blocks_) blocks_ = std::make_unique<BlockThreads>(opts_.nblocks);
   blocks_->run(
       [&](int b) {
         const RegionsScope scope(&regions);
         try {
-          run_block(call.dtype, a, b, opts_.threads);
+          run_block(dtype, a, b, opts_.threads);
         } catch (...) {
           errors[b] = std::current_exception();
           __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);  // stop the other blocks
@@ -237,28 +241,39 @@ void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
   }
 }
 
-void EmuComm::run(const CollectiveCall& call) {
-  std::lock_guard<std::mutex> g(run_mu_);
-  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
+Algo EmuComm::algo_of(const CollectiveCall& call) const {
+  return call.algo == Algo::Auto
+             ? choose(call.collective, choice_count(call, size_) * dtype_size(call.dtype))
+             : call.algo;
+}
+
+void EmuComm::check_usable(const std::string& name) const {
   if (aborted_.load())
     throw CollectiveError(
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
+}
+
+// As on the GPU (cuda_comm.cpp): the split matrix, then every peer's fingerprint, before
+// anything moves.
+void EmuComm::rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w) {
+  w.fingerprints = &guard;
+  guard.publish();
+  if (!call.send_counts.empty())
+    check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
+  guard.finish(w);
+}
+
+void EmuComm::run(const CollectiveCall& call) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
+  check_usable(name);
   cuda::check_device_call(call, size_);
   const uint64_t seq = ++seq_;
-  const Algo algo =
-      call.algo == Algo::Auto
-          ? choose(call.collective, choice_count(call, size_) * dtype_size(call.dtype))
-          : call.algo;
+  const Algo algo = algo_of(call);
   FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
   WaitContext w = wait_context(name, seq);
   try {
-    w.fingerprints = &guard;
-    guard.publish();
-    // As on the GPU (cuda_comm.cpp): the split matrix, then every peer's fingerprint, before
-    // anything moves.
-    if (!call.send_counts.empty())
-      check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
-    guard.finish(w);
+    rendezvous(call, guard, w);
     if (moves_nothing(call, rank_, size_)) return;
     const cuda::Plan& plan = plan_for(call, algo);
     if (opts_.kernel_mode)
@@ -267,6 +282,57 @@ void EmuComm::run(const CollectiveCall& call) {
       run_host_mode(call, plan, w);
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
+    throw;
+  }
+}
+
+std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
+  check_usable(name);
+  cuda::check_device_call(call, size_);
+  // Refused before anything is exchanged, the same on every rank that calls alike.
+  if (!opts_.kernel_mode)
+    throw CollectiveError(str_cat(name, ": cannot be captured in host mode, where the host ",
+                                  "drives every step (kernel mode needs a GPU per rank or MPS)"));
+  const Algo algo = algo_of(call);
+  const bool empty = moves_nothing(call, rank_, size_);
+  if (!empty && plans_.find(call, algo) == nullptr)
+    throw CollectiveError(str_cat(name, ": capture a call shape only after running it once ",
+                                  "(its plan is built then, outside the capture)"));
+  const uint64_t seq = ++seq_;
+  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
+  WaitContext w = wait_context(name, seq);
+  try {
+    rendezvous(call, guard, w);
+  } catch (const CollectiveError& e) {
+    abort(e.what());
+    throw;
+  }
+  auto graph = std::make_shared<EmuGraph>();
+  graph->owner = this;
+  graph->empty = empty;
+  graph->name = name;
+  graph->seq = seq;
+  if (empty) return graph;
+  const cuda::Plan& plan = plans_.pin(call, algo);
+  graph->dtype = call.dtype;
+  graph->args = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
+                                       plan.steps.size(), counters_);
+  graph->regions = launch_regions(call);
+  return graph;
+}
+
+void EmuComm::replay(const EmuGraph& graph) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  if (graph.owner != this) throw InvalidArgument("replay: the graph was captured elsewhere");
+  check_usable(graph.name);
+  if (graph.empty) return;
+  WaitContext w = wait_context(graph.name.c_str(), graph.seq);
+  try {
+    launch(graph.dtype, graph.args, graph.regions, w, false);
+  } catch (const CollectiveError& e) {
+    abort(e.what());
     throw;
   }
 }

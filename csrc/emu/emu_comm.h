@@ -24,6 +24,7 @@
 #include "cuda/plan.h"
 #include "emu/emu_checks.h"
 #include "host/executor.h"
+#include "host/fingerprint.h"
 #include "host/shm_segment.h"
 #include "host/shm_transport.h"
 
@@ -31,6 +32,22 @@ namespace pycoll {
 namespace emu {
 
 class BlockThreads;
+class EmuComm;
+
+// A collective captured for replay, as a CUDA graph captures a kernel-mode launch: the launch's
+// arguments, built once at capture, launched again by EmuComm::replay with no host rendezvous
+// and no plan lookup. Replays stay right only because kernel mode's blocks read their message
+// counts from their own flags at every launch (step_kernel.h, load_own_counts), so the flags
+// advance on the device, and because the plan they read is pinned in the cache.
+struct EmuGraph {
+  const EmuComm* owner = nullptr;
+  bool empty = false;  // the call moves nothing on this rank: a replay launches nothing
+  DType dtype{};
+  cuda::KernelArgs args{};
+  Regions regions;
+  std::string name;
+  uint64_t seq = 0;  // the captured call's number: errors name it
+};
 
 struct EmuOptions {
   size_t slot_bytes = 64 * 1024;
@@ -72,12 +89,22 @@ class EmuComm {
   Algo choose(Collective c, size_t bytes) const;
   // Runs `call` (arguments already checked).
   void run(const CollectiveCall& call);
+  // Kernel mode only, and only for a call shape run once before (its plan is built then): the
+  // fingerprints are compared now, every rank captures, nothing moves until replay.
+  std::shared_ptr<EmuGraph> capture(const CollectiveCall& call);
+  void replay(const EmuGraph& graph);
+  size_t plans_pinned() const { return plans_.pinned(); }
   void abort(const std::string& reason);
   bool poisoned() const { return aborted_.load(); }
 
  private:
   const cuda::Plan& plan_for(const CollectiveCall& call, Algo algo);
   void run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
+  void launch(DType dtype, const cuda::KernelArgs& a, const Regions& regions, const WaitContext& w,
+              bool drill);
+  Algo algo_of(const CollectiveCall& call) const;
+  void check_usable(const std::string& name) const;
+  void rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w);
   void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
   Regions launch_regions(const CollectiveCall& call) const;
   cuda::LaunchSetup launch_setup(bool use_flags);

@@ -205,6 +205,11 @@ def test_gpu_streams_and_async(what):
     run_mpi(2, "gpu_extras.py", what)
 
 
+def test_gpu_graph_capture_refused_in_host_mode():
+    out = run_mpi(2, "gpu_extras.py", "graph", env={"PYCOLL_CUDA_SYNC": "host"})
+    assert out.count("sync=host refused") == 2, out
+
+
 def test_gpu_torch_tensors():
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")
@@ -244,6 +249,7 @@ def run_gpu_bench(tmp_path, env: dict | None = None) -> dict:
 def test_gpu_bench_host_mode(tmp_path):
     got = run_gpu_bench(tmp_path, {"PYCOLL_CUDA_SYNC": "host"})
     assert got["sync_mode"] == "host" and got["floors"]["ping_pong"] is None, got["floors"]
+    assert got["graph_per_call"] is None, got
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -290,6 +296,11 @@ class TestKernelMode:
         got = run_gpu_bench(tmp_path, kernel_mode_env)
         assert got["sync_mode"] == "kernel", got
         assert 0 < got["floors"]["ping_pong"] < 1e-3, got["floors"]  # one flag's round trip
+        assert 0 < got["graph_per_call"] < 1e-3, got["graph_per_call"]  # replayed all-reduces
+
+    def test_gpu_graph_capture_and_replay(self, kernel_mode_env):
+        out = run_mpi(2, "gpu_extras.py", "graph", env=kernel_mode_env)
+        assert out.count("sync=kernel replays=5") == 2, out
 
     def test_gpu_call_cost(self, kernel_mode_env):
         script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_call_cost.py"

@@ -63,6 +63,13 @@ def test_emulated_more_shapes_than_the_plan_cache(mode):
     run_mpi(2, "emulated.py", mode, "shapes")
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_capture_and_replay(mode, nranks):
+    out = run_mpi(nranks, "emulated.py", mode, "replay")
+    assert f"replay {mode} ranks={nranks}" in out, out
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_emulated_sizes_change_back_to_back(mode):
     run_mpi(3, "emulated.py", mode, "resize")

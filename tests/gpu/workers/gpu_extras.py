@@ -1,6 +1,6 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
-Usage: mpiexec -n N python gpu_extras.py stream|async|torch|mismatch
+Usage: mpiexec -n N python gpu_extras.py stream|async|torch|mismatch|graph
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gpu_common import use_local_device
 from mpi4py import MPI
 
 from pycollectives.cuda import CudaComm
-from pycollectives.errors import CollectiveMismatch
+from pycollectives.errors import CollectiveError, CollectiveMismatch
 
 SUM = 0
 
@@ -110,12 +110,77 @@ def check_mismatch(comm: CudaComm):
     print(f"mismatch rank={comm.rank}")
 
 
+def capture(stream, fn):
+    """`fn()` captured on `stream` into a CUDA graph; the capture ended (invalidated or not)
+    whatever `fn` raised."""
+    stream.begin_capture()
+    try:
+        fn()
+    finally:
+        graph = stream.end_capture()
+    return graph
+
+
+def check_graph(comm: CudaComm):
+    """Collectives captured into a CUDA graph and replayed: right every time, with eager calls
+    between launches; refused in host mode and for a shape never run before."""
+    r, n = comm.rank, comm.size
+    s = cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(5000, cp.float32)
+    small = cp.zeros(2, cp.float32)
+    if comm.sync_mode == "host":
+        comm.all_reduce(x, None, SUM, None, s, False)
+        try:
+            capture(s, lambda: comm.all_reduce(x, None, SUM, None, s, False))
+        except CollectiveError as e:
+            assert "host mode" in str(e), e
+        else:
+            raise AssertionError("host mode captured a collective")
+        print(f"graph rank={r} sync=host refused")
+        return
+    try:
+        capture(s, lambda: comm.all_reduce(small, None, SUM, None, s, False))
+    except CollectiveError as e:
+        assert "once" in str(e), e
+    else:
+        raise AssertionError("a shape never run before was captured")
+    for buf in (x, small):
+        comm.all_reduce(buf, None, SUM, None, s, False)  # the plan is built outside the capture
+    out = cp.empty(4 * n, cp.int32)
+    part = cp.zeros(4, cp.int32)
+    comm.all_gather(part, out, None, s, False)
+
+    def body():
+        comm.all_reduce(x, None, SUM, None, s, False)
+        comm.all_reduce(small, None, SUM, None, s, False)
+        comm.all_gather(part, out, None, s, False)
+
+    graph = capture(s, body)
+    for k in range(5):
+        with s:
+            x[:] = cp.arange(x.size, dtype=cp.float32) % 7 + r + k
+            small.fill(r + k)
+            part.fill(10 * r + k)
+        graph.launch(stream=s)
+        s.synchronize()
+        want = sum(np.arange(x.size) % 7 + q + k for q in range(n)).astype(np.float32)
+        assert np.array_equal(cp.asnumpy(x), want), f"launch {k}: the captured all-reduce"
+        assert np.all(cp.asnumpy(small) == sum(q + k for q in range(n))), f"launch {k}"
+        want_g = np.repeat([10 * q + k for q in range(n)], 4).astype(np.int32)
+        assert np.array_equal(cp.asnumpy(out), want_g), f"launch {k}: the captured all-gather"
+        y = cp.full(333, r + 1, cp.float64)
+        comm.all_reduce(y, None, SUM, None, s, False)  # an eager call between launches
+        s.synchronize()
+        assert float(y[0]) == n * (n + 1) / 2, float(y[0])
+    print(f"graph rank={r} sync=kernel replays=5")
+
+
 def main():
     what = sys.argv[1]
     use_local_device()
     comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
-    checks["mismatch"] = check_mismatch
+    checks["mismatch"], checks["graph"] = check_mismatch, check_graph
     try:
         checks[what](comm)
     finally:

@@ -9,6 +9,7 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   MODE: kernel or host; STAGING: small (4 KiB slots: multi-piece messages) or default (64 KiB);
   ALGOS: comma-separated (default ring,tree,direct,auto); BLOCKS: blocks per launch (default 4).
   Special COLLECTIVE values: shapes (more than 256 distinct call shapes, back to back),
+  replay (collectives captured once and replayed, as CUDA graphs are),
   resize (sizes changing within the slot window), the fault drills dead_peer, timeout,
   mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective), and
   all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
@@ -23,7 +24,7 @@ import sys
 import time
 
 import numpy as np
-from checks import hard_exit, make_input, proc_stat, reference, run_main
+from checks import expect, hard_exit, make_input, proc_stat, reference, run_main
 from collectives import Checker, algorithms
 from mpi4py import MPI
 from new_collectives import Data
@@ -288,6 +289,57 @@ def split_mismatch(mpi, mode):
         print(f"split_mismatch {mode} ranks={n} cases={len(cases)}")
 
 
+def replay(mpi, mode):
+    """Collectives captured once and replayed, as CUDA graphs replay a kernel-mode launch: the
+    same launch arguments every time, the flags advancing on the device, eager calls between
+    replays, the plan cache flooded meanwhile (captured plans are pinned). Host mode refuses
+    to capture, and so does kernel mode for a shape not run before."""
+    from pycollectives.errors import CollectiveError
+
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3)
+    c, r, n = dev.dev, mpi.rank, mpi.size
+    total = op_code("sum")
+    first = np.zeros(64, np.int64)
+    if mode == "host":
+        dev.all_reduce(first)
+        expect(CollectiveError, lambda: c.capture("all_reduce", first, None, 0, total), "host mode")
+        say(f"replay host ranks={n}: capture refused")
+        return
+    expect(CollectiveError, lambda: c.capture("all_reduce", first, None, 0, total), "once")
+    graphs = []  # (buffer, graph): in-place all-reduces, ring, direct and tree, several sizes
+    for algo, count in (("ring", 5000), ("direct", 7), ("tree", 1200), ("auto", 3 * n + 11)):
+        buf = np.zeros(count, np.int64)
+        dev.all_reduce(buf, algorithm=algo)  # the plan is built here, outside the capture
+        graphs.append((buf, c.capture("all_reduce", buf, None, 0, total, algo_code(algo))))
+    xg, og = np.zeros(999, np.float32), np.zeros(999 * n, np.float32)
+    dev.all_gather(xg, og)
+    gather = c.capture("all_gather", xg, og)
+    assert c.plans_pinned == 5, c.plans_pinned
+
+    def replay_all(k):
+        for buf, g in graphs:
+            idx = np.arange(buf.size)
+            buf[:] = idx % 7 + r + k  # new inputs in the captured buffer, as a training step
+            c.replay(g)
+            want = sum(idx % 7 + q + k for q in range(n))
+            assert np.array_equal(buf, want), f"replay {k}: {buf.size} elements wrong"
+        xg[:] = np.arange(xg.size) + 1000 * r + k
+        c.replay(gather)
+        want = np.concatenate([np.arange(xg.size) + 1000 * q + k for q in range(n)])
+        assert np.array_equal(og, want.astype(np.float32)), f"all-gather replay {k} wrong"
+
+    for k in range(4):
+        replay_all(k)
+        inputs = [make_input(q, 777, np.dtype(np.float64), "sum", salt=k) for q in range(n)]
+        out = dev.all_reduce(inputs[r].copy(), algorithm="ring")  # an eager call between
+        assert np.allclose(out, reference(inputs, "sum", np.dtype(np.float64)))
+    for i in range(260):  # more shapes than the cache holds: it is emptied at least once
+        dev.all_reduce(np.ones(1 + i, np.int32), algorithm="direct")
+    assert c.plans_cached <= 256 and c.plans_pinned == 5, (c.plans_cached, c.plans_pinned)
+    replay_all(10)
+    say(f"replay kernel ranks={n}: 5 graphs x 5 replays right, eager calls between")
+
+
 def main():
     mode, collective = sys.argv[1], sys.argv[2]
     staging = sys.argv[3] if len(sys.argv) > 3 else "default"
@@ -296,6 +348,8 @@ def main():
     mpi = MPI.COMM_WORLD
     if collective == "shapes":
         shapes(mpi, mode)
+    elif collective == "replay":
+        replay(mpi, mode)
     elif collective == "resize":
         resize(mpi, mode)
     elif collective in NEW_COLLECTIVES:
