@@ -454,7 +454,8 @@ void bind_emu_comm(py::module_& m) {
           py::arg("op") = 0, py::arg("algorithm") = 0, py::keep_alive<0, 1>())
       .def("replay", &emu::EmuComm::replay, py::arg("graph"),
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned);
+      .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
+      .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run);
   py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
       .def_readonly("seq", &emu::EmuGraph::seq);
 }

@@ -208,6 +208,7 @@ const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo 
         cp.plan =
             build_plan(algo, call.collective,
                        plan_params(call, rank_, size_, opts_.slot_bytes, opts_.oneshot_max_bytes));
+        set_grid(cp.plan, layout_);
         const size_t bytes = cp.plan.steps.size() * sizeof(DevStep);
         if (bytes != 0) {
           PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cp.device_steps), bytes));
@@ -235,7 +236,9 @@ KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& c
   setup.error_claim = error_claim_;
   setup.timeout_s = timeout_s_.load();
   setup.use_flags = mode_ == SyncMode::Kernel;
-  return make_kernel_args(setup, call, cp.device_steps, cp.plan.steps.size(), counters_);
+  KernelArgs a = make_kernel_args(setup, call, cp.device_steps, cp.plan.steps.size(), counters_);
+  a.grid = cp.plan.grid;
+  return a;
 }
 
 void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp) {

@@ -85,6 +85,7 @@ void CudaComm::run_host_mode(const CollectiveCall& call, const CachedPlan& cp,
     KernelArgs a = kernel_args(call, cp);
     a.first_step = i;
     a.end_step = i + 1;
+    a.grid = active_channels(steps[i].count, layout_);  // this step's message alone
     PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
     PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
     wait_event(step_done_, w);

@@ -90,6 +90,7 @@ enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2 };
 struct KernelArgs {
   const DevStep* steps;
   uint32_t first_step, end_step;
+  int grid;        // blocks launched, the first `grid` of layout.nblocks (plan_grid)
   bool use_flags;  // false: the host orders the steps (host-synchronised mode)
   int rank;
   int op;       // RedOp

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) steps_kernel(const Kernel
 
 template <class T>
 cudaError_t launch(const KernelArgs& args, cudaStream_t stream) {
-  steps_kernel<T><<<args.layout.nblocks, kThreadsPerBlock, 0, stream>>>(args);
+  steps_kernel<T><<<args.grid, kThreadsPerBlock, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

@@ -24,6 +24,7 @@ namespace cuda {
 struct Plan {
   std::vector<DevStep> steps;
   MessageCounts<std::vector<uint64_t>> moved;  // by peer
+  int grid = 0;                                // blocks a launch runs: plan_grid (0 until set_grid)
 };
 
 // Throws InvalidArgument, before anything moves, for a call the device cannot run: more ranks
@@ -135,6 +136,19 @@ PYCOLL_HD_INLINE Slice channel_slice(size_t n, const SegmentLayout& L, int block
   const int active = active_channels(n, L);
   return block < active ? block_slice(n, active, block) : Slice{n, n};
 }
+
+// Blocks a launch of `steps` runs: the most channels any of its messages uses. The blocks past
+// it carry none of the messages (channel_slice gives them nothing, on both ends of each message,
+// so they neither wait nor count), and are not launched: one block for the smallest calls.
+inline int plan_grid(const std::vector<DevStep>& steps, const SegmentLayout& L) {
+  int grid = 1;
+  for (const DevStep& d : steps) {
+    const int c = active_channels(d.count, L);
+    grid = c > grid ? c : grid;
+  }
+  return grid;
+}
+inline void set_grid(Plan& plan, const SegmentLayout& L) { plan.grid = plan_grid(plan.steps, L); }
 
 // Bytes one block's share of a `slot_bytes` slot needs (the largest slice of the largest
 // message, in the widest wire type, rounded to 256 bytes).

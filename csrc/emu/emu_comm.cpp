@@ -132,9 +132,11 @@ const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
       call, algo,
       [&] {
         ++plans_built_;
-        return cuda::build_plan(
+        cuda::Plan plan = cuda::build_plan(
             algo, call.collective,
             cuda::plan_params(call, rank_, size_, opts_.slot_bytes, opts_.oneshot_max_bytes));
+        cuda::set_grid(plan, layout_);
+        return plan;
       },
       [](auto&) {});  // launches here are synchronous: nothing still reads a plan
 }
@@ -191,6 +193,7 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
                               const WaitContext& w) {
   cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
                                               plan.steps.size(), counters_);
+  a.grid = plan.grid;
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
   launch(call.dtype, a, launch_regions(call), w, drill);
@@ -200,8 +203,10 @@ void EmuComm::launch(DType dtype, const cuda::KernelArgs& a, const Regions& regi
                      const WaitContext& w, bool drill) {
   std::vector<std::exception_ptr> errors(opts_.nblocks);
   if (!blocks_) blocks_ = std::make_unique<BlockThreads>(opts_.nblocks);
+  blocks_run_ += static_cast<uint64_t>(a.grid);
   blocks_->run(
       [&](int b) {
+        if (b >= a.grid) return;  // not launched on the GPU either (plan_grid)
         const RegionsScope scope(&regions);
         try {
           run_block(dtype, a, b, opts_.threads);
@@ -236,7 +241,9 @@ void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
         cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(), counters_);
     a.first_step = static_cast<uint32_t>(i);
     a.end_step = static_cast<uint32_t>(i + 1);
-    for (int b = 0; b < opts_.nblocks; ++b) run_block(call.dtype, a, b, opts_.threads);
+    a.grid = cuda::active_channels(plan.steps[i].count, layout_);  // as CudaComm launches
+    blocks_run_ += static_cast<uint64_t>(a.grid);
+    for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
     cuda::host_publish_step(shm_, counters_, plan.steps[i]);
   }
 }
@@ -319,6 +326,7 @@ std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
   graph->dtype = call.dtype;
   graph->args = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
                                        plan.steps.size(), counters_);
+  graph->args.grid = plan.grid;
   graph->regions = launch_regions(call);
   return graph;
 }

@@ -94,6 +94,9 @@ class EmuComm {
   std::shared_ptr<EmuGraph> capture(const CollectiveCall& call);
   void replay(const EmuGraph& graph);
   size_t plans_pinned() const { return plans_.pinned(); }
+  // Blocks run by every launch so far, added up: a launch runs only the blocks its messages
+  // use (cuda::plan_grid), as on the GPU.
+  uint64_t blocks_run() const { return blocks_run_; }
   void abort(const std::string& reason);
   bool poisoned() const { return aborted_.load(); }
 
@@ -122,6 +125,7 @@ class EmuComm {
   ChannelCounters counters_;
   cuda::PlanCache<cuda::Plan> plans_;
   uint64_t plans_built_ = 0;
+  uint64_t blocks_run_ = 0;
   cuda::DeviceStatus status_{};
   uint32_t error_claim_ = 0;
   uint64_t seq_ = 0;

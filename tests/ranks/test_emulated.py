@@ -71,6 +71,12 @@ def test_emulated_capture_and_replay(mode, nranks):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_emulated_launch_runs_the_blocks_its_messages_use(mode):
+    out = run_mpi(2, "emulated.py", mode, "grid")
+    assert f"grid {mode} ranks=2" in out, out
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_emulated_sizes_change_back_to_back(mode):
     run_mpi(3, "emulated.py", mode, "resize")
 

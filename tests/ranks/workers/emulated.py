@@ -9,7 +9,8 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   MODE: kernel or host; STAGING: small (4 KiB slots: multi-piece messages) or default (64 KiB);
   ALGOS: comma-separated (default ring,tree,direct,auto); BLOCKS: blocks per launch (default 4).
   Special COLLECTIVE values: shapes (more than 256 distinct call shapes, back to back),
-  replay (collectives captured once and replayed, as CUDA graphs are),
+  replay (collectives captured once and replayed, as CUDA graphs are), grid (the blocks a
+  launch runs: those its messages use),
   resize (sizes changing within the slot window), the fault drills dead_peer, timeout,
   mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective), and
   all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
@@ -340,6 +341,26 @@ def replay(mpi, mode):
     say(f"replay kernel ranks={n}: 5 graphs x 5 replays right, eager calls between")
 
 
+def grid(mpi, mode):
+    """A launch runs only the blocks its messages use: one for the smallest calls, every block
+    for a message that spans them all, and the results right either way."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=4)
+    c, n = dev.dev, mpi.size
+    ran = []
+    for count in (2, 5000, 2, 300, 5000):
+        inputs = [make_input(q, count, np.dtype(np.float64), "sum", salt=count) for q in range(n)]
+        before = c.blocks_run
+        out = dev.all_reduce(inputs[mpi.rank].copy(), algorithm="ring")
+        ran.append(c.blocks_run - before)
+        assert np.allclose(out, reference(inputs, "sum", np.dtype(np.float64)))
+    small, large = ran[0], ran[1]
+    if mode == "kernel":  # one launch per call
+        assert small == 1 and large == 4 and ran[2] == 1 and 1 <= ran[3] <= 4, ran
+    else:  # one launch per step, each of the blocks that step's message uses
+        assert small * 4 <= large and ran[2] == small, ran
+    say(f"grid {mode} ranks={n}: blocks run per call {ran}")
+
+
 def main():
     mode, collective = sys.argv[1], sys.argv[2]
     staging = sys.argv[3] if len(sys.argv) > 3 else "default"
@@ -350,6 +371,8 @@ def main():
         shapes(mpi, mode)
     elif collective == "replay":
         replay(mpi, mode)
+    elif collective == "grid":
+        grid(mpi, mode)
     elif collective == "resize":
         resize(mpi, mode)
     elif collective in NEW_COLLECTIVES:
