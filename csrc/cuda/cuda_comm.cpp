@@ -54,7 +54,14 @@ CudaWork::~CudaWork() {
 
 bool CudaWork::is_completed() const {
   if (captured_) return true;  // an event recorded in a capture cannot be queried
+  // A query is one of the calls a capture in the default (global) mode forbids to every thread,
+  // and would invalidate it: the capturing thread's own pruning of finished work, or the
+  // watchdog's. This event was recorded outside any capture, so the query is safe: it runs in
+  // relaxed mode, the thread's mode restored after.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  PYCOLL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   const cudaError_t e = cudaEventQuery(event_);
+  PYCOLL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   if (e == cudaErrorNotReady) return false;
   PYCOLL_CUDA_CHECK(e);
   return true;
