@@ -262,9 +262,13 @@ def _from_cupy(a) -> ArrayInfo:
         if device is None:  # cupy before the attribute
             device = data.device.id
         dt = a.dtype
-        name = _DTYPE_NAMES.get(dt)
+        # dtypes that differ only in metadata compare (and hash) equal: those are not cached
+        # (BFLOAT16_BITS is uint16 with a tag).
+        name = _DTYPE_NAMES.get(dt) if dt.metadata is None else None
         if name is None:
-            name = _DTYPE_NAMES.setdefault(dt, _numpy_dtype_name(dt))
+            name = _numpy_dtype_name(dt)
+            if dt.metadata is None:
+                _DTYPE_NAMES[dt] = name
         return ArrayInfo(
             int(data.ptr), int(a.size), name, int(device), True, bool(a.flags.c_contiguous),
             False, "cupy", None,

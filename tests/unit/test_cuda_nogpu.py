@@ -123,6 +123,11 @@ def test_cupy_arrays_described_from_their_attributes(monkeypatch, dtype, old):
         assert info._replace(stream=None) == ref._replace(stream=None, library="cupy")
         assert (info.ptr, info.count, info.device, info.library) == (a.data.ptr, 15, 1, "cupy")
         assert info.contiguous == contiguous and arrays.is_cuda_array(a)
+    # uint16 and bfloat16 as uint16 bits (a tag in the dtype's metadata) compare equal as
+    # dtypes: each is still named as it is, whichever came first.
+    for dt, name in [(np.uint16, "uint16"), (arrays.BFLOAT16_BITS, "bfloat16"),
+                     (np.uint16, "uint16")]:  # fmt: skip
+        assert arrays.describe(FakeCupy.ndarray(4096, (4,), dt)).dtype_name == name
     # A cupy whose arrays lack these attributes: the interface describes them.
     bare = FakeCupy.ndarray(4096, (4,), "float32")
     del bare.data
