@@ -213,9 +213,7 @@ const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo 
       [&] {
         CachedPlan cp;
         cp.plan =
-            build_plan(algo, call.collective,
-                       plan_params(call, rank_, size_, opts_.slot_bytes, opts_.oneshot_max_bytes));
-        set_grid(cp.plan, layout_);
+            plan_call(algo, call, rank_, size_, layout_, opts_.slot_bytes, opts_.oneshot_max_bytes);
         const size_t bytes = cp.plan.steps.size() * sizeof(DevStep);
         if (bytes != 0) {
           PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cp.device_steps), bytes));
@@ -243,9 +241,8 @@ KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& c
   setup.error_claim = error_claim_;
   setup.timeout_s = timeout_s_.load();
   setup.use_flags = mode_ == SyncMode::Kernel;
-  KernelArgs a = make_kernel_args(setup, call, cp.device_steps, cp.plan.steps.size(), counters_);
-  a.grid = cp.plan.grid;
-  return a;
+  return make_kernel_args(setup, call, cp.device_steps, cp.plan.steps.size(), cp.plan.grid,
+                          counters_);
 }
 
 void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp) {
@@ -266,19 +263,13 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                         ? choose(call.collective, choice_count(call, size_) * esize)
                         : call.algo;
   // A stream being captured into a CUDA graph: the launch is captured, to run at every launch
-  // of the graph. Refused, before anything is exchanged, where a replay could not be right:
-  // host mode (the host drives every step, between launches), and a call shape not run before
-  // (its plan would be built and uploaded inside the capture; it is pinned once captured).
+  // of the graph (its plan pinned), unless a replay could not be right (check_capturable).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   PYCOLL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool capturing = capture == cudaStreamCaptureStatusActive;
-  if (capturing && mode_ != SyncMode::Kernel)
-    throw CollectiveError(str_cat(name, ": cannot be captured into a CUDA graph in host mode, ",
-                                  "where the host drives every step (kernel mode needs a GPU ",
-                                  "per rank, or MPS)"));
-  if (capturing && !moves_nothing(call, rank_, size_) && plans_.find(call, algo) == nullptr)
-    throw CollectiveError(str_cat(name, ": capture a call shape into a CUDA graph only after ",
-                                  "running it once (its plan is built then, outside the capture)"));
+  if (capturing)
+    check_capturable(name, mode_ == SyncMode::Kernel,
+                     moves_nothing(call, rank_, size_) || plans_.find(call, algo) != nullptr);
   const uint64_t seq = ++seq_;
   if (opts_.debug)
     std::fprintf(stderr,

@@ -50,7 +50,8 @@ namespace pycoll {
 namespace cuda {
 
 KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call,
-                            const DevStep* steps, size_t nsteps, const ChannelCounters& c) {
+                            const DevStep* steps, size_t nsteps, int grid,
+                            const ChannelCounters& c) {
   KernelArgs a{};
   a.steps = steps;
   a.first_step = 0;
@@ -69,7 +70,7 @@ KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call
   }
   a.counters.bcast_sent = c.bcast_sent;
   a.layout = setup.layout;
-  a.grid = setup.layout.nblocks;  // every block, unless the caller knows the plan's grid
+  a.grid = grid;
   a.status = setup.status;
   a.error_claim = setup.error_claim;
   a.timeout_ns = static_cast<uint64_t>(setup.timeout_s * 1e9);

@@ -31,7 +31,7 @@ namespace pycoll {
 namespace cuda {
 
 // One launch's arguments: steps [0, nsteps) of `steps` (as the device reads them) for `call`,
-// starting from the message counts `c`.
+// run by the first `grid` blocks, starting from the message counts `c`.
 struct LaunchSetup {
   int rank = 0;
   int size = 1;
@@ -43,7 +43,8 @@ struct LaunchSetup {
   bool use_flags = true;
 };
 KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call,
-                            const DevStep* steps, size_t nsteps, const ChannelCounters& c);
+                            const DevStep* steps, size_t nsteps, int grid,
+                            const ChannelCounters& c);
 
 }  // namespace cuda
 }  // namespace pycoll

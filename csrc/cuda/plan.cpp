@@ -104,6 +104,24 @@ Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
   return plan;
 }
 
+Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
+               size_t slot_bytes, size_t oneshot_max_bytes) {
+  Plan plan =
+      build_plan(a, call.collective, plan_params(call, rank, size, slot_bytes, oneshot_max_bytes));
+  plan.grid = plan_grid(plan.steps, L);
+  return plan;
+}
+
+void check_capturable(const char* name, bool kernel_mode, bool plan_ready) {
+  if (!kernel_mode)
+    throw CollectiveError(str_cat(name, ": cannot be captured into a CUDA graph in host mode, ",
+                                  "where the host drives every step (kernel mode needs a GPU ",
+                                  "per rank, or MPS)"));
+  if (!plan_ready)
+    throw CollectiveError(str_cat(name, ": capture a call shape into a CUDA graph only after ",
+                                  "running it once (its plan is built then, outside the capture)"));
+}
+
 ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
                            size_t oneshot_max_bytes) {
   const bool partials = carries_partials(call.collective);

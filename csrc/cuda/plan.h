@@ -24,7 +24,7 @@ namespace cuda {
 struct Plan {
   std::vector<DevStep> steps;
   MessageCounts<std::vector<uint64_t>> moved;  // by peer
-  int grid = 0;                                // blocks a launch runs: plan_grid (0 until set_grid)
+  int grid = 1;                                // blocks a launch runs (plan_grid)
 };
 
 // Throws InvalidArgument, before anything moves, for a call the device cannot run: more ranks
@@ -39,6 +39,16 @@ Plan build_plan(Algo a, Collective c, const ScheduleParams& p);
 // per-rank counts point into `call`, which must outlive the parameters.
 ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
                            size_t oneshot_max_bytes);
+
+// Rank `rank`'s plan of `call` on a device segment laid out as `L` (slots of `slot_bytes`):
+// build_plan of plan_params, with the grid its launches run (plan_grid).
+Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
+               size_t slot_bytes, size_t oneshot_max_bytes);
+
+// Refuses, with a CollectiveError and before anything is exchanged, a call that a CUDA graph
+// capture could not replay right: in host mode (the host drives every step, between launches),
+// or one whose plan is not built yet (it would be built and uploaded inside the capture).
+void check_capturable(const char* name, bool kernel_mode, bool plan_ready);
 
 // The automatic choice on the device: direct up to `direct_max_bytes` (of the input), ring
 // above; direct always for the collectives that have no ring (all-to-all, gather, scatter).
@@ -148,7 +158,6 @@ inline int plan_grid(const std::vector<DevStep>& steps, const SegmentLayout& L) 
   }
   return grid;
 }
-inline void set_grid(Plan& plan, const SegmentLayout& L) { plan.grid = plan_grid(plan.steps, L); }
 
 // Bytes one block's share of a `slot_bytes` slot needs (the largest slice of the largest
 // message, in the widest wire type, rounded to 256 bytes).

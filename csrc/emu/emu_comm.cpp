@@ -132,11 +132,8 @@ const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
       call, algo,
       [&] {
         ++plans_built_;
-        cuda::Plan plan = cuda::build_plan(
-            algo, call.collective,
-            cuda::plan_params(call, rank_, size_, opts_.slot_bytes, opts_.oneshot_max_bytes));
-        cuda::set_grid(plan, layout_);
-        return plan;
+        return cuda::plan_call(algo, call, rank_, size_, layout_, opts_.slot_bytes,
+                               opts_.oneshot_max_bytes);
       },
       [](auto&) {});  // launches here are synchronous: nothing still reads a plan
 }
@@ -192,8 +189,7 @@ void EmuComm::drill_fault() const {
 void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan,
                               const WaitContext& w) {
   cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
-                                              plan.steps.size(), counters_);
-  a.grid = plan.grid;
+                                              plan.steps.size(), plan.grid, counters_);
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
   launch(call.dtype, a, launch_regions(call), w, drill);
@@ -237,11 +233,12 @@ void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     if (opts_.fault_seq == w.seq && i == static_cast<size_t>(opts_.fault_step)) drill_fault();
     cuda::host_wait_step(shm_, counters_, plan.steps[i], w);
+    // As CudaComm launches it: the blocks of this step's message alone.
     cuda::KernelArgs a =
-        cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(), counters_);
+        cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(),
+                               cuda::active_channels(plan.steps[i].count, layout_), counters_);
     a.first_step = static_cast<uint32_t>(i);
     a.end_step = static_cast<uint32_t>(i + 1);
-    a.grid = cuda::active_channels(plan.steps[i].count, layout_);  // as CudaComm launches
     blocks_run_ += static_cast<uint64_t>(a.grid);
     for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
     cuda::host_publish_step(shm_, counters_, plan.steps[i]);
@@ -298,15 +295,10 @@ std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
   const char* name = call.barrier ? "barrier" : collective_name(call.collective);
   check_usable(name);
   cuda::check_device_call(call, size_);
-  // Refused before anything is exchanged, the same on every rank that calls alike.
-  if (!opts_.kernel_mode)
-    throw CollectiveError(str_cat(name, ": cannot be captured in host mode, where the host ",
-                                  "drives every step (kernel mode needs a GPU per rank or MPS)"));
   const Algo algo = algo_of(call);
   const bool empty = moves_nothing(call, rank_, size_);
-  if (!empty && plans_.find(call, algo) == nullptr)
-    throw CollectiveError(str_cat(name, ": capture a call shape only after running it once ",
-                                  "(its plan is built then, outside the capture)"));
+  // As CudaComm refuses it, before anything is exchanged.
+  cuda::check_capturable(name, opts_.kernel_mode, empty || plans_.find(call, algo) != nullptr);
   const uint64_t seq = ++seq_;
   FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
   WaitContext w = wait_context(name, seq);
@@ -325,8 +317,7 @@ std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
   const cuda::Plan& plan = plans_.pin(call, algo);
   graph->dtype = call.dtype;
   graph->args = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
-                                       plan.steps.size(), counters_);
-  graph->args.grid = plan.grid;
+                                       plan.steps.size(), plan.grid, counters_);
   graph->regions = launch_regions(call);
   return graph;
 }
