@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -75,7 +74,8 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls) -> dict:
     give, get = counts(coll, nbytes, n)
     # Small integers, not zeros (nothing runs faster on special values), so that every sum is
     # exact in float32 whatever the order of the additions.
-    x = (cp.arange(give) % 1024).astype(cp.float32)
+    given = (np.arange(give) % 1024).astype(np.float32)
+    x = cp.asarray(given)
     out = cp.empty(get, cp.float32)
 
     def ours():
@@ -92,8 +92,7 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls) -> dict:
     row["sync"] = gpu.time_synchronised(mpi, ours, sync, k)
     k = gpu.calls_for(mpi, ours, sync, B2B_BUDGET_S, calls, least=2)
     row["b2b"] = gpu.time_back_to_back(mpi, ours, sync, k)
-    expect = (np.arange(give) % 1024).astype(np.float32)
-    expect = expect * n if coll == "all_reduce" else np.tile(expect, n)
+    expect = given * n if coll == "all_reduce" else np.tile(given, n)
     if not np.array_equal(cp.asnumpy(out), expect):
         raise SystemExit(f"gpu_bench: rank {mpi.rank}: {coll} of {row['size']} B is wrong")
 
@@ -131,39 +130,6 @@ def derived(coll: str, row: dict, n: int, copy_bw_gbs: float, floors) -> dict:
     }
 
 
-def graph_per_call(comm, cp, mpi, calls: int = 100, reps: int = 5):
-    """(seconds per call, "") of 8 B all-reduces captured into one CUDA graph of `calls` and
-    launched `reps` times (the slowest rank's median), or (None, why not): kernel mode only."""
-    error, per = None, []
-    s = cp.cuda.Stream(non_blocking=True)
-    x, out = cp.ones(2, cp.float32), cp.empty(2, cp.float32)
-    try:
-        with s:
-            comm.all_reduce(x, out)  # the shape's plan is built outside the capture
-        s.synchronize()
-        s.begin_capture()
-        try:
-            with s:
-                for _ in range(calls):
-                    comm.all_reduce(x, out)
-        finally:
-            graph = s.end_capture()
-        graph.launch(stream=s)
-        s.synchronize()
-        for _ in range(reps):
-            mpi.Barrier()
-            t0 = time.perf_counter()
-            graph.launch(stream=s)
-            s.synchronize()
-            per.append((time.perf_counter() - t0) / calls)
-    except Exception as e:  # reported; the rest of the benchmark goes on
-        error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    errors = [e for e in mpi.allgather(error) if e]
-    if errors:
-        return None, errors[0]
-    return mpi.allreduce(float(np.median(per)), op=MPI.MAX), ""
-
-
 def us(seconds) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e6:.1f} us"
 
@@ -199,7 +165,7 @@ def main():
     floors = gpu.measure_floors(mpi, cp, kernel_mode=mode == "kernel")
     graph, graph_why = None, "kernel mode only (host mode cannot be captured)"
     if mode == "kernel":
-        graph, graph_why = graph_per_call(comm, cp, mpi)
+        graph, graph_why = gpu.graph_per_call(mpi, cp, comm)
     nccl = gpu.Nccl(mpi, dev)
     if mpi.rank == 0:
         print(f"# {n} ranks on {dev.name}, devices {sorted(set(dev.devices))}, sync={mode}")

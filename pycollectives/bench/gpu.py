@@ -543,6 +543,40 @@ def measure_floors(mpi, cp, kernel_mode: bool, iters: int = 200, calls: int = 20
     return Floors(sync, b2b, per_round, why)
 
 
+def graph_per_call(mpi, cp, comm, calls: int = 100, reps: int = 5):
+    """(seconds per call, "") of 8 B all-reduces through `comm` (a Communicator) captured into
+    one CUDA graph of `calls` and launched `reps` times, the slowest rank's median; or (None,
+    why not). Kernel mode only: host mode refuses to be captured."""
+    error, per = None, []
+    s = cp.cuda.Stream(non_blocking=True)
+    x, out = cp.ones(2, cp.float32), cp.empty(2, cp.float32)
+    try:
+        with s:
+            comm.all_reduce(x, out)  # the shape's plan is built outside the capture
+        s.synchronize()
+        s.begin_capture()
+        try:
+            with s:
+                for _ in range(calls):
+                    comm.all_reduce(x, out)
+        finally:
+            graph = s.end_capture()
+        graph.launch(stream=s)
+        s.synchronize()
+        for _ in range(reps):
+            mpi.Barrier()
+            t0 = time.perf_counter()
+            graph.launch(stream=s)
+            s.synchronize()
+            per.append((time.perf_counter() - t0) / calls)
+    except Exception as e:  # reported; the rest of the benchmark goes on
+        error = _first_line(e)
+    errors = [e for e in mpi.allgather(error) if e]
+    if errors:
+        return None, errors[0]
+    return _max_over_ranks(mpi, float(np.median(per))), ""
+
+
 def _ping_pong(mpi, cp, kernel, rounds: int, timeout_s: float):
     """(seconds per round trip, "") between ranks 0 and 1, or (None, why not). Every step
     that can fail on one rank is followed by an exchange of errors, so no rank is left in a
