@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pycollectives import arrays
 from pycollectives.bootstrap import as_group
-from pycollectives.cuda_args import check_call
+from pycollectives.cuda_args import check_call, given_lists
 from pycollectives.cuda_env import (  # noqa: F401 (the device choices and statuses: public)
     _native,
     arrays_device,
@@ -44,15 +44,6 @@ from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS_FOR, algo_code, collective_code, op_code
 from pycollectives.options import Options
 from pycollectives.work import InFlight, Work
-
-
-def _splits(counts=None, in_splits=None, out_splits=None) -> dict:
-    """The per-rank lists of a call as keywords, those given only: the even form passes none
-    (keywords cost the native call 2 us per call even when they are None)."""
-    if counts is None and in_splits is None and out_splits is None:
-        return {}
-    lists = {"counts": counts, "in_splits": in_splits, "out_splits": out_splits}
-    return {k: v for k, v in lists.items() if v is not None}
 
 
 class _CudaCompletion:
@@ -254,7 +245,7 @@ class CudaComm:
         Communicator's backend protocol)."""
         return self._launch(
             call.collective, call.x, call.out, call.op, call.root, call.algorithm, call.stream,
-            call.async_op, _splits(call.counts, call.in_splits, call.out_splits),
+            call.async_op, given_lists(call.counts, call.in_splits, call.out_splits),
         )  # fmt: skip
 
     def algorithm_for(self, collective: str, nbytes: int) -> str:
@@ -265,7 +256,7 @@ class CudaComm:
         out_splits); returns `result`, or a ``Work`` with `async_op`. The named methods below
         are its usual spellings."""
         completion = self._launch(
-            collective, x, out, op, root, algorithm, stream, async_op, _splits(**splits)
+            collective, x, out, op, root, algorithm, stream, async_op, given_lists(**splits)
         )
         # The arrays stay referenced until the GPU is done with them, waited for or not.
         work = Work(completion, (x, out), result)
