@@ -170,7 +170,10 @@ PYBIND11_MODULE(_net, m) {
       .def("is_completed", [](const PyNetP2PWork& w) { return w.batch->done.load(); })
       .def_property_readonly("seq", [](const PyNetP2PWork&) { return 0; });
 
-  py::class_<PyNetP2P>(m, "NetP2P")
+  py::class_<PyNetP2P> net_p2p(m, "NetP2P");
+  // start() takes the ops as _C.check_p2p describes them (the gloo engine takes the arrays).
+  net_p2p.attr("takes_arrays") = false;
+  net_p2p
       .def(py::init([](py::object comm, double timeout, size_t block_bytes) {
              return PyNetP2P{comm,
                              std::make_shared<NetP2P>(mpi_comm_of(comm), timeout, block_bytes)};

@@ -39,6 +39,7 @@ class NetP2P:
     (``csrc/net/net_p2p.h``). Collective to make: duplicates `comm` three times."""
 
     def __init__(self, comm: Any, timeout: float, block_bytes: int = 1 << 30) -> None: ...
+    takes_arrays: bool  # False: start() takes the native description of each op
     timeout: float
     @property
     def tag_ub(self) -> int: ...

@@ -13,8 +13,10 @@ communicator, or None for a store rendezvous).
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import pickle
+import socket
 import threading
 from datetime import timedelta
 
@@ -22,6 +24,59 @@ from pycollectives.errors import CollectiveError
 
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _store_groups = itertools.count()  # communicators are made in the same order on every rank
+# Where launchers say which of a machine's processes this is, and how many it runs: torchrun,
+# MPICH's and Open MPI's mpiexec.
+_LOCAL_RANK_VARS = (("LOCAL_RANK", "LOCAL_WORLD_SIZE"), ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+                    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"))  # fmt: skip
+
+
+def machine_id(environ=None) -> str:
+    """Which machine this process runs on, as every process of the job sees it: the host name
+    and the kernel's boot id (two containers may share a host name; processes of one kernel
+    share memory), or ``PYCOLL_HOST_ID`` when set (emulated nodes, e.g. two torchrun agents on
+    one machine each taken as a node)."""
+    env = os.environ if environ is None else environ
+    given = env.get("PYCOLL_HOST_ID", "")
+    if given:
+        return f"given:{given}"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}"
+
+
+def launch_local_rank(environ=None, mpi: bool = False):
+    """(this process's index among the launch's processes on its machine, their number), from
+    the launcher's environment (`mpi`: mpiexec's alone); None where no launcher says."""
+    env = os.environ if environ is None else environ
+    for rank_var, size_var in _LOCAL_RANK_VARS[1:] if mpi else _LOCAL_RANK_VARS:
+        try:
+            return int(env[rank_var]), int(env[size_var])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def check_color(color, key) -> tuple:
+    """(color, key) of a split as ints; color None or negative: this rank joins no group."""
+    try:
+        return (-1 if color is None else operator.index(color)), operator.index(key)
+    except TypeError:
+        raise TypeError(
+            f"split: color must be an int or None and key an int, got {type(color).__name__} "
+            f"and {type(key).__name__}"
+        ) from None
+
+
+def split_members(pairs: list, rank: int):
+    """The ranks of this rank's part of a split, in (key, old rank) order, from every rank's
+    (color, key); None when this rank's color is negative (it joins none)."""
+    color = pairs[rank][0]
+    if color < 0:
+        return None
+    return sorted((r for r, p in enumerate(pairs) if p[0] == color), key=lambda r: (pairs[r][1], r))
 
 
 class MpiGroup:
@@ -50,6 +105,34 @@ class MpiGroup:
         finally:
             node.Free()
 
+    @classmethod
+    def of_members(cls, comm, members):
+        """The group of the ranks `members` of `comm` (in that order), made by them alone
+        (``MPI_Comm_create_group``: the other ranks of `comm` take no part)."""
+        whole = comm.Get_group()
+        part = whole.Incl(list(members))
+        try:
+            sub = comm.Create_group(part)
+        finally:
+            part.Free()
+            whole.Free()
+        group = cls(sub, dup=False)
+        group._owned = True
+        return group
+
+    def split(self, color, key):
+        """The group of the ranks that gave this `color`, ordered by `key` then rank
+        (``MPI_Comm_split``); None for a negative color. Collective."""
+        from mpi4py import MPI
+
+        color, key = check_color(color, key)
+        part = self.mpi.Split(MPI.UNDEFINED if color < 0 else color, key)
+        if part == MPI.COMM_NULL:
+            return None
+        group = MpiGroup(part, dup=False)
+        group._owned = True  # the split is ours to free
+        return group
+
     def free(self):
         if self.mpi is not None and self._owned:
             self.mpi.Free()
@@ -58,13 +141,13 @@ class MpiGroup:
 
 class StoreGroup:
     """Ranks that meet through a torch.distributed store (torchrun, ``env://``, or the store
-    torch hands a process-group backend), all on one machine."""
+    torch hands a process-group backend), on one machine or several."""
 
     mpi = None
 
-    def __init__(self, rank: int, size: int, store):
-        self.rank, self.size, self._store = rank, size, store
-        self._prefix = f"pycollectives/{next(_store_groups)}"
+    def __init__(self, rank: int, size: int, store, prefix: str | None = None):
+        self.rank, self.size, self.store = rank, size, store
+        self.prefix = prefix if prefix is not None else f"pycollectives/{next(_store_groups)}"
         self._round = 0
 
     @classmethod
@@ -97,16 +180,29 @@ class StoreGroup:
 
     def allgather(self, obj) -> list:
         self._round += 1
-        keys = [f"{self._prefix}/{self._round}/{r}" for r in range(self.size)]
-        self._store.set(keys[self.rank], pickle.dumps(obj))
-        self._store.wait(keys)
-        return [pickle.loads(self._store.get(k)) for k in keys]
+        keys = [f"{self.prefix}/{self._round}/{r}" for r in range(self.size)]
+        self.store.set(keys[self.rank], pickle.dumps(obj))
+        self.store.wait(keys)
+        return [pickle.loads(self.store.get(k)) for k in keys]
+
+    def split(self, color, key):
+        """As ``MpiGroup.split``: the ranks of one color meet under a prefix of their own in
+        the same store."""
+        pairs = self.allgather(check_color(color, key))
+        members = split_members(pairs, self.rank)
+        if members is None:
+            return None
+        prefix = f"{self.prefix}/split{self._round}/{pairs[self.rank][0]}"
+        return StoreGroup(members.index(self.rank), len(members), self.store, prefix)
 
     def local(self) -> tuple:
-        return self.rank, self.size
+        """(rank among the ranks of this machine, their number). Collective."""
+        machines = self.allgather(machine_id())
+        here = [r for r, m in enumerate(machines) if m == machines[self.rank]]
+        return here.index(self.rank), len(here)
 
     def free(self):
-        self._store = None
+        self.store = None
 
 
 class ThreadGroup:
@@ -138,6 +234,18 @@ class ThreadGroup:
                 f"within {self._timeout} s (or one of them failed)"
             ) from None
         return list(slots)
+
+    def split(self, color, key):
+        """As ``MpiGroup.split``, among threads: the lowest rank of each color makes what its
+        group shares and hands it to the others in a second exchange."""
+        pair = check_color(color, key)
+        pairs = self.allgather(pair)
+        members = split_members(pairs, self.rank)
+        lead = members is not None and members[0] == self.rank
+        made = self.allgather(ThreadGroup.shared(len(members)) if lead else None)
+        if members is None:
+            return None
+        return ThreadGroup(members.index(self.rank), made[members[0]], self._timeout)
 
     def abort(self):
         """Breaks the barrier: threads waiting in an exchange raise instead of waiting on."""

@@ -71,13 +71,7 @@ class Communicator:
         self._staged = None  # send/recv of GPU arrays, made by the first one
         self._group = bootstrap.world(mpi_comm, self.options.timeout)
         try:
-            per_node, cyclic = ranks_per_node_from_env()
-            if self._group.mpi is not None:
-                self.topology = Topology.discover(self._group.mpi, per_node, cyclic)
-            elif per_node:
-                raise CollectiveError("PYCOLL_RANKS_PER_NODE needs an mpiexec launch")
-            else:
-                self.topology = Topology([0] * self._group.size)
+            self.topology = Topology.of_group(self._group, *ranks_per_node_from_env())
             if self.topology.num_nodes == 1:
                 self._host = HostBackend(self._group, self.options)
             else:
@@ -155,6 +149,27 @@ class Communicator:
             self._group.free()
             if trace.enabled():
                 trace.write()
+
+    def split(self, color, key=None, **kw):
+        """A communicator of the ranks that pass the same `color`, ranked by `key` (default:
+        their rank here) then by rank, as ``MPI_Comm_split`` and ``ncclCommSplit``; None on a
+        rank whose color is None (or negative). Collective over this communicator. The new
+        one has shared memory of its own and, over several nodes, the nodes its ranks are on:
+        shared memory among the ranks of one node, MPI (or, under torchrun, gloo) between
+        nodes. Keyword arguments as for ``Communicator``; by default this one's timeout and
+        staging. Example (the ranks of each node, and one rank per node)::
+
+            node = comm.split(comm.topology.node_of[comm.rank])
+            leaders = comm.split(0 if node.rank == 0 else None)
+        """
+        self._backend()  # not closed
+        group = self._group.split(color, self.rank if key is None else key)
+        if group is None:
+            return None
+        o = self.options
+        kw = {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
+              "staging_slots": o.staging_slots, **kw}  # fmt: skip
+        return Communicator(group, **kw)
 
     def abort(self, reason: str = "aborted by the application"):
         """Makes this rank's communicator unusable at once (as ``ncclCommAbort``): an

@@ -27,7 +27,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 
 from pycollectives import _C
-from pycollectives.bootstrap import MpiGroup
+from pycollectives.bootstrap import StoreGroup
 from pycollectives.errors import CollectiveError, CollectiveTimeout
 from pycollectives.hierarchy_blocks import BlocksAndMessages
 from pycollectives.ops import ALGORITHMS_FOR, AVG, algo_code
@@ -90,24 +90,24 @@ class Hierarchical(BlocksAndMessages):
 
     @classmethod
     def connect(cls, group, opts, topology: Topology):
-        """Shared memory inside this node, MPI between nodes: collective over `group` (an
-        ``MpiGroup``; `opts` the communicator's ``Options``)."""
+        """Shared memory inside this node; between nodes MPI where `group` has it, else gloo
+        over the rendezvous store (``pycollectives.gloo_net``). Collective over `group` (`opts`
+        the communicator's ``Options``)."""
         from pycollectives.backends import rendezvous
 
-        rank, mpi = group.rank, group.mpi
-        if mpi is None:
-            raise CollectiveError(
-                f"a communicator over {topology.num_nodes} nodes needs MPI between them; "
-                "launch with mpiexec"
-            )
+        rank = group.rank
         if topology.ranks_per_node is None:
             raise ValueError(
                 "hierarchical collectives need the same number of ranks on every node; nodes "
                 f"have {', '.join(str(len(n)) for n in topology.nodes)} ranks "
                 f"({topology.describe()})"
             )
-        node_group = MpiGroup(mpi.Split(topology.node_of[rank], key=rank), dup=False)
-        node_group._owned = True  # the split is ours to free
+        if group.mpi is None and not isinstance(group, StoreGroup):
+            raise CollectiveError(
+                f"a communicator over {topology.num_nodes} nodes needs MPI or a store between "
+                "them; launch with mpiexec or torchrun"
+            )
+        node_group = group.split(topology.node_of[rank], rank)
         host, error = None, None
         try:
             host = rendezvous(node_group, opts)
@@ -119,22 +119,36 @@ class Hierarchical(BlocksAndMessages):
             node_group.free()
             raise CollectiveError("cannot set up the nodes: " + "; ".join(errors))
         try:
-            _net = load_net_transport()
+            net, p2p = cls._engines(group, opts, topology)
         except CollectiveError:
             node_group.free()
             raise
-        net = _net.NetComm(mpi, piece_bytes=opts.net_piece_bytes, window=8, timeout=opts.timeout)
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
-        hier._node_group = node_group
-        hier._p2p = _net.NetP2P(mpi, opts.timeout)  # collective: duplicates `mpi`
-        hier.mpi = mpi
+        hier._node_group, hier._p2p, hier._group = node_group, p2p, group
         return hier
+
+    @staticmethod
+    def _engines(group, opts, topology):
+        """(collectives, messages) between nodes: ``_net`` over MPI, or gloo over the store.
+        Collective over `group`."""
+        if group.mpi is None:
+            from pycollectives.gloo_net import GlooNet, GlooP2P
+
+            net = GlooNet(group, opts.timeout)
+            p2p = GlooP2P(net)  # collective: the gloo group of every rank, and the inter-node
+            # group of this rank's local rank, made by all of them now
+            net.process_group(topology.group(topology.local_of[group.rank]))
+            return net, p2p
+        _net = load_net_transport()
+        mpi = group.mpi
+        net = _net.NetComm(mpi, piece_bytes=opts.net_piece_bytes, window=8, timeout=opts.timeout)
+        return net, _net.NetP2P(mpi, opts.timeout)  # collective: duplicates `mpi`
 
     def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
         self._node_group = None
-        self._p2p = None  # MPI messages to other nodes
-        self.mpi = None  # every rank's MPI communicator
+        self._p2p = None  # messages to other nodes
+        self._group = None  # every rank's rendezvous group
         self.topo = topology
         self.rank = rank
         self.size = topology.size

@@ -38,7 +38,7 @@ class BlocksAndMessages:
 
         def run(seq):
             if c == "all_to_all":
-                _check_splits(self.mpi.allgather((call.in_splits, call.out_splits)), seq)
+                _check_splits(self._group.allgather((call.in_splits, call.out_splits)), seq)
             self.net.run(c, algo, self._all, x.reshape(-1), out.reshape(-1), count, dtype,
                          call.op, call.root, divisor, seq, **lists)  # fmt: skip
 
@@ -55,7 +55,7 @@ class BlocksAndMessages:
         away, here = [], []
         for o, d in zip(ops, described):
             if node_of[o.peer] != node:
-                away.append(d)
+                away.append(o if self._p2p.takes_arrays else d)
             else:
                 here.append((o.kind, o.array, self.topo.local_of[o.peer], o.tag))
         if not away:

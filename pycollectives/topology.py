@@ -31,24 +31,45 @@ class Topology:
     @classmethod
     def discover(cls, comm, ranks_per_node=None, cyclic=False):
         """Nodes of an mpi4py communicator: the machines (``COMM_TYPE_SHARED``), each split
-        into nodes of `ranks_per_node` ranks if given (consecutive ranks, or dealt out
-        round-robin if `cyclic`). Collective over `comm`."""
+        into nodes of `ranks_per_node` ranks if given (see `part`). Collective over `comm`."""
         from mpi4py import MPI
+
+        from pycollectives import bootstrap
 
         rank = comm.Get_rank()
         host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         try:
             leader = host.bcast(rank, root=0)
-            local, on_host = host.Get_rank(), host.Get_size()
+            local = bootstrap.launch_local_rank(mpi=True) or (host.Get_rank(), host.Get_size())
         finally:
             host.Free()
-        if not ranks_per_node:
-            part = 0
-        elif cyclic:
-            part = local % max(1, on_host // ranks_per_node)
-        else:
-            part = local // ranks_per_node
-        return cls(comm.allgather((leader, part)))
+        return cls(comm.allgather((leader, part(local, ranks_per_node, cyclic))))
+
+    @classmethod
+    def of_group(cls, group, ranks_per_node=None, cyclic=False):
+        """Nodes of a rendezvous group (``pycollectives.bootstrap``): through MPI where the
+        group has it; otherwise the machines named by ``bootstrap.machine_id`` (host identity,
+        never rank numbers), each split as `discover` does. Collective over `group`."""
+        from pycollectives import bootstrap
+
+        if group.mpi is not None:
+            return cls.discover(group.mpi, ranks_per_node, cyclic)
+        if isinstance(group, bootstrap.ThreadGroup):
+            if ranks_per_node:
+                raise ValueError(
+                    "PYCOLL_RANKS_PER_NODE: the ranks of a local communicator are threads of "
+                    "one process, which cannot be split into nodes"
+                )
+            return cls([0] * group.size)
+        launch = bootstrap.launch_local_rank()
+        entries = group.allgather((bootstrap.machine_id(), launch))
+        keys = []
+        for r, (machine, local) in enumerate(entries):
+            if local is None:  # no launcher said: its place among the group's ranks there
+                here = [q for q, e in enumerate(entries) if e[0] == machine]
+                local = here.index(r), len(here)
+            keys.append((machine, part(local, ranks_per_node, cyclic)))
+        return cls(keys)
 
     @property
     def size(self) -> int:
@@ -70,6 +91,19 @@ class Topology:
 
     def describe(self) -> str:
         return " | ".join(",".join(map(str, n)) for n in self.nodes)
+
+
+def part(local, ranks_per_node, cyclic) -> int:
+    """Which emulated node of its machine a rank is on, from (its index among the launch's
+    ranks on the machine, their number): the launch's, not the communicator's, so that a
+    sub-communicator sees the nodes its ranks are on. Consecutive ranks, or dealt out
+    round-robin if `cyclic`; 0 when machines are not split."""
+    if not ranks_per_node:
+        return 0
+    index, on_host = local
+    if cyclic:
+        return index % max(1, on_host // ranks_per_node)
+    return index // ranks_per_node
 
 
 def ranks_per_node_from_env():

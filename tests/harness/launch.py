@@ -146,3 +146,36 @@ def clean_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
     env.update(PYTHONUNBUFFERED="1", PYCOLL_TIMEOUT="30", **extra)
     return with_harness(env)
+
+
+def run_env_launch(nprocs: int, worker: str, *args: str, rank_env=None, timeout: float = 120,
+                   **env) -> list[str]:  # fmt: skip
+    """Runs `worker` as an env:// launcher would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+    no mpiexec), with `env` on every rank and `rank_env(r)` on rank r; returns each rank's
+    stdout. A rank that fails or hangs fails the test, named with its output."""
+    port = str(free_port())
+    procs = []
+    for r in range(nprocs):
+        extra = {**env, **(rank_env(r) if rank_env else {})}
+        launch = dict(RANK=str(r), WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=port)  # fmt: skip
+        procs.append(subprocess.Popen(
+            [sys.executable, str(worker_path(worker)), *args], env=clean_env(**launch, **extra),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+    outs, hung = [], []
+    for r, p in enumerate(procs):
+        try:
+            outs.append(p.communicate(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            hung.append(r)
+            for q in procs:
+                q.kill()
+            outs.append(p.communicate())
+    failed = [(r, p.returncode, o) for r, (p, o) in enumerate(zip(procs, outs)) if p.returncode]
+    if hung or failed:
+        report = "; ".join(f"rank {r} exited with {code}: {(o[1] or o[0])[-1500:]}"
+                           for r, code, o in failed)  # fmt: skip
+        pytest.fail(f"{worker} {' '.join(args)} on {nprocs} ranks (env://): "
+                    f"{f'ranks {hung} hung; ' if hung else ''}{report}", pytrace=False)  # fmt: skip
+    return [o[0] for o in outs]

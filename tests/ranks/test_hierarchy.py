@@ -89,3 +89,14 @@ def test_bad_ranks_per_node():
         returncodes=(1,),
     )
     assert "PYCOLL_RANKS_PER_NODE='zero'" in err
+
+
+@pytest.mark.parametrize("nranks,per_node", [(3, None), (4, "2"), (6, "2")])
+def test_split_within_and_across_nodes(nranks, per_node):
+    # comm.split under mpiexec: each node's ranks (shared memory), one rank per node and the
+    # odd/even ranks (across nodes: MPI between them), each with the nodes its ranks are on.
+    env = {"PYCOLL_RANKS_PER_NODE": per_node, **SMALL} if per_node else {}
+    out = run_mpi(nranks, "nodes.py", "split,messages", env=env)
+    for case in ("split", "messages"):
+        for r in range(nranks):
+            assert f"rank {r} ok {case}" in out, out[-3000:]

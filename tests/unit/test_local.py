@@ -169,3 +169,35 @@ def test_bfloat16_as_tagged_uint16_without_ml_dtypes():
     assert _C.check_p2p([("send", ins[0], 1, 0)], 0, 2)[0][3] == arrays.DTYPE_CODES["bfloat16"]
     with pytest.raises(TypeError, match="uint16"):  # untagged, it is an unsupported dtype
         _C.check_p2p([("send", ins[0].view(np.uint16), 1, 0)], 0, 2)
+
+
+def test_local_split_by_parity_with_keys_reversed_and_ranks_left_out():
+    comms = pc.Communicator.local(5, timeout=30)
+
+    def body(c):
+        r = c.rank
+        color = None if r == 4 else r % 2  # rank 4 joins none
+        sub = c.split(color, key=-r)
+        if sub is None:
+            return None
+        with sub:
+            x = np.full(3, float(r))
+            sub.all_reduce(x)
+            return sub.rank, sub.size, x[0], sub.all_gather_object(r)
+
+    got = run_ranks(comms, body)
+    for c in comms:
+        c.close()
+    assert got[4] is None
+    evens, odds = [2, 0], [3, 1]  # key -r: the highest rank first
+    for r in range(4):
+        members = evens if r % 2 == 0 else odds
+        assert got[r] == (members.index(r), 2, float(sum(members)), members), got[r]
+
+
+def test_split_refuses_a_color_that_is_not_an_int():
+    comms = pc.Communicator.local(2, timeout=5)
+    with pytest.raises(TypeError, match="color"):
+        comms[0].split(0.5)
+    for c in comms:
+        c.close()

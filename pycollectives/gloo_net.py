@@ -1,0 +1,315 @@
+"""Between nodes without MPI: torch's gloo over the rendezvous store.
+
+A job launched by torchrun (or any ``env://`` launcher) over several machines has no MPI world
+to carry the inter-node phase of a hierarchical collective (``pycollectives.hierarchy``). There
+it runs over gloo process groups made on the same ``TCPStore`` the ranks met through: one over
+every rank (the flat collectives and messages to other nodes) and one over the ranks with this
+rank's local rank (the inter-node phase). Gloo runs its own algorithms for each phase; what the
+hierarchy adds is the same as over MPI: shared memory inside each node, each byte across the
+network once per node.
+
+Over MPI the engine (``_net``) checks what every rank asked for as part of its messages; gloo's
+messages carry none of that, so every call first exchanges a fingerprint (sequence number,
+collective, sizes, dtype, op, root) among its ranks and raises ``CollectiveMismatch`` on every
+one of them when they differ, before any data moves. Every wait is bounded by the
+communicator's timeout; a gloo failure (a peer gone, a timeout) makes the engine, and with it
+the communicator, unusable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from datetime import timedelta
+
+import numpy as np
+
+from pycollectives import arrays, ops
+from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+
+_COLLECTIVE_CODES = {name: code for code, name in enumerate(ops.COLLECTIVES)}
+_FINGERPRINT = ("sequence number", "collective", "count", "dtype", "op", "root", "counts")
+
+
+def _torch():
+    import torch
+    import torch.distributed as dist
+
+    return torch, dist
+
+
+def _tensor(a: np.ndarray):
+    """A CPU tensor over a flat numpy array's memory (no copy); bfloat16 by its bits."""
+    torch, _ = _torch()
+    flat = a.reshape(-1)
+    if arrays.is_bfloat16(flat.dtype):
+        return torch.from_numpy(flat.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(flat)
+
+
+def _reduce_op(code: int):
+    _, dist = _torch()
+    names = ("SUM", "PRODUCT", "MIN", "MAX", "SUM")  # avg: a sum, divided after
+    return getattr(dist.ReduceOp, names[code])
+
+
+def _finish_avg(a: np.ndarray, divisor: int):
+    """An average's last step, on the sum in `a`: integers truncate toward zero, as the
+    native reductions do."""
+    t = _tensor(a)
+    if t.is_floating_point():
+        t.div_(divisor)
+    else:
+        t.div_(divisor, rounding_mode="trunc")
+
+
+def _raise_from(e: Exception, what: str):
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        raise CollectiveTimeout(f"{what}: timed out over gloo: {text}") from None
+    raise CollectiveError(f"{what}: failed over gloo (a peer gone?): {text}") from None
+
+
+class GlooNet:
+    """Collectives among ranks of a ``StoreGroup`` over gloo: ``run`` takes what
+    ``_net.NetComm.run`` takes (ranks of the group, flat arrays, native codes). It keeps one
+    gloo group per set of ranks, shared with the messages (``GlooP2P``), and whether they are
+    still usable."""
+
+    def __init__(self, group, timeout: float):
+        self._group, self.rank, self.size, self.timeout = group, group.rank, group.size, timeout
+        self._groups: dict = {}
+        self.error = None
+
+    def process_group(self, members):
+        """The gloo group over `members` (ranks of the store group, in this order); made by
+        all of them together the first time any of them asks."""
+        key = tuple(members)
+        pg = self._groups.get(key)
+        if pg is None:  # one per set of members: a second would meet under the same keys
+            _, dist = _torch()
+            name = (
+                "-".join(map(str, key)) if len(key) <= 16 else f"{zlib.crc32(repr(key).encode())}"
+            )
+            store = dist.PrefixStore(f"{self._group.prefix}/gloo/{name}", self._group.store)
+            seconds = timedelta(seconds=self.timeout)
+            pg = self._groups[key] = dist.ProcessGroupGloo(
+                store, key.index(self.rank), len(key), seconds
+            )
+        return pg
+
+    def check_usable(self):
+        if self.error is not None:
+            raise CollectiveError(
+                f"the gloo engine is unusable after an earlier error: {self.error}"
+            )
+
+    def fail(self, e: Exception, what: str):
+        try:
+            _raise_from(e, what)
+        except CollectiveError as err:
+            if self.error is None:
+                self.error = str(err)
+            raise
+
+    def wait(self, work, what: str):
+        try:
+            work.wait(timedelta(seconds=self.timeout))
+        except RuntimeError as e:
+            self.fail(e, what)
+
+    def abort(self, reason: str):
+        if self.error is None:
+            self.error = reason
+
+    def close(self):
+        self._groups.clear()
+
+    poisoned = property(lambda self: self.error is not None)
+
+    def run(self, collective, algorithm, members, x, out, count, dtype, op, root, divisor, seq,
+            counts=(), send_counts=(), recv_counts=()):  # fmt: skip
+        """One collective among `members`; `algorithm` is gloo's to choose."""
+        self.check_usable()
+        what = f"{collective} #{seq}"
+        pg = self.process_group(members)
+        me, n = members.index(self.rank), len(members)
+        # Uneven counts are every rank's to agree on; an all-to-all's splits differ by rank
+        # (they are checked against each other before: hierarchy_blocks._check_splits).
+        lists = zlib.crc32(np.asarray(counts, np.int64).tobytes()) if counts else 0
+        self._agree(pg, n, what, [seq, _COLLECTIVE_CODES[collective], count, dtype, op, root,
+                                  lists])  # fmt: skip
+        try:
+            work = self._start(pg, collective, me, n, x, out, op, root, counts, send_counts,
+                               recv_counts)  # fmt: skip
+        except RuntimeError as e:  # refused before it started
+            self.fail(e, what)
+        if work is not None:
+            self.wait(work[0], what)
+            if work[1] is not None:
+                work[1]()
+        if op == int(ops.AVG) and collective in ("all_reduce", "reduce_scatter", "reduce"):
+            if collective != "reduce" or me == root:
+                _finish_avg(out, divisor)
+
+    def _agree(self, pg, n, what, fields):
+        """Every rank's fingerprint of this call, compared on every rank before data moves."""
+        torch, _ = _torch()
+        mine = torch.tensor(fields, dtype=torch.int64)
+        every = torch.empty(n * len(fields), dtype=torch.int64)
+        try:
+            work = pg._allgather_base(every, mine)
+        except RuntimeError as e:
+            self.fail(e, what)
+        self.wait(work, what)
+        rows = every.view(n, len(fields)).tolist()
+        for i, name in enumerate(_FINGERPRINT):
+            seen = {row[i] for row in rows}
+            if len(seen) > 1:
+                by_rank = ", ".join(f"rank {r}: {row[i]}" for r, row in enumerate(rows))
+                raise CollectiveMismatch(
+                    f"{what} between nodes: ranks disagree on the {name} ({by_rank}; ranks "
+                    "of the inter-node group)"
+                )
+
+    def _start(self, pg, c, me, n, x, out, op, root, counts, send_counts, recv_counts):
+        """The gloo work of one collective, and what to do once it is done (or None)."""
+        _, dist = _torch()
+        T = _tensor
+        if c == "all_reduce":
+            if out is not x:
+                np.copyto(out, x)
+            o = dist.AllreduceOptions()
+            o.reduceOp = _reduce_op(op)
+            return pg.allreduce([T(out)], o), None
+        if c == "broadcast":
+            o = dist.BroadcastOptions()
+            o.rootRank, o.rootTensor = root, 0
+            return pg.broadcast([T(x)], o), None
+        if c == "reduce":
+            buf = out if me == root else x.copy()  # gloo reduces in place, on every rank
+            if me == root and out is not x:
+                np.copyto(out, x)
+            o = dist.ReduceOptions()
+            o.rootRank, o.rootTensor, o.reduceOp = root, 0, _reduce_op(op)
+            return pg.reduce([T(buf)], o), None
+        if c == "all_gather" and counts:
+            return self._all_gather_uneven(pg, me, n, x, out, counts)
+        if c == "all_gather":
+            return pg._allgather_base(T(out), T(x)), None
+        if c == "reduce_scatter" and counts:
+            return self._reduce_scatter_uneven(pg, me, n, x, out, op, counts)
+        if c == "reduce_scatter":
+            o = dist.ReduceScatterOptions()
+            o.reduceOp = _reduce_op(op)
+            return pg._reduce_scatter_base(T(out), T(x), o), None
+        if c == "gather":
+            o = dist.GatherOptions()
+            o.rootRank = root
+            into = [[T(b) for b in np.split(out.reshape(-1), n)]] if me == root else []
+            return pg.gather(into, [T(x)], o), None
+        if c == "scatter":
+            o = dist.ScatterOptions()
+            o.rootRank = root
+            src = [[T(b) for b in np.split(x.reshape(-1), n)]] if me == root else []
+            return pg.scatter([T(out)], src, o), None
+        if c == "all_to_all":
+            sent = list(send_counts) if send_counts else []
+            got = list(recv_counts) if recv_counts else []
+            return pg.alltoall_base(T(out), T(x), got, sent, dist.AllToAllOptions()), None
+        raise CollectiveError(f"{c}: not a collective the gloo engine runs")
+
+    def _all_gather_uneven(self, pg, me, n, x, out, counts):
+        """Gloo gathers equal blocks: each rank's block padded to the largest, then packed."""
+        m = max(counts)
+        block = np.zeros(m, x.dtype)
+        block[: counts[me]] = x.reshape(-1)
+        full = np.empty(n * m, x.dtype)
+        starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+
+        def pack():
+            flat = out.reshape(-1)
+            for r in range(n):
+                flat[starts[r] : starts[r + 1]] = full[r * m : r * m + counts[r]]
+
+        return pg._allgather_base(_tensor(full), _tensor(block)), pack
+
+    def _reduce_scatter_uneven(self, pg, me, n, x, out, op, counts):
+        """Gloo reduce-scatters equal blocks: each destination's block padded to the largest."""
+        _, dist = _torch()
+        m = max(counts)
+        starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        blocks = np.zeros((n, m), x.dtype)
+        flat = x.reshape(-1)
+        for r in range(n):
+            blocks[r, : counts[r]] = flat[starts[r] : starts[r + 1]]
+        mine = np.empty(m, x.dtype)
+        o = dist.ReduceScatterOptions()
+        o.reduceOp = _reduce_op(op)
+
+        def unpack():
+            out.reshape(-1)[:] = mine[: counts[me]]
+
+        return pg._reduce_scatter_base(_tensor(mine), _tensor(blocks), o), unpack
+
+
+class GlooP2P:
+    """Messages to ranks on other nodes over the gloo group of every rank, which it shares
+    with the collectives (`net`): each posted at once and progressing on its own (gloo's
+    transport threads), as ``_net.NetP2P``'s."""
+
+    takes_arrays = True  # start() takes the P2POps themselves, not their native description
+
+    def __init__(self, net: GlooNet):
+        self._net = net
+        self._seq = itertools.count()
+        self._world = net.process_group(range(net.size))  # collective: made by every rank
+
+    timeout = property(lambda self: self._net.timeout,
+                       lambda self, seconds: setattr(self._net, "timeout", seconds))  # fmt: skip
+    error = property(lambda self: self._net.error)
+
+    def start(self, ops_):
+        """Posts every (kind, array, peer, tag) in `ops_`; the caller keeps the arrays alive
+        until the work is done."""
+        self._net.check_usable()
+        works = []
+        try:
+            for o in ops_:
+                t = _tensor(o.array)
+                post = self._world.send if o.kind == "send" else self._world.recv
+                works.append(post([t], o.peer, o.tag))
+        except RuntimeError as e:
+            self._net.fail(e, "point-to-point")
+        return _Messages(works, self._net, next(self._seq))
+
+    def abort(self, reason: str):
+        self._net.abort(reason)
+
+    def close(self):
+        self._net.close()
+
+
+class _Messages:
+    """A batch of gloo messages in flight: the native side of a ``Work``. A gloo work is
+    waited for once (a second wait on a send waits for another send): those done are dropped."""
+
+    __slots__ = ("_works", "_engine", "seq")
+
+    def __init__(self, works, engine, seq):
+        self._works, self._engine, self.seq = works, engine, seq
+
+    def wait(self, timeout=None):
+        seconds = self._engine.timeout if timeout is None else timeout
+        while self._works:
+            if self._engine.error is not None:
+                raise CollectiveError(f"point-to-point: {self._engine.error}")
+            try:
+                self._works[0].wait(timedelta(seconds=seconds))
+            except RuntimeError as e:
+                self._engine.fail(e, "point-to-point")
+            self._works.pop(0)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
