@@ -417,17 +417,24 @@ class ProcessGroup(dist.ProcessGroup):
 
 
 def _group(store, rank, size):
-    """The rendezvous of a backend: for the default group of an mpiexec launch, the MPI world
-    (which may span several machines); otherwise the store torch hands the backend (one
-    machine). Every rank of a group decides alike: the default group is made before
+    """The rendezvous of a backend's group. Under mpiexec, MPI: the world for the default
+    group, and for a subgroup the MPI communicator of its members (found through the store
+    torch hands the backend), so that a group spanning nodes has MPI between them. Under
+    torchrun or env://, that store: nodes are found by host identity and gloo runs between
+    them. Every rank of a group decides alike: the default group is made before
     ``dist.is_initialized()``, and its ranks are the MPI world's under mpiexec."""
-    if not dist.is_initialized() and size > 1:
-        from mpi4py import MPI
+    from mpi4py import MPI
 
-        world = MPI.COMM_WORLD
-        if (world.Get_rank(), world.Get_size()) == (rank, size):
-            return bootstrap.MpiGroup(world)
-    return bootstrap.StoreGroup(rank, size, store)
+    # torch's store for a group is that group's own (prefixed by it): one prefix of ours in
+    # it, not one counted per process (ranks that are not members of a group count fewer).
+    group = bootstrap.StoreGroup(rank, size, store, prefix="pycollectives")
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:  # an env:// launch: each process an MPI world of one
+        return group
+    if not dist.is_initialized() and (world.Get_rank(), world.Get_size()) == (rank, size):
+        return bootstrap.MpiGroup(world)
+    members = group.allgather(world.Get_rank())
+    return bootstrap.MpiGroup.of_members(world, members)
 
 
 def _native():

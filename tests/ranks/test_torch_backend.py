@@ -6,6 +6,7 @@ launched by mpiexec and by torchrun."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,57 @@ def test_torchrun_with_stock_init_process_group():
         cmd + ["ops", "stock"], capture_output=True, text=True, timeout=240, env=clean_env()
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_mesh2d_fsdp_by_tensor_parallel_across_nodes_as_on_gloo():
+    # 2 nodes x 2 ranks under mpiexec: the data-parallel groups of the mesh span the nodes.
+    env = {**TWO_NODES, **NO_ML_DTYPES, "PYCOLL_EXPECT_NODES": "2"}
+    run_mpi(4, "torch_backend.py", "mesh2d", timeout=300, env=env)
+
+
+def torchrun_on_two_nodes(worker, *args, env=None) -> list[str]:
+    """`worker` under torchrun --nnodes 2: two agents on this machine against one rendezvous,
+    each taken as a node (PYCOLL_HOST_ID), 2 ranks each; every agent's output."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed")
+    port = str(free_port())
+    agents = []
+    for node in range(2):
+        cmd = [str(torchrun), "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node",
+               "2", "--master_addr", "127.0.0.1", "--master_port", port,
+               str(WORKER.parent / worker), *args]  # fmt: skip
+        agent_env = clean_env(PYCOLL_HOST_ID=f"node{node}", PYCOLL_EXPECT_NODES="2",
+                              **NO_ML_DTYPES, **(env or {}))  # fmt: skip
+        agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True, env=agent_env))  # fmt: skip
+    try:
+        outs = [a.communicate(timeout=300)[0] for a in agents]
+    finally:
+        for a in agents:
+            a.kill()
+    for node, (agent, out) in enumerate(zip(agents, outs)):
+        assert agent.returncode == 0, f"node {node}:\n{out[-4000:]}"
+    return outs
+
+
+def test_torchrun_over_two_nodes_as_on_gloo():
+    # torchrun --nnodes 2, emulated: shared memory inside each node, gloo between them. The
+    # operations suite, subgroups within and across the nodes, point-to-point, ZeRO, FSDP2,
+    # tensor parallel, pipelining, a 2-D mesh and stock DDP, against gloo, through torch's
+    # own init_process_group.
+    cases = ("ops", "exchange", "parallel", "mesh2d", "ddp")
+    outs = torchrun_on_two_nodes("torch_backend.py", ",".join(cases), "stock")
+    for case in cases:
+        ranks = sorted(r for out in outs for r in re.findall(rf"torch {case} rank=(\d)", out))
+        assert ranks == ["0", "1", "2", "3"], (case, outs)
+
+
+def test_deepspeed_zero_over_two_nodes_under_torchrun():
+    # deepspeed.init_distributed(dist_backend="pycollectives") (env://) across two emulated
+    # nodes: ZeRO-2 and ZeRO-3 against the same training in one process.
+    pytest.importorskip("deepspeed")
+    outs = torchrun_on_two_nodes("deepspeed_zero.py", env={"DS_ACCELERATOR": "cpu"})
+    for stage in (2, 3):
+        ranks = sorted(r for out in outs for r in re.findall(rf"zero{stage} rank=(\d)", out))
+        assert ranks == ["0", "1", "2", "3"], (stage, outs)

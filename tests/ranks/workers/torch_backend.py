@@ -26,11 +26,11 @@ import pycollectives.torch as pct
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
 
 
-# Several emulated nodes (PYCOLL_RANKS_PER_NODE): shared memory inside each, MPI between them.
+# Several emulated nodes (PYCOLL_RANKS_PER_NODE under mpiexec, PYCOLL_HOST_ID under torchrun):
+# shared memory inside each; MPI, or gloo under torchrun, between them.
 def several_nodes() -> bool:
-    """Whether this run is over several (emulated) nodes (read per run: a rank pool runs
-    several in one process)."""
-    return os.environ.get("PYCOLL_RANKS_PER_NODE", "") != ""
+    """Whether this run's world is over several (emulated) nodes."""
+    return pct.communicator().topology.num_nodes > 1
 
 
 DTYPES = [
@@ -174,13 +174,22 @@ def check_ops(gloo):
     same(got, torch.arange(n).repeat_interleave(2).float(), "funcol all_gather_tensor")
     got = funcol.reduce_scatter_tensor(torch.arange(2.0 * n), "sum", 0, world)
     same(got, n * torch.arange(2.0 * r, 2.0 * r + 2), "funcol reduce_scatter_tensor")
-    # A subgroup of the first two ranks (every rank makes it, as torch requires). Subgroups
-    # meet through torch's store, which knows nothing of nodes (emulated ones included).
-    sub = None if several_nodes() else dist.new_group([0, 1 % n])
-    if sub is not None and r < 2:
+    # Subgroups (every rank makes each, as torch requires): the first two ranks, and the first
+    # and last, on two nodes where there are several. Each has the nodes its ranks are on.
+    node_of = pct.communicator().topology.node_of
+    for members in ([0, 1 % n], [0, n - 1]):
+        sub = dist.new_group(members)
+        if r not in members:
+            continue
+        nodes = pct.communicator(sub).topology.num_nodes
+        assert nodes == len({node_of[q] for q in members}), (members, nodes)
         t = torch.full((4,), float(r + 1))
         dist.all_reduce(t, group=sub)
-        same(t, torch.full((4,), 3.0 if n > 1 else 1.0), "subgroup all_reduce")
+        want = float(sum(q + 1 for q in set(members)))
+        same(t, torch.full((4,), want), f"subgroup {members} all_reduce")
+        got = [torch.empty(2) for _ in members]
+        dist.all_gather(got, torch.full((2,), float(r)), group=sub)
+        same(torch.cat(got), torch.tensor(members).repeat_interleave(2).float(), "subgroup gather")
     dist.barrier()
     print(f"torch ops rank={r}")
 
@@ -358,6 +367,57 @@ def pipeline_run(group, r, schedule):
     return _full(stages[r].parameters()) + ([torch.stack(losses)] if losses else [])
 
 
+def mesh2d_run(mesh, r):
+    """FSDP2 over the mesh's "dp" dimension of a tensor-parallel model over its "tp" one."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    model = _mlp(depth=2)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in _batches(mesh["dp"].get_local_rank(), 3):  # a batch per data-parallel replica
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
+def check_mesh2d(gloo):
+    """A 2-D DeviceMesh (data parallel x tensor parallel) on 4 ranks made by torch on our
+    backend, against the same mesh of gloo groups. Ranks 2k and 2k+1 share a tensor-parallel
+    group; over two nodes of two, the data-parallel groups span the nodes."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert n == 4, n
+    ours = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    node_of = pct.communicator().topology.node_of
+    dp = pct.communicator(ours["dp"].get_group())
+    assert dp.topology.num_nodes == len({node_of[r], node_of[r ^ 2]}), dp.topology.describe()
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() > 1:  # under mpiexec, MPI stays between nodes
+        assert dp._group.mpi is not None, "a subgroup under mpiexec without MPI"
+    groups = {}
+    for name, sets in (("dp", ([0, 2], [1, 3])), ("tp", ([0, 1], [2, 3]))):
+        for members in sets:  # every rank makes every group, as torch requires
+            g = dist.new_group(members, backend="gloo")
+            if r in members:
+                groups[name] = g
+    theirs = DeviceMesh.from_group(
+        [groups["dp"], groups["tp"]], "cpu", mesh=torch.arange(4).view(2, 2),
+        mesh_dim_names=("dp", "tp"),
+    )  # fmt: skip
+    _close(mesh2d_run(ours, r), mesh2d_run(theirs, r), "2-D mesh (FSDP2 x tensor parallel)")
+    dist.barrier()
+    print(f"torch mesh2d rank={r}")
+
+
 def check_parallel(gloo):
     """ZeRO, FSDP2, tensor parallel and pipelining on our backend give gloo's parameters."""
     r = dist.get_rank()
@@ -528,7 +588,11 @@ def main():
         assert isinstance(world, pct.torch_backend.ProcessGroup), type(world)
     gloo = dist.new_group(backend="gloo")
     cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
-    cases.update(errors=check_errors, exchange=check_exchange)
+    cases.update(errors=check_errors, exchange=check_exchange, mesh2d=check_mesh2d)
+    want_nodes = os.environ.get("PYCOLL_EXPECT_NODES")  # the launch's emulated nodes
+    if want_nodes:
+        got = pct.communicator().topology.num_nodes
+        assert got == int(want_nodes), f"{got} nodes, expected {want_nodes}"
     for case in sys.argv[1].split(","):
         cases[case](gloo)
     if os.environ.get("PYCOLL_EXPECT_NO_ML_DTYPES"):  # the test hid it: make sure it was
