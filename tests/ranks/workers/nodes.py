@@ -177,6 +177,16 @@ def split(comm):
     np.testing.assert_array_equal(x, np.full(3, max(members)))
     odd.close()
     expect(TypeError, lambda: comm.split(1.5), "color")
+    # Ranks 0, 1, 3 and the last: nodes of different sizes (over several nodes) are refused on
+    # every member alike, before anything is set up.
+    members = sorted({0, 1, 3 % n, n - 1})
+    sizes = {sum(q in node for q in members) for node in nodes} - {0}
+    if r not in members:
+        assert comm.split(None) is None
+    elif len(sizes) > 1:
+        expect(ValueError, lambda: comm.split(0), "same number of ranks on every node")
+    else:
+        comm.split(0).close()
 
 
 def mismatch(comm):
