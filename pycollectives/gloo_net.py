@@ -19,6 +19,8 @@ the communicator, unusable.
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 import zlib
 from datetime import timedelta
 
@@ -253,12 +255,114 @@ class GlooNet:
         return pg._reduce_scatter_base(_tensor(mine), _tensor(blocks), o), unpack
 
 
+# A message to another node is three gloo messages on tags derived from the user's: a header
+# (count, dtype code) and the data from the sender, then the receiver's verdict back (0, or its
+# own count and dtype). Gloo aborts a process that receives more bytes than it posted for, so
+# the receiver posts for the data only once the header has said how much comes: into the
+# user's array when the two agree, else into scratch memory of the announced size, and both
+# ends raise CollectiveMismatch. A gloo send or receive completes only in a wait on it, so each
+# message is driven by a thread of its own, blocked in those waits (bounded by the timeout).
+_HEADER, _DATA, _VERDICT = range(3)
+
+
+def _tag(tag: int, part: int) -> int:
+    return 3 * tag + part
+
+
+def _sized(count, dtype) -> str:
+    return f"{int(count)} x {ops.DTYPES[int(dtype)]}"
+
+
+class _Message:
+    """One message to or from a rank of another node, driven by its own thread: `done` is
+    set when it is over, with `error` None or what to raise."""
+
+    def __init__(self, net, world, peer, tag, array, count, dtype):
+        self.net, self.world, self.peer, self.tag = net, world, peer, tag
+        self.array, self.count, self.dtype = array, count, dtype
+        self.deadline = time.monotonic() + net.timeout
+        self.error, self.done = None, threading.Event()
+        self.verdict = np.zeros(3, np.int64)
+        threading.Thread(target=self._drive, daemon=True, name="pycoll-gloo-msg").start()
+
+    def mismatch(self, text):
+        """As on one node: the error, which leaves the communicator unusable."""
+        self.net.abort(text)
+        return CollectiveMismatch(text)
+
+    def _wait(self, work):
+        left = max(0.0, self.deadline - time.monotonic())
+        work.wait(timedelta(seconds=left))
+
+    def _drive(self):
+        try:
+            self.error = self.run()
+        except RuntimeError as e:
+            try:
+                self.net.fail(e, f"{self.what} rank {self.peer} (tag {self.tag})")
+            except CollectiveError as err:
+                self.error = err
+        except BaseException as e:  # noqa: BLE001 - raised in the thread that waits
+            self.error = e
+        self.done.set()
+
+
+class _Send(_Message):
+    what = "send to"
+
+    def __init__(self, net, world, peer, tag, array, count, dtype):
+        self.header = np.array([count, dtype], np.int64)
+        self.posted = [  # at once, in this order: the receiver matches them in order
+            world.send([_tensor(self.header)], peer, _tag(tag, _HEADER)),
+            world.send([_tensor(array)], peer, _tag(tag, _DATA)),
+        ]
+        super().__init__(net, world, peer, tag, array, count, dtype)
+
+    def run(self):
+        for work in self.posted:
+            self._wait(work)
+        self._wait(self.world.recv([_tensor(self.verdict)], self.peer, _tag(self.tag, _VERDICT)))
+        if self.verdict[0] == 0:
+            return None
+        return self.mismatch(
+            f"send to rank {self.peer} (tag {self.tag}, {_sized(self.count, self.dtype)}): the "
+            f"matching recv does not fit: this rank sends {_sized(self.count, self.dtype)}, "
+            f"rank {self.peer} receives {_sized(self.verdict[1], self.verdict[2])}"
+        )
+
+
+class _Recv(_Message):
+    what = "recv from"
+
+    def __init__(self, net, world, peer, tag, array, count, dtype):
+        self.header = np.zeros(2, np.int64)
+        self.posted = world.recv([_tensor(self.header)], peer, _tag(tag, _HEADER))
+        super().__init__(net, world, peer, tag, array, count, dtype)
+
+    def run(self):
+        self._wait(self.posted)
+        count, dtype = (int(v) for v in self.header)
+        into, error = self.array, None
+        if (count, dtype) != (self.count, self.dtype):
+            error = self.mismatch(
+                f"recv from rank {self.peer} (tag {self.tag}, {_sized(self.count, self.dtype)}): "
+                f"the matching send does not fit: rank {self.peer} sends {_sized(count, dtype)}, "
+                f"this rank receives {_sized(self.count, self.dtype)}"
+            )
+            self.verdict[:] = (1, self.count, self.dtype)
+            into = np.empty(count * arrays.DTYPE_SIZES[ops.DTYPES[dtype]], np.uint8)
+        self._wait(self.world.recv([_tensor(into)], self.peer, _tag(self.tag, _DATA)))
+        self._wait(self.world.send([_tensor(self.verdict)], self.peer, _tag(self.tag, _VERDICT)))
+        return error
+
+
 class GlooP2P:
     """Messages to ranks on other nodes over the gloo group of every rank, which it shares
-    with the collectives (`net`): each posted at once and progressing on its own (gloo's
-    transport threads), as ``_net.NetP2P``'s."""
+    with the collectives (`net`), as ``_net.NetP2P``'s: each posted at once and moving on its
+    own (whatever order, or whether, the program waits in), a mismatch of size or dtype raised
+    on both ends without touching the receiver's array."""
 
-    takes_arrays = True  # start() takes the P2POps themselves, not their native description
+    takes_arrays = True  # start() takes (P2POp, native description) pairs
 
     def __init__(self, net: GlooNet):
         self._net = net
@@ -270,18 +374,17 @@ class GlooP2P:
     error = property(lambda self: self._net.error)
 
     def start(self, ops_):
-        """Posts every (kind, array, peer, tag) in `ops_`; the caller keeps the arrays alive
-        until the work is done."""
+        """Posts every (P2POp, description) in `ops_`; the caller keeps the arrays alive until
+        the work is done."""
         self._net.check_usable()
-        works = []
+        parts = []
         try:
-            for o in ops_:
-                t = _tensor(o.array)
-                post = self._world.send if o.kind == "send" else self._world.recv
-                works.append(post([t], o.peer, o.tag))
+            for o, (_, _, count, dtype, peer, tag) in ops_:
+                kind = _Send if o.kind == "send" else _Recv
+                parts.append(kind(self._net, self._world, peer, tag, o.array, count, dtype))
         except RuntimeError as e:
             self._net.fail(e, "point-to-point")
-        return _Messages(works, self._net, next(self._seq))
+        return _Messages(parts, next(self._seq))
 
     def abort(self, reason: str):
         self._net.abort(reason)
@@ -291,25 +394,25 @@ class GlooP2P:
 
 
 class _Messages:
-    """A batch of gloo messages in flight: the native side of a ``Work``. A gloo work is
-    waited for once (a second wait on a send waits for another send): those done are dropped."""
+    """A batch of messages to and from other nodes: the native side of a ``Work``."""
 
-    __slots__ = ("_works", "_engine", "seq")
+    __slots__ = ("_parts", "seq")
 
-    def __init__(self, works, engine, seq):
-        self._works, self._engine, self.seq = works, engine, seq
+    def __init__(self, parts, seq):
+        self._parts, self.seq = parts, seq
 
     def wait(self, timeout=None):
-        seconds = self._engine.timeout if timeout is None else timeout
-        while self._works:
-            if self._engine.error is not None:
-                raise CollectiveError(f"point-to-point: {self._engine.error}")
-            try:
-                self._works[0].wait(timedelta(seconds=seconds))
-            except RuntimeError as e:
-                self._engine.fail(e, "point-to-point")
-            self._works.pop(0)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for part in self._parts:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not part.done.wait(left):
+                raise CollectiveTimeout(
+                    f"{part.what} rank {part.peer} (tag {part.tag}): not complete after {timeout} s"
+                )
+        errors = [p.error for p in self._parts if p.error is not None]
+        if errors:
+            raise errors[0]
         return True
 
     def is_completed(self):
-        return all(w.is_completed() for w in self._works)
+        return all(p.done.is_set() for p in self._parts)

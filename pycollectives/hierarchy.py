@@ -3,7 +3,8 @@
 Inside a node, ranks talk over shared memory (the host transport); between nodes, over MPI
 point-to-point messages (``pycollectives._net``), which run the same ring, tree and direct
 schedules, or, where there is no MPI world (torchrun, ``env://``), over torch's gloo on the
-rendezvous store (``pycollectives.gloo_net``). A collective on such a communicator is hierarchical, as in Horovod and NCCL:
+rendezvous store (``pycollectives.gloo_net``). A collective on such a communicator is
+hierarchical, as in Horovod and NCCL:
 
 - all-reduce: reduce-scatter inside each node, all-reduce of each shard among the ranks with
   the same local rank (one per node), all-gather inside each node;

@@ -55,7 +55,7 @@ class BlocksAndMessages:
         away, here = [], []
         for o, d in zip(ops, described):
             if node_of[o.peer] != node:
-                away.append(o if self._p2p.takes_arrays else d)
+                away.append((o, d) if self._p2p.takes_arrays else d)
             else:
                 here.append((o.kind, o.array, self.topo.local_of[o.peer], o.tag))
         if not away:

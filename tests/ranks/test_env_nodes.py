@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 # 4 ranks, machines a, a, b, b. mismatch leaves the communicator unusable: it comes last.
 TWO_NODES = ["collectives", "blocks", "mismatch"]
 # 6 ranks, machines a, b, c, a, b, c: each node's ranks are apart in rank order.
-THREE_NODES = ["split", "messages"]
+THREE_NODES = ["split", "messages", "p2p_mismatch"]
 
 
 def launch(nprocs, cases, machines):

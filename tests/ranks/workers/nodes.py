@@ -7,7 +7,8 @@ nodes: MPI between them.
 
 Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. PYCOLL_HOST_ID=.. python nodes.py CASE
    or: PYCOLL_RANKS_PER_NODE=k mpiexec -n N python nodes.py CASE
-CASE: collectives, blocks, messages, split, mismatch, or several, comma-separated.
+CASE: collectives, blocks, messages, split, mismatch, p2p_mismatch, or several,
+comma-separated (a mismatch last: it leaves the communicator unusable).
 """
 
 from __future__ import annotations
@@ -144,6 +145,22 @@ def messages(comm):
         np.testing.assert_array_equal(a, np.full(7, 100 * q + r))
 
 
+def p2p_mismatch(comm):
+    """Rank r and r ^ 1 (on two nodes where the machines alternate): 6 elements sent, 5
+    expected. Both ends raise, the receiver's array untouched (and, as on one node, the
+    communicator is unusable after)."""
+    r, peer = comm.rank, comm.rank ^ 1
+    if peer >= comm.size:
+        return
+    if r % 2 == 0:
+        expect(pc.CollectiveMismatch, lambda: comm.send(np.ones(6, np.float32), peer),
+               "rank", str(peer), "receives 5 x float32")  # fmt: skip
+    else:
+        into = np.full(5, -1.0, np.float32)
+        expect(pc.CollectiveMismatch, lambda: comm.recv(into, peer), "sends 6 x float32")
+        assert (into == -1).all(), into
+
+
 def split(comm):
     """Sub-communicators: the ranks of each node; one rank per node (across nodes, over
     gloo); the odd ranks, ranked backwards."""
@@ -199,7 +216,8 @@ def mismatch(comm):
 
 
 CASES = {"collectives": collectives, "blocks": blocks, "messages": messages, "split": split,
-         "mismatch": mismatch}  # fmt: skip
+         "mismatch": mismatch, "p2p_mismatch": p2p_mismatch}  # fmt: skip
+LAST = ("mismatch", "p2p_mismatch")  # they leave the communicator unusable
 
 
 def main():
@@ -213,7 +231,7 @@ def main():
         for case in sys.argv[1].split(","):
             try:
                 CASES[case](comm)
-                if case != "mismatch":
+                if case not in LAST:
                     comm.barrier()
                 line = f"rank {comm.rank} ok {case}"
             except Exception as e:  # reported by the test of this case, with the rank
