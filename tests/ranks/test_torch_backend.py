@@ -5,6 +5,7 @@ launched by mpiexec and by torchrun."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -114,19 +115,14 @@ def test_torchrun_over_two_nodes_as_on_gloo():
     # torchrun --nnodes 2, emulated: shared memory inside each node, gloo between them. The
     # operations suite, subgroups within and across the nodes, point-to-point, ZeRO, FSDP2,
     # tensor parallel, pipelining, a 2-D mesh and stock DDP, against gloo, through torch's
-    # own init_process_group.
-    cases = ("ops", "exchange", "parallel", "mesh2d", "ddp")
-    outs = torchrun_on_two_nodes("torch_backend.py", ",".join(cases), "stock")
-    for case in cases:
-        ranks = sorted(r for out in outs for r in re.findall(rf"torch {case} rank=(\d)", out))
-        assert ranks == ["0", "1", "2", "3"], (case, outs)
-
-
-def test_deepspeed_zero_over_two_nodes_under_torchrun():
-    # deepspeed.init_distributed(dist_backend="pycollectives") (env://) across two emulated
-    # nodes: ZeRO-2 and ZeRO-3 against the same training in one process.
-    pytest.importorskip("deepspeed")
-    outs = torchrun_on_two_nodes("deepspeed_zero.py", env={"DS_ACCELERATOR": "cpu"})
-    for stage in (2, 3):
-        ranks = sorted(r for out in outs for r in re.findall(rf"zero{stage} rank=(\d)", out))
-        assert ranks == ["0", "1", "2", "3"], (stage, outs)
+    # own init_process_group; then DeepSpeed's ZeRO-2 and ZeRO-3 (deepspeed.init_distributed
+    # on that group) against the same training in one process.
+    cases = ["ops", "exchange", "parallel", "mesh2d", "ddp"]
+    deepspeed = importlib.util.find_spec("deepspeed") is not None
+    outs = torchrun_on_two_nodes("torch_backend.py", ",".join(cases + ["deepspeed"] * deepspeed),
+                                 "stock", env={"DS_ACCELERATOR": "cpu"})  # fmt: skip
+    lines = [rf"torch {case} rank=(\d)" for case in cases]
+    lines += [rf"deepspeed zero{stage} rank=(\d)" for stage in (2, 3)] * deepspeed
+    for line in lines:
+        ranks = sorted(r for out in outs for r in re.findall(line, out))
+        assert ranks == ["0", "1", "2", "3"], (line, outs)

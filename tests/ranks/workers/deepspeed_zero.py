@@ -3,7 +3,7 @@ DeepSpeed does it (``deepspeed.init_distributed``, an env:// launch), against th
 in one process: Adam on the mean of every rank's loss. Under torchrun, over one machine or two
 emulated ones (PYCOLL_HOST_ID per agent).
 
-Usage: torchrun ... deepspeed_zero.py
+Usage: torchrun ... deepspeed_zero.py (or the "deepspeed" case of torch_backend.py)
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ def zero(stage, r):
     return torch.cat([p.detach().reshape(-1) for p in params])
 
 
-def main():
+def check_zero(gloo=None):
+    """ZeRO-2 and ZeRO-3 on the default group (initialised already, or here as DeepSpeed
+    does) against the one-process training; a case of torch_backend.py too."""
     deepspeed.init_distributed(dist_backend="pycollectives")
     r, n = dist.get_rank(), dist.get_world_size()
     want_nodes = os.environ.get("PYCOLL_EXPECT_NODES")
@@ -81,8 +83,8 @@ def main():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"ZeRO-{stage}")
         sys.stdout.write(f"deepspeed zero{stage} rank={r}\n")
         sys.stdout.flush()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    check_zero()
+    dist.destroy_process_group()

@@ -589,6 +589,10 @@ def main():
     gloo = dist.new_group(backend="gloo")
     cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
     cases.update(errors=check_errors, exchange=check_exchange, mesh2d=check_mesh2d)
+    if "deepspeed" in sys.argv[1]:  # DeepSpeed's ZeRO on the default group (deepspeed_zero.py)
+        from deepspeed_zero import check_zero
+
+        cases["deepspeed"] = check_zero
     want_nodes = os.environ.get("PYCOLL_EXPECT_NODES")  # the launch's emulated nodes
     if want_nodes:
         got = pct.communicator().topology.num_nodes
