@@ -263,6 +263,7 @@ class GlooNet:
 # ends raise CollectiveMismatch. A gloo send or receive completes only in a wait on it, so each
 # message is driven by a thread of its own, blocked in those waits (bounded by the timeout).
 _HEADER, _DATA, _VERDICT = range(3)
+_TAG_MAX = (2**31 - 1 - _VERDICT) // 3  # gloo's tags are non-negative ints
 
 
 def _tag(tag: int, part: int) -> int:
@@ -377,6 +378,12 @@ class GlooP2P:
         """Posts every (P2POp, description) in `ops_`; the caller keeps the arrays alive until
         the work is done."""
         self._net.check_usable()
+        for o, d in ops_:  # every tag checked before anything is posted
+            if d[5] > _TAG_MAX:
+                raise ValueError(
+                    f"{o.kind}: tag {d[5]} for rank {d[4]} on another node exceeds the largest "
+                    f"tag over gloo, {_TAG_MAX}"
+                )
         parts = []
         try:
             for o, (_, _, count, dtype, peer, tag) in ops_:

@@ -5,6 +5,7 @@ import os
 import sys
 
 import numpy as np
+from checks import run_main
 
 import pycollectives as pc
 
@@ -25,10 +26,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        sys.exit(1)
+    run_main(main)
