@@ -366,6 +366,16 @@ def torch_loaded() -> bool:
     return "torch" in sys.modules
 
 
+def torch_view(a: np.ndarray):
+    """A CPU tensor over a numpy array's memory, no copy (bfloat16 through int16 bits): the
+    reverse of `host_view`."""
+    import torch
+
+    if is_bfloat16(a.dtype):
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def host_view(obj):
     """`obj` as a numpy array without a copy when it is a torch CPU tensor (bfloat16 as
     BFLOAT16_BITS); anything else unchanged (the native layer says what is wrong with it)."""

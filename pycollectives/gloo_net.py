@@ -29,7 +29,6 @@ import numpy as np
 from pycollectives import arrays, ops
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 
-_COLLECTIVE_CODES = {name: code for code, name in enumerate(ops.COLLECTIVES)}
 _FINGERPRINT = ("sequence number", "collective", "count", "dtype", "op", "root", "counts")
 
 
@@ -41,12 +40,8 @@ def _torch():
 
 
 def _tensor(a: np.ndarray):
-    """A CPU tensor over a flat numpy array's memory (no copy); bfloat16 by its bits."""
-    torch, _ = _torch()
-    flat = a.reshape(-1)
-    if arrays.is_bfloat16(flat.dtype):
-        return torch.from_numpy(flat.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(flat)
+    """A flat CPU tensor over a numpy array's memory (no copy)."""
+    return arrays.torch_view(a.reshape(-1))
 
 
 def _reduce_op(code: int):
@@ -127,8 +122,6 @@ class GlooNet:
     def close(self):
         self._groups.clear()
 
-    poisoned = property(lambda self: self.error is not None)
-
     def run(self, collective, algorithm, members, x, out, count, dtype, op, root, divisor, seq,
             counts=(), send_counts=(), recv_counts=()):  # fmt: skip
         """One collective among `members`; `algorithm` is gloo's to choose."""
@@ -139,17 +132,16 @@ class GlooNet:
         # Uneven counts are every rank's to agree on; an all-to-all's splits differ by rank
         # (they are checked against each other before: hierarchy_blocks._check_splits).
         lists = zlib.crc32(np.asarray(counts, np.int64).tobytes()) if counts else 0
-        self._agree(pg, n, what, [seq, _COLLECTIVE_CODES[collective], count, dtype, op, root,
+        self._agree(pg, n, what, [seq, ops.collective_code(collective), count, dtype, op, root,
                                   lists])  # fmt: skip
         try:
-            work = self._start(pg, collective, me, n, x, out, op, root, counts, send_counts,
-                               recv_counts)  # fmt: skip
+            work, then = self._start(pg, collective, me, n, x, out, op, root, counts,
+                                     send_counts, recv_counts)  # fmt: skip
         except RuntimeError as e:  # refused before it started
             self.fail(e, what)
-        if work is not None:
-            self.wait(work[0], what)
-            if work[1] is not None:
-                work[1]()
+        self.wait(work, what)
+        if then is not None:
+            then()
         if op == int(ops.AVG) and collective in ("all_reduce", "reduce_scatter", "reduce"):
             if collective != "reduce" or me == root:
                 _finish_avg(out, divisor)

@@ -144,13 +144,6 @@ class _HookWork:
             self._buffer.copy_(out)
 
 
-def _torch_view(a: np.ndarray) -> torch.Tensor:
-    """A numpy bucket view as a tensor on the same memory (bfloat16 through int16)."""
-    if arrays.is_bfloat16(a.dtype):
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
 class DistributedDataParallel(torch.nn.Module):
     """Wraps `module`; its parameters are broadcast from rank 0 and their gradients averaged.
 
@@ -250,7 +243,7 @@ class DistributedDataParallel(torch.nn.Module):
             raise TypeError(f"hook must be callable, got {hook!r}")
 
         def reduce(bucket):
-            buf = _torch_view(bucket.buffer)
+            buf = arrays.torch_view(bucket.buffer)
             params = [self._params[i] for i in bucket.params]
             grads = [self._views[i] for i in bucket.params]
             count = len(self.bucketer.buckets)
@@ -268,7 +261,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _attach(self):
         """Points every p.grad at its bucket view (keeping the current values)."""
-        self._views = [_torch_view(v) for v in self.bucketer.grads]
+        self._views = [arrays.torch_view(v) for v in self.bucketer.grads]
         for p, v in zip(self._params, self._views):
             if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
                 v.copy_(p.grad)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from harness.launch import clean_env as _clean_env
 from harness.launch import free_port as _free_port
-from harness.launch import run_mpi
+from harness.launch import run_env_launch, run_mpi
 
 WORKER = Path(__file__).parent / "workers" / "bootstrap.py"
 
@@ -31,21 +31,8 @@ def test_torchrun_bootstrap():
 def test_env_launch_without_torchrun():
     # Plain env:// variables, as a hand-written launcher sets them: rank 0 hosts the store.
     pytest.importorskip("torch")
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER)],
-            env=_clean_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out + err
-    assert [o.strip() for o, _ in outs] == ["rank 0/2 ok", "rank 1/2 ok"]
+    outs = run_env_launch(2, "bootstrap.py")
+    assert [o.strip() for o in outs] == ["rank 0/2 ok", "rank 1/2 ok"]
 
 
 def test_mpiexec_and_env_variables_that_disagree_are_an_error():
