@@ -254,6 +254,9 @@ class GlooNet:
 # user's array when the two agree, else into scratch memory of the announced size, and both
 # ends raise CollectiveMismatch. A gloo send or receive completes only in a wait on it, so each
 # message is driven by a thread of its own, blocked in those waits (bounded by the timeout).
+# Gloo matches messages between two ranks on one tag in the order they are posted: everything
+# a sender posts, it posts at once, in issue order; a receiver's thread posts for its data and
+# its verdict only after the receive issued before it from that rank on that tag has.
 _HEADER, _DATA, _VERDICT = range(3)
 _TAG_MAX = (2**31 - 1 - _VERDICT) // 3  # gloo's tags are non-negative ints
 
@@ -267,16 +270,20 @@ def _sized(count, dtype) -> str:
 
 
 class _Message:
-    """One message to or from a rank of another node, driven by its own thread: `done` is
-    set when it is over, with `error` None or what to raise."""
+    """One message to or from a rank of another node, driven by its own thread (started by
+    `go`, once everything it needs is posted): `done` is set when it is over, with `error`
+    None or what to raise."""
 
-    def __init__(self, net, world, peer, tag, array, count, dtype):
+    def __init__(self, net, world, peer, tag, count, dtype):
         self.net, self.world, self.peer, self.tag = net, world, peer, tag
-        self.array, self.count, self.dtype = array, count, dtype
+        self.count, self.dtype = count, dtype
         self.deadline = time.monotonic() + net.timeout
         self.error, self.done = None, threading.Event()
         self.verdict = np.zeros(3, np.int64)
+
+    def go(self):
         threading.Thread(target=self._drive, daemon=True, name="pycoll-gloo-msg").start()
+        return self
 
     def mismatch(self, text):
         """As on one node: the error, which leaves the communicator unusable."""
@@ -304,17 +311,17 @@ class _Send(_Message):
     what = "send to"
 
     def __init__(self, net, world, peer, tag, array, count, dtype):
+        super().__init__(net, world, peer, tag, count, dtype)
         self.header = np.array([count, dtype], np.int64)
-        self.posted = [  # at once, in this order: the receiver matches them in order
+        self.posted = [  # at once, in issue order (see above)
             world.send([_tensor(self.header)], peer, _tag(tag, _HEADER)),
             world.send([_tensor(array)], peer, _tag(tag, _DATA)),
+            world.recv([_tensor(self.verdict)], peer, _tag(tag, _VERDICT)),
         ]
-        super().__init__(net, world, peer, tag, array, count, dtype)
 
     def run(self):
         for work in self.posted:
             self._wait(work)
-        self._wait(self.world.recv([_tensor(self.verdict)], self.peer, _tag(self.tag, _VERDICT)))
         if self.verdict[0] == 0:
             return None
         return self.mismatch(
@@ -327,26 +334,48 @@ class _Send(_Message):
 class _Recv(_Message):
     what = "recv from"
 
-    def __init__(self, net, world, peer, tag, array, count, dtype):
+    def __init__(self, net, world, peer, tag, array, count, dtype, before):
+        super().__init__(net, world, peer, tag, count, dtype)
+        self.array = array
+        # The receive issued before this one from `peer` on `tag` (None: none in flight):
+        # its data and verdict are posted before this one's.
+        self.before = before
+        self.data_posted, self.verdict_posted = threading.Event(), threading.Event()
         self.header = np.zeros(2, np.int64)
         self.posted = world.recv([_tensor(self.header)], peer, _tag(tag, _HEADER))
-        super().__init__(net, world, peer, tag, array, count, dtype)
+
+    def _after(self, posted):
+        """Waits (bounded) until the receive before this one has posted what `posted` names."""
+        if self.before is not None:
+            getattr(self.before, posted).wait(max(0.0, self.deadline - time.monotonic()))
 
     def run(self):
-        self._wait(self.posted)
-        count, dtype = (int(v) for v in self.header)
-        into, error = self.array, None
-        if (count, dtype) != (self.count, self.dtype):
-            error = self.mismatch(
-                f"recv from rank {self.peer} (tag {self.tag}, {_sized(self.count, self.dtype)}): "
-                f"the matching send does not fit: rank {self.peer} sends {_sized(count, dtype)}, "
-                f"this rank receives {_sized(self.count, self.dtype)}"
-            )
-            self.verdict[:] = (1, self.count, self.dtype)
-            into = np.empty(count * arrays.DTYPE_SIZES[ops.DTYPES[dtype]], np.uint8)
-        self._wait(self.world.recv([_tensor(into)], self.peer, _tag(self.tag, _DATA)))
-        self._wait(self.world.send([_tensor(self.verdict)], self.peer, _tag(self.tag, _VERDICT)))
-        return error
+        try:
+            self._wait(self.posted)
+            count, dtype = (int(v) for v in self.header)
+            into, error = self.array, None
+            if (count, dtype) != (self.count, self.dtype):
+                error = self.mismatch(
+                    f"recv from rank {self.peer} (tag {self.tag}, "
+                    f"{_sized(self.count, self.dtype)}): the matching send does not fit: rank "
+                    f"{self.peer} sends {_sized(count, dtype)}, this rank receives "
+                    f"{_sized(self.count, self.dtype)}"
+                )
+                self.verdict[:] = (1, self.count, self.dtype)
+                into = np.empty(count * arrays.DTYPE_SIZES[ops.DTYPES[dtype]], np.uint8)
+            self._after("data_posted")
+            data = self.world.recv([_tensor(into)], self.peer, _tag(self.tag, _DATA))
+            self.data_posted.set()
+            self._wait(data)
+            self._after("verdict_posted")
+            verdict = self.world.send([_tensor(self.verdict)], self.peer, _tag(self.tag, _VERDICT))
+            self.verdict_posted.set()
+            self._wait(verdict)
+            return error
+        finally:  # failed or not, the receives after this one go on
+            self.data_posted.set()
+            self.verdict_posted.set()
+            self.before = self.array = None  # nothing kept alive by the receive after it
 
 
 class GlooP2P:
@@ -361,6 +390,8 @@ class GlooP2P:
         self._net = net
         self._seq = itertools.count()
         self._world = net.process_group(range(net.size))  # collective: made by every rank
+        self._last = {}  # (peer, tag) -> the last receive issued from peer on tag
+        self._issuing = threading.Lock()
 
     timeout = property(lambda self: self._net.timeout,
                        lambda self, seconds: setattr(self._net, "timeout", seconds))  # fmt: skip
@@ -378,9 +409,22 @@ class GlooP2P:
                 )
         parts = []
         try:
-            for o, (_, _, count, dtype, peer, tag) in ops_:
-                kind = _Send if o.kind == "send" else _Recv
-                parts.append(kind(self._net, self._world, peer, tag, o.array, count, dtype))
+            with self._issuing:  # in issue order, whichever threads issue
+                for o, (_, _, count, dtype, peer, tag) in ops_:
+                    if o.kind == "send":
+                        part = _Send(self._net, self._world, peer, tag, o.array, count, dtype)
+                    else:
+                        before = self._last.get((peer, tag))
+                        if before is not None and before.done.is_set():
+                            before = None
+                        part = _Recv(self._net, self._world, peer, tag, o.array, count, dtype,
+                                     before)  # fmt: skip
+                        self._last[(peer, tag)] = part
+                        if len(self._last) > 64:  # only those in flight can be waited behind
+                            self._last = {
+                                k: m for k, m in self._last.items() if not m.done.is_set()
+                            }
+                    parts.append(part.go())
         except RuntimeError as e:
             self._net.fail(e, "point-to-point")
         return _Messages(parts, next(self._seq))
