@@ -247,6 +247,24 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("poisoned", &HostComm::poisoned)
       .def_property_readonly("poison_reason", &HostComm::poison_reason)
       .def("abort", &HostComm::abort, py::arg("reason"))
+      .def("revoke", &HostComm::revoke)
+      .def(
+          "board_exchange",
+          [](HostComm& c, uint64_t value, const py::bytes& payload) {
+            std::string data = payload;
+            std::vector<BoardEntry> entries;
+            {
+              py::gil_scoped_release nogil;
+              entries = c.board_exchange(value, data);
+            }
+            py::list out;
+            for (const BoardEntry& e : entries)
+              out.append(py::make_tuple(e.rank, e.value, py::bytes(e.payload)));
+            return out;
+          },
+          py::arg("value"), py::arg("payload") = py::bytes(),
+          "One round of the fault-tolerant board: [(rank, value, payload)] of the ranks that "
+          "took part (every rank still running).")
       .def("enable_shared", &HostComm::enable_shared)
       .def_property_readonly("shared_enabled", &HostComm::shared_enabled)
       .def(

@@ -258,7 +258,155 @@ class ThreadGroup:
         self._shared = None
 
 
-GROUPS = (MpiGroup, StoreGroup, ThreadGroup)
+class FileGroup:
+    """Ranks on one machine that meet through files in a directory (``PYCOLL_RENDEZVOUS``,
+    with ``PYCOLL_RANK`` and ``PYCOLL_WORLD_SIZE``): how ``python -m pycollectives.launch
+    --elastic`` starts a job, with no MPI world, so that ranks can die, and join, without an
+    MPI launcher ending the job. Each exchange writes one file per rank (written whole, then
+    renamed into place) and waits for the others', backing off to 20 ms between looks."""
+
+    mpi = None
+
+    def __init__(self, folder, rank: int, size: int, prefix: str | None = None,
+                 timeout: float = 300.0):  # fmt: skip
+        from pathlib import Path
+
+        self.folder, self.rank, self.size = Path(folder), rank, size
+        self.prefix = prefix if prefix is not None else f"g{next(_store_groups)}"
+        self.timeout, self._round = timeout, 0
+
+    def allgather(self, obj) -> list:
+        import time
+
+        self._round += 1
+        here = self.folder / self.prefix / str(self._round)
+        here.mkdir(parents=True, exist_ok=True)
+        tmp = here / f".{self.rank}.{os.getpid()}"
+        tmp.write_bytes(pickle.dumps(obj))
+        tmp.rename(here / str(self.rank))
+        deadline, pause = time.monotonic() + self.timeout, 1e-4
+        values = [None] * self.size
+        missing = list(range(self.size))
+        while True:
+            still = []
+            for r in missing:
+                try:
+                    values[r] = pickle.loads((here / str(r)).read_bytes())
+                except FileNotFoundError:
+                    still.append(r)
+            missing = still
+            if not missing:
+                return values
+            if time.monotonic() > deadline:
+                raise CollectiveError(
+                    f"rendezvous in {here}: rank(s) {', '.join(map(str, missing))} did not "
+                    f"arrive within {self.timeout} s"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    @classmethod
+    def join(cls, folder, timeout: float = 300.0):
+        """A process started to join a running job (``pycollectives.launch --elastic
+        --replace``, ``PYCOLL_JOIN``): asks to join (``join/<pid>.req``), then waits until the
+        job's ranks take it in (``Communicator.grow``), which tells it its rank, the new size
+        and where they meet (``join/<pid>.admit``)."""
+        import json
+        import time
+        from pathlib import Path
+
+        from pycollectives.checkpoint import write_atomically
+
+        where = Path(folder) / "join"
+        where.mkdir(parents=True, exist_ok=True)
+        name = str(os.getpid())
+        write_atomically(where / f"{name}.req", lambda f: f.write(b"{}"))
+        deadline, pause = time.monotonic() + timeout, 1e-3
+        while True:
+            try:
+                admit = json.loads((where / f"{name}.admit").read_text())
+                break
+            except FileNotFoundError:
+                pass
+            if time.monotonic() > deadline:
+                raise CollectiveError(
+                    f"asked to join the job in {folder} but its ranks did not take this process "
+                    f"in within {timeout} s (their training loop calls Communicator.grow at "
+                    "step boundaries?)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+        return cls(folder, admit["rank"], admit["size"], admit["prefix"], timeout)
+
+    def split(self, color, key):
+        """As ``MpiGroup.split``: the ranks of one color meet under a prefix of their own."""
+        pairs = self.allgather(check_color(color, key))
+        members = split_members(pairs, self.rank)
+        if members is None:
+            return None
+        prefix = f"{self.prefix}/split{self._round}-{pairs[self.rank][0]}"
+        return FileGroup(self.folder, members.index(self.rank), len(members), prefix,
+                         self.timeout)  # fmt: skip
+
+    def local(self) -> tuple:
+        return self.rank, self.size
+
+    def free(self):
+        pass
+
+
+def _file_launch(environ) -> tuple | None:
+    """(folder, rank, size) of a job started by ``pycollectives.launch --elastic``, or None."""
+    folder = environ.get("PYCOLL_RENDEZVOUS", "")
+    if not folder or environ.get("PYCOLL_JOIN"):
+        return None
+    try:
+        rank, size = int(environ["PYCOLL_RANK"]), int(environ["PYCOLL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise CollectiveError(
+            "PYCOLL_RENDEZVOUS is set, so PYCOLL_RANK and PYCOLL_WORLD_SIZE must be integers"
+        ) from None
+    if not 0 <= rank < size:
+        raise CollectiveError(f"PYCOLL_RANK={rank} is out of range for PYCOLL_WORLD_SIZE={size}")
+    return folder, rank, size
+
+
+class BoardGroup:
+    """The ranks `members` of a host communicator that are still running, meeting on its
+    fault-tolerant board (``HostComm.board_exchange``: shared memory, no MPI): how
+    ``Communicator.shrink`` makes the survivors' communicator. An exchange in which a member
+    no longer takes part raises CollectiveError on every member, with ``lost`` set."""
+
+    mpi = None
+
+    def __init__(self, host, members: list, rank_before: int):
+        self._host, self.members = host, list(members)
+        self.rank, self.size = self.members.index(rank_before), len(self.members)
+        self.lost = False
+
+    def allgather(self, obj) -> list:
+        entries = self._host.board_exchange(0, pickle.dumps(obj))
+        took_part = [rank for rank, _, _ in entries]
+        if took_part != self.members:
+            self.lost = True
+            gone = sorted(set(self.members) - set(took_part))
+            raise CollectiveError(
+                f"rank(s) {', '.join(map(str, gone))} exited while the communicator of the "
+                "survivors was being made"
+            )
+        return [pickle.loads(payload) for _, _, payload in entries]
+
+    def split(self, color, key):
+        raise CollectiveError("a communicator being made by shrink() cannot be split")
+
+    def local(self) -> tuple:
+        return self.rank, self.size
+
+    def free(self):
+        self._host = None
+
+
+GROUPS = (MpiGroup, StoreGroup, ThreadGroup, FileGroup, BoardGroup)
 
 
 def as_group(comm):
@@ -297,11 +445,17 @@ def world(mpi_comm=None, timeout: float = 300.0, environ=None):
     world of one."""
     if isinstance(mpi_comm, GROUPS):
         return mpi_comm
+    environ = os.environ if environ is None else environ
+    files = _file_launch(environ) if mpi_comm is None else None
+    if files is not None:  # pycollectives.launch --elastic: no MPI world at all
+        return FileGroup(*files, timeout=timeout)
+    if mpi_comm is None and environ.get("PYCOLL_JOIN") and environ.get("PYCOLL_RENDEZVOUS"):
+        return FileGroup.join(environ["PYCOLL_RENDEZVOUS"], timeout)  # a replacement
     from mpi4py import MPI
 
     if mpi_comm is not None:
         return MpiGroup(mpi_comm)
-    env = _env_launch(os.environ if environ is None else environ)
+    env = _env_launch(environ)
     mpi_rank, mpi_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     if env is None or env[:2] == (mpi_rank, mpi_size):
         return MpiGroup(MPI.COMM_WORLD)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 
@@ -80,6 +81,7 @@ class Communicator:
             self._group.free()
             raise
         self.rank, self.size = self._group.rank, self._group.size
+        self.previous_ranks = None  # set by shrink
         self._inflight = InFlight()
         # One machine: numpy calls go straight to the native run (see _run), and a blocking
         # call on numpy arrays with no conversion to make runs in one native step (_now: False
@@ -176,6 +178,112 @@ class Communicator:
         operation waiting in it, on any thread, raises CollectiveError, and so does every later
         one. Peers waiting for this rank see its silence as usual (timeout)."""
         self._backend().abort(reason)
+
+    # -- after a failure ------------------------------------------------------------------------
+
+    def revoke(self):
+        """Revokes the communicator, as ``MPIX_Comm_revoke``: every operation of every rank on
+        it, waiting now or started later, raises CollectiveError at once, instead of waiting
+        for a rank that will not come. Call it when this rank saw a failure its peers may not
+        see (a dead peer it alone waited for); then ``shrink``. Only ``agree`` and ``shrink``
+        still work on a revoked communicator. On one machine (shared memory)."""
+        self._board("revoke").revoke()
+
+    def agree(self, flag: int) -> int:
+        """The bitwise AND of `flag` over the ranks still running, the same on each of them,
+        as ``MPIX_Comm_agree``: a rank that has exited is left out, one that exits during the
+        call is left out or counted alike on every rank. Works on a revoked or failed
+        communicator: what a training loop asks to decide whether every survivor finished a
+        step. Every running rank must call it; it waits up to the timeout for each."""
+        if not isinstance(flag, (int, np.integer)) or not 0 <= flag < 2**64:
+            raise ValueError(f"agree takes an int in [0, 2**64), got {flag!r}")
+        result = 2**64 - 1
+        for _, value, _ in self._board("agree").board_exchange(int(flag)):
+            result &= value
+        return result
+
+    def shrink(self, **kw):
+        """A new communicator of the ranks of this one that are still running, in their order
+        here, as ``MPIX_Comm_shrink`` and ``ncclCommShrink``. Collective over the survivors,
+        on shared memory alone (no MPI call: the MPI world may be unusable after a death); a
+        rank that dies while it runs is left out too. ``previous_ranks`` of the new
+        communicator lists each of its ranks' rank here. This one stays revoked or failed:
+        close it. Keyword arguments as for ``Communicator``; by default this one's. Example::
+
+            try:
+                comm.all_reduce(grad)
+            except CollectiveError:
+                comm.revoke()              # peers still waiting stop at once
+                comm, old = comm.shrink(), comm
+                old.close()
+        """
+        board = self._board("shrink")
+        o = self.options
+        kw = {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
+              "staging_slots": o.staging_slots, **kw}  # fmt: skip
+        for _ in range(self.size):  # each new try follows a death
+            members = [rank for rank, _, _ in board.board_exchange(1)]
+            group = bootstrap.BoardGroup(board, members, self.rank)
+            try:
+                made = Communicator(group, **kw)
+            except CollectiveError:
+                if not group.lost:
+                    raise
+                continue
+            made.previous_ranks = tuple(members)
+            return made
+        raise CollectiveError("shrink: every try lost a rank")  # not reached: ranks are finite
+
+    def grow(self, **kw):
+        """A communicator of this one's ranks (first, in their order) and the processes
+        waiting to join the job (``python -m pycollectives.launch --elastic --replace`` starts
+        one for each rank that dies; its ``Communicator()`` waits to be taken in), or None when
+        none waits. Collective; call it where a new rank can start, at a step boundary, and
+        hand the newcomers the state they need (``broadcast``). Only in a job started by
+        ``pycollectives.launch --elastic`` (``PYCOLL_RENDEZVOUS``); this one stays usable:
+        close it once the new one is in use. Keyword arguments as for ``Communicator``."""
+        import json
+        import uuid
+        from pathlib import Path
+
+        from pycollectives.checkpoint import write_atomically
+
+        self._backend()
+        folder = os.environ.get("PYCOLL_RENDEZVOUS", "")
+        if not folder:
+            raise CollectiveError(
+                "grow: new ranks join a job started by python -m pycollectives.launch --elastic "
+                "(PYCOLL_RENDEZVOUS is not set)"
+            )
+        where = Path(folder) / "join"
+        plan = None
+        if self.rank == 0:
+            waiting = sorted(p.name[:-4] for p in where.glob("*.req")) if where.is_dir() else []
+            plan = (waiting, f"grow-{uuid.uuid4().hex[:12]}")
+        waiting, prefix = self.broadcast_object(plan, root=0)
+        if not waiting:
+            return None
+        size = self.size + len(waiting)
+        if self.rank == 0:
+            for i, name in enumerate(waiting):
+                text = json.dumps({"rank": self.size + i, "size": size, "prefix": prefix})
+                write_atomically(where / f"{name}.admit", lambda f, t=text: f.write(t.encode()))
+                (where / f"{name}.req").unlink(missing_ok=True)
+        o = self.options
+        kw = {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
+              "staging_slots": o.staging_slots, **kw}  # fmt: skip
+        group = bootstrap.FileGroup(folder, self.rank, size, prefix, kw["timeout"])
+        return Communicator(group, **kw)
+
+    def _board(self, what: str):
+        host = self._backend()
+        if not isinstance(host, HostBackend):
+            raise CollectiveError(
+                f"{what}: this communicator spans {self.topology.num_nodes} nodes; revoke, "
+                "agree and shrink work on the communicator of one machine (shared memory); "
+                "between nodes the job restarts (python -m pycollectives.launch --max-restarts)"
+            )
+        return host.c
 
     def __enter__(self):
         return self

@@ -1,6 +1,8 @@
 """Launches a job over mpiexec and restarts it when a rank dies (torchrun's elastic restart).
 
     python -m pycollectives.launch -n 4 [--max-restarts 3] -- python -m pycollectives.examples.train
+    python -m pycollectives.launch -n 4 --elastic [--replace 2] -- \
+        python -m pycollectives.examples.elastic
 
 Runs ``mpiexec -n N <command>``. Each rank runs under a small watcher that records how its
 process ended (exit status or signal, and when); when the job fails, the launcher names the
@@ -8,6 +10,12 @@ rank that failed first and how, and starts the whole job again, up to ``--max-re
 times. The job sees ``PYCOLL_RESTART_COUNT`` (0 on the first run) and ``PYCOLL_MAX_RESTARTS``;
 a job that saves checkpoints resumes from its latest one (``pycollectives.checkpoint``).
 The launcher's exit status is the job's: 0 once a run succeeds, else the last run's.
+
+With ``--elastic`` the ranks are started as plain processes that meet through files instead
+of under mpiexec (which ends the whole job when one rank dies): when one dies the others keep
+running, shrink their communicator (``Communicator.shrink``) and carry on, and with
+``--replace K`` a new process is started in each dead rank's place, up to K, which joins the
+running job when its ranks call ``Communicator.grow``. Ranks on one machine.
 """
 
 from __future__ import annotations
@@ -119,6 +127,77 @@ def run_once(mpiexec: str, n: int, mpiexec_args: list[str], command: list[str], 
         return rc, first_failure(Path(status_dir))
 
 
+def only_waiting(procs: dict, folder: str) -> bool:
+    """Every process left is a replacement that has not been taken in (Communicator.grow
+    has not answered its request): true only once it has asked."""
+    return bool(procs) and all(
+        what.startswith("replacement") and (Path(folder) / "join" / f"{pid}.req").exists()
+        for pid, (_, what) in procs.items()
+    )
+
+
+def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
+    """The job's N ranks started as plain processes that meet through files (no MPI world:
+    ``bootstrap.FileGroup``), so that the death of one leaves the others running. Each death is
+    reported; with `replace` > 0 a new process is started in its place (``PYCOLL_JOIN``: its
+    ``Communicator()`` waits for the survivors to take it in, ``Communicator.grow``), up to
+    `replace` of them. 0 once every process that did not die has exited 0."""
+    started_at, t0 = time.time(), time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pycoll-elastic-") as folder:
+        base = {**env, "PYCOLL_RENDEZVOUS": folder, "PYCOLL_WORLD_SIZE": str(n),
+                "PYCOLL_ELASTIC": "1"}  # fmt: skip
+        procs = {}  # pid -> (Popen, what it is)
+
+        def start(extra: dict, what: str):
+            extra = {**extra, "PYCOLL_STARTED_AT": repr(time.time())}
+            p = subprocess.Popen(command, env={**base, **extra}, preexec_fn=_die_with_parent)
+            procs[p.pid] = (p, what)
+            return p
+
+        for r in range(n):
+            start({"PYCOLL_RANK": str(r)}, f"rank {r}")
+        deaths = replaced = 0
+        ok = True
+        try:
+            while procs:
+                if only_waiting(procs, folder):  # the job is over: nobody will take them in
+                    for p, what in procs.values():
+                        log(f"{what} (pid {p.pid}) was not taken in before the job ended")
+                        p.terminate()
+                        p.wait()
+                    break
+                pid, status = os.wait()
+                if pid not in procs:
+                    continue
+                _, what = procs.pop(pid)
+                rc = os.waitstatus_to_exitcode(status)
+                if rc == 0:
+                    continue
+                deaths += 1
+                how = describe({"returncode": rc, "signal": -rc if rc < 0 else 0})
+                log(f"{what} (pid {pid}) {how} after {time.monotonic() - t0:.2f} s; "
+                    f"{len(procs)} process(es) still running")  # fmt: skip
+                if replaced < replace and procs and not only_waiting(procs, folder):
+                    replaced += 1
+                    p = start({"PYCOLL_JOIN": "1"}, f"replacement {replaced}")
+                    log(f"started replacement {replaced} (pid {p.pid}) for {what}")
+                elif not procs:
+                    ok = False  # nobody left to carry on
+        except KeyboardInterrupt:
+            for p, _ in procs.values():
+                p.send_signal(signal.SIGINT)
+            for p, _ in procs.values():
+                p.wait()
+            raise
+        removed = remove_orphaned_shm(started_at)
+        if removed:
+            log(f"removed {removed} shared-memory segment(s) left in /dev/shm")
+    if deaths:
+        log(f"{deaths} process(es) died, {replaced} replaced; the job "
+            + ("finished" if ok else "failed"))  # fmt: skip
+    return 0 if ok else 1
+
+
 def _mapped_shm() -> set:
     """Names of the /dev/shm files some process has mapped."""
     names = set()
@@ -170,8 +249,8 @@ def parse_args(argv):
         prog="python -m pycollectives.launch",
         description="run COMMAND on N ranks over mpiexec; restart the whole job when a rank "
         "dies, up to --max-restarts times",
-        usage="%(prog)s -n N [--max-restarts K] [--mpiexec PATH] [--mpiexec-arg ARG] "
-        "-- COMMAND [ARGS...]",
+        usage="%(prog)s -n N [--max-restarts K | --elastic [--replace K]] [--mpiexec PATH] "
+        "[--mpiexec-arg ARG] -- COMMAND [ARGS...]",
     )
     ap.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
     ap.add_argument(
@@ -185,6 +264,20 @@ def parse_args(argv):
         metavar="ARG",
         help="an argument passed to mpiexec before -n (repeatable), e.g. --mpiexec-arg=-hosts=a,b",
     )
+    ap.add_argument(
+        "--elastic",
+        action="store_true",
+        help="keep the other ranks running when one dies (ranks meet through files, not MPI; "
+        "their code shrinks the communicator and carries on)",
+    )
+    ap.add_argument(
+        "--replace",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --elastic: start a new process for each rank that dies, up to K; it joins "
+        "the running job (Communicator.grow)",
+    )
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the job: -- COMMAND [ARGS...]")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -194,6 +287,13 @@ def parse_args(argv):
         ap.error(f"-n must be at least 1, got {args.nprocs}")
     if args.max_restarts < 0:
         ap.error(f"--max-restarts must be at least 0, got {args.max_restarts}")
+    if args.replace < 0:
+        ap.error(f"--replace must be at least 0, got {args.replace}")
+    if args.replace and not args.elastic:
+        ap.error("--replace needs --elastic")
+    if args.elastic and args.max_restarts:
+        ap.error("--elastic keeps the job running instead of restarting it: not with "
+                 "--max-restarts")  # fmt: skip
     return args, command
 
 
@@ -204,6 +304,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"usage: {_WATCH} STATUS_DIR -- COMMAND")
         return watch_rank(argv[1], argv[3:])
     args, command = parse_args(argv)
+    if args.elastic:
+        return run_elastic(args.nprocs, command, args.replace, dict(os.environ))
     mpiexec = find_mpiexec(args.mpiexec)
     for attempt in range(args.max_restarts + 1):
         env = dict(os.environ)

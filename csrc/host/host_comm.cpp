@@ -61,6 +61,7 @@ HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
       shared_(transport_, opts.p2p_cma, opts.shared_min_bytes, opts.debug),
       slot_stores_(opts.slot_stores),
       timeout_s_(opts.timeout_s),
+      board_(transport_),
       p2p_(std::make_unique<P2PEngine>(*this, transport_, opts.p2p_eager_max_bytes,
                                        opts.p2p_cma_min_bytes, opts.p2p_cma)) {}
 
@@ -75,12 +76,27 @@ HostComm::~HostComm() {
   if (progress_.joinable()) progress_.join();
 }
 
-void HostComm::abort(const std::string& reason) {
+void HostComm::abort(const std::string& reason) { poison(reason); }
+
+void HostComm::poison(const std::string& reason) const {
   {
     std::lock_guard<std::mutex> g(reason_mu_);
     if (poison_reason_.empty()) poison_reason_ = reason;
   }
   aborted_.store(true);
+}
+
+bool HostComm::poisoned() const {
+  if (aborted_.load()) return true;
+  const int r = transport_.revoker();
+  if (r < 0) return false;
+  poison(str_cat("the communicator was revoked by rank ", r));
+  return true;
+}
+
+void HostComm::revoke() {
+  board_.revoke();
+  poison("the communicator was revoked by this rank");
 }
 
 std::string HostComm::poison_reason() const {
@@ -89,7 +105,7 @@ std::string HostComm::poison_reason() const {
 }
 
 void HostComm::check_usable(const char* name) const {
-  if (aborted_.load())
+  if (poisoned())
     throw CollectiveError(
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason()));
 }

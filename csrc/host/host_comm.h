@@ -23,6 +23,7 @@
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "host/executor.h"
+#include "host/fault_board.h"
 #include "host/fingerprint.h"
 #include "host/p2p.h"
 #include "host/shared_buffers.h"
@@ -128,8 +129,17 @@ class HostComm {
 
   // Poisons the communicator: waits in progress stop, later calls fail at once.
   void abort(const std::string& reason);
-  bool poisoned() const { return aborted_.load(); }
+  // True once aborted, or once a peer has revoked the communicator (which poisons it here).
+  bool poisoned() const;
   std::string poison_reason() const;
+
+  // Revokes the communicator (host/fault_board.h): this rank's calls and every peer's, pending
+  // and later, fail with CollectiveError. The board keeps working.
+  void revoke();
+  // One round of the fault-tolerant board among the ranks still running (FaultBoard).
+  std::vector<BoardEntry> board_exchange(uint64_t value, const std::string& payload) {
+    return board_.exchange(value, payload, timeout_s_.load());
+  }
 
   // Runs `call` now (after any pending asynchronous work).
   void run(const CollectiveCall& call);
@@ -164,9 +174,11 @@ class HostComm {
   std::atomic<uint64_t> seq_{0};
   uint64_t barrier_epoch_ = 0;
   std::atomic<double> timeout_s_;
-  std::atomic<bool> aborted_{false};
+  void poison(const std::string& reason) const;
+  mutable std::atomic<bool> aborted_{false};  // set by const calls that notice a revocation
   mutable std::mutex reason_mu_;
-  std::string poison_reason_;
+  mutable std::string poison_reason_;
+  FaultBoard board_;
   // Fingerprints of recent calls in which this rank received nothing and some peers had not
   // yet arrived when the call ended (a broadcast's root), oldest first. Checked at every
   // call's start, and against a peer whenever data from it arrives (which it sends only

@@ -17,14 +17,15 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // posted/consumed per peer, barrier, bcast_posted, bcast_consumed per peer, splits_seq,
-// splits_read; then, with p2p channels, four counters per peer and the closed flag.
-int collective_flag_lines(int size) { return 3 * size + 4; }
+// splits_read, revoked, ft_round; then, with p2p channels, four counters per peer and the
+// closed flag.
+int collective_flag_lines(int size) { return 3 * size + 6; }
 int flag_lines(int size, bool p2p) {
   return collective_flag_lines(size) + (p2p ? 4 * size + 1 : 0);
 }
@@ -91,7 +92,9 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots, bo
   const int nflags = flag_lines(size, p2p);
   fingerprints_offset_ = flags_offset_ + static_cast<size_t>(nflags) * kCacheLine;
   splits_offset_ = fingerprints_offset_ + fingerprint_bytes();
-  data_offset_ = round_up(splits_offset_ + 2 * static_cast<size_t>(size) * sizeof(uint64_t), kPage);
+  ft_offset_ =
+      round_up(splits_offset_ + 2 * static_cast<size_t>(size) * sizeof(uint64_t), kCacheLine);
+  data_offset_ = round_up(ft_offset_ + 2 * kFtSlotBytes, kPage);
   // One channel per peer (none to ourselves), then the broadcast channel.
   total_bytes_ = data_offset_ + static_cast<size_t>(size) * nslots * slot_bytes;
   if (p2p) {  // request rings, then data rings, one of each per rank (ours unused)
@@ -176,6 +179,16 @@ uint8_t* ShmTransport::p2p_slot(int from, int to, uint64_t m) const {
 FingerprintSlot& ShmTransport::fingerprint(int owner, uint64_t seq) const {
   return reinterpret_cast<FingerprintSlot*>(base_[owner] +
                                             fingerprints_offset_)[seq % kFingerprintHistory];
+}
+
+int ShmTransport::revoker() const {
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && revoked(r).load(std::memory_order_relaxed) != 0) return r;
+  return -1;
+}
+
+FtSlot& ShmTransport::ft_slot(int owner, uint64_t round) const {
+  return *reinterpret_cast<FtSlot*>(base_[owner] + ft_offset_ + (round % 2) * kFtSlotBytes);
 }
 
 std::atomic<uint64_t>& ShmTransport::flag(int owner, int index) const {

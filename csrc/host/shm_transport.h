@@ -5,7 +5,8 @@
 // takes part in (posted/consumed, see algo/messages.h for the protocol; every rank writes only
 // its own segment, each counter in its own cache line), a ring of fingerprints of its
 // recent collectives (see fingerprint.h), and the split area of its latest all-to-all with
-// per-rank splits (see splits.h).
+// per-rank splits (see splits.h), and the fault-tolerant board (host/fault_board.h): a
+// revoked flag, and two alternating slots of the rank's latest agreement rounds.
 //
 // A host communicator's segment also holds point-to-point channels (host/p2p.h), apart from the
 // collective ones so that the two never interfere: for each peer p, a ring of
@@ -48,6 +49,17 @@ struct SegmentHeader {
   uint64_t total_bytes;
   int64_t pid;
 };
+
+// One of a rank's two fault-tolerant board slots (host/fault_board.h): the round it belongs
+// to, the rank's value for it, and `bytes` of payload.
+constexpr size_t kFtSlotBytes = 4096;
+struct FtSlot {
+  uint64_t round;
+  uint64_t value;
+  uint64_t bytes;
+  uint8_t payload[kFtSlotBytes - 3 * sizeof(uint64_t)];
+};
+static_assert(sizeof(FtSlot) == kFtSlotBytes, "board slot");
 
 class ShmTransport {
  public:
@@ -116,6 +128,14 @@ class ShmTransport {
     return reinterpret_cast<uint64_t*>(base_[owner] + splits_offset_);
   }
 
+  // Non-zero once `owner` has revoked the communicator (host/fault_board.h).
+  std::atomic<uint64_t>& revoked(int owner) const { return flag(owner, size_ * 3 + 4); }
+  // A peer that has revoked the communicator, or -1.
+  int revoker() const;
+  // The latest board round `owner` has posted, and its slot for `round` (two alternate).
+  std::atomic<uint64_t>& ft_round(int owner) const { return flag(owner, size_ * 3 + 5); }
+  FtSlot& ft_slot(int owner, uint64_t round) const;
+
  private:
   std::atomic<uint64_t>& flag(int owner, int index) const;
   std::atomic<uint64_t>& p2p_flag(int owner, int peer, int which) const {
@@ -126,7 +146,8 @@ class ShmTransport {
   int rank_, size_, nslots_;
   size_t slot_bytes_;
   int p2p_flags_;  // index of the first point-to-point flag line
-  size_t flags_offset_, fingerprints_offset_, splits_offset_, data_offset_, total_bytes_;
+  size_t flags_offset_, fingerprints_offset_, splits_offset_, ft_offset_, data_offset_,
+      total_bytes_;
   size_t p2p_req_offset_ = 0, p2p_data_offset_ = 0;
   ShmSegment own_;
   std::vector<ShmSegment> peers_;  // by rank; our own slot stays empty

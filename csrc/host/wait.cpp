@@ -38,6 +38,12 @@ void check_wait(const WaitContext& ctx, int peer) {
   if (ctx.fingerprints != nullptr) ctx.fingerprints->check_arrived();
   if (ctx.deferred != nullptr)
     for (FingerprintGuard& g : *ctx.deferred) g.check_arrived();
+  if (ctx.transport != nullptr) {
+    const int revoker = ctx.transport->revoker();
+    if (revoker >= 0)
+      throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq,
+                                    ": the communicator was revoked by rank ", revoker));
+  }
   if (ctx.transport != nullptr && peer >= 0) {
     if (!ctx.transport->peer_alive(peer))
       throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ", peer, " (pid ",

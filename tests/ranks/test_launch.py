@@ -87,7 +87,10 @@ def test_gives_up_after_max_restarts(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [((), "no command given"), (("-n", "0", "--", "true"), "-n must be at least 1"),
-     (("-n", "2", "--max-restarts", "-1", "--", "true"), "--max-restarts must be at least 0")],
+     (("-n", "2", "--max-restarts", "-1", "--", "true"), "--max-restarts must be at least 0"),
+     (("-n", "2", "--replace", "1", "--", "true"), "--replace needs --elastic"),
+     (("-n", "2", "--elastic", "--max-restarts", "1", "--", "true"), "not with --max-restarts"),
+     (("-n", "2", "--elastic", "--replace", "-1", "--", "true"), "--replace must be at least 0")],
 )  # fmt: skip
 def test_usage_errors(args, message):
     done = launch(*args) if args else launch("-n", "2")

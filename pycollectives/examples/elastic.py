@@ -1,0 +1,252 @@
+"""Elastic data-parallel training: a rank dies, the others finish the step and go on; a
+replacement joins and the world grows back. No restart, no checkpoint file, no step lost.
+
+    python -m pycollectives.launch -n 4 --elastic --replace 1 -- \\
+        python -m pycollectives.examples.elastic [--steps 120] [--fail-rank 2 --fail-at-step 40]
+
+The two-layer MLP of ``pycollectives.examples.train`` on scikit-learn's digits, with a global
+batch of ``--batch-size`` samples per step whatever the number of ranks: step s takes its
+samples from a fixed order of the data, and each rank takes its share of them
+(``np.array_split`` by rank). Each rank's gradient is the mean over its share scaled by
+share / batch, so one all-reduce (sum) gives every rank the mean over the step's samples.
+
+Each step ends with ``Communicator.agree``: it is applied only when every rank still running
+had its all-reduce complete. When a rank dies, the all-reduce fails on the others (the dead
+rank is seen within milliseconds; the first to see it revokes the communicator, so that ranks
+waiting on a live peer stop too), the survivors shrink the communicator and do the same step
+again with the batch split among fewer ranks. At each step boundary the ranks take in any
+process waiting to join (``Communicator.grow``: the launcher's replacements) and rank 0 sends
+it the parameters, the momentum and the step. Each change of world size is printed with its
+step, and the time from the death to the survivors' next completed step.
+
+``--fail-rank R --fail-at-step S`` makes rank R kill itself (SIGKILL) at step S, once, after
+its gradient and before its all-reduce. ``--record FILE``: rank 0 writes, at the end, the world
+size of every step and the final parameters, which ``replay`` reproduces in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import pycollectives as pc
+from pycollectives.examples.common import digits_split
+from pycollectives.examples.train import MLP
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--batch-size", type=int, default=64, help="samples per step, all ranks")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fail-rank", type=int, default=None)
+    ap.add_argument("--fail-at-step", type=int, default=None)
+    ap.add_argument("--record", default=None, help="rank 0 writes sizes and parameters here")
+    ap.add_argument(
+        "--full-size-by",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="at this step, wait for replacements until the world has its first size again",
+    )
+    return ap.parse_args(argv)
+
+
+class Trainer:
+    """The model, its momentum, the data and the step: the state a joining rank receives."""
+
+    def __init__(self, args):
+        self.args = args
+        (self.x, self.y), self.test = digits_split(args.seed)
+        self.x = self.x.astype(np.float32)
+        self.model = MLP(self.x.shape[1], args.hidden, 10, np.random.default_rng(args.seed))
+        self.shapes = [p.shape for p in self.model.params]
+        size = sum(p.size for p in self.model.params)
+        self.flat_grad = np.zeros(size, np.float32)
+        self.grads = self.views(self.flat_grad)
+        self.momentum = np.zeros(size, np.float32)
+        self.step = 0
+        self.sizes = []  # world size of each committed step
+        self.first_size = None  # the job's size when it started
+        self.pending_death = None  # when the rank the last shrink left out died (time.time())
+
+    def views(self, flat):
+        out, at = [], 0
+        for shape in self.shapes:
+            n = int(np.prod(shape))
+            out.append(flat[at : at + n].reshape(shape))
+            at += n
+        return out
+
+    def flat_params(self) -> np.ndarray:
+        return np.concatenate([p.reshape(-1) for p in self.model.params])
+
+    def set_flat_params(self, flat):
+        self.model.params = [v.copy() for v in self.views(flat)]
+
+    def batch(self, step: int) -> np.ndarray:
+        """Indices of step `step`'s samples: the data in an order fixed per pass over it."""
+        per_pass = len(self.x) // self.args.batch_size
+        order = np.random.default_rng(self.args.seed + step // per_pass).permutation(len(self.x))
+        at = (step % per_pass) * self.args.batch_size
+        return order[at : at + self.args.batch_size]
+
+    def local_gradient(self, step: int, rank: int, world: int):
+        """This rank's share of step `step`'s mean gradient, into flat_grad."""
+        share = np.array_split(self.batch(step), world)[rank]
+        self.flat_grad[:] = 0
+        if len(share):
+            self.model.loss_and_backward(self.x[share], self.y[share], self.grads)
+            self.flat_grad *= np.float32(len(share) / self.args.batch_size)
+
+    def apply(self, grad):
+        self.momentum *= np.float32(self.args.momentum)
+        self.momentum += grad
+        self.set_flat_params(self.flat_params() - np.float32(self.args.lr) * self.momentum)
+
+    def accuracy(self) -> float:
+        x, y = self.test
+        _, logits = self.model.forward(x.astype(np.float32))
+        return float((logits.argmax(axis=1) == y).mean())
+
+
+def replay(args, sizes: list) -> np.ndarray:
+    """The same training in one process, step s's batch split into sizes[s] shares as the job
+    split it: the parameters the job should end with (up to float rounding: the job sums the
+    shares in the all-reduce's order)."""
+    t = Trainer(args)
+    for step, world in enumerate(sizes):
+        total = np.zeros_like(t.flat_grad)
+        for r in range(world):
+            t.local_gradient(step, r, world)
+            total += t.flat_grad
+        t.apply(total)
+    return t.flat_params()
+
+
+def hand_over(comm, t: Trainer, wait=None) -> bool:
+    """Rank 0's state to every rank of `comm` (a grown communicator: the newcomers), with
+    whether the ranks are waiting at this step boundary for more (`wait`, rank 0's)."""
+    t.step, t.sizes, t.first_size, wait = comm.broadcast_object(
+        (t.step, t.sizes, t.first_size, wait), root=0
+    )
+    flat = t.flat_params()
+    comm.broadcast(flat, root=0)
+    t.set_flat_params(flat)
+    comm.broadcast(t.momentum, root=0)
+    return wait
+
+
+def boundary(comm, t: Trainer, wait: bool, joined: bool = False):
+    """A step boundary: takes in whoever waits to join (Communicator.grow), and, with `wait`,
+    looks again until the world has its first size (rank 0 decides, for every rank, whether
+    to look again, up to the timeout). A rank that just `joined` comes in where the others
+    were when they took it in. The communicator to go on with."""
+    deadline = time.monotonic() + comm.timeout
+    while True:
+        grown = None if joined else comm.grow()
+        joined = False
+        if grown is not None:
+            if grown.rank == 0:
+                print(f"step {t.step}: world {comm.size} -> {grown.size} "
+                      f"({grown.size - comm.size} joined)", flush=True)  # fmt: skip
+            comm.close()
+            comm = grown
+            hand_over(comm, t, wait)
+        if not wait:
+            return comm
+        again = comm.size < t.first_size and time.monotonic() < deadline
+        if not comm.broadcast_object(again if comm.rank == 0 else None, root=0):
+            return comm
+        time.sleep(0.005)
+
+
+def died_at(pid_file: Path):
+    try:
+        return float(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def train(args) -> int:
+    joining = bool(os.environ.get("PYCOLL_JOIN"))
+    rendezvous = os.environ.get("PYCOLL_RENDEZVOUS")
+    started = float(os.environ.get("PYCOLL_STARTED_AT", time.time()))  # set by the launcher
+    comm = pc.Communicator(timeout=60)
+    t = Trainer(args)
+    if joining:
+        wait = hand_over(comm, t)
+        print(f"rank {comm.rank}: joined at step {t.step} as rank {comm.rank} of {comm.size}, "
+              f"{time.time() - started:.2f} s after its process started", flush=True)  # fmt: skip
+        if rendezvous:
+            comm = boundary(comm, t, wait, joined=True)
+    else:  # identical starting points: rank 0's
+        t.first_size = comm.size
+        hand_over(comm, t)
+    me_first = None if joining else comm.rank  # the rank this process started as
+    while t.step < args.steps:
+        step, world = t.step, comm.size
+        t.local_gradient(step, comm.rank, world)
+        if me_first == args.fail_rank and step == args.fail_at_step:
+            if rendezvous:  # when it died, for the survivors' recovery time
+                Path(rendezvous, f"died-{os.getpid()}").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        ok = 1
+        try:
+            comm.all_reduce(t.flat_grad)
+        except pc.CollectiveError as e:
+            ok, why = 0, e
+            comm.revoke()  # ranks waiting on a live peer stop too
+        if comm.agree(ok) != 1:  # some rank's all-reduce failed: shrink, same step again
+            old = comm
+            comm = old.shrink()
+            old.close()
+            lost = sorted(set(range(old.size)) - set(comm.previous_ranks))
+            deaths = [died_at(p) for p in Path(rendezvous or ".").glob("died-*")]
+            if comm.rank == 0:
+                print(f"step {step}: world {old.size} -> {comm.size} (rank(s) {lost} of "
+                      f"{old.size} gone: {why if ok == 0 else 'seen by a peer'})",
+                      flush=True)  # fmt: skip
+            t.pending_death = max((d for d in deaths if d is not None), default=None)
+            continue
+        t.apply(t.flat_grad)
+        t.sizes.append(world)
+        t.step += 1
+        death = t.pending_death
+        if death is not None and comm.rank == 0:
+            print(f"step {step}: done on {world} ranks "
+                  f"{(time.time() - death) * 1e3:.1f} ms after the death", flush=True)  # fmt: skip
+        t.pending_death = None
+        if rendezvous:  # at --full-size-by, wait for replacements
+            comm = boundary(comm, t, t.step == args.full_size_by and comm.size < t.first_size)
+    flat = t.flat_params()
+    first = flat.copy()
+    comm.broadcast(first, root=0)
+    if not np.array_equal(first, flat):
+        print(f"rank {comm.rank}: parameters differ from rank 0's", file=sys.stderr)
+        return 1
+    if comm.rank == 0:
+        print(f"{args.steps} steps, world sizes {sorted(set(t.sizes))}, "
+              f"test accuracy {t.accuracy():.4f}", flush=True)  # fmt: skip
+        if args.record:
+            Path(args.record).write_text(json.dumps({"sizes": t.sizes, "params": flat.tolist()}))
+    comm.close()
+    return 0
+
+
+def main(argv=None) -> int:
+    return train(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
