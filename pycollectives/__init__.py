@@ -12,7 +12,12 @@ Example (run with ``mpiexec -n 2 python example.py``)::
 
 from pycollectives.backends import P2POp
 from pycollectives.communicator import Communicator
-from pycollectives.ddp import DataParallel, DistributedSampler, GradientBucketer
+from pycollectives.ddp import (
+    DataParallel,
+    DistributedSampler,
+    GlobalBatchSampler,
+    GradientBucketer,
+)
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.ops import ALGORITHMS, AVG, MAX, MIN, PROD, SUM, ReduceOp
 from pycollectives.options import Options
@@ -33,6 +38,7 @@ __all__ = [
     "Communicator",
     "DataParallel",
     "DistributedSampler",
+    "GlobalBatchSampler",
     "GradientBucketer",
     "Options",
     "P2POp",

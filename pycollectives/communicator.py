@@ -140,7 +140,13 @@ class Communicator:
         if self._host is None:
             return
         try:
-            self._inflight.wait_all()
+            while True:  # on a failed communicator, the errors of work in flight are known
+                try:
+                    self._inflight.wait_all()
+                    break
+                except CollectiveError:
+                    if not getattr(getattr(self._host, "c", None), "poisoned", False):
+                        raise
             if self._cuda is not None:
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
         finally:

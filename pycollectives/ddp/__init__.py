@@ -2,6 +2,12 @@
 
 from pycollectives.ddp.bucketer import GradientBucketer, assign_buckets
 from pycollectives.ddp.data_parallel import DataParallel
-from pycollectives.ddp.sampler import DistributedSampler
+from pycollectives.ddp.sampler import DistributedSampler, GlobalBatchSampler
 
-__all__ = ["DataParallel", "DistributedSampler", "GradientBucketer", "assign_buckets"]
+__all__ = [
+    "DataParallel",
+    "DistributedSampler",
+    "GlobalBatchSampler",
+    "GradientBucketer",
+    "assign_buckets",
+]

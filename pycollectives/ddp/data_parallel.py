@@ -60,16 +60,28 @@ class DataParallel:
         rebuild=True,
         algorithm=None,
     ):
-        self.comm = comm
         self.params = list(params)
         self._xp = _array_module(self.params)
-        for p in self.params:
-            comm.broadcast(p, root=0)
+        self._buckets = (bucket_cap_mb, first_bucket_mb, names, rebuild, algorithm)
+        self.rebind(comm)
+
+    def rebind(self, comm, sync_params: bool = True):
+        """Goes on over `comm`: what ``Communicator.shrink`` returned after a death, or
+        ``grow`` when ranks joined. New buckets over it; with `sync_params` the parameters
+        from its rank 0 (a joining rank receives them: its ``DataParallel(comm, params)``
+        makes the same calls). The gradients of an unfinished step are dropped: do the step
+        again. Collective over `comm`. Construction is ``rebind`` of the first
+        communicator."""
+        self.comm = comm
+        if sync_params:
+            for p in self.params:
+                comm.broadcast(p, root=0)
+        cap, first, names, rebuild, algorithm = self._buckets
         self.bucketer = GradientBucketer(
             comm,
             [(p.shape, p.dtype) for p in self.params],
-            bucket_cap_mb,
-            first_bucket_mb,
+            cap,
+            first,
             names,
             rebuild,
             algorithm=algorithm,

@@ -4,20 +4,21 @@ replacement joins and the world grows back. No restart, no checkpoint file, no s
     python -m pycollectives.launch -n 4 --elastic --replace 1 -- \\
         python -m pycollectives.examples.elastic [--steps 120] [--fail-rank 2 --fail-at-step 40]
 
-The two-layer MLP of ``pycollectives.examples.train`` on scikit-learn's digits, with a global
-batch of ``--batch-size`` samples per step whatever the number of ranks: step s takes its
-samples from a fixed order of the data, and each rank takes its share of them
-(``np.array_split`` by rank). Each rank's gradient is the mean over its share scaled by
-share / batch, so one all-reduce (sum) gives every rank the mean over the step's samples.
+The two-layer MLP of ``pycollectives.examples.train`` on scikit-learn's digits, its gradients
+averaged by ``pc.DataParallel``, with a global batch of ``--batch-size`` samples per step
+whatever the number of ranks (``pc.GlobalBatchSampler``: each rank takes its share of the
+step's samples, and weights its gradient so that the average over the ranks is the mean over
+the step's samples).
 
 Each step ends with ``Communicator.agree``: it is applied only when every rank still running
 had its all-reduce complete. When a rank dies, the all-reduce fails on the others (the dead
 rank is seen within milliseconds; the first to see it revokes the communicator, so that ranks
 waiting on a live peer stop too), the survivors shrink the communicator and do the same step
-again with the batch split among fewer ranks. At each step boundary the ranks take in any
-process waiting to join (``Communicator.grow``: the launcher's replacements) and rank 0 sends
-it the parameters, the momentum and the step. Each change of world size is printed with its
-step, and the time from the death to the survivors' next completed step.
+again with the batch split among fewer ranks (``DataParallel.rebind``). At each step boundary
+the ranks take in any process waiting to join (``Communicator.grow``: the launcher's
+replacements) and rank 0 sends it the parameters, the momentum and the step. Each change of
+world size is printed with its step, and the time from the death to the survivors' next
+completed step.
 
 ``--fail-rank R --fail-at-step S`` makes rank R kill itself (SIGKILL) at step S, once, after
 its gradient and before its all-reduce. ``--record FILE``: rank 0 writes, at the end, the world
@@ -70,49 +71,39 @@ class Trainer:
         (self.x, self.y), self.test = digits_split(args.seed)
         self.x = self.x.astype(np.float32)
         self.model = MLP(self.x.shape[1], args.hidden, 10, np.random.default_rng(args.seed))
-        self.shapes = [p.shape for p in self.model.params]
-        size = sum(p.size for p in self.model.params)
-        self.flat_grad = np.zeros(size, np.float32)
-        self.grads = self.views(self.flat_grad)
-        self.momentum = np.zeros(size, np.float32)
+        self.momentum = [np.zeros_like(p) for p in self.model.params]
+        self.batches = pc.GlobalBatchSampler(len(self.x), args.batch_size, args.seed)
+        self.dp = None  # DataParallel over the communicator of the moment
         self.step = 0
         self.sizes = []  # world size of each committed step
         self.first_size = None  # the job's size when it started
         self.pending_death = None  # when the rank the last shrink left out died (time.time())
 
-    def views(self, flat):
-        out, at = [], 0
-        for shape in self.shapes:
-            n = int(np.prod(shape))
-            out.append(flat[at : at + n].reshape(shape))
-            at += n
-        return out
+    def gradient(self, step: int, rank: int, world: int, grads, ready=lambda i: None):
+        """This rank's share of step `step`'s gradient into `grads`, weighted so that the
+        average over the ranks is the mean over the step's samples."""
+        share, weight = self.batches.share(step, rank, world)
+        w = np.float32(weight)
+
+        def scaled(i):
+            grads[i] *= w
+            ready(i)
+
+        if len(share):
+            self.model.loss_and_backward(self.x[share], self.y[share], grads, scaled)
+        else:  # more ranks than samples: nothing to add
+            for i, g in enumerate(grads):
+                g[...] = 0
+                ready(i)
+
+    def apply(self, grads):
+        for p, m, g in zip(self.model.params, self.momentum, grads):
+            m *= np.float32(self.args.momentum)
+            m += g
+            p -= np.float32(self.args.lr) * m
 
     def flat_params(self) -> np.ndarray:
         return np.concatenate([p.reshape(-1) for p in self.model.params])
-
-    def set_flat_params(self, flat):
-        self.model.params = [v.copy() for v in self.views(flat)]
-
-    def batch(self, step: int) -> np.ndarray:
-        """Indices of step `step`'s samples: the data in an order fixed per pass over it."""
-        per_pass = len(self.x) // self.args.batch_size
-        order = np.random.default_rng(self.args.seed + step // per_pass).permutation(len(self.x))
-        at = (step % per_pass) * self.args.batch_size
-        return order[at : at + self.args.batch_size]
-
-    def local_gradient(self, step: int, rank: int, world: int):
-        """This rank's share of step `step`'s mean gradient, into flat_grad."""
-        share = np.array_split(self.batch(step), world)[rank]
-        self.flat_grad[:] = 0
-        if len(share):
-            self.model.loss_and_backward(self.x[share], self.y[share], self.grads)
-            self.flat_grad *= np.float32(len(share) / self.args.batch_size)
-
-    def apply(self, grad):
-        self.momentum *= np.float32(self.args.momentum)
-        self.momentum += grad
-        self.set_flat_params(self.flat_params() - np.float32(self.args.lr) * self.momentum)
 
     def accuracy(self) -> float:
         x, y = self.test
@@ -125,25 +116,26 @@ def replay(args, sizes: list) -> np.ndarray:
     split it: the parameters the job should end with (up to float rounding: the job sums the
     shares in the all-reduce's order)."""
     t = Trainer(args)
+    grads = [np.zeros_like(p) for p in t.model.params]
     for step, world in enumerate(sizes):
-        total = np.zeros_like(t.flat_grad)
+        total = [np.zeros_like(p) for p in t.model.params]
         for r in range(world):
-            t.local_gradient(step, r, world)
-            total += t.flat_grad
-        t.apply(total)
+            t.gradient(step, r, world, grads)
+            for a, g in zip(total, grads):
+                a += g
+        t.apply([a / np.float32(world) for a in total])
     return t.flat_params()
 
 
 def hand_over(comm, t: Trainer, wait=None) -> bool:
-    """Rank 0's state to every rank of `comm` (a grown communicator: the newcomers), with
-    whether the ranks are waiting at this step boundary for more (`wait`, rank 0's)."""
+    """Rank 0's momentum and progress to every rank of `comm` (a grown communicator: the
+    newcomers; the parameters came with DataParallel), with whether the ranks are waiting at
+    this step boundary for more (`wait`, rank 0's)."""
     t.step, t.sizes, t.first_size, wait = comm.broadcast_object(
         (t.step, t.sizes, t.first_size, wait), root=0
     )
-    flat = t.flat_params()
-    comm.broadcast(flat, root=0)
-    t.set_flat_params(flat)
-    comm.broadcast(t.momentum, root=0)
+    for m in t.momentum:
+        comm.broadcast(m, root=0)
     return wait
 
 
@@ -162,6 +154,7 @@ def boundary(comm, t: Trainer, wait: bool, joined: bool = False):
                       f"({grown.size - comm.size} joined)", flush=True)  # fmt: skip
             comm.close()
             comm = grown
+            t.dp.rebind(comm)  # the parameters, to the newcomers
             hand_over(comm, t, wait)
         if not wait:
             return comm
@@ -184,33 +177,35 @@ def train(args) -> int:
     started = float(os.environ.get("PYCOLL_STARTED_AT", time.time()))  # set by the launcher
     comm = pc.Communicator(timeout=60)
     t = Trainer(args)
+    t.dp = pc.DataParallel(comm, t.model.params)  # rank 0's parameters, everywhere
     if joining:
         wait = hand_over(comm, t)
         print(f"rank {comm.rank}: joined at step {t.step} as rank {comm.rank} of {comm.size}, "
               f"{time.time() - started:.2f} s after its process started", flush=True)  # fmt: skip
         if rendezvous:
             comm = boundary(comm, t, wait, joined=True)
-    else:  # identical starting points: rank 0's
+    else:
         t.first_size = comm.size
         hand_over(comm, t)
     me_first = None if joining else comm.rank  # the rank this process started as
     while t.step < args.steps:
-        step, world = t.step, comm.size
-        t.local_gradient(step, comm.rank, world)
-        if me_first == args.fail_rank and step == args.fail_at_step:
-            if rendezvous:  # when it died, for the survivors' recovery time
-                Path(rendezvous, f"died-{os.getpid()}").write_text(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
+        step, world, dp = t.step, comm.size, t.dp
         ok = 1
         try:
-            comm.all_reduce(t.flat_grad)
+            t.gradient(step, comm.rank, world, dp.grads, dp.mark_ready)
+            if me_first == args.fail_rank and step == args.fail_at_step:
+                if rendezvous:  # when it died, for the survivors' recovery time
+                    Path(rendezvous, f"died-{os.getpid()}").write_text(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            dp.synchronize()
         except pc.CollectiveError as e:
             ok, why = 0, e
             comm.revoke()  # ranks waiting on a live peer stop too
-        if comm.agree(ok) != 1:  # some rank's all-reduce failed: shrink, same step again
+        if comm.agree(ok) != 1:  # some rank's step failed: shrink, the same step again
             old = comm
             comm = old.shrink()
             old.close()
+            t.dp.rebind(comm, sync_params=False)  # the survivors' parameters agree already
             lost = sorted(set(range(old.size)) - set(comm.previous_ranks))
             deaths = [died_at(p) for p in Path(rendezvous or ".").glob("died-*")]
             if comm.rank == 0:
@@ -219,7 +214,7 @@ def train(args) -> int:
                       flush=True)  # fmt: skip
             t.pending_death = max((d for d in deaths if d is not None), default=None)
             continue
-        t.apply(t.flat_grad)
+        t.apply(dp.grads)
         t.sizes.append(world)
         t.step += 1
         death = t.pending_death

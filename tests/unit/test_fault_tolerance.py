@@ -119,3 +119,68 @@ def test_file_group_join_takes_its_place_from_the_admission(tmp_path):
     threading.Thread(target=admit, daemon=True).start()
     g = bootstrap.FileGroup.join(tmp_path, timeout=10)
     assert (g.rank, g.size, g.prefix) == (2, 3, "grow-x")
+
+
+def test_closing_a_revoked_communicator_drops_its_failed_work():
+    comms = pc.Communicator.local(2, timeout=30)
+    submitted = threading.Event()
+
+    def rank(c):
+        x = np.ones(1 << 12, np.float32)
+        if c.rank == 0:
+            assert submitted.wait(10)
+            c.revoke()
+            c.close()
+            return None
+        works = [c.all_reduce(x, async_op=True) for _ in range(3)]  # rank 0 never comes
+        submitted.set()
+        with pytest.raises(pc.CollectiveError, match="revoked"):
+            works[0].wait()
+        c.close()  # does not raise what the work in flight raised
+        return None
+
+    on_threads(comms, rank)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 7])
+def test_global_batches_are_shared_whole_and_weighted_to_the_mean(world):
+    sampler = pc.GlobalBatchSampler(100, 16, seed=3)
+    assert sampler.per_pass == 6
+    seen = []
+    for step in range(6):  # one pass: disjoint batches
+        batch = sampler.batch(step)
+        shares = [sampler.share(step, r, world) for r in range(world)]
+        assert np.array_equal(np.concatenate([s for s, _ in shares]), batch)
+        assert sum(w for _, w in shares) == pytest.approx(world)  # average of weights is 1
+        assert all(w == world * len(s) / 16 for s, w in shares)
+        seen.extend(batch.tolist())
+    assert len(set(seen)) == len(seen) == 96
+    assert not np.array_equal(sampler.batch(0), sampler.batch(6))  # the next pass reshuffles
+    with pytest.raises(ValueError, match="out of range"):
+        sampler.share(0, world, world)
+    with pytest.raises(ValueError, match="batch_size"):
+        pc.GlobalBatchSampler(10, 11)
+
+
+def test_data_parallel_rebinds_to_a_shrunk_communicator():
+    comms = pc.Communicator.local(3, timeout=30)
+
+    def rank(c):
+        w = np.full(5, float(c.rank), np.float32)
+        dp = pc.DataParallel(c, [w])
+        assert np.all(w == 0)  # rank 0's
+        c.revoke() if c.rank == 0 else None
+        new = c.shrink()
+        c.close()
+        w[...] = new.rank  # rebind broadcasts rank 0's parameters
+        dp.rebind(new)
+        assert np.all(w == 0) and dp.comm is new
+        dp.grads[0][...] = new.rank + 1
+        dp.mark_ready(0)
+        dp.synchronize()
+        out = dp.grads[0].copy()
+        new.close()
+        return out
+
+    for got in on_threads(comms, rank):
+        assert np.all(got == 2.0), got  # the average of 1, 2, 3
