@@ -39,7 +39,7 @@ def drill(n: int, name: str, tmp_path, replace: int = 0) -> list[dict]:
     "n,kind",
     [(4, "all_reduce"), (3, "all_reduce"), (5, "all_reduce"), (4, "between"), (4, "p2p"),
      (4, "all_gather"), (4, "broadcast"), (4, "reduce_scatter"), (4, "all_to_all"),
-     (3, "barrier")],
+     (3, "barrier"), (4, "reduce"), (4, "gather"), (4, "scatter")],
 )  # fmt: skip
 def test_survivors_shrink_and_go_on_after_a_rank_is_killed(n, kind, tmp_path):
     reports = drill(n, kind, tmp_path)

@@ -92,6 +92,7 @@ def killed_in(kind: str):
         def step():
             comm.batch_p2p([pc.P2POp("send", big, right), pc.P2POp("recv", buf, left)])
     else:
+        whole = np.ones(4096 * n, np.float32) if comm.rank == 0 else None  # gather, scatter
         op = {"all_reduce": lambda: comm.all_reduce(big),
               "between": lambda: comm.all_reduce(big),
               "all_gather": lambda: comm.all_gather(big[:4096], np.empty(4096 * n, np.float32)),
@@ -100,7 +101,11 @@ def killed_in(kind: str):
                                                                           np.float32)),
               "all_to_all": lambda: comm.all_to_all(big[: 1024 * n],
                                                     np.empty(1024 * n, np.float32)),
-              "barrier": lambda: comm.barrier()}[kind]  # fmt: skip
+              "barrier": lambda: comm.barrier(),
+              "reduce": lambda: comm.reduce(big, np.empty_like(big), root=0),
+              "gather": lambda: comm.gather(big[:4096], whole, root=0),
+              "scatter": lambda: comm.scatter(whole, np.empty(4096, np.float32), root=0),
+              }[kind]  # fmt: skip
 
         def step():
             op()

@@ -569,6 +569,17 @@ def check_errors(gloo):
         raise AssertionError("a poisoned group ran a collective")
     dist.all_reduce(t)
     assert (t == dist.get_world_size() ** 2).all()
+    # torch's shrink_group: torch refuses it before anything moves (the C++ backend: "does not
+    # support shrinking"; the Python one: no device backend to ask). Communicator.shrink is
+    # the way (README, "Keep training when a rank dies").
+    try:
+        dist.shrink_group([dist.get_world_size() - 1], group=dist.new_group())
+    except (TypeError, RuntimeError) as e:
+        assert "support shrinking" in str(e) or "device backend" in str(e), e
+    else:
+        raise AssertionError("shrink_group worked on a pycollectives group")
+    dist.all_reduce(t)  # nothing changed
+    assert (t == dist.get_world_size() ** 3).all()
     print(f"torch errors rank={r}")
 
 
