@@ -11,18 +11,29 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from harness.launch import TWO_NODES, clean_env, run_mpi, worker_path
 
 
+def segments() -> set:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("pycoll-*")} if shm.is_dir() else set()
+
+
 def elastic(n: int, command: list, tmp_path, replace: int = 0, timeout: float = 120):
-    """Runs `command` on `n` ranks under the elastic launcher: the finished process."""
+    """Runs `command` on `n` ranks under the elastic launcher: the finished process. No
+    shared-memory segment outlives the job, whoever died."""
     env = clean_env(DRILL_RESULTS=str(tmp_path))
     cmd = [sys.executable, "-m", "pycollectives.launch", "-n", str(n), "--elastic",
            "--replace", str(replace), "--", *command]  # fmt: skip
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    before = segments()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    left = segments() - before
+    assert not left, f"segments left in /dev/shm: {sorted(left)}"
+    return done
 
 
 def drill(n: int, name: str, tmp_path, replace: int = 0) -> list[dict]:
