@@ -174,9 +174,7 @@ class Communicator:
         group = self._group.split(color, self.rank if key is None else key)
         if group is None:
             return None
-        o = self.options
-        kw = {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
-              "staging_slots": o.staging_slots, **kw}  # fmt: skip
+        kw = self._made_like_this(kw)
         return Communicator(group, **kw)
 
     def abort(self, reason: str = "aborted by the application"):
@@ -224,9 +222,7 @@ class Communicator:
                 old.close()
         """
         board = self._board("shrink")
-        o = self.options
-        kw = {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
-              "staging_slots": o.staging_slots, **kw}  # fmt: skip
+        kw = self._made_like_this(kw)
         for _ in range(self.size):  # each new try follows a death
             members = [rank for rank, _, _ in board.board_exchange(1)]
             group = bootstrap.BoardGroup(board, members, self.rank)
@@ -275,11 +271,16 @@ class Communicator:
                 text = json.dumps({"rank": self.size + i, "size": size, "prefix": prefix})
                 write_atomically(where / f"{name}.admit", lambda f, t=text: f.write(t.encode()))
                 (where / f"{name}.req").unlink(missing_ok=True)
-        o = self.options
-        kw = {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
-              "staging_slots": o.staging_slots, **kw}  # fmt: skip
+        kw = self._made_like_this(kw)
         group = bootstrap.FileGroup(folder, self.rank, size, prefix, kw["timeout"])
         return Communicator(group, **kw)
+
+    def _made_like_this(self, kw: dict) -> dict:
+        """Keyword arguments of a communicator made from this one (split, shrink, grow): `kw`
+        over this one's timeout and staging."""
+        o = self.options
+        return {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
+                "staging_slots": o.staging_slots, **kw}  # fmt: skip
 
     def _board(self, what: str):
         host = self._backend()
