@@ -141,7 +141,8 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
     ``bootstrap.FileGroup``), so that the death of one leaves the others running. Each death is
     reported; with `replace` > 0 a new process is started in its place (``PYCOLL_JOIN``: its
     ``Communicator()`` waits for the survivors to take it in, ``Communicator.grow``), up to
-    `replace` of them. 0 once every process that did not die has exited 0."""
+    `replace` of them. 0 when some process finished (exited 0) and none died after that;
+    a replacement never taken in is stopped at the end, and is no failure."""
     started_at, t0 = time.time(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pycoll-elastic-") as folder:
         base = {**env, "PYCOLL_RENDEZVOUS": folder, "PYCOLL_WORLD_SIZE": str(n),
@@ -156,8 +157,8 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
 
         for r in range(n):
             start({"PYCOLL_RANK": str(r)}, f"rank {r}")
-        deaths = replaced = 0
-        ok = True
+        deaths = replaced = finished = 0
+        failed_after_finish = False  # a process died once others had finished the job
         try:
             while procs:
                 if only_waiting(procs, folder):  # the job is over: nobody will take them in
@@ -172,8 +173,10 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
                 _, what = procs.pop(pid)
                 rc = os.waitstatus_to_exitcode(status)
                 if rc == 0:
+                    finished += 1
                     continue
                 deaths += 1
+                failed_after_finish |= finished > 0
                 how = describe({"returncode": rc, "signal": -rc if rc < 0 else 0})
                 log(f"{what} (pid {pid}) {how} after {time.monotonic() - t0:.2f} s; "
                     f"{len(procs)} process(es) still running")  # fmt: skip
@@ -181,8 +184,6 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
                     replaced += 1
                     p = start({"PYCOLL_JOIN": "1"}, f"replacement {replaced}")
                     log(f"started replacement {replaced} (pid {p.pid}) for {what}")
-                elif not procs:
-                    ok = False  # nobody left to carry on
         except KeyboardInterrupt:
             for p, _ in procs.values():
                 p.send_signal(signal.SIGINT)
@@ -192,6 +193,8 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
         removed = remove_orphaned_shm(started_at)
         if removed:
             log(f"removed {removed} shared-memory segment(s) left in /dev/shm")
+    # The job finished when some process did, and none died after that.
+    ok = finished > 0 and not failed_after_finish
     if deaths:
         log(f"{deaths} process(es) died, {replaced} replaced; the job "
             + ("finished" if ok else "failed"))  # fmt: skip

@@ -20,9 +20,13 @@ replacements) and rank 0 sends it the parameters, the momentum and the step. Eac
 world size is printed with its step, and the time from the death to the survivors' next
 completed step.
 
-``--fail-rank R --fail-at-step S`` makes rank R kill itself (SIGKILL) at step S, once, after
-its gradient and before its all-reduce. ``--record FILE``: rank 0 writes, at the end, the world
-size of every step and the final parameters, which ``replay`` reproduces in one process.
+``--fail-rank R --fail-at-step S`` makes rank R kill itself (SIGKILL) as step S begins, once;
+with ``--fail-late``, once its gradients are averaged. A rank that dies late in a step has
+sent its whole share: the step may then complete on the others, and the survivors shrink at
+the next collective that needs the dead rank (a step boundary's included).
+
+``--record FILE``: rank 0 writes, at the end, the world size of every step and the final
+parameters, which ``replay`` reproduces in one process.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fail-rank", type=int, default=None)
     ap.add_argument("--fail-at-step", type=int, default=None)
+    ap.add_argument(
+        "--fail-late", action="store_true", help="die once the step's gradients are averaged"
+    )
     ap.add_argument("--record", default=None, help="rank 0 writes sizes and parameters here")
     ap.add_argument(
         "--full-size-by",
@@ -145,23 +152,34 @@ def boundary(comm, t: Trainer, wait: bool, joined: bool = False):
     to look again, up to the timeout). A rank that just `joined` comes in where the others
     were when they took it in. The communicator to go on with."""
     deadline = time.monotonic() + comm.timeout
-    while True:
-        grown = None if joined else comm.grow()
-        joined = False
-        if grown is not None:
-            if grown.rank == 0:
-                print(f"step {t.step}: world {comm.size} -> {grown.size} "
-                      f"({grown.size - comm.size} joined)", flush=True)  # fmt: skip
-            comm.close()
-            comm = grown
-            t.dp.rebind(comm)  # the parameters, to the newcomers
-            hand_over(comm, t, wait)
-        if not wait:
-            return comm
-        again = comm.size < t.first_size and time.monotonic() < deadline
-        if not comm.broadcast_object(again if comm.rank == 0 else None, root=0):
-            return comm
-        time.sleep(0.005)
+    try:
+        while True:
+            grown = None if joined else comm.grow()
+            joined = False
+            if grown is not None:
+                if grown.rank == 0:
+                    print(f"step {t.step}: world {comm.size} -> {grown.size} "
+                          f"({grown.size - comm.size} joined)", flush=True)  # fmt: skip
+                comm.close()
+                comm = grown
+                t.dp.rebind(comm)  # the parameters, to the newcomers
+                hand_over(comm, t, wait)
+            if not wait:
+                return comm
+            again = comm.size < t.first_size and time.monotonic() < deadline
+            if not comm.broadcast_object(again if comm.rank == 0 else None, root=0):
+                return comm
+            time.sleep(0.005)
+    except pc.CollectiveError:  # a rank died meanwhile: the next step fails on every rank,
+        comm.revoke()  # and the survivors shrink there
+        return comm
+
+
+def die(rendezvous):
+    """SIGKILL, once the time of death is written for the survivors' recovery time."""
+    if rendezvous:
+        Path(rendezvous, f"died-{os.getpid()}").write_text(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def died_at(pid_file: Path):
@@ -190,14 +208,15 @@ def train(args) -> int:
     me_first = None if joining else comm.rank  # the rank this process started as
     while t.step < args.steps:
         step, world, dp = t.step, comm.size, t.dp
+        dies = me_first == args.fail_rank and step == args.fail_at_step
+        if dies and not args.fail_late:
+            die(rendezvous)
         ok = 1
         try:
             t.gradient(step, comm.rank, world, dp.grads, dp.mark_ready)
-            if me_first == args.fail_rank and step == args.fail_at_step:
-                if rendezvous:  # when it died, for the survivors' recovery time
-                    Path(rendezvous, f"died-{os.getpid()}").write_text(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
             dp.synchronize()
+            if dies:
+                die(rendezvous)
         except pc.CollectiveError as e:
             ok, why = 0, e
             comm.revoke()  # ranks waiting on a live peer stop too

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from harness.launch import TWO_NODES, clean_env, run_mpi, worker_path
 
+from pycollectives.launch import _mapped_shm
+
 
 def segments() -> set:
     shm = Path("/dev/shm")
@@ -31,7 +33,7 @@ def elastic(n: int, command: list, tmp_path, replace: int = 0, timeout: float = 
            "--replace", str(replace), "--", *command]  # fmt: skip
     before = segments()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    left = segments() - before
+    left = segments() - before - _mapped_shm()  # not another job's, still in use
     assert not left, f"segments left in /dev/shm: {sorted(left)}"
     return done
 
@@ -114,5 +116,38 @@ def test_elastic_training_loses_no_step_and_matches_its_replay(tmp_path):
     assert "pycollectives.launch: rank 2" in done.stderr and "started replacement 1" in done.stderr
 
 
+def test_a_rank_that_dies_late_in_a_step_loses_no_step_either(tmp_path):
+    # It dies once its gradients are averaged: the others may finish that step with its
+    # share or fail it, and may then see the death at the step boundary; either way the
+    # survivors shrink and every step is done once.
+    from pycollectives.examples import elastic as example
+
+    record = tmp_path / "record.json"
+    args = ["--steps", "80", "--fail-rank", "1", "--fail-at-step", "30", "--fail-late",
+            "--record", str(record)]  # fmt: skip
+    done = elastic(4, [sys.executable, "-m", "pycollectives.examples.elastic", *args], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    sizes = json.loads(record.read_text())["sizes"]
+    k = sizes.index(3)
+    assert k in (30, 31) and sizes == [4] * k + [3] * (80 - k), sizes
+    got = np.array(json.loads(record.read_text())["params"], np.float32)
+    np.testing.assert_array_equal(got, example.replay(example.parse_args(args), sizes))
+
+
 def test_over_several_nodes_revoke_agree_and_shrink_are_refused():
     run_mpi(4, "elastic.py", "nodes", env=TWO_NODES)
+
+
+@pytest.mark.parametrize("replace", [0, 1])
+def test_a_job_whose_every_rank_fails_fails(replace, tmp_path):
+    done = elastic(3, [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path, replace)
+    assert done.returncode == 1, done.stderr
+    assert "exited with status 3" in done.stderr and "the job failed" in done.stderr
+
+
+def test_a_death_after_the_job_finished_elsewhere_fails_it(tmp_path):
+    # rank 0 finishes at once; the others die later: the job did not finish
+    code = "import os, sys, time; r = int(os.environ['PYCOLL_RANK']); time.sleep(0.3 * r); " \
+           "sys.exit(0 if r == 0 else 5)"  # fmt: skip
+    done = elastic(3, [sys.executable, "-c", code], tmp_path)
+    assert done.returncode == 1 and "the job failed" in done.stderr, done.stderr
