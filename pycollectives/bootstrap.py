@@ -276,18 +276,17 @@ class FileGroup:
         self.timeout, self._round = timeout, 0
 
     def allgather(self, obj) -> list:
-        import time
-
         self._round += 1
         here = self.folder / self.prefix / str(self._round)
         here.mkdir(parents=True, exist_ok=True)
         tmp = here / f".{self.rank}.{os.getpid()}"
         tmp.write_bytes(pickle.dumps(obj))
         tmp.rename(here / str(self.rank))
-        deadline, pause = time.monotonic() + self.timeout, 1e-4
         values = [None] * self.size
         missing = list(range(self.size))
-        while True:
+
+        def arrived() -> bool:
+            nonlocal missing
             still = []
             for r in missing:
                 try:
@@ -295,15 +294,12 @@ class FileGroup:
                 except FileNotFoundError:
                     still.append(r)
             missing = still
-            if not missing:
-                return values
-            if time.monotonic() > deadline:
-                raise CollectiveError(
-                    f"rendezvous in {here}: rank(s) {', '.join(map(str, missing))} did not "
-                    f"arrive within {self.timeout} s"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+            return not missing
+
+        _poll(arrived, self.timeout, 1e-4, lambda: CollectiveError(
+            f"rendezvous in {here}: rank(s) {', '.join(map(str, missing))} did not arrive "
+            f"within {self.timeout} s"))  # fmt: skip
+        return values
 
     @classmethod
     def join(cls, folder, timeout: float = 300.0):
@@ -312,7 +308,6 @@ class FileGroup:
         job's ranks take it in (``Communicator.grow``), which tells it its rank, the new size
         and where they meet (``join/<pid>.admit``)."""
         import json
-        import time
         from pathlib import Path
 
         from pycollectives.checkpoint import write_atomically
@@ -321,21 +316,19 @@ class FileGroup:
         where.mkdir(parents=True, exist_ok=True)
         name = str(os.getpid())
         write_atomically(where / f"{name}.req", lambda f: f.write(b"{}"))
-        deadline, pause = time.monotonic() + timeout, 1e-3
-        while True:
+        admit = {}
+
+        def admitted() -> bool:
             try:
-                admit = json.loads((where / f"{name}.admit").read_text())
-                break
+                admit.update(json.loads((where / f"{name}.admit").read_text()))
             except FileNotFoundError:
-                pass
-            if time.monotonic() > deadline:
-                raise CollectiveError(
-                    f"asked to join the job in {folder} but its ranks did not take this process "
-                    f"in within {timeout} s (their training loop calls Communicator.grow at "
-                    "step boundaries?)"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
+                return False
+            return True
+
+        _poll(admitted, timeout, 1e-3, lambda: CollectiveError(
+            f"asked to join the job in {folder} but its ranks did not take this process in "
+            f"within {timeout} s (their training loop calls Communicator.grow at step "
+            "boundaries?)"))  # fmt: skip
         return cls(folder, admit["rank"], admit["size"], admit["prefix"], timeout)
 
     def split(self, color, key):
@@ -353,6 +346,19 @@ class FileGroup:
 
     def free(self):
         pass
+
+
+def _poll(ready, timeout: float, first_pause: float, failure):
+    """Calls ready() until it returns True, sleeping between calls from `first_pause` seconds,
+    doubling up to 20 ms; past `timeout` seconds raises failure() instead."""
+    import time
+
+    deadline, pause = time.monotonic() + timeout, first_pause
+    while not ready():
+        if time.monotonic() > deadline:
+            raise failure()
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 def _file_launch(environ) -> tuple | None:
