@@ -51,11 +51,18 @@ def test_three_interleaved_nodes_over_an_env_launch(three_nodes, case):
     check(three_nodes, case)
 
 
-@pytest.mark.parametrize("case", ["progress", "semantics"])
-def test_messages_over_gloo_progress_in_every_order(case):
-    # workers/p2p.py's own cases on machines a, b, a, b: every ring link crosses nodes. Sends
-    # and receives in flight waited for in every order, several on one tag overtaking none,
-    # tags, any-order matching and zero-length messages (semantics), all over gloo.
-    outs = run_env_launch(4, "p2p.py", case, timeout=300,
+# workers/p2p.py's own cases on machines a, b, a, b: every ring link crosses nodes. Sends and
+# receives in flight waited for in every order, several on one tag overtaking none (progress),
+# tags, any-order matching and zero-length messages (semantics), all over gloo.
+CROSSING = ["progress", "semantics"]
+
+
+@pytest.fixture(scope="module")
+def crossing():
+    return run_env_launch(4, "p2p.py", ",".join(CROSSING), timeout=300,
                           rank_env=lambda r: {"PYCOLL_HOST_ID": "abab"[r]})  # fmt: skip
-    assert f"p2p {case}" in outs[0], outs
+
+
+@pytest.mark.parametrize("case", CROSSING)
+def test_messages_over_gloo_progress_in_every_order(crossing, case):
+    assert f"p2p {case}" in crossing[0], crossing

@@ -508,7 +508,8 @@ def main():
     modes["mismatch-dtype"] = lambda: mismatch("dtype")
     modes |= {"eager": eager, "mismatch-late": mismatch_late, "progress": progress}
     modes["engine"] = engine
-    modes[sys.argv[1]]()
+    for mode in sys.argv[1].split(","):  # several, one after the other: MODE,MODE,...
+        modes[mode]()
 
 
 if __name__ == "__main__":
