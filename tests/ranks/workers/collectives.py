@@ -73,28 +73,36 @@ class Checker:
 
     def all_reduce(self, staging):
         r, n = self.rank, self.size
-        for dt, op, count in self.reducing_cases(staging):
-            inputs = [make_input(q, count, dt, op) for q in range(n)]
-            want = reference(inputs, op, dt)
+        for i, (dt, op, count) in enumerate(self.reducing_cases(staging)):
+            # One rank, a different one for each case, compares the outputs with numpy and MPI;
+            # every other rank's outputs are the same bits as its (same_everywhere). Each rank
+            # checking them all did the same work n times over: most of the case's time.
+            checking = i % n == r
+            mine = make_input(r, count, dt, op)
+            want = None
+            if checking:
+                want = reference([make_input(q, count, dt, op) for q in range(n)], op, dt)
             ref = None
             if self.mpi_ok(dt, op) and count:
-                ref = np.empty_like(inputs[r])
-                self.mpi.Allreduce(inputs[r], ref, op=MPI_OPS[op])
+                ref = np.empty_like(mine)
+                self.mpi.Allreduce(mine, ref, op=MPI_OPS[op])
+                ref = ref.astype(np.float64) if is_float(dt) else ref
             case, outputs = f"{dt} {op} count={count}", []
             for algo in self.algorithms:
                 for in_place in (False, True):
                     what = f"all_reduce {algo or 'auto'} {case} in_place={in_place}"
-                    x = inputs[r].copy()
+                    x = mine.copy()
                     if in_place:
                         out = self.comm.all_reduce(x, op=op, algorithm=algo)
                     else:
                         out = np.zeros_like(x)
                         self.comm.all_reduce(x, out, op=op, algorithm=algo)
-                        assert np.array_equal(x, inputs[r]), f"{what}: x modified"
-                    check_close(out, want, dt, n, what, op)
+                        assert np.array_equal(x, mine), f"{what}: x modified"
                     outputs.append((what, out))
-                    if ref is not None:
-                        self.against_mpi(out, ref, dt, what + " vs MPI", op)
+                    if checking:
+                        check_close(out, want, dt, n, what, op)
+                        if ref is not None:
+                            check_close(out, ref, dt, n, what + " vs MPI", op)
                     self.checks += 1
             self.same_everywhere(outputs)
 
