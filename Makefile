@@ -28,7 +28,10 @@ $(VENV)/.deps: $(BIN)/python Makefile pyproject.toml
 	touch $@
 
 # Editable install: the package imports from this tree; the native module is rebuilt
-# incrementally (build/) whenever csrc/ changes.
+# incrementally (build/) whenever csrc/ changes. A checkout's build carries the emulated device
+# (pycollectives._emu, the CUDA step kernel compiled for the host), which the tests run; a
+# plain pip install leaves it out.
+export PYCOLL_EMULATOR := ON
 install: $(VENV)/.deps
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation -e .
 

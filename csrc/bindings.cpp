@@ -17,7 +17,6 @@
 #include "call_args.h"
 #include "common/coverage.h"
 #include "common/errors.h"
-#include "emu/emu_comm.h"
 #include "host/host_capi.h"
 #include "host/host_comm.h"
 
@@ -412,73 +411,6 @@ void bind_host_comm(py::module_& m) {
           py::arg("async_op") = false);
 }
 
-// The emulated device: the CUDA transport's device code run on the host (tests only).
-void bind_emu_comm(py::module_& m) {
-  py::class_<emu::EmuOptions>(m, "EmuOptions")
-      .def(py::init<>())
-      .def_readwrite("slot_bytes", &emu::EmuOptions::slot_bytes)
-      .def_readwrite("nslots", &emu::EmuOptions::nslots)
-      .def_readwrite("nblocks", &emu::EmuOptions::nblocks)
-      .def_readwrite("threads", &emu::EmuOptions::threads)
-      .def_readwrite("kernel_mode", &emu::EmuOptions::kernel_mode)
-      .def_readwrite("timeout", &emu::EmuOptions::timeout_s)
-      .def_readwrite("oneshot_max_bytes", &emu::EmuOptions::oneshot_max_bytes)
-      .def_readwrite("direct_max_bytes", &emu::EmuOptions::direct_max_bytes)
-      .def_readwrite("fault_seq", &emu::EmuOptions::fault_seq)
-      .def_readwrite("fault_step", &emu::EmuOptions::fault_step)
-      .def_readwrite("fault_exit", &emu::EmuOptions::fault_exit);
-  py::class_<emu::EmuComm>(m, "EmuComm")
-      .def(py::init<int, int, const emu::EmuOptions&>(), py::arg("rank"), py::arg("size"),
-           py::arg("options"))
-      .def_property_readonly("segment_name", &emu::EmuComm::segment_name)
-      .def_property_readonly("flags_name", &emu::EmuComm::flags_name)
-      .def_property_readonly("rank", &emu::EmuComm::rank)
-      .def_property_readonly("size", &emu::EmuComm::size)
-      .def_property_readonly("seq", &emu::EmuComm::seq)
-      .def_property_readonly("plans_cached", &emu::EmuComm::plans_cached)
-      .def_property_readonly("plans_built", &emu::EmuComm::plans_built)
-      .def_property_readonly("segment_bytes", &emu::EmuComm::segment_bytes)
-      .def_property_readonly("poisoned", &emu::EmuComm::poisoned)
-      .def("attach", &emu::EmuComm::attach, py::arg("segments"), py::arg("flags"))
-      .def("unlink", &emu::EmuComm::unlink)
-      .def("abort", &emu::EmuComm::abort, py::arg("reason"))
-      .def(
-          "run",
-          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
-             int op, int algo, const CountList& counts, const CountList& in_splits,
-             const CountList& out_splits) {
-            const CollectiveCall call =
-                parse_call(collective_from_name(collective), x, out, root, op, algo, c.rank(),
-                           c.size(), Splits{counts, in_splits, out_splits});
-            py::gil_scoped_release nogil;
-            c.run(call);
-          },
-          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
-          py::arg("op") = 0, py::arg("algorithm") = 0, py::kw_only(),
-          py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
-          py::arg("out_splits") = py::none())
-      // Capture and replay, as a CUDA graph of a kernel-mode launch (emu_comm.h, EmuGraph).
-      // The graph keeps the communicator alive; the arrays stay the caller's to keep.
-      .def(
-          "capture",
-          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
-             int op, int algo) {
-            const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root,
-                                                   op, algo, c.rank(), c.size(), Splits{});
-            py::gil_scoped_release nogil;
-            return c.capture(call);
-          },
-          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
-          py::arg("op") = 0, py::arg("algorithm") = 0, py::keep_alive<0, 1>())
-      .def("replay", &emu::EmuComm::replay, py::arg("graph"),
-           py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
-      .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run);
-  py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
-      .def_readonly("seq", &emu::EmuGraph::seq);
-}
-
-// Schedules as plain tuples, for tests that check them without processes.
 void bind_schedules(py::module_& m) {
   m.def(
       "schedule",
@@ -588,7 +520,6 @@ PYBIND11_MODULE(_C, m) {
   // The C interface of host/host_capi.h, for extensions built apart from this one.
   m.attr("host_api") = py::capsule(static_cast<const void*>(host_api()), PYCOLL_HOST_API_NAME);
   bind_schedules(m);
-  bind_emu_comm(m);
   bind_codes(m);
   PYCOLL_BIND_COVERAGE_DUMP(m);
   m.def("_raise_pending", [] {

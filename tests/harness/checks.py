@@ -191,7 +191,7 @@ def save_coverage():
         if cov is not None:
             cov.stop()
             cov.save()
-    for name in ("_C", "_net", "_torch"):
+    for name in ("_C", "_net", "_torch", "_emu"):
         dump = getattr(sys.modules.get(f"pycollectives.{name}"), "_coverage_dump", None)
         if dump is not None:
             dump()

@@ -75,7 +75,7 @@ def assert_exports_only_init(module: Path):
 
 
 def test_extensions_export_only_their_init():
-    names = ("_C", "_net", "_cuda", "_torch")
+    names = ("_C", "_net", "_cuda", "_torch", "_emu")
     specs = [importlib.util.find_spec(f"pycollectives.{name}") for name in names]
     modules = [Path(spec.origin) for spec in specs if spec is not None]
     assert modules and modules[0].name.startswith("_C."), modules

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from harness.launch import our_segments
 
-from pycollectives import _C
+from pycollectives import _emu
 
 
-def options(**fields) -> _C.EmuOptions:
-    o = _C.EmuOptions()
+def options(**fields) -> _emu.EmuOptions:
+    o = _emu.EmuOptions()
     for name, value in fields.items():
         setattr(o, name, value)
     return o
@@ -23,19 +23,19 @@ def options(**fields) -> _C.EmuOptions:
 def test_bad_launch_shape_is_refused(fields):
     before = our_segments()
     with pytest.raises(ValueError, match="bad blocks, threads or slot count"):
-        _C.EmuComm(0, 2, options(**fields))
+        _emu.EmuComm(0, 2, options(**fields))
     assert our_segments() == before
 
 
 def test_more_ranks_than_the_device_holds_are_refused():
     before = our_segments()
     with pytest.raises(ValueError, match="at most 32 ranks"):
-        _C.EmuComm(0, 33, options())
+        _emu.EmuComm(0, 33, options())
     assert our_segments() == before
 
 
 def test_attach_needs_one_segment_per_rank():
-    c = _C.EmuComm(0, 2, options())
+    c = _emu.EmuComm(0, 2, options())
     try:
         with pytest.raises(ValueError, match="one device segment and one flag segment per rank"):
             c.attach([c.segment_name], [c.flags_name])

@@ -75,6 +75,7 @@ PATH="$VENV/bin:$PATH:$(dirname "$BASE_PYTHON"):/usr/local/cuda/bin"
 export PATH
 export PYTHONUNBUFFERED=1 # a stage killed at its limit still logs everything it printed
 export PYCOLL_CUDA=ON     # no nvcc, or a CUDA compile error, fails the build stage
+export PYCOLL_EMULATOR=ON # the emulated-device suite (the emulated stage) runs on it
 # The benchmark's NCCL baseline runs several ranks on one GPU.
 export NCCL_MULTI_RANK_GPU_ENABLE=1
 # CMake reads CUDAARCHS: build for the GPU that is here (compute capability 9.0 -> 90).

@@ -31,7 +31,7 @@ from mpi4py import MPI
 from new_collectives import Data
 
 import pycollectives as pc
-from pycollectives import _C
+from pycollectives import _emu
 from pycollectives.ops import algo_code, op_code
 
 STAGING = {"small": 4096, "default": 64 * 1024}
@@ -42,7 +42,7 @@ class EmulatedDevice:
     synchronous: `async_op` is accepted (the shared test bodies pass it) and changes nothing."""
 
     def __init__(self, mpi, mode="kernel", staging="default", blocks=4, timeout=60.0, fault=None):
-        o = _C.EmuOptions()
+        o = _emu.EmuOptions()
         o.slot_bytes = STAGING[staging]
         o.nslots = 2 if staging == "small" else 4
         o.nblocks = blocks
@@ -53,7 +53,7 @@ class EmulatedDevice:
             o.fault_seq, o.fault_step, o.fault_exit = fault
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
-        self.dev = _C.EmuComm(self.rank, self.size, o)
+        self.dev = _emu.EmuComm(self.rank, self.size, o)
         names = mpi.allgather((self.dev.segment_name, self.dev.flags_name))
         self.dev.attach([s for s, _ in names], [f for _, f in names])
         mpi.Barrier()

@@ -1,0 +1,87 @@
+// pycollectives._emu: the emulated device, the CUDA transport's device code run on the host
+// (csrc/emu/). Only the tests use it: a checkout's build has it (PYCOLL_EMULATOR=ON, set by the
+// Makefile), a plain pip install leaves it out.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "call_args.h"
+#include "common/coverage.h"
+#include "core_errors.h"
+#include "emu/emu_comm.h"
+
+namespace py = pybind11;
+using namespace pycoll;
+using namespace pycoll::pyargs;
+
+PYBIND11_MODULE(_emu, m) {
+  m.doc() = "pycollectives emulated device (private; tests only)";
+  translate_errors_as_core();
+  PYCOLL_BIND_COVERAGE_DUMP(m);
+
+  py::class_<emu::EmuOptions>(m, "EmuOptions")
+      .def(py::init<>())
+      .def_readwrite("slot_bytes", &emu::EmuOptions::slot_bytes)
+      .def_readwrite("nslots", &emu::EmuOptions::nslots)
+      .def_readwrite("nblocks", &emu::EmuOptions::nblocks)
+      .def_readwrite("threads", &emu::EmuOptions::threads)
+      .def_readwrite("kernel_mode", &emu::EmuOptions::kernel_mode)
+      .def_readwrite("timeout", &emu::EmuOptions::timeout_s)
+      .def_readwrite("oneshot_max_bytes", &emu::EmuOptions::oneshot_max_bytes)
+      .def_readwrite("direct_max_bytes", &emu::EmuOptions::direct_max_bytes)
+      .def_readwrite("fault_seq", &emu::EmuOptions::fault_seq)
+      .def_readwrite("fault_step", &emu::EmuOptions::fault_step)
+      .def_readwrite("fault_exit", &emu::EmuOptions::fault_exit);
+  py::class_<emu::EmuComm>(m, "EmuComm")
+      .def(py::init<int, int, const emu::EmuOptions&>(), py::arg("rank"), py::arg("size"),
+           py::arg("options"))
+      .def_property_readonly("segment_name", &emu::EmuComm::segment_name)
+      .def_property_readonly("flags_name", &emu::EmuComm::flags_name)
+      .def_property_readonly("rank", &emu::EmuComm::rank)
+      .def_property_readonly("size", &emu::EmuComm::size)
+      .def_property_readonly("seq", &emu::EmuComm::seq)
+      .def_property_readonly("plans_cached", &emu::EmuComm::plans_cached)
+      .def_property_readonly("plans_built", &emu::EmuComm::plans_built)
+      .def_property_readonly("segment_bytes", &emu::EmuComm::segment_bytes)
+      .def_property_readonly("poisoned", &emu::EmuComm::poisoned)
+      .def("attach", &emu::EmuComm::attach, py::arg("segments"), py::arg("flags"))
+      .def("unlink", &emu::EmuComm::unlink)
+      .def("abort", &emu::EmuComm::abort, py::arg("reason"))
+      .def(
+          "run",
+          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
+             int op, int algo, const CountList& counts, const CountList& in_splits,
+             const CountList& out_splits) {
+            const CollectiveCall call =
+                parse_call(collective_from_name(collective), x, out, root, op, algo, c.rank(),
+                           c.size(), Splits{counts, in_splits, out_splits});
+            py::gil_scoped_release nogil;
+            c.run(call);
+          },
+          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
+          py::arg("op") = 0, py::arg("algorithm") = 0, py::kw_only(),
+          py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
+          py::arg("out_splits") = py::none())
+      // Capture and replay, as a CUDA graph of a kernel-mode launch (emu_comm.h, EmuGraph).
+      // The graph keeps the communicator alive; the arrays stay the caller's to keep.
+      .def(
+          "capture",
+          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
+             int op, int algo) {
+            const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root,
+                                                   op, algo, c.rank(), c.size(), Splits{});
+            py::gil_scoped_release nogil;
+            return c.capture(call);
+          },
+          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
+          py::arg("op") = 0, py::arg("algorithm") = 0, py::keep_alive<0, 1>())
+      .def("replay", &emu::EmuComm::replay, py::arg("graph"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
+      .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run);
+  py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
+      .def_readonly("seq", &emu::EmuGraph::seq);
+}
