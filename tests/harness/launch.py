@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -148,31 +151,111 @@ def clean_env(**extra) -> dict:
     return with_harness(env)
 
 
+class Zygote:
+    """zygote.py, started at the first env:// launch: it has imported torch once and forks each
+    rank from itself (a fresh Python per rank spent 2.7 CPU-s importing torch)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HARNESS / "zygote.py")], env=clean_env(), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, bufsize=0,
+        )  # fmt: skip
+        self.exited: dict[int, int] = {}
+        self.pending = b""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _line(self, deadline: float) -> str | None:
+        """The zygote's next line, or None at `deadline`."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            data = os.read(fd, 65536)
+            if not data:
+                raise RuntimeError(f"the zygote ended (status {self.proc.wait()})")
+            self.pending += data
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line.decode()
+
+    def _take(self, line: str):
+        what, pid, *code = line.split()
+        if what == "exited":
+            self.exited[int(pid)] = int(code[0])
+        return what, int(pid)
+
+    def start(self, argv: list[str], env: dict, out: Path, err: Path) -> int:
+        request = {"argv": argv, "env": env, "out": str(out), "err": str(err)}
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        deadline = time.monotonic() + 60
+        while (line := self._line(deadline)) is not None:
+            what, pid = self._take(line)
+            if what == "started":
+                return pid
+        raise RuntimeError("the zygote did not fork a rank in 60 s")
+
+    def wait(self, pids: list[int], deadline: float) -> list[int]:
+        """The pids among `pids` still running at `deadline` (the others' codes in exited)."""
+        while any(p not in self.exited for p in pids):
+            line = self._line(deadline)
+            if line is None:
+                break
+            self._take(line)
+        return [p for p in pids if p not in self.exited]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+_ZYGOTE: list[Zygote] = []
+
+
+def zygote() -> Zygote:
+    if not _ZYGOTE or not _ZYGOTE[0].alive():
+        _ZYGOTE[:] = [Zygote()]
+    return _ZYGOTE[0]
+
+
+def close_zygote():
+    if _ZYGOTE:
+        _ZYGOTE.pop().close()
+
+
 def run_env_launch(nprocs: int, worker: str, *args: str, rank_env=None, timeout: float = 120,
                    **env) -> list[str]:  # fmt: skip
     """Runs `worker` as an env:// launcher would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
     no mpiexec), with `env` on every rank and `rank_env(r)` on rank r; returns each rank's
-    stdout. A rank that fails or hangs fails the test, named with its output."""
+    stdout. A rank that fails or hangs fails the test, named with its output. The ranks are
+    forked from the zygote, where torch is imported already."""
     port = str(free_port())
-    procs = []
-    for r in range(nprocs):
-        extra = {**env, **(rank_env(r) if rank_env else {})}
-        launch = dict(RANK=str(r), WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=port)  # fmt: skip
-        procs.append(subprocess.Popen(
-            [sys.executable, str(worker_path(worker)), *args], env=clean_env(**launch, **extra),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))  # fmt: skip
-    outs, hung = [], []
-    for r, p in enumerate(procs):
-        try:
-            outs.append(p.communicate(timeout=timeout))
-        except subprocess.TimeoutExpired:
-            hung.append(r)
-            for q in procs:
-                q.kill()
-            outs.append(p.communicate())
-    failed = [(r, p.returncode, o) for r, (p, o) in enumerate(zip(procs, outs)) if p.returncode]
+    z = zygote()
+    box = Path(tempfile.mkdtemp(prefix="pycoll-env-"))
+    pids = []
+    try:
+        for r in range(nprocs):
+            extra = {**env, **(rank_env(r) if rank_env else {})}
+            launch = dict(RANK=str(r), WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=port)  # fmt: skip
+            argv = [str(worker_path(worker)), *args]
+            pids.append(z.start(argv, clean_env(**launch, **extra), box / f"out-{r}",
+                                box / f"err-{r}"))  # fmt: skip
+        hung = z.wait(pids, time.monotonic() + timeout)
+        for pid in hung:
+            os.kill(pid, signal.SIGKILL)
+        z.wait(hung, time.monotonic() + 30)
+        outs = [((box / f"out-{r}").read_text(), (box / f"err-{r}").read_text())
+                for r in range(nprocs)]  # fmt: skip
+    finally:
+        for pid in pids:
+            if pid not in z.exited:
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(box, ignore_errors=True)
+    codes = [z.exited.pop(pid, None) for pid in pids]
+    hung = [r for r, pid in enumerate(pids) if pid in hung]
+    failed = [(r, code, o) for r, (code, o) in enumerate(zip(codes, outs)) if code]
     if hung or failed:
         report = "; ".join(f"rank {r} exited with {code}: {(o[1] or o[0])[-1500:]}"
                            for r, code, o in failed)  # fmt: skip

@@ -1,5 +1,6 @@
 """The rank pool itself (harness/pool.py, rank.py): a case that fails or hangs is reported with
-the rank, the case and the error, ends its pool, and the next case gets a fresh one."""
+the rank, the case and the error, ends its pool, and the next case gets a fresh one. The
+env:// launches' ranks, forked from the zygote (harness/zygote.py), report the same way."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 from harness.checks import proc_stat
-from harness.launch import HARNESS, mpiexec
+from harness.launch import HARNESS, mpiexec, run_env_launch
 from harness.pool import CaseFailed, Pools
 
 SCRIPT = """
@@ -67,3 +68,41 @@ def test_failures_name_the_rank_and_the_case_and_the_next_case_gets_a_fresh_pool
 
     out, _ = pools.run(mpiexec(), 2, HARNESS, case("ok"), {}, 60)  # a fresh pool
     assert "rank 1 says hello" in out
+
+
+ENV_SCRIPT = """
+import os, sys, time
+rank, what = int(os.environ["RANK"]), sys.argv[1]
+print(f"rank {rank} of {os.environ['WORLD_SIZE']} says hello", flush=True)
+if what == "fail" and rank == 1:
+    raise AssertionError("x: 3 of 10 elements wrong, first at [4]: got 1, expected 2")
+if what == "exit" and rank == 1:
+    sys.exit(3)
+if what == "hang" and rank == 0:
+    time.sleep(60)
+print("torch", "torch" in sys.modules, os.environ.get("CASE_SETTING"), sys.argv[1:])
+"""
+
+
+def test_env_launch_ranks_report_their_output_failures_and_hangs(tmp_path):
+    script = tmp_path / "env_case.py"
+    script.write_text(ENV_SCRIPT)
+
+    def launch(what, timeout=60):
+        return run_env_launch(2, str(script), what, timeout=timeout,
+                              rank_env=lambda r: {"CASE_SETTING": f"r{r}"})  # fmt: skip
+
+    outs = launch("ok")
+    assert outs == [f"rank {r} of 2 says hello\ntorch True r{r} ['ok']\n" for r in range(2)]
+    with pytest.raises(pytest.fail.Exception) as failed:
+        launch("fail")
+    text = str(failed.value)
+    assert "rank 1 exited with 1:" in text and "AssertionError: x: 3 of 10" in text
+    assert "rank 0 exited" not in text
+    with pytest.raises(pytest.fail.Exception) as exited:
+        launch("exit")
+    assert "rank 1 exited with 3: rank 1 of 2 says hello" in str(exited.value)
+    with pytest.raises(pytest.fail.Exception) as hung:
+        launch("hang", timeout=1)
+    assert "ranks [0] hung; rank 0 exited with -9: rank 0 of 2 says hello" in str(hung.value)
+    assert launch("ok")[1].startswith("rank 1 of 2 says hello")  # the zygote serves on
