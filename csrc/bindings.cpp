@@ -411,6 +411,7 @@ void bind_host_comm(py::module_& m) {
           py::arg("async_op") = false);
 }
 
+// Schedules as plain tuples, for tests that check them without processes.
 void bind_schedules(py::module_& m) {
   m.def(
       "schedule",

@@ -242,10 +242,10 @@ def run_env_launch(nprocs: int, worker: str, *args: str, rank_env=None, timeout:
             argv = [str(worker_path(worker)), *args]
             pids.append(z.start(argv, clean_env(**launch, **extra), box / f"out-{r}",
                                 box / f"err-{r}"))  # fmt: skip
-        hung = z.wait(pids, time.monotonic() + timeout)
-        for pid in hung:
+        hung_pids = z.wait(pids, time.monotonic() + timeout)
+        for pid in hung_pids:
             os.kill(pid, signal.SIGKILL)
-        z.wait(hung, time.monotonic() + 30)
+        z.wait(hung_pids, time.monotonic() + 30)
         outs = [((box / f"out-{r}").read_text(), (box / f"err-{r}").read_text())
                 for r in range(nprocs)]  # fmt: skip
     finally:
@@ -254,7 +254,7 @@ def run_env_launch(nprocs: int, worker: str, *args: str, rank_env=None, timeout:
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(box, ignore_errors=True)
     codes = [z.exited.pop(pid, None) for pid in pids]
-    hung = [r for r, pid in enumerate(pids) if pid in hung]
+    hung = [r for r, pid in enumerate(pids) if pid in hung_pids]
     failed = [(r, code, o) for r, (code, o) in enumerate(zip(codes, outs)) if code]
     if hung or failed:
         report = "; ".join(f"rank {r} exited with {code}: {(o[1] or o[0])[-1500:]}"
