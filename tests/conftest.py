@@ -6,9 +6,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from harness.pool import POOL_ENV  # noqa: E402 - found through the line above
 
-# One BLAS thread in every process the suite starts, as in the rank pools: ranks outnumber the
-# cores, and OpenBLAS's idle threads spin after each call (1.7% of the suite's CPU, in own-job
-# workers, before this).
+# The rank pools' environment in every process the suite starts: one BLAS thread (ranks
+# outnumber the cores, and OpenBLAS's idle threads spin after each call: 1.7% of the suite's
+# CPU, in own-job workers, before this) and a malloc that keeps freed arrays (see pool.py).
 for _name, _value in POOL_ENV.items():
     os.environ.setdefault(_name, _value)
 
