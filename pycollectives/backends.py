@@ -61,6 +61,24 @@ class P2POp(_P2POp):
         return super().__new__(cls, kind, array, peer, tag)
 
 
+def gathered_or_raise(group, what: str, value=None, error: str | None = None) -> list:
+    """Every rank's `value`, in rank order, from one exchange over `group`. A rank whose step
+    failed passes `error` (why): then every rank raises the same ``CollectiveError`` ("`what`:
+    rank r: why; ..."), so a failure on one rank is an error on all of them, never a hang."""
+    reports = group.allgather((value, error))
+    failed = [(r, why) for r, (_, why) in enumerate(reports) if why is not None]
+    if failed:
+        raise CollectiveError(f"{what}: " + "; ".join(f"rank {r}: {why}" for r, why in failed))
+    return [v for v, _ in reports]
+
+
+def same_on_every_rank(values: list, what: str):
+    """ValueError naming each rank's value unless all of `values` (one per rank) are equal."""
+    if len(set(values)) != 1:
+        each = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        raise ValueError(f"ranks disagree on {what}: {each}")
+
+
 def rendezvous(group, opts: Options):
     """A ``_C.HostComm`` whose segment every rank of `group` has mapped. Every rank reports its
     configuration and segment (or why it has none) in one exchange, so a failure on one rank
@@ -71,30 +89,19 @@ def rendezvous(group, opts: Options):
     except (CollectiveError, ValueError) as e:
         error = str(e)
     config = (opts.staging_bytes, opts.staging_slots)
-    reports = group.allgather((config, None if host is None else host.segment_name, error))
-    failed = [(r, rep[2]) for r, rep in enumerate(reports) if rep[2] is not None]
-    if failed:
-        raise CollectiveError(
-            "cannot set up shared memory: " + "; ".join(f"rank {r}: {msg}" for r, msg in failed)
-        )
-    if len({rep[0] for rep in reports}) != 1:
-        raise ValueError(
-            "ranks disagree on the staging configuration (staging_bytes, staging_slots): "
-            + ", ".join(f"rank {r}: {rep[0]}" for r, rep in enumerate(reports))
-        )
+    name = None if host is None else host.segment_name
+    reports = gathered_or_raise(group, "cannot set up shared memory", (config, name), error)
+    configs = [config for config, _ in reports]
+    same_on_every_rank(configs, "the staging configuration (staging_bytes, staging_slots)")
     error = None
     try:
-        host.attach([rep[1] for rep in reports])
+        host.attach([name for _, name in reports])
     except CollectiveError as e:
         error = str(e)
-    errors = group.allgather(error)
-    # Every peer has mapped our segment (or given up): its name is no longer needed.
-    host.unlink()
-    failed = [(r, msg) for r, msg in enumerate(errors) if msg is not None]
-    if failed:
-        raise CollectiveError(
-            "cannot attach shared memory: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
-        )
+    try:
+        gathered_or_raise(group, "cannot attach shared memory", error=error)
+    finally:  # every peer has mapped our segment (or given up): its name is no longer needed
+        host.unlink()
     host.set_tuning(load_tuning())
     if opts.algorithm is not None:
         host.set_forced(opts.algorithm)

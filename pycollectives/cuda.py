@@ -28,6 +28,7 @@ Example (``mpiexec -n 2 python example.py``)::
 from __future__ import annotations
 
 from pycollectives import arrays
+from pycollectives.backends import gathered_or_raise, same_on_every_rank
 from pycollectives.bootstrap import as_group
 from pycollectives.cuda_args import check_call, given_lists
 from pycollectives.cuda_env import (  # noqa: F401 (the device choices and statuses: public)
@@ -136,7 +137,7 @@ class CudaComm:
         self._inflight = InFlight()
         local_rank, node_size = group.local()
         self._forced = options.algorithm
-        opts, native, error, forced_sync = None, None, None, None
+        opts, native, error, forced_sync, report = None, None, None, None, None
         try:
             if node_size != size:
                 raise CollectiveError(
@@ -159,42 +160,33 @@ class CudaComm:
                 native.device_uuid,
                 mps_active(),
                 forced_sync,
-                None,
             )
         except Exception as e:  # whatever it is, every rank hears of it: no rank waits alone
             error = f"{type(e).__name__}: {e}"
-            report = (None, None, None, None, False, None, error)
         # One exchange: a failure on any rank is an error on every rank, never a hang.
-        reports = group.allgather(report)
-        failed = [(r, rep[6]) for r, rep in enumerate(reports) if rep[6] is not None]
-        if failed:
+        try:
+            reports = gathered_or_raise(group, "cannot set up the CUDA transport", report, error)
+            same_on_every_rank(
+                [rep[0] for rep in reports], "the CUDA staging configuration (bytes, slots, blocks)"
+            )
+            uuids, mps, forced = ([rep[i] for rep in reports] for i in (3, 4, 5))
+            self.sync_mode = choose_sync_mode(uuids, mps, forced)
+        except (CollectiveError, ValueError):
             if native is not None:
                 native.close()
-            raise CollectiveError(
-                "cannot set up the CUDA transport: "
-                + "; ".join(f"rank {r}: {msg}" for r, msg in failed)
-            )
-        if len({rep[0] for rep in reports}) != 1:
-            raise ValueError(
-                "ranks disagree on the CUDA staging configuration (bytes, slots, blocks): "
-                + ", ".join(f"rank {r}: {rep[0]}" for r, rep in enumerate(reports))
-            )
-        self.sync_mode = choose_sync_mode(
-            [rep[3] for rep in reports], [rep[4] for rep in reports], [rep[5] for rep in reports]
-        )
+            raise
         error = None
         try:
             native.attach([rep[1] for rep in reports], [rep[2] for rep in reports], self.sync_mode)
         except (CollectiveError, ValueError) as e:
             error = str(e)
-        errors = group.allgather(error)
-        native.unlink()
-        failed = [(r, msg) for r, msg in enumerate(errors) if msg is not None]
-        if failed:
+        try:
+            gathered_or_raise(group, "cannot map peers' GPU memory", error=error)
+        except CollectiveError:
+            native.unlink()
             native.close()
-            raise CollectiveError(
-                "cannot map peers' GPU memory: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
-            )
+            raise
+        native.unlink()  # every peer has mapped ours (or given up): the names can go
         self._c = native
 
     # -- lifetime -----------------------------------------------------------------------------

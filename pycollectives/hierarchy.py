@@ -95,7 +95,7 @@ class Hierarchical(BlocksAndMessages):
         """Shared memory inside this node; between nodes MPI where `group` has it, else gloo
         over the rendezvous store (``pycollectives.gloo_net``). Collective over `group` (`opts`
         the communicator's ``Options``)."""
-        from pycollectives.backends import rendezvous
+        from pycollectives.backends import gathered_or_raise, rendezvous
 
         rank = group.rank
         if topology.ranks_per_node is None:
@@ -114,12 +114,13 @@ class Hierarchical(BlocksAndMessages):
         try:
             host = rendezvous(node_group, opts)
         except (CollectiveError, ValueError) as e:
-            error = f"rank {rank}: {e}"
+            error = str(e)
         # One node's failure is every rank's error, not a hang on the other nodes.
-        errors = [e for e in group.allgather(error) if e is not None]
-        if errors:
+        try:
+            gathered_or_raise(group, "cannot set up the nodes", error=error)
+        except CollectiveError:
             node_group.free()
-            raise CollectiveError("cannot set up the nodes: " + "; ".join(errors))
+            raise
         try:
             net, p2p = cls._engines(group, opts, topology)
         except CollectiveError:

@@ -29,6 +29,11 @@ def main():
     expect(ValueError, ["staging_slots", "[2, 64]"], pc.Communicator, staging_slots=1)
     expect(ValueError, ["staging_bytes", "64"], pc.Communicator, staging_bytes=100)
     expect(ValueError, ["timeout"], pc.Communicator, timeout=0)
+    world = MPI.COMM_WORLD
+    if world.size > 1:  # ranks that disagree: a ValueError naming each rank's, on every rank
+        mine = 4096 << (world.rank % 2)
+        words = ["disagree on the staging configuration", "rank 0: (4096, ", "rank 1: (8192, "]
+        expect(ValueError, words, pc.Communicator, staging_bytes=mine)
     with pc.Communicator() as comm:
         n, r = comm.size, comm.rank
         f32 = np.ones(8, np.float32)
