@@ -18,19 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 
 import numpy as np
 
 ALGOS = ("ring", "tree", "direct")
 TREE = ("all_reduce", "broadcast", "reduce")
-BUSBW = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
+# The collectives with a choice of algorithm (what --collective takes).
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 
 
 def sizes(lo: int, hi: int):
@@ -44,6 +38,8 @@ def bench(args):
     from mpi4py import MPI
 
     import pycollectives as pc
+    from pycollectives.bench.formulas import bus_factor
+    from pycollectives.bench.timing import per_call
 
     mpi = MPI.COMM_WORLD
     comm = pc.Communicator(mpi)
@@ -71,13 +67,6 @@ def bench(args):
             "reduce": lambda: mpi.Reduce(x, out),
         }[coll]
 
-    def timed(fn, iters):
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return mpi.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
-
     rows = []
     if comm.rank == 0:
         print(
@@ -104,7 +93,7 @@ def bench(args):
         best = {k: float("inf") for k in fns}
         for _ in range(args.rounds):
             for k, f in fns.items():
-                best[k] = min(best[k], timed(f, iters))
+                best[k] = min(best[k], per_call(mpi, f, iters))
         fastest = min(best[a] for a in algos if a != "auto")
         row = {
             "bytes": nbytes,
@@ -117,7 +106,7 @@ def bench(args):
             if nbytes <= 65536:
                 vals = [best[k] * 1e6 for k in [*algos, "mpi"]]
             else:
-                vals = [nbytes / best[k] / 1e9 * BUSBW[coll](n) for k in [*algos, "mpi"]]
+                vals = [nbytes / best[k] / 1e9 * bus_factor(coll, n) for k in [*algos, "mpi"]]
             print(
                 "  "
                 + " ".join(
@@ -185,7 +174,7 @@ def merge(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--collective", default="all_reduce", choices=sorted(BUSBW))
+    ap.add_argument("--collective", default="all_reduce", choices=sorted(COLLECTIVES))
     ap.add_argument("--min-bytes", type=int, default=8)
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--rounds", type=int, default=5)

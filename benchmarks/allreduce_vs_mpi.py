@@ -12,22 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.bench.formulas import bus_factor
 from pycollectives.bench.peers import mpi_library
-
-
-def timed(fn, iters: int, mpi: MPI.Comm) -> float:
-    mpi.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    dt = (time.perf_counter() - t0) / iters
-    return mpi.allreduce(dt, op=MPI.MAX)
+from pycollectives.bench.timing import per_call
 
 
 def main():
@@ -41,7 +33,7 @@ def main():
     mpi = MPI.COMM_WORLD
     n = mpi.Get_size()
     comm = pc.Communicator(mpi)
-    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    factor = bus_factor("all_reduce", n)
     rows = []
     if comm.rank == 0:
         print(
@@ -70,8 +62,8 @@ def main():
                 f()
         best_ours = best_mpi = float("inf")
         for _ in range(args.rounds):
-            best_ours = min(best_ours, timed(ours, iters, mpi))
-            best_mpi = min(best_mpi, timed(theirs, iters, mpi))
+            best_ours = min(best_ours, per_call(mpi, ours, iters))
+            best_mpi = min(best_mpi, per_call(mpi, theirs, iters))
         row = {
             "bytes": nbytes,
             "ours_us": best_ours * 1e6,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.bench.timing import per_call
 
 
 def main():
@@ -36,13 +36,7 @@ def main():
     }
 
     def timed(fn):
-        for _ in range(1000):
-            fn()
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            fn()
-        return mpi.allreduce((time.perf_counter() - t0) / args.iters, op=MPI.MAX) * 1e6
+        return per_call(mpi, fn, args.iters, warmup=1000) * 1e6
 
     if mpi.rank == 0:
         print(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 
 import numpy as np
 import torch
@@ -26,6 +25,7 @@ from mpi4py import MPI
 
 import pycollectives as pc
 import pycollectives.torch as pct
+from pycollectives.bench.timing import per_call
 from pycollectives.torch import DistributedDataParallel as OurDDP
 
 
@@ -82,11 +82,7 @@ def main():
         comm.all_reduce(flats[k], op=pc.AVG)
 
     def timed(fn, k):
-        world.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            fn(k)
-        return world.allreduce((time.perf_counter() - t0) / args.steps, op=MPI.MAX)
+        return per_call(world, lambda: fn(k), args.steps)
 
     cases = [(k, step) for k in models] + [(k, allreduce_only) for k in flats]
     for k, fn in cases:  # warm up (bucket rebuild, allocations)

@@ -17,11 +17,12 @@ import json
 import platform
 
 import numpy as np
-from allreduce_vs_mpi import timed  # benchmarks/ is the script's own directory
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.bench.formulas import bus_factor
 from pycollectives.bench.peers import mpi_library
+from pycollectives.bench.timing import per_call
 
 
 def main():
@@ -36,7 +37,7 @@ def main():
     n = mpi.Get_size()
     comm = pc.Communicator(mpi)
     topo = comm.topology
-    factor = 2 * (n - 1) / n if n > 1 else 1.0
+    factor = bus_factor("all_reduce", n)
     rows = []
     if comm.rank == 0:
         print(
@@ -71,7 +72,7 @@ def main():
         best = [float("inf")] * 3
         for _ in range(args.rounds):
             for i, f in enumerate(fns):
-                best[i] = min(best[i], timed(f, iters, mpi))
+                best[i] = min(best[i], per_call(mpi, f, iters))
         row = {"bytes": nbytes}
         for name, t in zip(("hier", "ring", "mpi"), best):
             row[f"{name}_us"] = t * 1e6

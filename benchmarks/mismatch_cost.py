@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.bench.timing import per_call
 
 
 def main():
@@ -30,11 +30,7 @@ def main():
     del os.environ["PYCOLL_CHECK_MISMATCH"]
 
     def timed(comm, x, algo):
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            comm.all_reduce(x, algorithm=algo)
-        return mpi.allreduce((time.perf_counter() - t0) / args.iters, op=MPI.MAX)
+        return per_call(mpi, lambda: comm.all_reduce(x, algorithm=algo), args.iters)
 
     if mpi.rank == 0:
         print(f"# all_reduce float32, {mpi.size} ranks: us per call, best of {args.rounds}")

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -24,6 +23,7 @@ from mpi4py import MPI
 import pycollectives as pc
 from pycollectives import model
 from pycollectives.bench.peers import mpi_library
+from pycollectives.bench.timing import per_call
 
 SIZES = [8 << (2 * k) for k in range(12)]  # 8 B .. 32 MiB
 
@@ -32,16 +32,12 @@ def measure(comm, mpi, algorithm, nbytes, rounds=3):
     x = np.ones(max(1, nbytes // 4), np.float32)
     out = np.empty_like(x)
     iters = int(min(2000, max(3, (32 << 20) // nbytes)))
-    for _ in range(min(iters, 20)):
+
+    def call():
         comm.all_reduce(x, out, algorithm=algorithm)
-    best = float("inf")
-    for _ in range(rounds):
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            comm.all_reduce(x, out, algorithm=algorithm)
-        best = min(best, mpi.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX))
-    return best
+
+    warm = min(iters, 20)
+    return min(per_call(mpi, call, iters, warmup=warm if i == 0 else 0) for i in range(rounds))
 
 
 def fit_at(points, piece_bytes, cache_bytes, rendezvous_bytes):

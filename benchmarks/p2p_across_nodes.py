@@ -24,22 +24,11 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 SIZES = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20]
 INFLIGHT = 8
-
-
-def timed(fn, iters, mpi):
-    from mpi4py import MPI
-
-    mpi.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return mpi.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
 
 
 def patterns(comm, mpi, nbytes):
@@ -90,6 +79,7 @@ def measure(args):
 
     import pycollectives as pc
     from pycollectives.bench.peers import mpi_library
+    from pycollectives.bench.timing import per_call
 
     mpi = MPI.COMM_WORLD
     if mpi.Get_size() != 2:
@@ -108,7 +98,7 @@ def measure(args):
                 best[side] = float("inf")
             for _ in range(args.rounds):
                 for side, fn in sides.items():
-                    best[side] = min(best[side], timed(fn, iters, mpi))
+                    best[side] = min(best[side], per_call(mpi, fn, iters))
             row = {"pattern": name, "bytes": nbytes}
             row.update({f"{side}_us": t * 1e6 for side, t in best.items()})
             row["ratio"] = best["mpi"] / best["ours"]

@@ -26,7 +26,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -34,23 +33,10 @@ SIZES = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20]
 NO_CMA = {"MPIR_CVAR_CH4_CMA_ENABLE": "0"}
 
 
-def timed(fn, iters, mpi):
-    mpi.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return mpi.allreduce((time.perf_counter() - t0) / iters, op=mpi_max())
-
-
-def mpi_max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
 def variants(comm, mpi, nbytes, mpi_only):
     """(operation, {variant: fn}, check, busbw factor, bytes per rank) for one size."""
     import pycollectives as pc
+    from pycollectives.bench.formulas import bus_factor
 
     peer = 1 - mpi.rank
     x = np.full(nbytes, mpi.rank + 1, np.uint8)
@@ -77,8 +63,8 @@ def variants(comm, mpi, nbytes, mpi_only):
         want = np.concatenate([np.full(nbytes, 10 * q + mpi.rank, np.uint8) for q in range(2)])
         assert np.array_equal(ya, want), "all_to_all: wrong data"
 
-    out.append(("sendrecv", sr, check_sr, 1.0, nbytes))
-    out.append(("all_to_all", a2a, check_a2a, 0.5, 2 * nbytes))
+    out.append(("sendrecv", sr, check_sr, bus_factor("sendrecv", mpi.size), nbytes))
+    out.append(("all_to_all", a2a, check_a2a, bus_factor("all_to_all", mpi.size), 2 * nbytes))
     return out
 
 
@@ -87,6 +73,7 @@ def measure(args):
 
     import pycollectives as pc
     from pycollectives.bench.peers import mpi_library
+    from pycollectives.bench.timing import per_call
 
     mpi = MPI.COMM_WORLD
     if mpi.Get_size() != 2:
@@ -104,7 +91,7 @@ def measure(args):
                 best[name] = float("inf")
             for _ in range(args.rounds):
                 for name, fn in fns.items():
-                    best[name] = min(best[name], timed(fn, iters, mpi))
+                    best[name] = min(best[name], per_call(mpi, fn, iters))
             row = {"op": op, "bytes": nbytes}
             for name, t in best.items():
                 row[f"{name}_us"] = t * 1e6

@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 import pycollectives as pc
 from pycollectives.bench.formulas import parse_size
+from pycollectives.bench.timing import per_call
 
 MODES = ("cached", "streamed", "auto")
 
@@ -49,11 +50,7 @@ def main():
         while mpi.bcast(time.time() - start < args.seconds):
             line = []
             for mode, comm in comms.items():
-                mpi.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    comm.all_reduce(x, out=y)
-                t = mpi.allreduce((time.perf_counter() - t0) / reps, op=MPI.MAX)
+                t = per_call(mpi, lambda c=comm, x=x, y=y: c.all_reduce(x, out=y), reps)
                 total[mode] += t
                 line.append(f"{t * 1e3:.3f}")
             assert y[0] == mpi.size and y[-1] == mpi.size

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
 from pycollectives import trace
+from pycollectives.bench.timing import per_call
 
 
 def main():
@@ -29,11 +29,7 @@ def main():
     traced = pc.Communicator(mpi)
 
     def timed(comm, x):
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            comm.all_reduce(x)
-        return mpi.allreduce((time.perf_counter() - t0) / args.iters, op=MPI.MAX)
+        return per_call(mpi, lambda: comm.all_reduce(x), args.iters)
 
     if mpi.rank == 0:
         print(f"# all_reduce float32, {mpi.size} ranks: us per call, best of {args.rounds}")

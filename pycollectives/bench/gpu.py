@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pycollectives.bench import peers
+from pycollectives.bench.timing import (  # noqa: F401 (benchmarks/gpu_bench.py's, too)
+    calls_for,
+    max_over_ranks,
+    time_back_to_back,
+    time_synchronised,
+)
 from pycollectives.bootstrap import MpiGroup
 from pycollectives.cuda import choose_device
 from pycollectives.cuda_env import cuda_status
@@ -465,48 +471,6 @@ extern "C" __global__ void pycoll_ping_pong(unsigned long long mine, unsigned lo
 """
 
 
-def _max_over_ranks(mpi, seconds: float) -> float:
-    return mpi.allreduce(float(seconds), op=_mpi_op("MAX"))
-
-
-def calls_for(mpi, fn, sync, budget_s: float, most: int, least: int = 3) -> int:
-    """How many calls of `fn` fit in `budget_s`, between `least` and `most`, from one
-    synchronised call timed on every rank (the slowest counts: the same on every rank)."""
-    mpi.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    once = _max_over_ranks(mpi, time.perf_counter() - t0)
-    return max(least, min(most, int(budget_s / max(once, 1e-9))))
-
-
-def time_synchronised(mpi, fn, sync, iters: int) -> float:
-    """Seconds per call when the caller waits for each: ranks start together, each call is
-    followed by `sync`; the slowest rank's median over `iters` calls."""
-    samples = []
-    for _ in range(iters):
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return _max_over_ranks(mpi, float(np.median(samples)))
-
-
-def time_back_to_back(mpi, fn, sync, calls: int, reps: int = 3) -> float:
-    """Seconds per call when `calls` calls are queued one after another and waited for once:
-    each repetition's slowest rank, the median over `reps` repetitions."""
-    per_rep = []
-    for _ in range(reps):
-        mpi.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        per_rep.append(_max_over_ranks(mpi, (time.perf_counter() - t0) / calls))
-    return float(np.median(per_rep))
-
-
 @dataclass
 class Floors:
     """The floors of one run (seconds; ping_pong None where it could not run, `why` says)."""
@@ -574,7 +538,7 @@ def graph_per_call(mpi, cp, comm, calls: int = 100, reps: int = 5):
     errors = [e for e in mpi.allgather(error) if e]
     if errors:
         return None, errors[0]
-    return _max_over_ranks(mpi, float(np.median(per))), ""
+    return max_over_ranks(mpi, float(np.median(per))), ""
 
 
 def _ping_pong(mpi, cp, kernel, rounds: int, timeout_s: float):
@@ -635,4 +599,4 @@ def _ping_pong(mpi, cp, kernel, rounds: int, timeout_s: float):
         rt.free(state["flag"])
     if why:
         return None, why
-    return _max_over_ranks(mpi, state["times"][-1] if state["times"] else 0.0), ""
+    return max_over_ranks(mpi, state["times"][-1] if state["times"] else 0.0), ""

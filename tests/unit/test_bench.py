@@ -292,3 +292,30 @@ def test_gpu_python_cost_runs_without_a_gpu():
     assert proc.returncode == 0, proc.stderr[-2000:]
     for layer in ("Communicator", "CudaComm"):
         assert re.search(rf"^{layer} +[0-9.]+ us/call$", proc.stdout, re.M), proc.stdout
+
+
+class SlowerPeer:
+    """One rank's view of a 2-rank job whose other rank took `peer_s` seconds per call: a
+    Barrier that counts itself, and allreduce(MAX) against the peer's figure."""
+
+    def __init__(self, peer_s):
+        self.peer_s, self.barriers = peer_s, 0
+
+    def Barrier(self):
+        self.barriers += 1
+
+    def allreduce(self, value, op):
+        return max(value, self.peer_s)
+
+
+def test_per_call_times_back_to_back_calls_and_reports_the_slowest_rank():
+    from pycollectives.bench.timing import per_call, time_back_to_back
+
+    calls, synced = [], []
+    mpi = SlowerPeer(peer_s=0.25)
+    t = per_call(mpi, lambda: calls.append(1), 10, sync=lambda: synced.append(1), warmup=3)
+    # 3 warm-up calls and 10 timed ones; the queue waited for after each batch; one barrier.
+    assert (len(calls), len(synced), mpi.barriers) == (13, 2, 1)
+    assert t == 0.25  # this rank's calls took microseconds: the slower peer's figure counts
+    assert per_call(SlowerPeer(peer_s=0.0), lambda: None, 4) < 0.01
+    assert time_back_to_back(SlowerPeer(peer_s=0.5), lambda: None, lambda: None, 4) == 0.5
