@@ -94,70 +94,12 @@ class HostComm:
     def run_call(self, call: Any) -> Work | None:
         """Any collective: a pycollectives.backends.Call, or a plain tuple of its fields in
         order (collective, x, out, op, root, algorithm, async_op, stream, counts, in_splits,
-        out_splits)."""
-    def all_reduce(
-        self, x: np.ndarray, out: np.ndarray | None, op: int, algorithm: int, async_op: bool = False
-    ) -> Work | None: ...
-    def reduce_scatter(
-        self,
-        x: np.ndarray,
-        out: np.ndarray,
-        op: int,
-        algorithm: int,
-        async_op: bool = False,
-        counts: list[int] | None = None,
-    ) -> Work | None:
-        """counts: per-rank block sizes (x.size == sum(counts), out.size == counts[rank])."""
-    def all_gather(
-        self,
-        x: np.ndarray,
-        out: np.ndarray,
-        algorithm: int,
-        async_op: bool = False,
-        counts: list[int] | None = None,
-    ) -> Work | None:
-        """counts: per-rank block sizes (x.size == counts[rank], out.size == sum(counts))."""
-    def all_to_all(
-        self,
-        x: np.ndarray,
-        out: np.ndarray,
-        in_splits: list[int] | None,
-        out_splits: list[int] | None,
-        algorithm: int,
-        async_op: bool = False,
-    ) -> Work | None:
-        """Block j of x goes to rank j; out is rank-major. Splits None: size equal blocks;
-        given (both): elements sent to / received from each rank."""
-    def gather(
-        self,
-        x: np.ndarray,
-        out: np.ndarray | None,
-        root: int,
-        algorithm: int,
-        async_op: bool = False,
-    ) -> Work | None:
-        """out (size * x.size, rank-major) on the root; None (or ignored) elsewhere."""
-    def scatter(
-        self,
-        x: np.ndarray | None,
-        out: np.ndarray,
-        root: int,
-        algorithm: int,
-        async_op: bool = False,
-    ) -> Work | None:
-        """x (size * out.size, rank-major) on the root; None (or ignored) elsewhere."""
-    def broadcast(
-        self, x: np.ndarray, root: int, algorithm: int, async_op: bool = False
-    ) -> Work | None: ...
-    def reduce(
-        self,
-        x: np.ndarray,
-        out: np.ndarray | None,
-        root: int,
-        op: int,
-        algorithm: int,
-        async_op: bool = False,
-    ) -> Work | None: ...
+        out_splits), with native codes for op and algorithm. counts: per-rank block sizes of
+        an uneven all_gather (x.size == counts[rank], out.size == sum(counts)) or
+        reduce_scatter (the reverse). all_to_all: block j of x goes to rank j, out is
+        rank-major; splits None for equal blocks, else both, the elements sent to / received
+        from each rank. gather's out and scatter's x (size * the other's size, rank-major) on
+        the root; None elsewhere."""
     def barrier(self, async_op: bool = False) -> Work | None: ...
     def p2p(
         self, ops: list[tuple[str, np.ndarray, int, int]], async_op: bool = False

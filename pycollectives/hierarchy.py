@@ -29,6 +29,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 
 from pycollectives import _C
+from pycollectives.backends import Call
 from pycollectives.bootstrap import StoreGroup
 from pycollectives.errors import CollectiveError, CollectiveTimeout
 from pycollectives.hierarchy_blocks import BlocksAndMessages
@@ -234,6 +235,11 @@ class Hierarchical(BlocksAndMessages):
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return "hierarchical"
 
+    def _local(self, collective, x, out=None, op=0, root=0):
+        """`collective` among this node's ranks over shared memory, blocking (the node-local
+        step of a hierarchical collective), through the host's one way in."""
+        self.host.run_call(Call(collective, x, out, op, root))
+
     def run(self, call):
         """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
         a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
@@ -298,7 +304,7 @@ class Hierarchical(BlocksAndMessages):
             else:
                 src = flat_x
             part = np.empty(shard, x.dtype)
-            self.host.reduce_scatter(src, part, op, 0, False)
+            self._local("reduce_scatter", src, part, op)
             if self.nodes > 1:
                 nbytes = shard * x.itemsize
                 algo = self._inter("all_reduce", nbytes)
@@ -306,10 +312,10 @@ class Hierarchical(BlocksAndMessages):
                           dtype, op, 0, seq)  # fmt: skip
             if padded:
                 full = np.empty(shard * L, x.dtype)
-                self.host.all_gather(part, full, 0, False)
+                self._local("all_gather", part, full)
                 flat_res[:] = full[:count]
             else:
-                self.host.all_gather(part, flat_res, 0, False)
+                self._local("all_gather", part, flat_res)
 
         return self.submit(run, async_op)
 
@@ -324,7 +330,7 @@ class Hierarchical(BlocksAndMessages):
             # with local rank j, then those ranks reduce them across nodes.
             y = x.reshape(self.size, m)[self.perm]
             z = np.empty(self.nodes * m, x.dtype)
-            self.host.reduce_scatter(y.reshape(-1), z, op, 0, False)
+            self._local("reduce_scatter", y.reshape(-1), z, op)
             algo = self._inter("reduce_scatter", m * x.itemsize)
             self._net("reduce_scatter", algo, self.topo.group(self.local), z, out.reshape(-1),
                       m, dtype, op, 0, seq)  # fmt: skip
@@ -344,7 +350,7 @@ class Hierarchical(BlocksAndMessages):
             self._net("all_gather", algo, self.topo.group(self.local), x.reshape(-1), z, m,
                       dtype, 0, 0, seq)  # fmt: skip
             y = np.empty(self.size * m, x.dtype)
-            self.host.all_gather(z, y, 0, False)
+            self._local("all_gather", z, y)
             flat_out.reshape(self.size, m)[self.perm] = y.reshape(self.size, m)
 
         return self.submit(run, async_op)
@@ -362,7 +368,7 @@ class Hierarchical(BlocksAndMessages):
                 algo = self._inter("broadcast", count * x.itemsize)
                 self._net("broadcast", algo, self.topo.group(root_local), flat, flat, count,
                           dtype, 0, root_node, seq)  # fmt: skip
-            self.host.broadcast(flat, root_local, 0, False)
+            self._local("broadcast", flat, root=root_local)
 
         return self.submit(run, async_op)
 
@@ -378,7 +384,7 @@ class Hierarchical(BlocksAndMessages):
                 return
             root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
             part = np.empty(count, x.dtype)
-            self.host.reduce(flat_x, part, root_local, op, 0, False)
+            self._local("reduce", flat_x, part, op, root_local)
             if self.local == root_local:
                 algo = self._inter("reduce", count * x.itemsize)
                 self._net("reduce", algo, self.topo.group(root_local), part, flat_res, count,

@@ -22,6 +22,7 @@ from checks import DTYPES, OPS, check_close, expect, is_float, make_input, refer
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.backends import Call
 
 AUTO, RING, TREE, DIRECT = 0, 1, 2, 3
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
@@ -263,30 +264,50 @@ def mismatch(mpi):
     return f"cases={len(cases)}"
 
 
+def native(c, collective, x, out, **fields):
+    """`collective` on the host communicator `c` as the Communicator hands it over (a Call,
+    with native codes), to test the native checks directly."""
+    return c.run_call(Call(collective, x, out, **fields))
+
+
 def args(mpi):
     n, r = mpi.size, mpi.rank
     f4, f8 = np.float32, np.float64
     with pc.Communicator(mpi) as comm:
         c = comm._host.c
         x, out = np.ones(2 * n, f4), np.zeros(2 * n, f4)
+
+        def a2a(**splits):  # an all_to_all of 2 elements per rank but for `splits`
+            return native(
+                c, "all_to_all", x, out, **{"in_splits": [2] * n, "out_splits": [2] * n, **splits}
+            )
+
         bad = [
-            (ValueError, lambda: c.all_to_all(x, out, [2] * n, None, 0), "both"),
-            (ValueError, lambda: c.all_to_all(x, out, [2] * (n + 1), [2] * n, 0), "in_splits"),
-            (ValueError, lambda: c.all_to_all(x, out, [-1] + [2] * n, [2] * n, 0), "entries"),
-            (ValueError, lambda: c.all_to_all(x, out, [2] * n, [3] * n, 0), "out_splits"),
-            (ValueError, lambda: c.all_to_all(x, out, [2] * (n - 1) + [-2], [2] * n, 0), "neg"),
-            (TypeError, lambda: c.all_to_all(x, out.astype(f8), None, None, 0), "dtype"),
-            (ValueError, lambda: c.all_to_all(x, x, None, None, 0), "overlap"),
-            (ValueError, lambda: c.all_to_all(x, out, None, None, RING), "not available"),
-            (ValueError, lambda: c.all_to_all(x, out[1:], None, None, 0), "out"),
-            (ValueError, lambda: c.gather(x, out, n, 0), "root"),
-            (ValueError, lambda: c.gather(x, out, -1, 0), "root"),
-            (ValueError, lambda: c.scatter(x, out, n, TREE), "root"),
-            (ValueError, lambda: c.gather(x, np.zeros(2 * n * n, f4), 0, RING), "not available"),
-            (ValueError, lambda: c.all_gather(x, out, 0, counts=[1] * (n + 1)), "counts"),
-            (ValueError, lambda: c.all_gather(x, out, 0, counts=[-1] * n), "negative"),
-            (ValueError, lambda: c.reduce_scatter(x, out, 0, 0, counts=[1] * n), "x has"),
-            (ValueError, lambda: c.reduce_scatter(x, out[:2], 0, TREE, counts=[2] * n), "tree"),
+            (ValueError, lambda: a2a(out_splits=None), "both"),
+            (ValueError, lambda: a2a(in_splits=[2] * (n + 1)), "in_splits"),
+            (ValueError, lambda: a2a(in_splits=[-1] + [2] * n), "entries"),
+            (ValueError, lambda: a2a(out_splits=[3] * n), "out_splits"),
+            (ValueError, lambda: a2a(in_splits=[2] * (n - 1) + [-2]), "neg"),
+            (TypeError, lambda: native(c, "all_to_all", x, out.astype(f8)), "dtype"),
+            (ValueError, lambda: native(c, "all_to_all", x, x), "overlap"),
+            (ValueError, lambda: native(c, "all_to_all", x, out, algorithm=RING), "not available"),
+            (ValueError, lambda: native(c, "all_to_all", x, out[1:]), "out"),
+            (ValueError, lambda: native(c, "gather", x, out, root=n), "root"),
+            (ValueError, lambda: native(c, "gather", x, out, root=-1), "root"),
+            (ValueError, lambda: native(c, "scatter", x, out, root=n, algorithm=TREE), "root"),
+            (
+                ValueError,
+                lambda: native(c, "gather", x, np.zeros(2 * n * n, f4), algorithm=RING),
+                "not available",
+            ),
+            (ValueError, lambda: native(c, "all_gather", x, out, counts=[1] * (n + 1)), "counts"),
+            (ValueError, lambda: native(c, "all_gather", x, out, counts=[-1] * n), "negative"),
+            (ValueError, lambda: native(c, "reduce_scatter", x, out, counts=[1] * n), "x has"),
+            (
+                ValueError,
+                lambda: native(c, "reduce_scatter", x, out[:2], algorithm=TREE, counts=[2] * n),
+                "tree",
+            ),
             (
                 ValueError,
                 lambda: pc._C.check_args("broadcast", x, None, 0, 0, 0, r, n, counts=[1] * n),
@@ -300,12 +321,12 @@ def args(mpi):
         ]
         if r == 0:
             bad += [
-                (ValueError, lambda: c.gather(x, np.zeros(2 * n + 1, f4), 0, 0), "out has"),
-                (TypeError, lambda: c.gather(x, None, 0, 0), "numpy"),
-                (TypeError, lambda: c.gather(x, np.zeros(2 * n * n, f8), 0, 0), "dtype"),
-                (ValueError, lambda: c.scatter(x, np.zeros(3, f4), 0, 0), "x has"),
-                (TypeError, lambda: c.scatter(None, out, 0, 0), "numpy"),
-                (ValueError, lambda: c.all_gather(x, out, 0, counts=[1] * n), "x has"),
+                (ValueError, lambda: native(c, "gather", x, np.zeros(2 * n + 1, f4)), "out has"),
+                (TypeError, lambda: native(c, "gather", x, None), "numpy"),
+                (TypeError, lambda: native(c, "gather", x, np.zeros(2 * n * n, f8)), "dtype"),
+                (ValueError, lambda: native(c, "scatter", x, np.zeros(3, f4)), "x has"),
+                (TypeError, lambda: native(c, "scatter", None, out), "numpy"),
+                (ValueError, lambda: native(c, "all_gather", x, out, counts=[1] * n), "x has"),
             ]
         for i, (exc, fn, word) in enumerate(bad):
             try:
@@ -344,7 +365,7 @@ def args(mpi):
             == n * (n + 1) // 2
         )
         # Nothing moved and nothing is poisoned: a real call still works.
-        c.all_to_all(x, out, None, None, 0)
+        native(c, "all_to_all", x, out)
         assert np.array_equal(out, np.ones(2 * n, f4))
     return f"checks={len(bad)}"
 
