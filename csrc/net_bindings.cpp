@@ -132,7 +132,7 @@ PYBIND11_MODULE(_net, m) {
                 call.send_counts.size() != call.recv_counts.size() ||
                 (!call.send_counts.empty() && call.send_counts.size() != group.size()))
               throw InvalidArgument(str_cat(collective, ": counts do not fit the group"));
-            const CallExtents e = call_extents(call.shape(), me, n);
+            const CallExtents e = call_extents(call, me, n);
             const size_t esize = dtype_size(call.dtype);
             if ((e.in && static_cast<size_t>(x.itemsize()) != esize) ||
                 (e.out && static_cast<size_t>(out.itemsize()) != esize) ||

@@ -9,6 +9,7 @@
 #include "algo/messages.h"
 #include "common/errors.h"
 #include "common/reduce.h"
+#include "host/fingerprint.h"
 #include "host/wait.h"
 
 namespace pycoll {
@@ -26,25 +27,17 @@ void check_mpi(int code, const char* what) {
   if (code != MPI_SUCCESS) throw CollectiveError(str_cat(what, ": ", mpi_error_string(code)));
 }
 
-// FNV-1a over the fields every rank of a collective must agree on.
+// The tag of `c`'s messages: FNV-1a over what every rank of the collective must agree on (its
+// fingerprint, as the host transport compares it) and the group's size, so that messages of
+// calls that disagree do not match.
 int fingerprint_tag(const NetCall& c, int tag_ub) {
+  const Fingerprint f = Fingerprint::of_call(c.seq, c, c.algo);
   uint64_t h = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) {
+  for (uint64_t v : {f.seq, f.packed(), f.count, f.splits, uint64_t{c.group.size()}})
     for (int i = 0; i < 8; ++i) {
       h ^= (v >> (8 * i)) & 0xff;
       h *= 1099511628211ull;
     }
-  };
-  mix(c.seq);
-  mix(static_cast<uint64_t>(c.collective));
-  mix(c.count);
-  mix(static_cast<uint64_t>(c.dtype));
-  mix(static_cast<uint64_t>(c.op));
-  mix(static_cast<uint64_t>(c.root));
-  mix(static_cast<uint64_t>(c.algo));
-  mix(c.group.size());
-  for (uint64_t v : c.counts) mix(v);  // every rank passes the same list
-  mix(c.send_counts.empty() ? 0 : 1);  // splits differ by rank: that they are given is common
   return static_cast<int>(h % static_cast<uint64_t>(tag_ub));  // 0 .. tag_ub - 1
 }
 
@@ -126,7 +119,7 @@ class NetExecutor {
   CallExtents extents() const {
     const int me = static_cast<int>(std::find(call_.group.begin(), call_.group.end(), c_.rank_) -
                                     call_.group.begin());
-    return call_extents(call_.shape(), me, static_cast<int>(call_.group.size()));
+    return call_extents(call_, me, static_cast<int>(call_.group.size()));
   }
 
   const uint8_t* src_ptr(const Step& s) const {
@@ -394,8 +387,7 @@ void NetComm::run(const NetCall& call) {
   p.root = call.root;
   p.acc_bytes = acc_size(call.dtype);
   p.piece = std::max<size_t>(1, opts_.piece_bytes / p.acc_bytes);
-  const CollectiveCall shape = call.shape();
-  shape.apply_counts(p);
+  call.apply_counts(p);
   StepRecorder rec;
   make_schedule(call.algo, call.collective, p, rec);
   try {

@@ -33,37 +33,12 @@ struct NetOptions {
   double timeout_s = 300.0;
 };
 
-// One collective among a group of MPI ranks.
-struct NetCall {
-  Collective collective = Collective::AllReduce;
-  Algo algo = Algo::Ring;
+// One collective among a group of MPI ranks: the call as every transport takes it (its root a
+// schedule rank, an index into `group`), and where and as which call it runs.
+struct NetCall : CollectiveCall {
   std::vector<int> group;  // MPI ranks of the communicator, in schedule-rank order
-  const void* in = nullptr;
-  void* out = nullptr;
-  size_t count = 0;  // as in ScheduleParams
-  DType dtype = DType::Float32;
-  RedOp op = RedOp::Sum;
-  int root = 0;     // schedule rank (index into group)
-  int divisor = 1;  // avg divides by this
+  int divisor = 1;         // avg divides by this
   uint64_t seq = 0;
-  std::vector<uint64_t> counts;       // uneven all-gather / reduce-scatter (as in CollectiveCall)
-  std::vector<uint64_t> send_counts;  // all-to-all with splits
-  std::vector<uint64_t> recv_counts;
-
-  // The call's shape as the schedules and call_extents see it.
-  CollectiveCall shape() const {
-    CollectiveCall c;
-    c.collective = collective;
-    c.algo = algo;
-    c.count = count;
-    c.dtype = dtype;
-    c.op = op;
-    c.root = root;
-    c.counts = counts;
-    c.send_counts = send_counts;
-    c.recv_counts = recv_counts;
-    return c;
-  }
 };
 
 // A message buffer shared by a posted receive and the sends that forward it.

@@ -38,33 +38,41 @@ def uneven():
 
 
 def mismatch():
-    """Node 1 runs the all-reduce with a different count: ranks get CollectiveMismatch (those
-    that receive a mismatched message) or another CollectiveError (their peers), never a hang
-    or a wrong result."""
-    comm = pc.Communicator(timeout=5.0)
-    node = comm.topology.node_of[comm.rank]
-    x = np.ones(1000 if node == 0 else 1002, np.float32)
-    t0 = time.monotonic()
-    kind = "none"
-    try:
-        comm.all_reduce(x)
-    except pc.CollectiveMismatch as e:
-        kind = "mismatch"
-        assert "different collective" in str(e), str(e)
-    except pc.CollectiveError:
-        kind = "error"
-    assert time.monotonic() - t0 < 15
-    kinds = MPI.COMM_WORLD.allgather(kind)
-    assert "none" not in kinds, kinds
-    assert "mismatch" in kinds, kinds
-    try:
-        comm.all_reduce(x)
-    except pc.CollectiveError as e:
-        assert "earlier error" in str(e), str(e)
-    else:
-        raise AssertionError("poisoned communicator accepted a call")
-    if comm.rank == 0:
-        print(f"mismatch {kinds}")
+    """Node 1 runs the all-reduce with a different count, then (a fresh communicator) with a
+    different dtype of the same size in bytes: ranks get CollectiveMismatch (those that
+    receive a mismatched message) or another CollectiveError (their peers), never a hang or a
+    wrong result."""
+    seen = []
+    for differs in ("count", "dtype"):
+        comm = pc.Communicator(timeout=5.0)
+        node = comm.topology.node_of[comm.rank]
+        if differs == "count":
+            x = np.ones(1000 if node == 0 else 1002, np.float32)
+        else:  # as many bytes, read as another type: only the fingerprint tells them apart
+            x = np.ones(1000, np.float32 if node == 0 else np.int32)
+        t0 = time.monotonic()
+        kind = "none"
+        try:
+            comm.all_reduce(x)
+        except pc.CollectiveMismatch as e:
+            kind = "mismatch"
+            assert "different collective" in str(e), str(e)
+        except pc.CollectiveError:
+            kind = "error"
+        assert time.monotonic() - t0 < 15
+        kinds = MPI.COMM_WORLD.allgather(kind)
+        assert "none" not in kinds, (differs, kinds)
+        assert "mismatch" in kinds, (differs, kinds)
+        try:
+            comm.all_reduce(x)
+        except pc.CollectiveError as e:
+            assert "earlier error" in str(e), str(e)
+        else:
+            raise AssertionError("poisoned communicator accepted a call")
+        comm.close()
+        seen.append(f"{differs}: {kinds}")
+    if MPI.COMM_WORLD.rank == 0:
+        print(f"mismatch {'; '.join(seen)}")
 
 
 def skip():
