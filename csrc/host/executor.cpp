@@ -17,6 +17,7 @@ HostExecutor::HostExecutor(const ShmTransport& t, ChannelCounters& counters, uin
       wait_(wait),
       call_(call),
       kernels_(&reduce_kernels(call.dtype, call.op)),
+      arrays_{call.input, call.output, call.input_count, call.output_count, dtype_size(call.dtype)},
       elem_size_(dtype_size(call.dtype)),
       acc_size_(acc_size(call.dtype)),
       streaming_(call.streams()),
@@ -47,21 +48,8 @@ bool HostExecutor::all_agree(bool mine) {
   return std::all_of(words.begin(), words.end(), [](uint64_t v) { return v != 0; });
 }
 
-const uint8_t* HostExecutor::src_ptr(const Step& s) const {
-  if (s.src.buf == Buf::Input) {
-    PYCOLL_CHECK(s.src.offset + s.count <= call_.input_count, "input range");
-    return call_.input + s.src.offset * elem_size_;
-  }
-  PYCOLL_CHECK(s.src.buf == Buf::Output && s.src.offset + s.count <= call_.output_count,
-               "source range");
-  return call_.output + s.src.offset * elem_size_;
-}
-
-uint8_t* HostExecutor::dst_ptr(const Step& s) const {
-  PYCOLL_CHECK(s.dst.buf == Buf::Output && s.dst.offset + s.count <= call_.output_count,
-               "output range");
-  return call_.output + s.dst.offset * elem_size_;
-}
+const uint8_t* HostExecutor::src_ptr(const Step& s) const { return arrays_.src(s); }
+uint8_t* HostExecutor::dst_ptr(const Step& s) const { return arrays_.dst(s); }
 
 // Waits for the next message from `from` (its channel to us, or its broadcast channel).
 const uint8_t* HostExecutor::wait_recv(int from, bool bcast, size_t bytes) {
@@ -127,35 +115,11 @@ void HostExecutor::send_to_all(const Step& s, uint8_t* first, size_t bytes) {
 }
 
 void HostExecutor::reduce_into(uint8_t* acc, const Step& s) {
-  const size_t n = s.count, in_bytes = wire_bytes(s.recv_wire, n);
-  const uint8_t* local = src_ptr(s);
-  if (s.from == kAllPeers) {
-    // Every rank's contribution in rank order, ours from `src`: identical on every rank.
-    for (int q = 0; q < t_.size(); ++q) {
-      if (q == t_.rank()) {
-        if (q == 0)
-          kernels_->load(acc, local, n);
-        else
-          kernels_->reduce(acc, acc, local, n);
-        continue;
-      }
-      const uint8_t* in = wait_recv(q, s.recv_bcast, in_bytes);
-      if (q == 0)
-        copy_bytes(acc, in, n * acc_size_);
-      else
-        kernels_->combine(acc, acc, in, n);
-      release_recv(q, s.recv_bcast);
-    }
-    return;
-  }
-  const uint8_t* in = wait_recv(s.from, s.recv_bcast, in_bytes);
-  kernels_->reduce(acc, in, local, n);
-  release_recv(s.from, s.recv_bcast);
-  if (s.from2 != kNoPeer) {
-    in = wait_recv(s.from2, s.recv_bcast, in_bytes);
-    kernels_->combine(acc, acc, in, n);
-    release_recv(s.from2, s.recv_bcast);
-  }
+  const size_t in_bytes = wire_bytes(s.recv_wire, s.count);
+  reduce_step(
+      *kernels_, acc_size_, acc, src_ptr(s), s, t_.rank(), t_.size(),
+      [&](int q) { return wait_recv(q, s.recv_bcast, in_bytes); },
+      [&](int q) { release_recv(q, s.recv_bcast); });
 }
 
 void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {

@@ -6,6 +6,7 @@
 
 #include "algo/messages.h"
 #include "algo/ops.h"
+#include "algo/step_io.h"
 #include "common/dtypes.h"
 #include "common/reduce.h"
 #include "host/shm_transport.h"
@@ -104,6 +105,7 @@ class HostExecutor final : public StepSink {
   const WaitContext& wait_;
   const CallBuffers& call_;
   const ReduceKernels* kernels_;
+  StepArrays arrays_;
   size_t elem_size_, acc_size_;
   bool streaming_;
   bool slot_stream_;

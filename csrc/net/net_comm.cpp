@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "algo/messages.h"
+#include "algo/step_io.h"
 #include "common/errors.h"
 #include "common/reduce.h"
 #include "host/fingerprint.h"
@@ -63,6 +64,8 @@ class NetExecutor {
         me_(static_cast<int>(std::find(call.group.begin(), call.group.end(), c.rank_) -
                              call.group.begin())),
         in_place_(overlap(call.in, input_count() * elem_, call.out, output_count() * elem_)),
+        arrays_{static_cast<const uint8_t*>(call.in), static_cast<uint8_t*>(call.out),
+                input_count(), output_count(), elem_},
         timeout_s_(c.timeout_s_.load()),
         deadline_(deadline_after(timeout_s_)) {
     for (size_t i = 0; i < c_.pool_.size(); ++i) free_.push_back(static_cast<int>(i));
@@ -122,20 +125,8 @@ class NetExecutor {
     return call_extents(call_, me, static_cast<int>(call_.group.size()));
   }
 
-  const uint8_t* src_ptr(const Step& s) const {
-    if (s.src.buf == Buf::Input) {
-      PYCOLL_CHECK(s.src.offset + s.count <= input_count(), "input range");
-      return static_cast<const uint8_t*>(call_.in) + s.src.offset * elem_;
-    }
-    PYCOLL_CHECK(s.src.buf == Buf::Output && s.src.offset + s.count <= output_count(),
-                 "source range");
-    return static_cast<const uint8_t*>(call_.out) + s.src.offset * elem_;
-  }
-  uint8_t* dst_ptr(const Step& s) const {
-    PYCOLL_CHECK(s.dst.buf == Buf::Output && s.dst.offset + s.count <= output_count(),
-                 "output range");
-    return static_cast<uint8_t*>(call_.out) + s.dst.offset * elem_;
-  }
+  const uint8_t* src_ptr(const Step& s) const { return arrays_.src(s); }
+  uint8_t* dst_ptr(const Step& s) const { return arrays_.dst(s); }
   uint8_t* data(int buf) { return c_.pool_[static_cast<size_t>(buf)].data.get(); }
   void unref(int buf) {
     if (--c_.pool_[static_cast<size_t>(buf)].refs == 0) free_.push_back(buf);
@@ -235,34 +226,10 @@ class NetExecutor {
 
   // acc = op over the step's incoming messages and src, in the schedule's order.
   void reduce_into(uint8_t* acc, const Step& s) {
-    const size_t n = s.count;
-    const uint8_t* local = src_ptr(s);
-    if (s.from == kAllPeers) {
-      for (int q = 0; q < static_cast<int>(call_.group.size()); ++q) {
-        if (q == me_) {
-          if (q == 0)
-            kernels_.load(acc, local, n);
-          else
-            kernels_.reduce(acc, acc, local, n);
-          continue;
-        }
-        const int b = recv(q);
-        if (q == 0)
-          std::memcpy(acc, data(b), n * acc_);
-        else
-          kernels_.combine(acc, acc, data(b), n);
-        unref(b);
-      }
-      return;
-    }
-    int b = recv(s.from);
-    kernels_.reduce(acc, data(b), local, n);
-    unref(b);
-    if (s.from2 != kNoPeer) {
-      b = recv(s.from2);
-      kernels_.combine(acc, acc, data(b), n);
-      unref(b);
-    }
+    int b = -1;  // the message being reduced (each is released before the next is taken)
+    reduce_step(
+        kernels_, acc_, acc, src_ptr(s), s, me_, static_cast<int>(call_.group.size()),
+        [&](int q) { return data(b = recv(q)); }, [&](int) { unref(b); });
   }
 
   void step(const Step& s) {
@@ -341,6 +308,7 @@ class NetExecutor {
   int tag_;
   int me_;
   bool in_place_;  // input and output overlap: a later step may overwrite what a send reads
+  StepArrays arrays_;
   double timeout_s_;
   Clock::time_point deadline_;
   std::vector<Incoming> incoming_;
