@@ -27,6 +27,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from pycollectives import _C
+from pycollectives.backends import Call
 from pycollectives.checkpoint import write_atomically
 
 _PATH = os.environ.get("PYCOLL_TRACE") or None
@@ -129,24 +130,25 @@ def instrument(comm):
                 args["seq"] = comm.seq  # this call's number: the count of calls so far
             _events.append((name, t0, t1, calling, args))  # list.append is atomic
 
-    def traced_run(call, result):
-        name, x, out = call[0], call[1], call[2]
+    def traced_run(args, result):
+        call = Call._make(args)  # the Communicator's fields, in Call's order, by name
+        name, x, out = call.collective, call.x, call.out
         t0 = _now()
         r = run(call, result)
         nbytes = _nbytes(x)
-        key = (name, call[5], nbytes)
+        key = (name, call.algorithm, nbytes)
         algo = algorithms.get(key)
         if algo is None:
-            algo = algorithms[key] = _algorithm(comm, name, call[5], nbytes)
+            algo = algorithms[key] = _algorithm(comm, name, call.algorithm, nbytes)
         dt = getattr(x, "dtype", None)
         dname = dtypes.get(dt)
         if dname is None:
             dname = dtypes[dt] = str(dt or "")
         args = {"bytes": nbytes, "out_bytes": _nbytes(out), "dtype": dname, "algorithm": algo,
                 "seq": None}  # fmt: skip
-        if call[4] and name in ("broadcast", "reduce", "gather", "scatter"):
-            args["root"] = call[4]
-        record(name, t0, r, call[6], args)
+        if call.root and name in ("broadcast", "reduce", "gather", "scatter"):
+            args["root"] = call.root
+        record(name, t0, r, call.async_op, args)
         return r
 
     def traced_batch_p2p(ops, async_op=False, stream=None, _result=None):
