@@ -414,11 +414,16 @@ void bind_codes(py::module_& m) {
     if (carries_partials(c)) reducing.append(collective_name(c));
   }
   for (int k = 0; k < kNumAlgos; ++k) algos[k] = algo_name(static_cast<Algo>(k));
-  for (int k = 0; k < kNumDTypes; ++k) dtypes[k] = dtype_name(static_cast<DType>(k));
+  py::tuple sizes(kNumDTypes);
+  for (int k = 0; k < kNumDTypes; ++k) {
+    dtypes[k] = dtype_name(static_cast<DType>(k));
+    sizes[k] = dtype_size(static_cast<DType>(k));
+  }
   for (int k = 0; k < kNumRedOps; ++k) ops[k] = redop_name(static_cast<RedOp>(k));
   m.attr("COLLECTIVES") = colls;
   m.attr("ALGORITHMS") = algos;
   m.attr("DTYPES") = dtypes;
+  m.attr("DTYPE_SIZES") = sizes;  // bytes per element, by code
   m.attr("OPS") = ops;
   m.attr("ALGORITHMS_FOR") = algos_for;
   m.attr("REDUCING") = py::tuple(reducing);

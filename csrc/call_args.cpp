@@ -29,22 +29,31 @@ bool is_tagged_bfloat16(const py::dtype& dt) {
   return py::isinstance<py::str>(tag) && tag.cast<std::string>() == "bfloat16";
 }
 
+// The DType code of numpy dtype `dt`, or -1 for one we do not move.
 int dtype_code(const py::dtype& dt) {
   if (dt.byteorder() == '>') return -1;  // not native on the little-endian hosts we run on
+  auto of = [](DType t) { return static_cast<int>(t); };
   const auto size = dt.itemsize();
   switch (dt.kind()) {
     case 'i':
-      return size == 1 ? 0 : size == 4 ? 2 : size == 8 ? 3 : -1;
+      return size == 1   ? of(DType::Int8)
+             : size == 4 ? of(DType::Int32)
+             : size == 8 ? of(DType::Int64)
+                         : -1;
     case 'u':
-      if (size == 1) return 1;
+      if (size == 1) return of(DType::UInt8);
       // bfloat16 bit patterns in a uint16 tagged as such (pycollectives.arrays.BFLOAT16_BITS).
-      if (size == 2 && is_tagged_bfloat16(dt)) return 5;
+      if (size == 2 && is_tagged_bfloat16(dt)) return of(DType::BFloat16);
       return -1;
     case 'f':
-      return size == 2 ? 4 : size == 4 ? 6 : size == 8 ? 7 : -1;
+      return size == 2   ? of(DType::Float16)
+             : size == 4 ? of(DType::Float32)
+             : size == 8 ? of(DType::Float64)
+                         : -1;
     default:
       // bfloat16 comes from extension dtypes (ml_dtypes).
-      if (size == 2 && py::str(dt.attr("name")).cast<std::string>() == "bfloat16") return 5;
+      if (size == 2 && py::str(dt.attr("name")).cast<std::string>() == "bfloat16")
+        return of(DType::BFloat16);
       return -1;
   }
 }

@@ -13,6 +13,7 @@ NO_PEER: int
 COLLECTIVES: tuple[str, ...]
 ALGORITHMS: tuple[str, ...]  # "auto" first
 DTYPES: tuple[str, ...]
+DTYPE_SIZES: tuple[int, ...]  # bytes per element, by dtype code
 OPS: tuple[str, ...]
 ALGORITHMS_FOR: dict[str, tuple[str, ...]]  # the algorithms each collective has
 REDUCING: tuple[str, ...]  # collectives that take an op

@@ -20,13 +20,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pycollectives import _C
 from pycollectives.ops import DTYPES
 
 # Native dtype codes, from the core.
 DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}
-DTYPE_SIZES = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8}
-DTYPE_SIZES.update({"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8})
-SUPPORTED = "int8, uint8, int32, int64, float16, bfloat16, float32, float64 in native byte order"
+DTYPE_SIZES = dict(zip(DTYPES, _C.DTYPE_SIZES))
+SUPPORTED = ", ".join(DTYPES) + " in native byte order"
 
 HOST = -1  # `device` of host memory
 

@@ -44,16 +44,21 @@ _TORCH_TWINS = {"SUM": SUM, "PRODUCT": PROD, "MIN": MIN, "MAX": MAX, "AVG": AVG}
 _MPI_TWINS = ("SUM", "PROD", "MIN", "MAX")
 
 
+def torch_op_name(op) -> str:
+    """The name of a torch.distributed.ReduceOp, or of the RedOpType it wraps ("SUM",
+    "PRODUCT", "BAND", ...); its repr if it has none."""
+    name = getattr(op, "name", None)  # a RedOpType
+    if name is None:  # a ReduceOp object: the RedOpType it wraps
+        name = getattr(getattr(op, "op", None), "name", None)
+    return repr(op) if name is None else str(name)
+
+
 def _torch_op(op):
     """The twin of a torch.distributed.ReduceOp, None if `op` is not one; TypeError if it has
     no twin here (BAND, BOR, BXOR, PREMUL_SUM)."""
     if not type(op).__module__.startswith("torch."):
         return None
-    name = getattr(op, "name", None)
-    if name is None:  # a ReduceOp object wrapping a RedOpType
-        import torch.distributed as dist
-
-        name = next((n for n in _TORCH_TWINS if op == getattr(dist.ReduceOp, n)), repr(op))
+    name = torch_op_name(op)
     if name not in _TORCH_TWINS:
         raise TypeError(f"op: torch.distributed.ReduceOp.{name} has no pycollectives equivalent")
     return _TORCH_TWINS[name]

@@ -41,6 +41,7 @@ from torch.futures import Future
 from pycollectives import arrays, bootstrap
 from pycollectives.communicator import Communicator
 from pycollectives.errors import CollectiveError
+from pycollectives.ops import torch_op_name
 from pycollectives.work import Work as PcWork
 
 NAME = "pycollectives"
@@ -50,19 +51,8 @@ _BOOL_OPS = {"SUM": "max", "MAX": "max", "MIN": "min", "PRODUCT": "min"}  # logi
 _SUPPORTED = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 
 
-_OP_NAMES: dict = {}  # RedOpType -> name, filled as ops are met
-
-
 def _op_name(op) -> str:
-    name = _OP_NAMES.get(op.op)
-    if name is None:
-        for name in _SUPPORTED + ("BAND", "BOR", "BXOR", "PREMUL_SUM"):
-            if op == getattr(dist.ReduceOp, name, None):
-                break
-        else:
-            name = repr(op)
-        if name in _SUPPORTED:
-            _OP_NAMES[op.op] = name
+    name = torch_op_name(op)
     if name not in _SUPPORTED:
         raise ValueError(
             f"the pycollectives backend reduces with SUM, AVG, PRODUCT, MIN or MAX, not {name}"
