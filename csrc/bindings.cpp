@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <climits>
 #include <cstring>
 #include <exception>
@@ -30,9 +31,9 @@ using namespace pycoll::pyargs;
 
 namespace {
 
-// pycollectives.ReduceOp and the names a caller may give its members (ops._OP_NAMES: name ->
-// member), registered by the package when it loads. run_now takes members of that exact type,
-// not other integers, and names found in that table.
+// pycollectives.ReduceOp (made by bind_codes from the core's op table) and the names a caller
+// may give its members (name -> member, "SUM" and "sum"). run_now takes members of that exact
+// type, not other integers, and names found in that table.
 PyTypeObject* reduce_op_type = nullptr;
 PyObject* op_names = nullptr;
 
@@ -427,6 +428,26 @@ void bind_codes(py::module_& m) {
   m.attr("OPS") = ops;
   m.attr("ALGORITHMS_FOR") = algos_for;
   m.attr("REDUCING") = py::tuple(reducing);
+  // ReduceOp, an IntEnum whose values are the op codes, made here from the same table, so that
+  // run_now knows its members without the core taking a type from the Python layer.
+  py::list members;
+  for (int k = 0; k < kNumRedOps; ++k) {
+    std::string name = redop_name(static_cast<RedOp>(k));
+    for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    members.append(py::make_tuple(name, k));
+  }
+  py::object type = py::module_::import("enum").attr("IntEnum")(
+      "ReduceOp", members, py::arg("module") = "pycollectives.ops",
+      py::arg("qualname") = "ReduceOp");
+  py::dict names;
+  for (int k = 0; k < kNumRedOps; ++k) {
+    py::object member = type(k);
+    names[member.attr("name")] = member;
+    names[py::str(redop_name(static_cast<RedOp>(k)))] = member;
+  }
+  m.attr("ReduceOp") = type;
+  reduce_op_type = reinterpret_cast<PyTypeObject*>(type.release().ptr());  // kept for good
+  op_names = names.release().ptr();
 }
 
 }  // namespace
@@ -456,15 +477,6 @@ PYBIND11_MODULE(_C, m) {
     std::rethrow_exception(e);
   });
   raise_pending = py::object(m.attr("_raise_pending")).release().ptr();  // kept for good
-  m.def(
-      "set_reduce_ops",
-      [](py::type t, py::dict names) {
-        Py_XDECREF(reduce_op_type);
-        Py_XDECREF(op_names);
-        reduce_op_type = reinterpret_cast<PyTypeObject*>(t.release().ptr());  // kept for good
-        op_names = names.release().ptr();
-      },
-      py::arg("type"), py::arg("names"));
   m.def(
       "check_p2p",
       [](py::handle ops, int rank, int size) {

@@ -14,6 +14,9 @@ COLLECTIVES: tuple[str, ...]
 ALGORITHMS: tuple[str, ...]  # "auto" first
 DTYPES: tuple[str, ...]
 DTYPE_SIZES: tuple[int, ...]  # bytes per element, by dtype code
+# An enum.IntEnum of the reduction ops (SUM, PROD, MIN, MAX, AVG), values their codes:
+# pycollectives.ReduceOp.
+ReduceOp: Any
 OPS: tuple[str, ...]
 ALGORITHMS_FOR: dict[str, tuple[str, ...]]  # the algorithms each collective has
 REDUCING: tuple[str, ...]  # collectives that take an op
@@ -161,5 +164,3 @@ def check_described_args(
     in_splits: list[int] | None = None,
     out_splits: list[int] | None = None,
 ) -> int: ...
-def set_reduce_ops(type: type, names: dict[str, Any]) -> None:
-    """The ReduceOp class and its members by name: what run_now takes as ops."""

@@ -6,8 +6,6 @@ core takes, so no Python table can drift from it.
 
 from __future__ import annotations
 
-import enum
-
 from pycollectives import _C
 
 COLLECTIVES: tuple = _C.COLLECTIVES
@@ -19,15 +17,12 @@ ALGORITHMS_FOR: dict = dict(_C.ALGORITHMS_FOR)
 REDUCING: tuple = _C.REDUCING
 
 
-class ReduceOp(enum.IntEnum):
-    """Element-wise reduction. ``AVG`` is the sum divided by the number of ranks (floats only)."""
-
-    SUM = 0
-    PROD = 1
-    MIN = 2
-    MAX = 3
-    AVG = 4
-
+# Element-wise reductions, an IntEnum whose values are the core's op codes (made by the core
+# from its own table: its one-step path takes the members as they are).
+ReduceOp = _C.ReduceOp
+ReduceOp.__doc__ = (
+    "Element-wise reduction. ``AVG`` is the sum divided by the number of ranks (floats only)."
+)
 
 SUM = ReduceOp.SUM
 PROD = ReduceOp.PROD
@@ -38,7 +33,6 @@ assert tuple(o.name.lower() for o in ReduceOp) == _C.OPS, "ReduceOp out of step 
 
 # Names a caller may pass as `op`: "sum", "SUM", ...
 _OP_NAMES = {name: op for op in ReduceOp for name in (op.name, op.name.lower())}
-_C.set_reduce_ops(ReduceOp, _OP_NAMES)  # what the core's one-step path takes as ops
 # Twins in torch.distributed.ReduceOp (by name) and mpi4py's MPI.Op (by identity).
 _TORCH_TWINS = {"SUM": SUM, "PRODUCT": PROD, "MIN": MIN, "MAX": MAX, "AVG": AVG}
 _MPI_TWINS = ("SUM", "PROD", "MIN", "MAX")
