@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "common/hash.h"
 
 namespace pycoll {
 namespace cuda {
@@ -73,15 +74,12 @@ namespace {
 // FNV-1a over the lists, each preceded by its length (so that moving an entry from one list
 // to the next changes the hash).
 uint64_t hash_lists(std::initializer_list<const std::vector<uint64_t>*> lists) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
-  };
+  Fnv1a h;
   for (const std::vector<uint64_t>* v : lists) {
-    mix(v->size());
-    for (uint64_t x : *v) mix(x);
+    h.mix(v->size());
+    for (uint64_t x : *v) h.mix(x);
   }
-  return h;
+  return h.h;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "algo/call.h"
 #include "common/errors.h"
+#include "common/hash.h"
 #include "host/shm_transport.h"
 #include "host/wait.h"
 
@@ -11,13 +12,9 @@ namespace {
 
 // FNV-1a over a list of per-rank counts; never 0 (0 means even).
 uint64_t hash_counts(const std::vector<uint64_t>& counts) {
-  uint64_t h = 1469598103934665603ull;
-  for (uint64_t v : counts)
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  return h == 0 || h == kSplitsTag ? 1 : h;
+  Fnv1a f;
+  for (uint64_t v : counts) f.mix(v);
+  return f.h == 0 || f.h == kSplitsTag ? 1 : f.h;
 }
 
 }  // namespace
