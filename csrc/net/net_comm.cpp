@@ -9,6 +9,7 @@
 #include "algo/messages.h"
 #include "algo/step_io.h"
 #include "common/errors.h"
+#include "common/hash.h"
 #include "common/reduce.h"
 #include "host/fingerprint.h"
 #include "host/wait.h"
@@ -33,13 +34,9 @@ void check_mpi(int code, const char* what) {
 // calls that disagree do not match.
 int fingerprint_tag(const NetCall& c, int tag_ub) {
   const Fingerprint f = Fingerprint::of_call(c.seq, c, c.algo);
-  uint64_t h = 1469598103934665603ull;
-  for (uint64_t v : {f.seq, f.packed(), f.count, f.splits, uint64_t{c.group.size()}})
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  return static_cast<int>(h % static_cast<uint64_t>(tag_ub));  // 0 .. tag_ub - 1
+  Fnv1a h;
+  for (uint64_t v : {f.seq, f.packed(), f.count, f.splits, uint64_t{c.group.size()}}) h.mix(v);
+  return static_cast<int>(h.h % static_cast<uint64_t>(tag_ub));  // 0 .. tag_ub - 1
 }
 
 bool overlap(const void* a, size_t an, const void* b, size_t bn) {
@@ -63,9 +60,9 @@ class NetExecutor {
         tag_(fingerprint_tag(call, c.tag_ub_)),
         me_(static_cast<int>(std::find(call.group.begin(), call.group.end(), c.rank_) -
                              call.group.begin())),
-        in_place_(overlap(call.in, input_count() * elem_, call.out, output_count() * elem_)),
-        arrays_{static_cast<const uint8_t*>(call.in), static_cast<uint8_t*>(call.out),
-                input_count(), output_count(), elem_},
+        arrays_(arrays_of(call, me_, elem_)),
+        in_place_(
+            overlap(arrays_.in, arrays_.in_count * elem_, arrays_.out, arrays_.out_count * elem_)),
         timeout_s_(c.timeout_s_.load()),
         deadline_(deadline_after(timeout_s_)) {
     for (size_t i = 0; i < c_.pool_.size(); ++i) free_.push_back(static_cast<int>(i));
@@ -117,12 +114,11 @@ class NetExecutor {
     int peer;
   };
 
-  size_t input_count() const { return extents().in; }
-  size_t output_count() const { return extents().out; }
-  CallExtents extents() const {
-    const int me = static_cast<int>(std::find(call_.group.begin(), call_.group.end(), c_.rank_) -
-                                    call_.group.begin());
-    return call_extents(call_, me, static_cast<int>(call_.group.size()));
+  // The call's arrays as schedule rank `me` may touch them (call_extents).
+  static StepArrays arrays_of(const NetCall& call, int me, size_t elem) {
+    const CallExtents e = call_extents(call, me, static_cast<int>(call.group.size()));
+    return {static_cast<const uint8_t*>(call.in), static_cast<uint8_t*>(call.out), e.in, e.out,
+            elem};
   }
 
   const uint8_t* src_ptr(const Step& s) const { return arrays_.src(s); }
@@ -307,8 +303,8 @@ class NetExecutor {
   size_t elem_, acc_;
   int tag_;
   int me_;
-  bool in_place_;  // input and output overlap: a later step may overwrite what a send reads
   StepArrays arrays_;
+  bool in_place_;  // input and output overlap: a later step may overwrite what a send reads
   double timeout_s_;
   Clock::time_point deadline_;
   std::vector<Incoming> incoming_;
