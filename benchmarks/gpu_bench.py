@@ -39,7 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pycollectives.bench import formulas as F
-from pycollectives.bench import gpu
+from pycollectives.bench import gpu, timing
 
 SYNC_BUDGET_S = 0.25  # time each mode may take per size (at least 3 calls)
 B2B_BUDGET_S = 0.15
@@ -88,10 +88,10 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls) -> dict:
     sync = stream.synchronize
     ours()  # the first call of a shape plans it
     sync()
-    k = gpu.calls_for(mpi, ours, sync, SYNC_BUDGET_S, iters)
-    row["sync"] = gpu.time_synchronised(mpi, ours, sync, k)
-    k = gpu.calls_for(mpi, ours, sync, B2B_BUDGET_S, calls, least=2)
-    row["b2b"] = gpu.time_back_to_back(mpi, ours, sync, k)
+    k = timing.calls_for(mpi, ours, sync, SYNC_BUDGET_S, iters)
+    row["sync"] = timing.time_synchronised(mpi, ours, sync, k)
+    k = timing.calls_for(mpi, ours, sync, B2B_BUDGET_S, calls, least=2)
+    row["b2b"] = timing.time_back_to_back(mpi, ours, sync, k)
     expect = given * n if coll == "all_reduce" else np.tile(given, n)
     if not np.array_equal(cp.asnumpy(out), expect):
         raise SystemExit(f"gpu_bench: rank {mpi.rank}: {coll} of {row['size']} B is wrong")
@@ -101,8 +101,8 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls) -> dict:
     def run_staged():
         staged(x, out, False)
 
-    k = gpu.calls_for(mpi, run_staged, sync, SYNC_BUDGET_S, max(3, iters // 2))
-    row["staged"] = gpu.time_synchronised(mpi, run_staged, sync, k)
+    k = timing.calls_for(mpi, run_staged, sync, SYNC_BUDGET_S, max(3, iters // 2))
+    row["staged"] = timing.time_synchronised(mpi, run_staged, sync, k)
     row["nccl"] = float("nan")
     run = nccl.runner(coll, "sum", 0, np.dtype(np.float32)) if nccl.reason is None else None
     if callable(run):
@@ -112,8 +112,8 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls) -> dict:
             run(x, out, False)
 
         run_nccl()
-        k = gpu.calls_for(mpi, run_nccl, nsync, SYNC_BUDGET_S, iters)
-        row["nccl"] = gpu.time_synchronised(mpi, run_nccl, nsync, k)
+        k = timing.calls_for(mpi, run_nccl, nsync, SYNC_BUDGET_S, iters)
+        row["nccl"] = timing.time_synchronised(mpi, run_nccl, nsync, k)
     return row
 
 

@@ -17,12 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pycollectives.bench import peers
-from pycollectives.bench.timing import (  # noqa: F401 (benchmarks/gpu_bench.py's, too)
-    calls_for,
-    max_over_ranks,
-    time_back_to_back,
-    time_synchronised,
-)
+from pycollectives.bench.timing import max_over_ranks, time_back_to_back, time_synchronised
 from pycollectives.bootstrap import MpiGroup
 from pycollectives.cuda import choose_device
 from pycollectives.cuda_env import cuda_status
