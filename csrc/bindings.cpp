@@ -446,6 +446,7 @@ void bind_codes(py::module_& m) {
     names[py::str(redop_name(static_cast<RedOp>(k)))] = member;
   }
   m.attr("ReduceOp") = type;
+  m.attr("OP_NAMES") = names;
   reduce_op_type = reinterpret_cast<PyTypeObject*>(type.release().ptr());  // kept for good
   op_names = names.release().ptr();
 }

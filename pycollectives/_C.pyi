@@ -17,6 +17,7 @@ DTYPE_SIZES: tuple[int, ...]  # bytes per element, by dtype code
 # An enum.IntEnum of the reduction ops (SUM, PROD, MIN, MAX, AVG), values their codes:
 # pycollectives.ReduceOp.
 ReduceOp: Any
+OP_NAMES: dict[str, Any]  # "SUM" and "sum" -> ReduceOp.SUM, ...
 OPS: tuple[str, ...]
 ALGORITHMS_FOR: dict[str, tuple[str, ...]]  # the algorithms each collective has
 REDUCING: tuple[str, ...]  # collectives that take an op

@@ -31,8 +31,8 @@ MAX = ReduceOp.MAX
 AVG = ReduceOp.AVG
 assert tuple(o.name.lower() for o in ReduceOp) == _C.OPS, "ReduceOp out of step with the core"
 
-# Names a caller may pass as `op`: "sum", "SUM", ...
-_OP_NAMES = {name: op for op in ReduceOp for name in (op.name, op.name.lower())}
+# Names a caller may pass as `op`: "sum", "SUM", ... (the core's table, which run_now reads).
+_OP_NAMES: dict = _C.OP_NAMES
 # Twins in torch.distributed.ReduceOp (by name) and mpi4py's MPI.Op (by identity).
 _TORCH_TWINS = {"SUM": SUM, "PRODUCT": PROD, "MIN": MIN, "MAX": MAX, "AVG": AVG}
 _MPI_TWINS = ("SUM", "PROD", "MIN", "MAX")

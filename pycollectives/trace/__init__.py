@@ -130,8 +130,8 @@ def instrument(comm):
                 args["seq"] = comm.seq  # this call's number: the count of calls so far
             _events.append((name, t0, t1, calling, args))  # list.append is atomic
 
-    def traced_run(args, result):
-        call = Call._make(args)  # the Communicator's fields, in Call's order, by name
+    def traced_run(fields, result):
+        call = Call._make(fields)  # the Communicator's fields, in Call's order, by name
         name, x, out = call.collective, call.x, call.out
         t0 = _now()
         r = run(call, result)
