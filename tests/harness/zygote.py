@@ -20,10 +20,13 @@ import select
 import signal
 import sys
 
-# One BLAS and OpenMP thread, as everywhere in the suite (conftest): this process must stay
-# single-threaded, since a fork copies only the thread that forks.
-for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_name, "1")
+from pool import POOL_ENV  # noqa: E402 - this file's folder, the harness
+
+# The pools' environment, as everywhere in the suite (conftest): one BLAS and OpenMP thread
+# keeps this process single-threaded, which it must be, since a fork copies only the thread
+# that forks.
+for _name, _value in POOL_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 import numpy  # noqa: E402, F401 - imported once here, for every rank forked below
 import torch  # noqa: E402, F401
