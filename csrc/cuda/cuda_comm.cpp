@@ -115,6 +115,7 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_claim_), sizeof(uint32_t)));
     PYCOLL_CUDA_CHECK(cudaMemset(error_claim_, 0, sizeof(uint32_t)));
     PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaDeviceSynchronize());  // the zeroed flags are in place before export
@@ -193,8 +194,9 @@ void CudaComm::release() {
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (step_done_ != nullptr) cudaEventDestroy(step_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (side_ != nullptr) cudaStreamDestroy(side_);
   ready_ = step_done_ = nullptr;
-  stream_ = nullptr;
+  stream_ = side_ = nullptr;
   if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }
 
@@ -245,9 +247,26 @@ KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& c
                           counters_);
 }
 
-void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp) {
+void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
+                               const Fingerprint& f) {
   // Each block counts its messages on its own flags (step_kernel.h): no host counts to keep.
-  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, kernel_args(call, cp), stream_));
+  static const CachedPlan no_steps{};
+  KernelArgs a = kernel_args(call, cp != nullptr ? *cp : no_steps);
+  check_on_device(a, f);
+  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+}
+
+void CudaComm::stop_peers_on_mismatch() {
+  if (mode_ != SyncMode::Kernel || segment_ == nullptr || side_ == nullptr) return;
+  static const uint64_t word = fail_word(rank_, rank_);
+  // Not part of any graph a thread may be capturing (relaxed mode), on a stream of its own:
+  // stream_ may hold a launch that waits for a peer that waits for this word.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  PYCOLL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaMemcpyAsync(segment_ + layout_.fail_offset(), &word, sizeof(word), cudaMemcpyHostToDevice,
+                  side_);
+  cudaStreamSynchronize(side_);
+  PYCOLL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
 }
 
 std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t stream,
@@ -279,34 +298,37 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                  dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
                  call.algo == Algo::Auto ? " (auto)" : "",
                  mode_ == SyncMode::Kernel ? "kernel" : "host");
-  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
+  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
+  const bool kernel = mode_ == SyncMode::Kernel;
   try {
-    if (opts_.check_mismatch || capturing) {  // a capture is checked whatever the option says
-      w.fingerprints = &guard;
-      guard.publish();
-    }
-    // Split lists are checked whatever check_mismatch says: kernels of ranks that disagree
-    // would wait for messages that never come, or write past an output.
+    // Kernel mode compares every call on the device (check_call, always on), with no host
+    // wait. The ranks meet on the host first for a capture, for all-to-all (whose split matrix
+    // is compared there: kernels of ranks that disagree would wait for messages that never
+    // come, or write past an output) and in host mode (unless check_mismatch is off). Every
+    // rank publishes its fingerprint, so that one that meets sees a peer that does not.
+    const bool meet =
+        capturing || call.collective == Collective::AllToAll || (!kernel && opts_.check_mismatch);
+    w.fingerprints = &guard;
+    guard.publish();
     if (!call.send_counts.empty())
       check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
-    // Every peer runs this very call: only now may anything be queued.
-    if (opts_.check_mismatch || capturing) guard.finish(w);
+    if (meet) guard.finish(w);  // every peer runs this very call
     auto work = std::make_shared<CudaWork>(events_, device_, seq, capturing);
     // In a capture these two calls fork our stream into it, and the two at the end join it
     // back (a capture must end joined, so an async call is joined too).
     PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
     PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-    if (!moves_nothing(call, rank_, size_)) {
-      if (capturing) {
-        run_kernel_mode(call, plans_.pin(call, algo));  // the graph reads it: never freed
-      } else {
-        const CachedPlan& cp = plan_for(call, algo);
-        if (mode_ == SyncMode::Kernel)
-          run_kernel_mode(call, cp);
-        else
-          run_host_mode(call, cp, w);
-      }
+    // In kernel mode a call that moves nothing launches too: it compares the call.
+    if (moves_nothing(call, rank_, size_)) {
+      if (kernel) run_kernel_mode(call, nullptr, mine);
+    } else if (capturing) {
+      run_kernel_mode(call, &plans_.pin(call, algo), mine);  // the graph reads it: never freed
+    } else if (kernel) {
+      run_kernel_mode(call, &plan_for(call, algo), mine);
+    } else {
+      run_host_mode(call, plan_for(call, algo), w);
     }
     PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
     if (!async_op || capturing) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
@@ -315,6 +337,10 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
       last_work_ = work;
     }
     return work;
+  } catch (const CollectiveMismatch& e) {
+    stop_peers_on_mismatch();
+    abort(e.what());
+    throw;
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
     throw;

@@ -35,6 +35,7 @@
 #include "cuda/device_step.h"
 #include "cuda/plan.h"
 #include "host/executor.h"
+#include "host/fingerprint.h"
 #include "host/shm_transport.h"
 #include "host/wait.h"
 
@@ -146,7 +147,11 @@ class CudaComm {
 
   const CachedPlan& plan_for(const CollectiveCall& call, Algo algo);
   KernelArgs kernel_args(const CollectiveCall& call, const CachedPlan& cp) const;
-  void run_kernel_mode(const CollectiveCall& call, const CachedPlan& cp);
+  // Kernel mode: one launch (two for several blocks: launches_of) that compares call `f` with
+  // every peer's on the device and runs `cp`'s steps (none when null: it only compares).
+  void run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f);
+  // A mismatch found on the host: our device segment's failure word stops peers' device waits.
+  void stop_peers_on_mismatch();
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);
@@ -165,6 +170,7 @@ class CudaComm {
   DeviceStatus* status_dev_ = nullptr;
   uint32_t* error_claim_ = nullptr;  // device memory, see DeviceStatus
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_ = nullptr;  // writes the failure word while stream_ may be stuck
   cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue
   cudaEvent_t step_done_ = nullptr;
   ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers

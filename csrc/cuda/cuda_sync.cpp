@@ -41,6 +41,11 @@ void CudaComm::check_device_status(const char* name) {
   if (status_host_ == nullptr) return;
   const uint32_t code = __atomic_load_n(&status_host_->code, __ATOMIC_ACQUIRE);
   if (code == kOk) return;
+  if (code == kMismatch) {
+    const std::string what = device_mismatch_message(name, *status_host_, rank_);
+    abort(what);
+    throw CollectiveMismatch(what);
+  }
   const std::string what =
       str_cat(name, ": an earlier collective failed on the device: ",
               code == kTimeout ? "timed out" : "aborted", " waiting for rank ", status_host_->peer,
@@ -93,6 +98,9 @@ void CudaComm::run_host_mode(const CollectiveCall& call, const CachedPlan& cp,
   }
 }
 
+// Kernel mode: a launch that only compares calls with every peer (check_call) is the barrier:
+// it runs once this rank's queued work has, and ends once every peer's has reached it. Host
+// mode meets on the host flags.
 void CudaComm::barrier() {
   std::lock_guard<std::mutex> g(run_mu_);
   check_usable("barrier");
@@ -104,13 +112,17 @@ void CudaComm::barrier() {
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context("barrier", seq);
   try {
-    if (opts_.check_mismatch) {
-      w.fingerprints = &guard;
-      guard.publish();
+    w.fingerprints = &guard;
+    guard.publish();
+    if (mode_ == SyncMode::Kernel) {
+      CollectiveCall none;
+      none.barrier = true;
+      run_kernel_mode(none, nullptr, mine);
     }
     PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
     wait_event(step_done_, w);
     check_device_status("barrier");
+    if (mode_ == SyncMode::Kernel) return;
     const uint64_t epoch = ++barrier_epoch_;
     shm_.barrier(rank_).store(epoch, std::memory_order_release);
     for (int r = 0; r < size_; ++r) {
@@ -119,7 +131,11 @@ void CudaComm::barrier() {
       wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
                  WaitFor::Barrier);
     }
-    if (w.fingerprints) guard.finish(w);
+    if (opts_.check_mismatch) guard.finish(w);
+  } catch (const CollectiveMismatch& e) {
+    stop_peers_on_mismatch();
+    abort(e.what());
+    throw;
   } catch (const CollectiveError& e) {
     abort(e.what());
     throw;

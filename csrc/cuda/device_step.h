@@ -50,7 +50,7 @@ struct SegmentLayout {
   int nslots = 2;
   int nblocks = 1;
   size_t sub_slot_bytes = 0;  // one block's share of a slot
-  size_t flags_bytes = 0;     // flags of every block, then the data
+  size_t flags_bytes = 0;     // flags of every block, the call headers, then the data
   // Flag indices within a block's flag area (see CudaTransport for what each counts).
   PYCOLL_HD static constexpr int posted(int peer) { return 3 * peer; }
   PYCOLL_HD static constexpr int consumed(int peer) { return 3 * peer + 1; }
@@ -60,6 +60,14 @@ struct SegmentLayout {
   PYCOLL_HD size_t flag_offset(int block, int index) const {
     return (static_cast<size_t>(block) * flags_per_block() + index) * kFlagStride;
   }
+  // Call headers (kernel mode; step_kernel.h, check_call): after every block's flags, one line
+  // per peer for the header the segment's owner writes for that peer (CallHeader), one line
+  // per peer for the number of that peer's headers the owner has read (its acknowledgement),
+  // and the owner's failure word (kFailMismatch...).
+  PYCOLL_HD size_t header_offset(int peer) const { return flag_offset(nblocks, peer); }
+  PYCOLL_HD size_t ack_offset(int peer) const { return flag_offset(nblocks, size + peer); }
+  PYCOLL_HD size_t fail_offset() const { return flag_offset(nblocks, 2 * size); }
+  PYCOLL_HD size_t headers_end() const { return flag_offset(nblocks, 2 * size + 1); }
   // Block `block`'s sub-slot of the slot of message m (1-based) that the segment's owner
   // sends to `to` (to == size: its broadcast channel). It holds the block's slice of the
   // message from its first byte.
@@ -76,6 +84,27 @@ struct SegmentLayout {
 // same count from the host). In kernel mode each block counts for itself, on its own flags.
 struct LaunchCounters : MessageCounts<uint64_t[kMaxRanks]> {};
 
+// What a rank's call header carries to one peer: the call's fingerprint (Fingerprint::packed,
+// count and splits; host/fingerprint.h) and, written last, how many headers the owner has
+// written for that peer. The k-th call a pair of ranks shares is compared with the k-th on the
+// other side, counted on the device, so graph replays are checked as eager launches are.
+struct CallHeader {
+  uint64_t words[3];  // packed, count, splits
+  uint64_t n;         // release-stored after the words
+};
+static_assert(sizeof(CallHeader) <= kFlagStride, "a call header fits one flag line");
+
+// A segment's failure word: 0, or kFailMismatch | the two ranks whose calls differ (found by
+// the first, against the second). Written by its owner, device or host, once; peers' waits read
+// it, so a mismatch stops every rank that waits on one that has stopped.
+constexpr uint64_t kFailMismatch = uint64_t{1} << 63;
+PYCOLL_HD_INLINE uint64_t fail_word(int finder, int other) {
+  return kFailMismatch | static_cast<uint64_t>(finder & 0xff) << 8 |
+         static_cast<uint64_t>(other & 0xff);
+}
+PYCOLL_HD_INLINE int fail_finder(uint64_t w) { return static_cast<int>(w >> 8 & 0xff); }
+PYCOLL_HD_INLINE int fail_other(uint64_t w) { return static_cast<int>(w & 0xff); }
+
 // Written by the device when it gives up; lives in host-mapped memory.
 struct DeviceStatus {
   uint32_t abort;  // set by the host (or a failing block) to stop every wait
@@ -84,8 +113,14 @@ struct DeviceStatus {
   int32_t step;
   int32_t block;
   int32_t pad;
+  // kMismatch: the host's number of the call, its fingerprint words and the peer's (found
+  // here), or the failure word of the peer that stopped first (propagated; theirs all 0).
+  uint64_t seq;
+  uint64_t mine[3];
+  uint64_t theirs[3];
+  uint64_t fail;
 };
-enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2 };
+enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
 
 struct KernelArgs {
   const DevStep* steps;
@@ -104,7 +139,25 @@ struct KernelArgs {
   uint32_t* error_claim;  // device memory: the first failing block claims the status
   uint64_t timeout_ns;    // a device wait gives up after this long
   uint64_t max_spins;     // ... or after this many polls, whichever comes first
+  // Kernel mode: block 0 trades call headers with every peer before its first step and
+  // compares them (step_kernel.h, check_call); false in host mode, where the host compares.
+  bool check_calls;
+  uint64_t seq;             // the host's number of the call, for its error message
+  uint64_t fingerprint[3];  // CallHeader::words of this call
 };
+
+// The launches that run `a`, in order (returns how many): `a` itself, or, when it checks the
+// call and runs several blocks, a one-block launch that only checks, then the steps unchecked:
+// so no block moves data, or waits for a peer's, before every peer's call has been compared.
+inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
+  out[0] = a;
+  if (!a.check_calls || a.grid <= 1) return 1;
+  out[0].end_step = out[0].first_step;
+  out[0].grid = 1;
+  out[1] = a;
+  out[1].check_calls = false;
+  return 2;
+}
 
 }  // namespace cuda
 }  // namespace pycoll

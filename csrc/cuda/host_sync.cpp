@@ -1,5 +1,7 @@
 #include "cuda/host_sync.h"
 
+#include "common/errors.h"
+
 namespace pycoll {
 namespace cuda {
 
@@ -77,6 +79,31 @@ KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call
   // Far more polls than fit in the timeout: the clock, not the count, normally ends a wait.
   a.max_spins = static_cast<uint64_t>(setup.timeout_s * 1e9);
   return a;
+}
+
+void check_on_device(KernelArgs& a, const Fingerprint& f) {
+  a.check_calls = a.layout.size > 1;
+  a.seq = f.seq;
+  a.fingerprint[0] = f.packed();
+  a.fingerprint[1] = f.count;
+  a.fingerprint[2] = f.splits;
+}
+
+std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank) {
+  const Fingerprint mine = Fingerprint::unpack(st.seq, st.mine[1], st.mine[0], st.mine[2]);
+  if (st.theirs[0] == 0 && st.fail != 0) {  // found elsewhere: who stopped first
+    const int finder = fail_finder(st.fail), other = fail_other(st.fail);
+    const std::string found = other == finder
+                                  ? str_cat("rank ", finder, " found a mismatch")
+                                  : str_cat("rank ", finder, "'s call differs from rank ", other,
+                                            "'s (found by rank ", finder, ")");
+    return str_cat(name, " #", st.seq, ": ranks disagree on the collective: ", found, "; rank ",
+                   rank, " runs ", mine.describe(), " and stopped waiting for rank ", st.peer);
+  }
+  const Fingerprint theirs = Fingerprint::unpack(st.seq, st.theirs[1], st.theirs[0], st.theirs[2]);
+  return str_cat(name, " #", st.seq, ": ranks disagree on the collective (",
+                 theirs.differences(mine), "): rank ", rank, " runs ", mine.describe(), "; rank ",
+                 st.peer, " runs ", theirs.describe(), " (found on the device)");
 }
 
 }  // namespace cuda

@@ -4,9 +4,12 @@
 // that time-slice one GPU make progress whatever the scheduler does.
 #pragma once
 
+#include <string>
+
 #include "algo/call.h"
 #include "cuda/device_step.h"
 #include "host/executor.h"
+#include "host/fingerprint.h"
 #include "host/shm_transport.h"
 #include "host/wait.h"
 
@@ -45,6 +48,12 @@ struct LaunchSetup {
 KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call,
                             const DevStep* steps, size_t nsteps, int grid,
                             const ChannelCounters& c);
+// Kernel mode: the launch compares call `f` with every peer's on the device, before its first
+// step (step_kernel.h, check_call). A launch that checks runs even with no steps to run.
+void check_on_device(KernelArgs& a, const Fingerprint& f);
+// The message of the CollectiveMismatch that a device status with kMismatch stands for: the
+// two calls and the fields that differ where this rank found it, else which rank stopped on one.
+std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank);
 
 }  // namespace cuda
 }  // namespace pycoll

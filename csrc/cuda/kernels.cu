@@ -35,10 +35,8 @@ cudaError_t launch(const KernelArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace
-
-cudaError_t launch_steps(DType dtype, const KernelArgs& args, cudaStream_t stream) {
-  if (args.first_step >= args.end_step) return cudaSuccess;
+cudaError_t launch_one(DType dtype, const KernelArgs& args, cudaStream_t stream) {
+  if (args.first_step >= args.end_step && !args.check_calls) return cudaSuccess;
   switch (dtype) {
     case DType::Int8:
       return launch<int8_t>(args, stream);
@@ -58,6 +56,16 @@ cudaError_t launch_steps(DType dtype, const KernelArgs& args, cudaStream_t strea
       return launch<double>(args, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_steps(DType dtype, const KernelArgs& args, cudaStream_t stream) {
+  KernelArgs parts[2];
+  const int n = launches_of(args, parts);
+  for (int i = 0; i < n; ++i)
+    if (const cudaError_t e = launch_one(dtype, parts[i], stream); e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 }  // namespace cuda

@@ -149,7 +149,7 @@ SegmentLayout make_layout(int size, int nslots, int nblocks, size_t slot_bytes) 
   l.nslots = nslots;
   l.nblocks = nblocks;
   l.sub_slot_bytes = sub_slot_bytes(slot_bytes, nblocks);
-  l.flags_bytes = l.flag_offset(nblocks, 0);
+  l.flags_bytes = l.headers_end();
   l.flags_bytes = (l.flags_bytes + 255) / 256 * 256;
   return l;
 }

@@ -11,6 +11,7 @@
 // elements, then the leader publishes the step's messages.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -121,7 +122,33 @@ PYCOLL_DEVICE void report(const KernelArgs& a, int block, uint32_t code, int pee
   st_relaxed_sys(&st->abort, 1u);  // the other blocks stop too
 }
 
-// Waits until *flag >= target; false (with the status written) when it gives up.
+// A mismatch: the status says which call and with whom, our failure word (read by the peers'
+// waits) says that we stopped and why. `theirs`: the peer's header words (null: the mismatch
+// was found by another rank, whose failure word is `fail`).
+PYCOLL_DEVICE void report_mismatch(const KernelArgs& a, int block, int peer, const uint64_t* theirs,
+                                   uint64_t fail) {
+  DeviceStatus* st = a.status;
+  if (claim(a.error_claim)) {
+    volatile DeviceStatus* v = st;
+    v->peer = peer;
+    v->step = -1;
+    v->block = block;
+    v->seq = a.seq;
+    for (int k = 0; k < 3; ++k) {
+      v->mine[k] = a.fingerprint[k];
+      v->theirs[k] = theirs != nullptr ? theirs[k] : 0;
+    }
+    v->fail = fail;
+    fence_system();
+    st_relaxed_sys(const_cast<uint32_t*>(&st->code), static_cast<uint32_t>(kMismatch));
+  }
+  uint64_t* own = reinterpret_cast<uint64_t*>(a.segments[a.rank] + a.layout.fail_offset());
+  if (ld_acquire_sys(own) == 0) st_release_sys(own, fail);
+  st_relaxed_sys(&st->abort, 1u);
+}
+
+// Waits until *flag >= target; false (with the status written) when it gives up: at the
+// timeout, when this rank is aborted, or when the peer it waits for has stopped on a mismatch.
 PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block,
                              const uint8_t* seg, size_t off, uint64_t target, int peer, int step) {
   const uint64_t* flag = reinterpret_cast<const uint64_t*>(seg + off);
@@ -131,6 +158,12 @@ PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block
     if ((spins & 1023) != 0) continue;
     if (ld_relaxed_sys(&a.status->abort) != 0) {
       report(a, block, kAborted, peer, step);
+      return false;
+    }
+    const uint64_t fail =
+        ld_acquire_sys(reinterpret_cast<const uint64_t*>(seg + a.layout.fail_offset()));
+    if (fail != 0) {
+      report_mismatch(a, block, peer, nullptr, fail);
       return false;
     }
     if (spins >= a.max_spins || global_timer_ns() - s.start_ns > a.timeout_ns) {
@@ -160,6 +193,56 @@ PYCOLL_DEVICE void load_own_counts(const KernelArgs& a, LaunchCounters& c, int b
     c.bcast_received[q] = own(L.bcast_consumed(q));
   }
   c.bcast_sent = own(L.bcast_posted());
+}
+
+// Kernel mode, block 0, before its first step: the call's header goes to every peer, and each
+// peer's header for us is compared with ours (thread t looks after peers t, t + nt, ...), so
+// every pair of ranks compares its calls, as the host's fingerprint rendezvous did, with no
+// host wait. The k-th header of a pair meets the k-th on the other side: a writer overwrites
+// its header only once the reader has acknowledged the last one, so a reader sees exactly the
+// header it waits for. On a mismatch, a timeout or an abort the status and our failure word
+// are written and `s.p.failed` is set.
+template <class Threads>
+PYCOLL_DEVICE void check_call(const KernelArgs& a, BlockState& s, const Threads& th) {
+  const SegmentLayout& L = a.layout;
+  const int me = a.rank;
+  uint8_t* own = a.segments[me];
+  auto peers = [&](auto&& f) {
+    th.each([&](int tid, int nt) {
+      for (int q = tid; q < L.size; q += nt)
+        if (q != me && !s.p.failed && !f(q)) s.p.failed = true;
+    });
+  };
+  peers([&](int q) {  // ours out first: no rank waits for another's reads
+    CallHeader* h = reinterpret_cast<CallHeader*>(own + L.header_offset(q));
+    const uint64_t written = ld_acquire_sys(&h->n);
+    if (!wait_flag(a, s, 0, a.segments[q], L.ack_offset(me), written, q, -1)) return false;
+    for (int k = 0; k < 3; ++k) st_release_sys(&h->words[k], a.fingerprint[k]);
+    st_release_sys(&h->n, written + 1);
+    return true;
+  });
+  th.sync();
+  if (s.p.failed) return;
+  peers([&](int q) {
+    uint64_t* ack = reinterpret_cast<uint64_t*>(own + L.ack_offset(q));
+    const uint64_t want = ld_acquire_sys(ack) + 1;
+    const size_t at = L.header_offset(me);
+    if (!wait_flag(a, s, 0, a.segments[q], at + offsetof(CallHeader, n), want, q, -1)) return false;
+    const CallHeader* h = reinterpret_cast<const CallHeader*>(a.segments[q] + at);
+    uint64_t theirs[3];
+    bool same = true;
+    for (int k = 0; k < 3; ++k) {
+      theirs[k] = ld_acquire_sys(&h->words[k]);
+      same = same && theirs[k] == a.fingerprint[k];
+    }
+    if (!same) {
+      report_mismatch(a, 0, q, theirs, fail_word(me, q));
+      return false;
+    }
+    st_release_sys(ack, want);
+    return true;
+  });
+  th.sync();
 }
 
 PYCOLL_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -350,6 +433,12 @@ PYCOLL_DEVICE void run_block(const KernelArgs& a, BlockState& s, int b, const Th
     s.c = a.counters;
     if (a.use_flags) load_own_counts(a, s.c, b);
     s.start_ns = global_timer_ns();
+    s.p.failed = false;
+  }
+  if (b == 0 && a.check_calls) {
+    th.sync();
+    check_call(a, s, th);
+    if (s.p.failed) return;
   }
   for (uint32_t i = a.first_step; i < a.end_step; ++i) {
     const DevStep d = a.steps[i];

@@ -127,6 +127,9 @@ WaitContext EmuComm::wait_context(const char* name, uint64_t seq) const {
   return WaitContext::start(name, seq, opts_.timeout_s, &shm_, &aborted_);
 }
 
+// The plan of a call that moves nothing on this rank: its launch only compares the call.
+const cuda::Plan EmuComm::kNoSteps{};
+
 const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
   return plans_.get(
       call, algo,
@@ -158,6 +161,11 @@ cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) {
 void EmuComm::check_status(const char* name, uint64_t seq) {
   const uint32_t code = __atomic_load_n(&status_.code, __ATOMIC_ACQUIRE);
   if (code == cuda::kOk) return;
+  if (code == cuda::kMismatch) {
+    const std::string what = cuda::device_mismatch_message(name, status_, rank_);
+    abort(what);
+    throw CollectiveMismatch(what);
+  }
   const std::string what =
       str_cat(name, " #", seq, ": the emulated device ",
               code == cuda::kTimeout ? "timed out" : "was aborted", " waiting for rank ",
@@ -185,18 +193,27 @@ void EmuComm::drill_fault() const {
   _exit(0);
 }
 
-// One launch for the whole collective: a thread per block, waiting on device flags.
+// One launch for the whole collective: a thread per block, waiting on device flags. Block 0
+// checks the call against its peers' first (cuda::check_call), as on the GPU.
 void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan,
-                              const WaitContext& w) {
+                              const WaitContext& w, const Fingerprint& f) {
   cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
                                               plan.steps.size(), plan.grid, counters_);
+  cuda::check_on_device(a, f);
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
   launch(call.dtype, a, launch_regions(call), w, drill);
 }
 
-void EmuComm::launch(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
+void EmuComm::launch(DType dtype, const cuda::KernelArgs& args, const Regions& regions,
                      const WaitContext& w, bool drill) {
+  cuda::KernelArgs parts[2];  // as launch_steps runs them on the GPU
+  const int n = cuda::launches_of(args, parts);
+  for (int i = 0; i < n; ++i) launch_one(dtype, parts[i], regions, w, drill && i == n - 1);
+}
+
+void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
+                         const WaitContext& w, bool drill) {
   std::vector<std::exception_ptr> errors(opts_.nblocks);
   if (!blocks_) blocks_ = std::make_unique<BlockThreads>(opts_.nblocks);
   blocks_run_ += static_cast<uint64_t>(a.grid);
@@ -257,14 +274,27 @@ void EmuComm::check_usable(const std::string& name) const {
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
 }
 
-// As on the GPU (cuda_comm.cpp): the split matrix, then every peer's fingerprint, before
-// anything moves.
-void EmuComm::rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w) {
+// As on the GPU (cuda_comm.cpp): every rank publishes its fingerprint. In host mode, for
+// all-to-all (whose split matrix is compared on the host) and for a capture, the ranks meet
+// here and compare them before anything moves; in kernel mode other calls are compared on the
+// device (cuda::check_call), with no host wait.
+void EmuComm::rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w,
+                         bool meet) {
   w.fingerprints = &guard;
   guard.publish();
+  if (!meet) return;
   if (!call.send_counts.empty())
     check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
   guard.finish(w);
+}
+
+// A mismatch found on the host: the failure word in our device segment stops the device waits
+// of peers that wait for us (cuda::wait_flag), as one found on the device does.
+void EmuComm::stop_peers_on_mismatch() {
+  auto* fail = reinterpret_cast<uint64_t*>(segment_.data() + layout_.fail_offset());
+  uint64_t expected = 0;
+  __atomic_compare_exchange_n(fail, &expected, cuda::fail_word(rank_, rank_), false,
+                              __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
 void EmuComm::run(const CollectiveCall& call) {
@@ -274,16 +304,20 @@ void EmuComm::run(const CollectiveCall& call) {
   cuda::check_device_call(call, size_);
   const uint64_t seq = ++seq_;
   const Algo algo = algo_of(call);
-  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
+  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
-    rendezvous(call, guard, w);
-    if (moves_nothing(call, rank_, size_)) return;
-    const cuda::Plan& plan = plan_for(call, algo);
-    if (opts_.kernel_mode)
-      run_kernel_mode(call, plan, w);
-    else
-      run_host_mode(call, plan, w);
+    rendezvous(call, guard, w, !opts_.kernel_mode || call.collective == Collective::AllToAll);
+    const bool empty = moves_nothing(call, rank_, size_);
+    if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
+      run_kernel_mode(call, empty ? kNoSteps : plan_for(call, algo), w, mine);
+    else if (!empty)
+      run_host_mode(call, plan_for(call, algo), w);
+  } catch (const CollectiveMismatch& e) {
+    stop_peers_on_mismatch();
+    abort(e.what());
+    throw;
   } catch (const CollectiveError& e) {
     abort(e.what());  // peers' counters no longer match ours
     throw;
@@ -300,10 +334,11 @@ std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
   // As CudaComm refuses it, before anything is exchanged.
   cuda::check_capturable(name, opts_.kernel_mode, empty || plans_.find(call, algo) != nullptr);
   const uint64_t seq = ++seq_;
-  FingerprintGuard guard(shm_, Fingerprint::of_call(seq, call, algo));
+  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
-    rendezvous(call, guard, w);
+    rendezvous(call, guard, w, true);
   } catch (const CollectiveError& e) {
     abort(e.what());
     throw;
@@ -313,11 +348,11 @@ std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
   graph->empty = empty;
   graph->name = name;
   graph->seq = seq;
-  if (empty) return graph;
-  const cuda::Plan& plan = plans_.pin(call, algo);
+  const cuda::Plan& plan = empty ? kNoSteps : plans_.pin(call, algo);
   graph->dtype = call.dtype;
   graph->args = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
                                        plan.steps.size(), plan.grid, counters_);
+  cuda::check_on_device(graph->args, mine);  // every replay compares the call again
   graph->regions = launch_regions(call);
   return graph;
 }
@@ -326,7 +361,6 @@ void EmuComm::replay(const EmuGraph& graph) {
   std::lock_guard<std::mutex> g(run_mu_);
   if (graph.owner != this) throw InvalidArgument("replay: the graph was captured elsewhere");
   check_usable(graph.name);
-  if (graph.empty) return;
   WaitContext w = wait_context(graph.name.c_str(), graph.seq);
   try {
     launch(graph.dtype, graph.args, graph.regions, w, false);

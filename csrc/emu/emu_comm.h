@@ -41,7 +41,7 @@ class EmuComm;
 // advance on the device, and because the plan they read is pinned in the cache.
 struct EmuGraph {
   const EmuComm* owner = nullptr;
-  bool empty = false;  // the call moves nothing on this rank: a replay launches nothing
+  bool empty = false;  // the call moves nothing on this rank: a replay only compares it
   DType dtype{};
   cuda::KernelArgs args{};
   Regions regions;
@@ -101,13 +101,18 @@ class EmuComm {
   bool poisoned() const { return aborted_.load(); }
 
  private:
+  static const cuda::Plan kNoSteps;
   const cuda::Plan& plan_for(const CollectiveCall& call, Algo algo);
-  void run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
+  void run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w,
+                       const Fingerprint& f);
   void launch(DType dtype, const cuda::KernelArgs& a, const Regions& regions, const WaitContext& w,
               bool drill);
+  void launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
+                  const WaitContext& w, bool drill);
   Algo algo_of(const CollectiveCall& call) const;
   void check_usable(const std::string& name) const;
-  void rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w);
+  void rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w, bool meet);
+  void stop_peers_on_mismatch();
   void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
   Regions launch_regions(const CollectiveCall& call) const;
   cuda::LaunchSetup launch_setup(bool use_flags);

@@ -298,6 +298,10 @@ class TestKernelMode:
         assert 0 < got["floors"]["ping_pong"] < 1e-3, got["floors"]  # one flag's round trip
         assert 0 < got["graph_per_call"] < 1e-3, got["graph_per_call"]  # replayed all-reduces
 
+    def test_gpu_mismatch_found_on_the_device(self, kernel_mode_env):
+        out = run_mpi(2, "gpu_extras.py", "mismatch", env=kernel_mode_env)
+        assert out.count("sync=kernel") == 2, out
+
     def test_gpu_graph_capture_and_replay(self, kernel_mode_env):
         out = run_mpi(2, "gpu_extras.py", "graph", env=kernel_mode_env)
         assert out.count("sync=kernel replays=5") == 2, out

@@ -81,6 +81,12 @@ def test_emulated_sizes_change_back_to_back(mode):
     run_mpi(3, "emulated.py", mode, "resize")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_call_headers_are_not_overwritten_before_they_are_read(mode):
+    out = run_mpi(3, "emulated.py", mode, "headers")
+    assert f"headers {mode} ranks=3" in out, out
+
+
 def _drill(mode, what, nranks=3):
     out = run_mpi(nranks, "emulated.py", mode, what, mpiexec_args=("-disable-auto-cleanup",))
     return ["RAISED" + part.split("\n")[0] for part in out.split("RAISED")[1:]]

@@ -6,6 +6,7 @@ Usage: mpiexec -n N python gpu_extras.py stream|async|torch|mismatch|graph
 from __future__ import annotations
 
 import sys
+import time
 
 import cupy as cp
 import numpy as np
@@ -86,28 +87,42 @@ def check_torch(comm: CudaComm):
 
 
 def check_mismatch(comm: CudaComm):
-    # Ranks that disagree on the count: CollectiveMismatch everywhere, before any launch.
-    x = cp.zeros(10 + comm.rank, cp.float32)
-    try:
-        comm.all_reduce(x, None, SUM, None, None, False)
-    except CollectiveMismatch as e:
-        assert "count" in str(e), e
-    else:
-        raise AssertionError("mismatched counts were not detected")
-    # A barrier against a collective is a mismatch too.
-    comm2 = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=30)
-    try:
-        if comm.rank == 0:
-            comm2.barrier()
+    """Ranks that disagree: CollectiveMismatch on every rank, naming what differs. Host mode
+    finds it on the host before any launch. Kernel mode finds it on the device, in the launch,
+    and the call returns once queued: the next call on the communicator (here the barrier)
+    raises it. A rank that finds it on the host (all-to-all, whose splits meet there) leaves a
+    failure word in its GPU segment that stops the device wait of a peer that did not."""
+    r, n = comm.rank, comm.size
+    cases = {
+        "count": (lambda c: c.all_reduce(cp.zeros(10 + r, cp.float32)), ["count"]),
+        # A barrier against a collective is a mismatch too.
+        "barrier": (
+            lambda c: c.barrier() if r == 0 else c.broadcast(cp.zeros(4, cp.int32), 0),
+            ["barrier", "collective"],
+        ),
+        "all_to_all against all_reduce": (
+            lambda c: (
+                c.all_to_all(cp.zeros(n, cp.int32), cp.zeros(n, cp.int32))
+                if r == 0
+                else c.all_reduce(cp.zeros(n, cp.int32))
+            ),
+            ["disagree"],
+        ),
+    }
+    for name, (call, words) in cases.items():
+        c = CudaComm(MPI.COMM_WORLD, r, n, timeout=30)
+        t0 = time.monotonic()
+        try:
+            call(c)
+            c.barrier()
+        except CollectiveMismatch as e:
+            assert all(w in str(e) for w in words), f"{name}: {e}"
         else:
-            comm2.broadcast(cp.zeros(4, cp.int32), 0, None, None, False)
-    except CollectiveMismatch:
-        pass
-    else:
-        raise AssertionError("a barrier against a broadcast was not detected")
-    finally:
-        comm2.close()
-    print(f"mismatch rank={comm.rank}")
+            raise AssertionError(f"{name}: not detected on rank {r} (sync={c.sync_mode})")
+        finally:
+            c.close()  # poisoned: frees without a barrier
+        assert time.monotonic() - t0 < 10, f"{name}: detected late"
+    print(f"mismatch rank={r} sync={comm.sync_mode}")
 
 
 def capture(stream, fn):

@@ -11,7 +11,8 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   Special COLLECTIVE values: shapes (more than 256 distinct call shapes, back to back),
   replay (collectives captured once and replayed, as CUDA graphs are), grid (the blocks a
   launch runs: those its messages use),
-  resize (sizes changing within the slot window), the fault drills dead_peer, timeout,
+  resize (sizes changing within the slot window), headers (calls whose fingerprints alternate,
+  back to back), the fault drills dead_peer, timeout,
   mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective), and
   all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
   workers/new_collectives.py, against MPI's Alltoall(v), Gather, Scatter, Allgatherv and
@@ -232,8 +233,9 @@ def new_collectives(mpi, mode, part):
 
 
 def split_mismatch(mpi, mode):
-    """Ranks that disagree on splits, counts, sizes or root: CollectiveMismatch on every rank,
-    before anything moves, naming the field (for splits: the same words everywhere)."""
+    """Ranks that disagree on splits, counts, sizes, root or collective: CollectiveMismatch on
+    every rank, before anything moves, naming the field (for splits: the same words
+    everywhere)."""
     n, r = mpi.size, mpi.rank
     last = r == n - 1
     m = [[1 + q + p for p in range(n)] for q in range(n)]
@@ -265,6 +267,16 @@ def split_mismatch(mpi, mode):
                 np.ones(3 + last, np.int8), np.ones(n * 3, np.int8) if r == 0 else None
             ),
             ["count"],
+        ),
+        # Found on the host by the ranks that meet there (all-to-all); the failure word they
+        # leave in their device segments stops the device wait of the rank that does not.
+        "all_to_all against all_reduce": (
+            lambda d: (
+                d.all_reduce(np.ones(n, i4))
+                if last
+                else d.all_to_all(np.ones(n, i4), np.ones(n, i4))
+            ),
+            ["disagree"],
         ),
         "scatter root": (
             lambda d: d.scatter(np.ones(2 * n, np.float64), np.ones(2, np.float64), int(last)),
@@ -354,11 +366,26 @@ def grid(mpi, mode):
         ran.append(c.blocks_run - before)
         assert np.allclose(out, reference(inputs, "sum", np.dtype(np.float64)))
     small, large = ran[0], ran[1]
-    if mode == "kernel":  # one launch per call
-        assert small == 1 and large == 4 and ran[2] == 1 and 1 <= ran[3] <= 4, ran
+    if mode == "kernel":
+        # One launch per call, which compares the call with the peers' first; a call that runs
+        # several blocks compares it in a one-block launch of its own before them (4 + 1).
+        assert small == 1 and large == 5 and ran[2] == 1 and 1 <= ran[3] <= 5, ran
     else:  # one launch per step, each of the blocks that step's message uses
         assert small * 4 <= large and ran[2] == small, ran
     say(f"grid {mode} ranks={n}: blocks run per call {ran}")
+
+
+def headers(mpi, mode):
+    """Broadcasts back to back whose fingerprints alternate, the root never waiting for its
+    peers' data: a root that runs ahead must not overwrite the call header (kernel mode
+    compares every call on the device) that a peer has yet to read, or that peer sees the
+    next call's and reports a mismatch that is not there."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=1)
+    for i in range(400):
+        x = np.full(1 + i % 2, i if mpi.rank == 0 else -1, np.int64)
+        dev.broadcast(x, root=0)
+        assert (x == i).all(), (i, x)
+    say(f"headers {mode} ranks={mpi.size}")
 
 
 def main():
@@ -375,6 +402,8 @@ def main():
         grid(mpi, mode)
     elif collective == "resize":
         resize(mpi, mode)
+    elif collective == "headers":
+        headers(mpi, mode)
     elif collective in NEW_COLLECTIVES:
         new_collectives(mpi, mode, collective)
     elif collective == "split_mismatch":
