@@ -57,6 +57,16 @@ PYCOLL_DEVICE uint32_t ld_relaxed_sys(const uint32_t* p) {
   asm volatile("ld.relaxed.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// Relaxed 64-bit loads and stores: no ordering of their own, so several are in flight at once
+// (an acquire or release at system scope costs a round trip to memory each).
+PYCOLL_DEVICE uint64_t ld_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+PYCOLL_DEVICE void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 PYCOLL_DEVICE void st_relaxed_sys(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -116,6 +126,14 @@ inline void st_release_sys(uint64_t* p, uint64_t v) {
   emu::wake(p);  // blocks asleep in poll_pause on this flag
 }
 inline uint32_t ld_relaxed_sys(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+inline uint64_t ld_relaxed_sys(const uint64_t* p) {
+  emu::check_access(p, sizeof(*p), false);
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+inline void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  emu::check_access(p, sizeof(*p), true);
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
 inline void st_relaxed_sys(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 inline uint64_t global_timer_ns() { return emu::now_ns(); }
 inline bool claim(uint32_t* p) {

@@ -181,10 +181,12 @@ PYCOLL_DEVICE void post_flag(const KernelArgs& a, size_t off, uint64_t value) {
 // Kernel mode: a block carries only the messages its slices are part of, so each block keeps
 // its own counts, and they are exactly the flags it writes in its own segment (posted to each
 // peer, consumed from each peer, posted and consumed on broadcast channels).
+// They were written by this rank's earlier launches, which a launch follows: relaxed loads,
+// all in flight at once, instead of one acquire after another.
 PYCOLL_DEVICE void load_own_counts(const KernelArgs& a, LaunchCounters& c, int b) {
   const SegmentLayout& L = a.layout;
   auto own = [&](int index) {
-    return ld_acquire_sys(
+    return ld_relaxed_sys(
         reinterpret_cast<const uint64_t*>(a.segments[a.rank] + L.flag_offset(b, index)));
   };
   for (int q = 0; q < L.size; ++q) {
@@ -200,8 +202,12 @@ PYCOLL_DEVICE void load_own_counts(const KernelArgs& a, LaunchCounters& c, int b
 // every pair of ranks compares its calls, as the host's fingerprint rendezvous did, with no
 // host wait. The k-th header of a pair meets the k-th on the other side: a writer overwrites
 // its header only once the reader has acknowledged the last one, so a reader sees exactly the
-// header it waits for. On a mismatch, a timeout or an abort the status and our failure word
-// are written and `s.p.failed` is set.
+// header it waits for. Every header goes out before any is waited for (a block's threads may
+// run one after another: the emulated device's do). Own words (written by this rank's earlier
+// launches) and the header's words are read and written relaxed, all in flight at once; the
+// header's count (release, read with acquire) and its acknowledgement (likewise) order them.
+// On a mismatch, a timeout or an abort the status and our failure word are written and
+// `s.p.failed` is set.
 template <class Threads>
 PYCOLL_DEVICE void check_call(const KernelArgs& a, BlockState& s, const Threads& th) {
   const SegmentLayout& L = a.layout;
@@ -212,27 +218,27 @@ PYCOLL_DEVICE void check_call(const KernelArgs& a, BlockState& s, const Threads&
       for (int q = tid; q < L.size; q += nt)
         if (q != me && !s.p.failed && !f(q)) s.p.failed = true;
     });
+    th.sync();
   };
-  peers([&](int q) {  // ours out first: no rank waits for another's reads
+  peers([&](int q) {
     CallHeader* h = reinterpret_cast<CallHeader*>(own + L.header_offset(q));
-    const uint64_t written = ld_acquire_sys(&h->n);
+    const uint64_t written = ld_relaxed_sys(&h->n);
     if (!wait_flag(a, s, 0, a.segments[q], L.ack_offset(me), written, q, -1)) return false;
-    for (int k = 0; k < 3; ++k) st_release_sys(&h->words[k], a.fingerprint[k]);
+    for (int k = 0; k < 3; ++k) st_relaxed_sys(&h->words[k], a.fingerprint[k]);
     st_release_sys(&h->n, written + 1);
     return true;
   });
-  th.sync();
   if (s.p.failed) return;
   peers([&](int q) {
     uint64_t* ack = reinterpret_cast<uint64_t*>(own + L.ack_offset(q));
-    const uint64_t want = ld_acquire_sys(ack) + 1;
+    const uint64_t want = ld_relaxed_sys(ack) + 1;
     const size_t at = L.header_offset(me);
     if (!wait_flag(a, s, 0, a.segments[q], at + offsetof(CallHeader, n), want, q, -1)) return false;
     const CallHeader* h = reinterpret_cast<const CallHeader*>(a.segments[q] + at);
     uint64_t theirs[3];
     bool same = true;
     for (int k = 0; k < 3; ++k) {
-      theirs[k] = ld_acquire_sys(&h->words[k]);
+      theirs[k] = ld_relaxed_sys(&h->words[k]);
       same = same && theirs[k] == a.fingerprint[k];
     }
     if (!same) {
@@ -242,7 +248,6 @@ PYCOLL_DEVICE void check_call(const KernelArgs& a, BlockState& s, const Threads&
     st_release_sys(ack, want);
     return true;
   });
-  th.sync();
 }
 
 PYCOLL_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
