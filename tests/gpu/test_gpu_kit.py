@@ -67,3 +67,30 @@ def test_gitignore_ignores_wheels_and_venv():
         if proc.returncode == 128:
             pytest.skip("not a git checkout")
         assert proc.returncode == 0, f"{path} is not ignored by .gitignore"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_summary_says_when_the_files_differ_from_the_commit(tmp_path):
+    # A remote runner may copy the working tree beside an older .git: the summary's commit
+    # line must not pass changed files off as that commit.
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{ROOT}", str(repo)], check=True)
+    run_sh = repo / "tools" / "gpu" / "run.sh"
+    shutil.copy(KIT / "run.sh", run_sh)  # this tree's kit, committed or not
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "commit", "-qam", "kit", "--allow-empty", "--no-verify"], check=True)
+
+    def header(out):
+        env = {**os.environ, "STAGES": "none"}
+        proc = subprocess.run(
+            ["bash", str(run_sh), str(out)], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert proc.returncode == 0, proc.stderr
+        return (out / "summary.txt").read_text().splitlines()[1]
+
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert header(tmp_path / "a").startswith(f"# commit {head}, "), header(tmp_path / "a")
+    (repo / "README.md").write_text("changed\n")
+    assert f"# commit {head} plus changes" in header(tmp_path / "b")

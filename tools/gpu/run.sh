@@ -232,8 +232,10 @@ TOTAL=0
 if [ "$DRY_RUN" = 0 ]; then
   {
     echo "# tools/gpu/run.sh, $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
-    echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)," \
-      "CUDAARCHS=$CUDAARCHS, stages: $STAGES"
+    # A runner may copy the working tree beside an older .git: say when the files differ.
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git diff --quiet HEAD -- 2>/dev/null || commit="$commit plus changes (git diff HEAD is not empty)"
+    echo "# commit $commit, CUDAARCHS=$CUDAARCHS, stages: $STAGES"
     printf '%-9s %-34s %5s %7s %6s\n' stage status exit seconds limit
   } >"$SUMMARY"
 fi
