@@ -110,8 +110,9 @@ class CudaComm:
     collective is ordered after the work already queued on the stream; without `async_op`,
     later work on that stream is ordered after it. The host does not wait for the GPU
     (synchronise the stream, or call ``barrier()``, for that). A device wait that runs past
-    `timeout` (or sees a dead peer) poisons the communicator: the next call raises
-    ``CollectiveTimeout`` or ``CollectiveError``.
+    `timeout` (or sees a dead peer), and in kernel mode a call that does not match its peers'
+    (compared on the device), poison the communicator: the next call raises
+    ``CollectiveTimeout``, ``CollectiveError`` or ``CollectiveMismatch``.
 
     Tuning (environment): ``PYCOLL_CUDA_STAGING_BYTES`` (1 MiB), ``PYCOLL_CUDA_STAGING_SLOTS``
     (4), ``PYCOLL_CUDA_BLOCKS`` (8 blocks per launch), ``PYCOLL_CUDA_SYNC``, ``PYCOLL_ALGO``,

@@ -21,7 +21,8 @@ PYCOLL_ALGO                (auto)           force ring, tree or direct where it 
 PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
 PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
 PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
-PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it)
+PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it),
+                                            but for GPU kernel mode, which checks on the device
 PYCOLL_P2P_CMA             on               access to peers' memory: cross-memory attach for
                                             send/recv and large all-gathers, mapping shared
                                             buffers (on, off; fail: test)
