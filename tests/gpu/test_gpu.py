@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from harness.launch import run_mpi
+from harness.pool import POOLS
 
 from pycollectives.cuda import cuda_status, mps_active
 
@@ -168,6 +169,9 @@ def kernel_mode_env():
     try:
         yield {**env, **mps}
     finally:
+        # The pooled ranks of the class's tests are the daemon's clients while they live: it
+        # does not quit before they end (40 s of waiting and killing on an H200).
+        POOLS.close_with(mps)
         stop_mps(exe, mps)
 
 

@@ -230,6 +230,12 @@ class Pools:
             del self.pools[key]
             raise
 
+    def close_with(self, env: dict):
+        """Closes the pools whose launch environment holds every item of `env`: their ranks
+        end (a GPU test's MPS daemon, say, cannot quit while they hold its clients)."""
+        for key in [k for k in self.pools if set(env.items()) <= set(k[1])]:
+            self.pools.pop(key).close()
+
     def close(self):
         for pool in self.pools.values():
             pool.close()

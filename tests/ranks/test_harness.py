@@ -69,6 +69,12 @@ def test_failures_name_the_rank_and_the_case_and_the_next_case_gets_a_fresh_pool
     out, _ = pools.run(mpiexec(), 2, HARNESS, case("ok"), {}, 60)  # a fresh pool
     assert "rank 1 says hello" in out
 
+    # The pools of one launch environment end, the others stay.
+    pools.run(mpiexec(), 2, HARNESS, case("ok"), {"POOL_MARK": "a"}, 60)
+    marked, plain = (p for k, p in sorted(pools.pools.items(), key=lambda kv: -len(kv[0][1])))
+    pools.close_with({"POOL_MARK": "a"})
+    assert not marked.alive() and plain.alive() and list(pools.pools.values()) == [plain]
+
 
 ENV_SCRIPT = """
 import os, sys, time
