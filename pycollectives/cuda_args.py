@@ -1,5 +1,6 @@
-"""Argument checks of the CUDA collectives: the host path's checks (csrc/bindings.cpp) for GPU
-arrays, raised as ValueError/TypeError before anything is queued."""
+"""Argument checks of the CUDA collectives: the host path's checks
+(csrc/python/call_args.cpp) for GPU arrays, raised as ValueError/TypeError before anything is
+queued."""
 
 from __future__ import annotations
 

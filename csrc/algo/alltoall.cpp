@@ -1,6 +1,6 @@
 #include "algo/alltoall.h"
 
-#include "algo/steps.h"
+#include "algo/step_builders.h"
 
 namespace pycoll {
 using namespace steps;

@@ -1,7 +1,7 @@
 // Personalised exchanges: every rank has a different block for every other rank.
 #pragma once
 
-#include "algo/ops.h"
+#include "algo/step.h"
 
 namespace pycoll {
 

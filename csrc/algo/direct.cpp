@@ -1,7 +1,7 @@
 #include "algo/direct.h"
 
 #include "algo/ring.h"
-#include "algo/steps.h"
+#include "algo/step_builders.h"
 
 namespace pycoll {
 using namespace steps;

@@ -3,7 +3,7 @@
 // along a ring. Fewer steps, more parallel traffic.
 #pragma once
 
-#include "algo/ops.h"
+#include "algo/step.h"
 
 namespace pycoll {
 

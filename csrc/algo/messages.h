@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "algo/ops.h"
+#include "algo/step.h"
 #include "common/hd.h"
 
 namespace pycoll {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "algo/steps.h"
+#include "algo/step_builders.h"
 
 namespace pycoll {
 using namespace steps;

@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "algo/ops.h"
+#include "algo/step.h"
 
 namespace pycoll {
 

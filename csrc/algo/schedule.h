@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <string>
 
-#include "algo/ops.h"
+#include "algo/step.h"
 
 namespace pycoll {
 

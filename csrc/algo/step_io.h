@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "algo/ops.h"
+#include "algo/step.h"
 #include "common/errors.h"
 #include "common/reduce.h"
 

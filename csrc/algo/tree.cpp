@@ -1,6 +1,6 @@
 #include "algo/tree.h"
 
-#include "algo/steps.h"
+#include "algo/step_builders.h"
 
 namespace pycoll {
 using namespace steps;

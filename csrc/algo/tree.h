@@ -3,7 +3,7 @@
 // reduce.
 #pragma once
 
-#include "algo/ops.h"
+#include "algo/step.h"
 
 namespace pycoll {
 

@@ -5,10 +5,10 @@
 
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
-#include "cuda/host_sync.h"
 #include "cuda/launch.h"
-#include "host/fingerprint.h"
-#include "host/splits.h"
+#include "device/host_steps.h"
+#include "runtime/fingerprint.h"
+#include "runtime/splits.h"
 
 namespace pycoll {
 namespace cuda {

@@ -13,7 +13,7 @@
 //           counters in POSIX shared memory. No kernel ever waits for another process, so
 //           ranks that time-slice one GPU cannot deadlock.
 // Before anything is queued, every rank publishes the call's fingerprint in its host segment
-// and checks its peers' (host/fingerprint.h): ranks that disagree get CollectiveMismatch, and
+// and checks its peers' (runtime/fingerprint.h): ranks that disagree get CollectiveMismatch, and
 // no kernel ever runs with counters its peers do not share.
 // Collectives are queued on the communicator's own stream, behind the caller's stream and in
 // issue order; the caller's stream then waits for them (or, for async work, when asked).
@@ -32,12 +32,12 @@
 #include "algo/call.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
-#include "cuda/device_step.h"
-#include "cuda/plan.h"
+#include "device/kernel_args.h"
+#include "device/plan.h"
 #include "host/executor.h"
-#include "host/fingerprint.h"
 #include "host/shm_transport.h"
-#include "host/wait.h"
+#include "runtime/fingerprint.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 namespace cuda {

@@ -5,8 +5,8 @@
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
-#include "cuda/host_sync.h"
 #include "cuda/launch.h"
+#include "device/host_steps.h"
 
 namespace pycoll {
 namespace cuda {

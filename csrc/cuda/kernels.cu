@@ -1,11 +1,11 @@
 // The step kernel on the GPU: one kernel per element type (the reduction op is a runtime
 // switch, uniform across a block), one block per channel. The executor itself is
-// cuda/step_kernel.h, shared with the emulated device.
+// device/step_kernel.h, shared with the emulated device.
 #include <cstdint>
 
 #include "common/dtypes.h"
 #include "cuda/launch.h"
-#include "cuda/step_kernel.h"
+#include "device/step_kernel.h"
 
 namespace pycoll {
 namespace cuda {

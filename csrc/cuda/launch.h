@@ -4,7 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/dtypes.h"
-#include "cuda/device_step.h"
+#include "device/kernel_args.h"
 
 namespace pycoll {
 namespace cuda {

@@ -2,7 +2,7 @@
 
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
-#include "host/wait.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 namespace cuda {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/device_step.h"
+#include "device/kernel_args.h"
 
 namespace pycoll {
 namespace emu {

@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "cuda/host_sync.h"
+#include "device/host_steps.h"
 #include "emu/emu_device.h"
-#include "host/fingerprint.h"
-#include "host/splits.h"
+#include "runtime/fingerprint.h"
+#include "runtime/splits.h"
 
 namespace pycoll {
 namespace emu {

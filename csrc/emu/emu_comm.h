@@ -1,12 +1,12 @@
-// The emulated device: the CUDA transport's device code (cuda/step_kernel.h) compiled for the
+// The emulated device: the CUDA transport's device code (device/step_kernel.h) compiled for the
 // host and run by every rank over POSIX shared memory laid out exactly as the GPU segment
-// (cuda/device_step.h's SegmentLayout), with the same plans, counters and fingerprints.
+// (device/kernel_args.h's SegmentLayout), with the same plans, counters and fingerprints.
 //
 //   Kernel mode: one "launch" per collective; every block is a thread of its own that waits
 //                on its peers' flags in their segments, as on the GPU. The calling thread
 //                watches the peers meanwhile and aborts the blocks' waits when one has died.
 //   Host mode:   one launch per step, blocks run in turn; between launches the host waits on
-//                the counters in the host flags segment (cuda/host_sync.h), as CudaComm does.
+//                the counters in the host flags segment (device/host_steps.h), as CudaComm does.
 // Every access the device code makes is bounds-checked (emu/emu_checks.h): a wrong staging
 // address fails here as a CollectiveError naming the access, instead of corrupting a GPU.
 #pragma once
@@ -19,14 +19,14 @@
 #include <vector>
 
 #include "algo/call.h"
-#include "cuda/device_step.h"
-#include "cuda/host_sync.h"
-#include "cuda/plan.h"
+#include "device/host_steps.h"
+#include "device/kernel_args.h"
+#include "device/plan.h"
 #include "emu/emu_checks.h"
 #include "host/executor.h"
-#include "host/fingerprint.h"
-#include "host/shm_segment.h"
 #include "host/shm_transport.h"
+#include "runtime/fingerprint.h"
+#include "runtime/shm_segment.h"
 
 namespace pycoll {
 namespace emu {

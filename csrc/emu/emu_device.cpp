@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "common/errors.h"
-#include "cuda/step_kernel.h"
+#include "device/step_kernel.h"
 
 namespace pycoll {
 namespace emu {

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "common/dtypes.h"
-#include "cuda/device_step.h"
+#include "device/kernel_args.h"
 #include "emu/emu_checks.h"
 
 namespace pycoll {

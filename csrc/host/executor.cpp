@@ -5,7 +5,7 @@
 
 #include "common/errors.h"
 #include "common/reduce.h"
-#include "host/fingerprint.h"
+#include "runtime/fingerprint.h"
 
 namespace pycoll {
 

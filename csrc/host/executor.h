@@ -5,12 +5,12 @@
 #include <vector>
 
 #include "algo/messages.h"
-#include "algo/ops.h"
+#include "algo/step.h"
 #include "algo/step_io.h"
 #include "common/dtypes.h"
 #include "common/reduce.h"
 #include "host/shm_transport.h"
-#include "host/wait.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 

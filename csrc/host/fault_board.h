@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "host/shm_transport.h"
-#include "host/wait.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 

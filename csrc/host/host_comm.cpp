@@ -6,8 +6,8 @@
 
 #include "common/errors.h"
 #include "host/direct_blocks.h"
-#include "host/fingerprint.h"
-#include "host/splits.h"
+#include "runtime/fingerprint.h"
+#include "runtime/splits.h"
 
 namespace pycoll {
 

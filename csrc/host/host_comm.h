@@ -24,12 +24,12 @@
 #include "common/dtypes.h"
 #include "host/executor.h"
 #include "host/fault_board.h"
-#include "host/fingerprint.h"
 #include "host/p2p.h"
 #include "host/shared_buffers.h"
 #include "host/shm_transport.h"
 #include "host/single_copy.h"
 #include "host/slot_stores.h"
+#include "runtime/fingerprint.h"
 
 namespace pycoll {
 

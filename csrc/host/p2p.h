@@ -47,7 +47,7 @@
 
 #include "common/dtypes.h"
 #include "host/shm_transport.h"
-#include "host/wait.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 

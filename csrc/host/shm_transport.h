@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "host/fingerprint.h"
-#include "host/shm_segment.h"
+#include "runtime/fingerprint.h"
+#include "runtime/shm_segment.h"
 
 namespace pycoll {
 

@@ -11,8 +11,8 @@
 #include "common/errors.h"
 #include "common/hash.h"
 #include "common/reduce.h"
-#include "host/fingerprint.h"
-#include "host/wait.h"
+#include "runtime/fingerprint.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 

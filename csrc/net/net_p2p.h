@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "common/dtypes.h"
-#include "host/wait.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 

@@ -14,7 +14,7 @@
 #include "algo/messages.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
-#include "cuda/device_step.h"
+#include "device/kernel_args.h"
 
 namespace pycoll {
 namespace cuda {

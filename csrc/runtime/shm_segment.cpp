@@ -1,4 +1,4 @@
-#include "host/shm_segment.h"
+#include "runtime/shm_segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

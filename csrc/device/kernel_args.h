@@ -20,7 +20,7 @@ constexpr size_t kFlagStride = 128;
 // a 16-byte-aligned message is 16-byte aligned for every element and accumulation type.
 constexpr size_t kSliceAlign = 16;
 
-// One Step (algo/ops.h) as the kernel reads it.
+// One Step (algo/step.h) as the kernel reads it.
 struct DevStep {
   uint8_t kind;     // StepKind
   uint8_t flags;    // kRecvAcc | kSendAcc | kRecvBcast
@@ -85,7 +85,7 @@ struct SegmentLayout {
 struct LaunchCounters : MessageCounts<uint64_t[kMaxRanks]> {};
 
 // What a rank's call header carries to one peer: the call's fingerprint (Fingerprint::packed,
-// count and splits; host/fingerprint.h) and, written last, how many headers the owner has
+// count and splits; runtime/fingerprint.h) and, written last, how many headers the owner has
 // written for that peer. The k-th call a pair of ranks shares is compared with the k-th on the
 // other side, counted on the device, so graph replays are checked as eager launches are.
 struct CallHeader {

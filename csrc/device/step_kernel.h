@@ -16,10 +16,10 @@
 #include <type_traits>
 
 #include "algo/messages.h"
-#include "algo/ops.h"
-#include "cuda/device_primitives.cuh"
-#include "cuda/device_step.h"
-#include "cuda/plan.h"
+#include "algo/step.h"
+#include "device/kernel_args.h"
+#include "device/plan.h"
+#include "device/primitives.cuh"
 
 // The emulated device checks that a block's slice of a message stays in the sub-slot the
 // layout gives that block (a no-op on the GPU).

@@ -1,11 +1,11 @@
-#include "host/splits.h"
+#include "runtime/splits.h"
 
 #include <cstring>
 
 #include "common/errors.h"
-#include "host/fingerprint.h"
 #include "host/shm_transport.h"
-#include "host/wait.h"
+#include "runtime/fingerprint.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 

@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "call_args.h"
 #include "common/coverage.h"
-#include "core_errors.h"
 #include "emu/emu_comm.h"
+#include "python/call_args.h"
+#include "python/core_errors.h"
 
 namespace py = pybind11;
 using namespace pycoll;

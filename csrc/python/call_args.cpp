@@ -1,4 +1,4 @@
-#include "call_args.h"
+#include "python/call_args.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>

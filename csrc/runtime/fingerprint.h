@@ -32,7 +32,7 @@ struct Fingerprint {
   int root = 0;
   // 0: even. Per-rank counts of all-gather / reduce-scatter (the same list on every rank):
   // their hash. All-to-all splits (each rank holds its own row): kSplitsTag, the matrix itself
-  // being checked apart (host/splits.h).
+  // being checked apart (runtime/splits.h).
   uint64_t splits = 0;
   // Whether the call starts by trading shared-buffer descriptors (host/shared_buffers.h).
   bool shared = false;

@@ -6,9 +6,9 @@
 #include <exception>
 #include <memory>
 
-#include "call_args.h"
 #include "common/errors.h"
 #include "host/host_comm.h"
+#include "python/call_args.h"
 
 namespace pycoll {
 namespace {

@@ -1,4 +1,4 @@
-#include "cuda/plan.h"
+#include "device/plan.h"
 
 #include <initializer_list>
 #include <limits>

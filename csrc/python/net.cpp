@@ -19,9 +19,9 @@
 
 #include "common/coverage.h"
 #include "common/errors.h"
-#include "core_errors.h"
 #include "net/net_comm.h"
 #include "net/net_p2p.h"
+#include "python/core_errors.h"
 
 namespace py = pybind11;
 using namespace pycoll;

@@ -15,11 +15,11 @@
 
 #include "algo/schedule.h"
 #include "common/errors.h"
-#include "core_errors.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
-#include "cuda/plan.h"
 #include "cuda/staging.h"
+#include "device/plan.h"
+#include "python/core_errors.h"
 
 namespace py = pybind11;
 using namespace pycoll;

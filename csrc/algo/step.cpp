@@ -1,4 +1,4 @@
-#include "algo/ops.h"
+#include "algo/step.h"
 
 namespace pycoll {
 

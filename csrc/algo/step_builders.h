@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "algo/ops.h"
+#include "algo/step.h"
 
 namespace pycoll {
 namespace steps {

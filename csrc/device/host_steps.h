@@ -7,11 +7,11 @@
 #include <string>
 
 #include "algo/call.h"
-#include "cuda/device_step.h"
+#include "device/kernel_args.h"
 #include "host/executor.h"
-#include "host/fingerprint.h"
 #include "host/shm_transport.h"
-#include "host/wait.h"
+#include "runtime/fingerprint.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 namespace cuda {

@@ -15,11 +15,11 @@
 
 #include "algo/messages.h"
 #include "algo/schedule.h"
-#include "call_args.h"
 #include "common/coverage.h"
 #include "common/errors.h"
 #include "host/host_capi.h"
 #include "host/host_comm.h"
+#include "python/call_args.h"
 
 namespace pycoll {
 const pycoll_host_api* host_api();  // host_capi.cpp

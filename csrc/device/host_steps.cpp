@@ -1,4 +1,4 @@
-#include "cuda/host_sync.h"
+#include "device/host_steps.h"
 
 #include "common/errors.h"
 

@@ -1,10 +1,10 @@
-#include "host/fingerprint.h"
+#include "runtime/fingerprint.h"
 
 #include "algo/call.h"
 #include "common/errors.h"
 #include "common/hash.h"
 #include "host/shm_transport.h"
-#include "host/wait.h"
+#include "runtime/wait.h"
 
 namespace pycoll {
 

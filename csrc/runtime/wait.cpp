@@ -1,4 +1,4 @@
-#include "host/wait.h"
+#include "runtime/wait.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/errors.h"
-#include "host/fingerprint.h"
 #include "host/shm_transport.h"
+#include "runtime/fingerprint.h"
 
 namespace pycoll {
 
