@@ -118,11 +118,21 @@ void CudaComm::barrier() {
       CollectiveCall none;
       none.barrier = true;
       run_kernel_mode(none, nullptr, mine);
+      // The watchdog looks after this launch as after a collective's: its device waits cannot
+      // see a peer that died, and the host waits on it alone.
+      auto work = std::make_shared<CudaWork>(events_, device_, seq);
+      PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
+      {
+        std::lock_guard<std::mutex> l(watch_mu_);
+        last_work_ = work;
+      }
+      wait_event(work->event(), w);
+      check_device_status("barrier");
+      return;
     }
     PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
     wait_event(step_done_, w);
     check_device_status("barrier");
-    if (mode_ == SyncMode::Kernel) return;
     const uint64_t epoch = ++barrier_epoch_;
     shm_.barrier(rank_).store(epoch, std::memory_order_release);
     for (int r = 0; r < size_; ++r) {
