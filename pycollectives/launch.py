@@ -136,6 +136,23 @@ def only_waiting(procs: dict, folder: str) -> bool:
     )
 
 
+def reap_ended() -> list[tuple[int, int]]:
+    """(pid, wait status) of every child that has ended by now (waiting for the first), those
+    that failed first. The kernel does not hand back ended children in the order they ended: a
+    rank that died before two others finished was once reaped after them, and counted as a death
+    after the job had finished."""
+    ended = [os.wait()]
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        ended.append((pid, status))
+    return sorted(ended, key=lambda e: os.waitstatus_to_exitcode(e[1]) == 0)
+
+
 def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
     """The job's N ranks started as plain processes that meet through files (no MPI world:
     ``bootstrap.FileGroup``), so that the death of one leaves the others running. Each death is
@@ -167,23 +184,23 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
                         p.terminate()
                         p.wait()
                     break
-                pid, status = os.wait()
-                if pid not in procs:
-                    continue
-                _, what = procs.pop(pid)
-                rc = os.waitstatus_to_exitcode(status)
-                if rc == 0:
-                    finished += 1
-                    continue
-                deaths += 1
-                failed_after_finish |= finished > 0
-                how = describe({"returncode": rc, "signal": -rc if rc < 0 else 0})
-                log(f"{what} (pid {pid}) {how} after {time.monotonic() - t0:.2f} s; "
-                    f"{len(procs)} process(es) still running")  # fmt: skip
-                if replaced < replace and procs and not only_waiting(procs, folder):
-                    replaced += 1
-                    p = start({"PYCOLL_JOIN": "1"}, f"replacement {replaced}")
-                    log(f"started replacement {replaced} (pid {p.pid}) for {what}")
+                for pid, status in reap_ended():
+                    if pid not in procs:
+                        continue
+                    _, what = procs.pop(pid)
+                    rc = os.waitstatus_to_exitcode(status)
+                    if rc == 0:
+                        finished += 1
+                        continue
+                    deaths += 1
+                    failed_after_finish |= finished > 0
+                    how = describe({"returncode": rc, "signal": -rc if rc < 0 else 0})
+                    log(f"{what} (pid {pid}) {how} after {time.monotonic() - t0:.2f} s; "
+                        f"{len(procs)} process(es) still running")  # fmt: skip
+                    if replaced < replace and procs and not only_waiting(procs, folder):
+                        replaced += 1
+                        p = start({"PYCOLL_JOIN": "1"}, f"replacement {replaced}")
+                        log(f"started replacement {replaced} (pid {p.pid}) for {what}")
         except KeyboardInterrupt:
             for p, _ in procs.values():
                 p.send_signal(signal.SIGINT)

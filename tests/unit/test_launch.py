@@ -42,3 +42,37 @@ def test_checkpoint_removes_what_a_killed_writer_left(tmp_path):
     (tmp_path / "c.npz.tmp-12345").write_bytes(b"partial")  # a writer killed mid-write
     checkpoint.save(path, {"w": np.ones(2)})
     assert os.listdir(tmp_path) == ["c.npz"]
+
+
+REAP = """
+import os, signal, subprocess, sys, time
+from pycollectives.launch import reap_ended
+
+def ended(p):
+    end = time.monotonic() + 10
+    while open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < end, "the child did not end"
+        time.sleep(0.01)
+
+done = subprocess.Popen(["true"])
+ended(done)  # it ends first, and has the lower pid: the kernel's order would put it first
+killed = subprocess.Popen(["sleep", "60"])
+killed.send_signal(signal.SIGKILL)
+ended(killed)
+got = reap_ended()
+assert [pid for pid, _ in got] == [killed.pid, done.pid], (got, killed.pid, done.pid)
+assert os.waitstatus_to_exitcode(got[0][1]) == -signal.SIGKILL, got
+done.returncode = killed.returncode = 0  # reaped here
+print("ok")
+"""
+
+
+def test_reap_ended_hands_back_deaths_before_finishes():
+    # A rank that died while others were finishing must not count as a death after the job
+    # finished, whatever order the kernel hands ended processes back in (in a process of its
+    # own: reap_ended reaps every ended child).
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", REAP], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
