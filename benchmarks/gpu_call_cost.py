@@ -22,7 +22,7 @@ import time
 from mpi4py import MPI
 
 import pycollectives as pc
-from pycollectives.cuda_args import check_call
+from pycollectives.backends.cuda.args import check_call
 from pycollectives.ops import collective_code
 
 

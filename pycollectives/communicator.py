@@ -8,13 +8,14 @@ import threading
 
 import numpy as np
 
-from pycollectives import arrays, bootstrap, shared, trace
+from pycollectives import trace
 from pycollectives.backends import Call, HostBackend, P2POp
+from pycollectives.backends.hierarchical import Hierarchical
 from pycollectives.errors import CollectiveError, CollectiveMismatch
-from pycollectives.hierarchy import Hierarchical
 from pycollectives.ops import SUM, algo_code, collective_code, op_code
 from pycollectives.options import Options
-from pycollectives.topology import Topology, ranks_per_node_from_env
+from pycollectives.runtime import arrays, bootstrap, shared
+from pycollectives.runtime.topology import Topology, ranks_per_node_from_env
 from pycollectives.work import InFlight, Work
 
 # What every rank contributes when the first GPU collective starts the CUDA transport.
@@ -35,11 +36,12 @@ class Communicator:
 
     Made from an mpi4py communicator (``MPI.COMM_WORLD`` by default); under torchrun or another
     ``env://`` launcher (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) the ranks
-    meet through torch's ``TCPStore`` instead (see ``pycollectives.bootstrap``). Creating it is
-    collective: the ranks of each machine exchange the names of their shared-memory segments
-    once; after that, operations on one machine never go through MPI. Over several machines
-    (nodes) collectives are hierarchical: shared memory inside each node, MPI between nodes
-    (``pycollectives.hierarchy``). CUDA arrays run over CUDA IPC (``pycollectives.cuda``).
+    meet through torch's ``TCPStore`` instead (see ``pycollectives.runtime.bootstrap``).
+    Creating it is collective: the ranks of each machine exchange the names of their
+    shared-memory segments once; after that, operations on one machine never go through MPI. Over
+    several machines (nodes) collectives are hierarchical: shared memory inside each node, MPI
+    between nodes (``pycollectives.backends.hierarchical``). CUDA arrays run over CUDA IPC
+    (``pycollectives.backends.cuda``).
 
     Args:
         mpi_comm: an ``mpi4py.MPI.Comm``; defaults to the launch's world.
@@ -501,8 +503,8 @@ class Communicator:
     def _staged_p2p(self):
         """send/recv of GPU arrays: through page-locked host memory (``cuda_p2p``)."""
         if self._staged is None:
-            from pycollectives.cuda_env import _native
-            from pycollectives.cuda_p2p import StagedP2P
+            from pycollectives.backends.cuda.env import _native
+            from pycollectives.backends.cuda.p2p import StagedP2P
 
             try:
                 native = _native()
@@ -518,7 +520,7 @@ class Communicator:
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         """A numpy array in memory the ranks of this machine can map: all-reduce, reduce-scatter,
         all-gather, broadcast and reduce on such arrays (every buffer, on every rank) move each
-        byte once, without staging slots (``pycollectives.shared``). Collective: every rank
+        byte once, without staging slots (``pycollectives.runtime.shared``). Collective: every rank
         calls it with the same shape and dtype. Example::
 
             grads = comm.empty(1 << 20, np.float32)
@@ -561,8 +563,8 @@ class Communicator:
         over shared memory with the usual fingerprint and timeout, that all of them are in a
         GPU collective: a rank that passed host arrays gets CollectiveMismatch, not a hang.
         """
-        from pycollectives.cuda import CudaComm
-        from pycollectives.cuda_args import check_call
+        from pycollectives.backends.cuda import CudaComm
+        from pycollectives.backends.cuda.args import check_call
 
         name = call.collective
         if self._cuda_error is not None:

@@ -15,8 +15,9 @@ counts exactly the messages, bytes and reductions of every ring, tree and direct
   a pipeline of S steps in lockstep, plus the fill and drain of a tree (for trees this is
   optimistic: it assumes the pieces of both trees overlap perfectly, which the in-order
   executor does not achieve; tests bound the gap against the simulation);
-- hierarchical collectives are the sum of their phases (see pycollectives.hierarchy), the
-  intra-node phases on intra-node links and the inter-node phase on one NIC rail per rank.
+- hierarchical collectives are the sum of their phases (see
+  pycollectives.backends.hierarchical), the intra-node phases on intra-node links and the
+  inter-node phase on one NIC rail per rank.
 
 Link parameters come from measurements on this machine (``benchmarks/model_calibrate.py``
 writes ``pycollectives/model_calibration.json``), or from a hardware profile (``h100``).

@@ -20,8 +20,8 @@ from collections import Counter
 import numpy as np
 
 import pycollectives as pc
-from pycollectives import arrays
 from pycollectives import ops as _ops
+from pycollectives.runtime import arrays
 
 # Every collective of the core, and point-to-point exchanges.
 COLLECTIVES = (*_ops.COLLECTIVES, "sendrecv")

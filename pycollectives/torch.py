@@ -34,8 +34,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pycollectives import arrays, torch_backend
+from pycollectives import torch_backend
 from pycollectives.ddp.bucketer import GradientBucketer
+from pycollectives.runtime import arrays
 
 torch_backend.register()
 BACKEND = torch_backend.NAME

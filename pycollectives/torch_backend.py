@@ -38,10 +38,10 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from pycollectives import arrays, bootstrap
 from pycollectives.communicator import Communicator
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import torch_op_name
+from pycollectives.runtime import arrays, bootstrap
 from pycollectives.work import Work as PcWork
 
 NAME = "pycollectives"

@@ -1,12 +1,12 @@
 """Between nodes without MPI: torch's gloo over the rendezvous store.
 
 A job launched by torchrun (or any ``env://`` launcher) over several machines has no MPI world
-to carry the inter-node phase of a hierarchical collective (``pycollectives.hierarchy``). There
-it runs over gloo process groups made on the same ``TCPStore`` the ranks met through: one over
-every rank (the flat collectives and messages to other nodes) and one over the ranks with this
-rank's local rank (the inter-node phase). Gloo runs its own algorithms for each phase; what the
-hierarchy adds is the same as over MPI: shared memory inside each node, each byte across the
-network once per node.
+to carry the inter-node phase of a hierarchical collective
+(``pycollectives.backends.hierarchical``). There it runs over gloo process groups made on the
+same ``TCPStore`` the ranks met through: one over every rank (the flat collectives and messages to
+other nodes) and one over the ranks with this rank's local rank (the inter-node phase). Gloo runs
+its own algorithms for each phase; what the hierarchy adds is the same as over MPI: shared memory
+inside each node, each byte across the network once per node.
 
 Over MPI the engine (``_net``) checks what every rank asked for as part of its messages; gloo's
 messages carry none of that, so every call first exchanges a fingerprint (sequence number,
@@ -26,8 +26,9 @@ from datetime import timedelta
 
 import numpy as np
 
-from pycollectives import arrays, ops
+from pycollectives import ops
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+from pycollectives.runtime import arrays
 
 _FINGERPRINT = ("sequence number", "collective", "count", "dtype", "op", "root", "counts")
 

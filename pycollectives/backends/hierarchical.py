@@ -3,7 +3,7 @@
 Inside a node, ranks talk over shared memory (the host transport); between nodes, over MPI
 point-to-point messages (``pycollectives._net``), which run the same ring, tree and direct
 schedules, or, where there is no MPI world (torchrun, ``env://``), over torch's gloo on the
-rendezvous store (``pycollectives.gloo_net``). A collective on such a communicator is
+rendezvous store (``pycollectives.backends.gloo_net``). A collective on such a communicator is
 hierarchical, as in Horovod and NCCL:
 
 - all-reduce: reduce-scatter inside each node, all-reduce of each shard among the ranks with
@@ -30,11 +30,11 @@ import numpy as np
 
 from pycollectives import _C
 from pycollectives.backends import Call
-from pycollectives.bootstrap import StoreGroup
+from pycollectives.backends.hierarchical_flat import BlocksAndMessages
 from pycollectives.errors import CollectiveError, CollectiveTimeout
-from pycollectives.hierarchy_blocks import BlocksAndMessages
 from pycollectives.ops import ALGORITHMS_FOR, AVG, algo_code
-from pycollectives.topology import Topology
+from pycollectives.runtime.bootstrap import StoreGroup
+from pycollectives.runtime.topology import Topology
 
 
 class _FutureWork:
@@ -94,8 +94,8 @@ class Hierarchical(BlocksAndMessages):
     @classmethod
     def connect(cls, group, opts, topology: Topology):
         """Shared memory inside this node; between nodes MPI where `group` has it, else gloo
-        over the rendezvous store (``pycollectives.gloo_net``). Collective over `group` (`opts`
-        the communicator's ``Options``)."""
+        over the rendezvous store (``pycollectives.backends.gloo_net``). Collective over
+        `group` (`opts` the communicator's ``Options``)."""
         from pycollectives.backends import gathered_or_raise, rendezvous
 
         rank = group.rank
@@ -137,7 +137,7 @@ class Hierarchical(BlocksAndMessages):
         """(collectives, messages) between nodes: ``_net`` over MPI, or gloo over the store.
         Collective over `group`."""
         if group.mpi is None:
-            from pycollectives.gloo_net import GlooNet, GlooP2P
+            from pycollectives.backends.gloo_net import GlooNet, GlooP2P
 
             net = GlooNet(group, opts.timeout)
             p2p = GlooP2P(net)  # collective: the gloo group of every rank, and the inter-node

@@ -1,5 +1,5 @@
 """Collectives that move blocks between ranks, and point-to-point messages, on a communicator
-over several nodes (mixed into ``pycollectives.hierarchy.Hierarchical``).
+over several nodes (mixed into ``pycollectives.backends.hierarchical.Hierarchical``).
 
 All-to-all, gather, scatter and uneven all-gather / reduce-scatter run flat over all ranks
 through MPI (``_net``, the same schedules as on one node): no intra-node phase would make fewer

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from pycollectives.bootstrap import MpiGroup
+from pycollectives.runtime.bootstrap import MpiGroup
 
 # What DeepSpeed reads from the environment (torch's env:// rendezvous and shm.cpp).
 ENV = ("DS_ACCELERATOR", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")

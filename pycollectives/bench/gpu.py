@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pycollectives.backends.cuda import choose_device
+from pycollectives.backends.cuda.env import cuda_status
 from pycollectives.bench import peers
 from pycollectives.bench.timing import max_over_ranks, time_back_to_back, time_synchronised
-from pycollectives.bootstrap import MpiGroup
-from pycollectives.cuda import choose_device
-from pycollectives.cuda_env import cuda_status
+from pycollectives.runtime.bootstrap import MpiGroup
 
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}  # ncclRedOp_t

@@ -74,9 +74,9 @@ class GradientBucketer:
             gradient views change once then; read ``grads`` again after ``synchronize``.
         array_module: numpy (default): the buckets come from ``comm.zeros`` (memory the
             ranks of a machine can map, so a bucket's all-reduce reads and writes each byte
-            once; ``pycollectives.shared``) where `comm` has it, else ``numpy.zeros``; or cupy
-            for gradients on the GPU (their all-reduces then run on the GPU, queued on cupy's
-            current stream; ``synchronize`` orders that stream after them).
+            once; ``pycollectives.runtime.shared``) where `comm` has it, else ``numpy.zeros``;
+            or cupy for gradients on the GPU (their all-reduces then run on the GPU, queued on
+            cupy's current stream; ``synchronize`` orders that stream after them).
 
     Buckets are filled in reverse registration order (backward produces the last layer's
     gradients first) and their all-reduces always start in bucket order, on every rank.

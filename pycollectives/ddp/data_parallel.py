@@ -6,8 +6,9 @@ import sys
 
 import numpy as np
 
-from pycollectives import arrays, checkpoint
+from pycollectives import checkpoint
 from pycollectives.ddp.bucketer import GradientBucketer
+from pycollectives.runtime import arrays
 
 
 def _array_module(params):

@@ -85,7 +85,7 @@ def array_module(device: str, comm):
     """(numpy or cupy, where it runs) for --device; every rank makes the same choice."""
     if device == "cpu":
         return np, "the CPU (shared memory)"
-    from pycollectives.cuda import cuda_available
+    from pycollectives.backends.cuda import cuda_available
 
     ok, why = cuda_available()
     if ok:
@@ -97,7 +97,7 @@ def array_module(device: str, comm):
     votes = np.array([1 if ok else 0], np.int32)
     comm.all_reduce(votes, op="min")
     if votes[0]:
-        from pycollectives.cuda import choose_device
+        from pycollectives.backends.cuda import choose_device
 
         local_rank = comm.topology.local_of[comm.rank]
         device = choose_device(None, local_rank, cupy.cuda.runtime.getDeviceCount())

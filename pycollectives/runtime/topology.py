@@ -34,7 +34,7 @@ class Topology:
         into nodes of `ranks_per_node` ranks if given (see `part`). Collective over `comm`."""
         from mpi4py import MPI
 
-        from pycollectives import bootstrap
+        from pycollectives.runtime import bootstrap
 
         rank = comm.Get_rank()
         host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -47,10 +47,10 @@ class Topology:
 
     @classmethod
     def of_group(cls, group, ranks_per_node=None, cyclic=False):
-        """Nodes of a rendezvous group (``pycollectives.bootstrap``): through MPI where the
+        """Nodes of a rendezvous group (``pycollectives.runtime.bootstrap``): through MPI where the
         group has it; otherwise the machines named by ``bootstrap.machine_id`` (host identity,
         never rank numbers), each split as `discover` does. Collective over `group`."""
-        from pycollectives import bootstrap
+        from pycollectives.runtime import bootstrap
 
         if group.mpi is not None:
             return cls.discover(group.mpi, ranks_per_node, cyclic)

@@ -23,7 +23,7 @@ import pytest
 from harness.launch import run_mpi
 from harness.pool import POOLS
 
-from pycollectives.cuda import cuda_status, mps_active
+from pycollectives.backends.cuda import cuda_status, mps_active
 
 pytestmark = pytest.mark.gpu
 

@@ -222,7 +222,7 @@ def test_plot_is_a_png(tmp_path):
 
 
 def _bench_can_use_cuda() -> bool:
-    from pycollectives.cuda import cuda_available
+    from pycollectives.backends.cuda import cuda_available
 
     return cuda_available()[0] and importlib.util.find_spec("cupy") is not None
 
@@ -251,7 +251,7 @@ def test_cuda_without_a_usable_gpu_fails_with_one_line(tmp_path):
     assert "Traceback" not in stdout + stderr
     assert len(said) == 1, said  # rank 0 says it, once
     assert said[0].startswith("pycoll-bench: --device cuda cannot run: ranks 0, 1: ")
-    from pycollectives.cuda import cuda_available
+    from pycollectives.backends.cuda import cuda_available
 
     ok, why = cuda_available()
     assert (why if not ok else "cupy is not installed") in said[0]
@@ -434,7 +434,7 @@ def test_cuda_plumbing_with_a_fake_cupy(tmp_path):
 def test_cuda_on_a_gpu(tmp_path):
     """The real thing (``make gpu-test``): every collective on cupy arrays, checked, against
     NCCL (or NCCL's reason for not running) and host-staged MPI."""
-    from pycollectives.cuda import cuda_status
+    from pycollectives.backends.cuda import cuda_status
 
     state, why = cuda_status()
     if state == "broken":

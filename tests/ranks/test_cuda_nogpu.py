@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from harness.launch import fake_tool, run_mpi
 
-from pycollectives import cuda_env as cuda_mod
-from pycollectives.cuda import (
+from pycollectives.backends.cuda import (
     cuda_available,
     cuda_diagnostics,
     cuda_status,
 )
+from pycollectives.backends.cuda import env as cuda_mod
 
 TESTS = Path(__file__).parent
 

@@ -1,6 +1,6 @@
 """Several nodes without mpiexec: an env:// launch (as torchrun's) whose processes name their
 machine (PYCOLL_HOST_ID), so that one machine emulates several. Inside a node, shared memory;
-between nodes, gloo over the launch's store (pycollectives.gloo_net). See workers/nodes.py.
+between nodes, gloo over the launch's store (pycollectives.backends.gloo_net). See workers/nodes.py.
 
 The cases of a launch run one after the other in it (a launch of processes that import torch
 costs seconds); each is its own test of the line every rank prints for it."""

@@ -45,7 +45,7 @@ def _param(line, code):
 @pytest.mark.parametrize("line,code", [_param(line, code) for line, code in BLOCKS])
 def test_readme_block_runs(line, code, tmp_path):
     if "import cupy" in code:
-        from pycollectives.cuda_env import cuda_available
+        from pycollectives.backends.cuda.env import cuda_available
 
         if not cuda_available()[0]:
             pytest.skip("needs a GPU")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pycollectives import bootstrap
 from pycollectives.errors import CollectiveError
+from pycollectives.runtime import bootstrap
 
 
 def test_env_launch_variables_are_checked():

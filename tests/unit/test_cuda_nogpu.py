@@ -15,16 +15,16 @@ import pytest
 from harness.launch import fake_tool
 
 import pycollectives
-from pycollectives import arrays
-from pycollectives.cuda import (
+from pycollectives.backends.cuda import (
     arrays_device,
     choose_device,
     choose_sync_mode,
     cuda_available,
     mps_active,
 )
-from pycollectives.cuda_args import check_call, gpu_array
+from pycollectives.backends.cuda.args import check_call, gpu_array
 from pycollectives.options import Options
+from pycollectives.runtime import arrays
 
 
 class FakeCudaArray:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pycollectives as pc
-from pycollectives import bootstrap
+from pycollectives.runtime import bootstrap
 
 
 def on_threads(comms, fn):

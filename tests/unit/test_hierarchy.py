@@ -2,8 +2,8 @@
 
 import pytest
 
-from pycollectives import bootstrap
-from pycollectives.topology import Topology, part
+from pycollectives.runtime import bootstrap
+from pycollectives.runtime.topology import Topology, part
 
 
 def test_topology_from_keys():

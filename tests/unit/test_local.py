@@ -140,7 +140,8 @@ def test_dp_vs_ddp_example(tmp_path):
 def test_bfloat16_as_tagged_uint16_without_ml_dtypes():
     # arrays.BFLOAT16_BITS: bfloat16 bit patterns in a uint16 array tagged as bfloat16 (how torch
     # tensors are seen); the native layer reduces them as bfloat16, accumulating in float32.
-    from pycollectives import _C, arrays
+    from pycollectives import _C
+    from pycollectives.runtime import arrays
 
     def bits(values):  # exactly representable in bfloat16: the top half of float32's bits
         f = np.asarray(values, np.float32)

@@ -14,7 +14,7 @@ def test_thread_ranks_share_buffers(monkeypatch):
 
     def work(c):
         x = c.empty((4, 1000), np.float64)
-        assert pc.shared.is_shared(x) and not pc.shared.is_shared(np.ones(3))
+        assert pc.runtime.shared.is_shared(x) and not pc.runtime.shared.is_shared(np.ones(3))
         x[:] = c.rank + 1
         c.all_reduce(x)
         g = c.empty((3, 4, 1000), np.float64)

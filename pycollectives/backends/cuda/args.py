@@ -4,7 +4,8 @@ queued."""
 
 from __future__ import annotations
 
-from pycollectives import _C, arrays
+from pycollectives import _C
+from pycollectives.runtime import arrays
 
 
 def gpu_array(obj, fn: str, name: str, writable: bool, device) -> arrays.ArrayInfo:

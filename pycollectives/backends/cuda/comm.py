@@ -19,7 +19,7 @@ Example (``mpiexec -n 2 python example.py``)::
 
     import cupy, pycollectives as pc
     from mpi4py import MPI
-    from pycollectives.cuda import CudaComm
+    from pycollectives.backends.cuda import CudaComm
     comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
     x = cupy.full(1024, comm.rank, cupy.float32)
     comm.all_reduce(x, None, pc.ops.op_code("sum"), 0, None, False)
@@ -27,11 +27,9 @@ Example (``mpiexec -n 2 python example.py``)::
 
 from __future__ import annotations
 
-from pycollectives import arrays
 from pycollectives.backends import gathered_or_raise, same_on_every_rank
-from pycollectives.bootstrap import as_group
-from pycollectives.cuda_args import check_call, given_lists
-from pycollectives.cuda_env import (  # noqa: F401 (the device choices and statuses: public)
+from pycollectives.backends.cuda.args import check_call, given_lists
+from pycollectives.backends.cuda.env import (  # noqa: F401 (the device choices and statuses: public)
     _native,
     arrays_device,
     choose_device,
@@ -44,6 +42,8 @@ from pycollectives.cuda_env import (  # noqa: F401 (the device choices and statu
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS_FOR, algo_code, collective_code, op_code
 from pycollectives.options import Options
+from pycollectives.runtime import arrays
+from pycollectives.runtime.bootstrap import as_group
 from pycollectives.work import InFlight, Work
 
 

@@ -9,7 +9,7 @@ import re
 import shutil
 import subprocess
 
-from pycollectives import arrays
+from pycollectives.runtime import arrays
 
 DEFAULT_MPS_PIPE = "/tmp/nvidia-mps"
 

@@ -18,8 +18,9 @@ import threading
 
 import numpy as np
 
-from pycollectives import _C, arrays
+from pycollectives import _C
 from pycollectives.backends import P2POp
+from pycollectives.runtime import arrays
 
 
 class StagingPool:

@@ -22,7 +22,7 @@ from gpu_common import use_local_device
 from mpi4py import MPI
 from new_collectives import uneven
 
-from pycollectives.cuda import CudaComm
+from pycollectives.backends.cuda import CudaComm
 from pycollectives.ops import algo_code, op_code
 
 DTYPES = [np.dtype(d) for d in (np.int8, np.uint8, np.int32, np.int64)]

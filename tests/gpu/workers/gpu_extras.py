@@ -14,7 +14,7 @@ from checks import expect, run_main
 from gpu_common import use_local_device
 from mpi4py import MPI
 
-from pycollectives.cuda import CudaComm
+from pycollectives.backends.cuda import CudaComm
 from pycollectives.errors import CollectiveError, CollectiveMismatch
 
 SUM = 0

@@ -3,7 +3,7 @@
 from checks import run_main
 from mpi4py import MPI
 
-from pycollectives.cuda import CudaComm
+from pycollectives.backends.cuda import CudaComm
 from pycollectives.errors import CollectiveError
 
 

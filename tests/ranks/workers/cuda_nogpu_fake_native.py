@@ -175,7 +175,7 @@ def main():
     case = sys.argv[1]
     install_fake_native()
     import pycollectives as pc
-    from pycollectives.cuda import CudaComm
+    from pycollectives.backends.cuda import CudaComm
 
     mpi = MPI.COMM_WORLD
     r, n = mpi.rank, mpi.size

@@ -124,7 +124,7 @@ def shared_buckets(comm):
         comm, [((10000,), np.float32)] * 3, bucket_cap_mb=40000 / MB, first_bucket_mb=40000 / MB
     )
     for step in range(2):  # the second step runs on the rebuilt layout
-        assert all(pc.shared.is_shared(b.buffer) for b in bk.buckets), step
+        assert all(pc.runtime.shared.is_shared(b.buffer) for b in bk.buckets), step
         for i in (0, 2, 1):
             bk.grads[i][...] = np.arange(10000) * (comm.rank + 1) + i
             bk.mark_ready(i)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import pycollectives as pc
-from pycollectives import bootstrap
+from pycollectives.runtime import bootstrap
 
 VICTIM = 2  # the rank that dies
 

@@ -1,8 +1,8 @@
-"""send/recv of GPU arrays (pycollectives/cuda_p2p.py) without a GPU: host memory stands in for
-device memory, and a fake ``pycollectives._cuda`` queues the copies on per-stream queues that
-run only when a stream is synchronised or a mark on it is waited for, as a GPU's would. So a
-receive's data reaches its array only through its stream, and a staging buffer whose copy has
-not run yet must not be handed out again.
+"""send/recv of GPU arrays (pycollectives/backends/cuda/p2p.py) without a GPU: host memory
+stands in for device memory, and a fake ``pycollectives._cuda`` queues the copies on
+per-stream queues that run only when a stream is synchronised or a mark on it is waited for, as a
+GPU's would. So a receive's data reaches its array only through its stream, and a staging buffer
+whose copy has not run yet must not be handed out again.
 
 Usage: mpiexec -n N python p2p_gpu_staged.py CASE
   matrix     every dtype and size class, a ring of batch_p2p, against the values sent
