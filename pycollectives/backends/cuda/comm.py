@@ -29,14 +29,12 @@ from __future__ import annotations
 
 from pycollectives.backends import gathered_or_raise, same_on_every_rank
 from pycollectives.backends.cuda.args import check_call, given_lists
-from pycollectives.backends.cuda.env import (  # noqa: F401 (the device choices and statuses: public)
+from pycollectives.backends.cuda.env import (
     _native,
     arrays_device,
     choose_device,
     choose_sync_mode,
     cuda_available,
-    cuda_diagnostics,
-    cuda_status,
     mps_active,
 )
 from pycollectives.errors import CollectiveError
