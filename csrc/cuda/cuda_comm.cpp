@@ -256,6 +256,11 @@ void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
   PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
 }
 
+void CudaComm::watch(std::shared_ptr<CudaWork> work) {
+  std::lock_guard<std::mutex> g(watch_mu_);
+  last_work_ = std::move(work);
+}
+
 void CudaComm::stop_peers_on_mismatch() {
   if (mode_ != SyncMode::Kernel || segment_ == nullptr || side_ == nullptr) return;
   static const uint64_t word = fail_word(rank_, rank_);
@@ -303,13 +308,10 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
   WaitContext w = wait_context(name, seq);
   const bool kernel = mode_ == SyncMode::Kernel;
   try {
-    // Kernel mode compares every call on the device (check_call, always on), with no host
-    // wait. The ranks meet on the host first for a capture, for all-to-all (whose split matrix
-    // is compared there: kernels of ranks that disagree would wait for messages that never
-    // come, or write past an output) and in host mode (unless check_mismatch is off). Every
-    // rank publishes its fingerprint, so that one that meets sees a peer that does not.
-    const bool meet =
-        capturing || call.collective == Collective::AllToAll || (!kernel && opts_.check_mismatch);
+    // Split lists are checked whatever check_mismatch says: kernels of ranks that disagree
+    // would wait for messages that never come, or write past an output. Every rank publishes
+    // its fingerprint, so that one that meets on the host sees a peer that does not.
+    const bool meet = meets_on_host(call, kernel, capturing, opts_.check_mismatch);
     w.fingerprints = &guard;
     guard.publish();
     if (!call.send_counts.empty())
@@ -332,10 +334,7 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     }
     PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
     if (!async_op || capturing) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
-    if (!capturing) {  // the watchdog looks after work that runs now
-      std::lock_guard<std::mutex> w(watch_mu_);
-      last_work_ = work;
-    }
+    if (!capturing) watch(work);
     return work;
   } catch (const CollectiveMismatch& e) {
     stop_peers_on_mismatch();

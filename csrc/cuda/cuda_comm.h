@@ -152,6 +152,8 @@ class CudaComm {
   void run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f);
   // A mismatch found on the host: our device segment's failure word stops peers' device waits.
   void stop_peers_on_mismatch();
+  // Work running now, queued by this rank: the watchdog stops its device waits if a peer dies.
+  void watch(std::shared_ptr<CudaWork> work);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);

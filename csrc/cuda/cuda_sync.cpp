@@ -122,10 +122,7 @@ void CudaComm::barrier() {
       // see a peer that died, and the host waits on it alone.
       auto work = std::make_shared<CudaWork>(events_, device_, seq);
       PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
-      {
-        std::lock_guard<std::mutex> l(watch_mu_);
-        last_work_ = work;
-      }
+      watch(work);
       wait_event(work->event(), w);
       check_device_status("barrier");
       return;

@@ -91,7 +91,7 @@ void check_on_device(KernelArgs& a, const Fingerprint& f) {
 
 std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank) {
   const Fingerprint mine = Fingerprint::unpack(st.seq, st.mine[1], st.mine[0], st.mine[2]);
-  if (st.theirs[0] == 0 && st.fail != 0) {  // found elsewhere: who stopped first
+  if (fail_finder(st.fail) != rank) {  // found by another rank: who stopped first
     const int finder = fail_finder(st.fail), other = fail_other(st.fail);
     const std::string found = other == finder
                                   ? str_cat("rank ", finder, " found a mismatch")

@@ -51,6 +51,15 @@ KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call
 // Kernel mode: the launch compares call `f` with every peer's on the device, before its first
 // step (step_kernel.h, check_call). A launch that checks runs even with no steps to run.
 void check_on_device(KernelArgs& a, const Fingerprint& f);
+// Whether the ranks meet on the host before `call` is queued and compare their fingerprints
+// there (all-to-all's split matrix too): in host mode (unless `host_checks` is off), for a
+// capture, and for all-to-all, whose split matrix only the host compares. Kernel mode compares
+// every other call on the device (step_kernel.h, check_call), with no host wait.
+inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool capturing,
+                          bool host_checks = true) {
+  return capturing || call.collective == Collective::AllToAll || (!kernel_mode && host_checks);
+}
+
 // The message of the CollectiveMismatch that a device status with kMismatch stands for: the
 // two calls and the fields that differ where this rank found it, else which rank stopped on one.
 std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank);

@@ -113,8 +113,9 @@ struct DeviceStatus {
   int32_t step;
   int32_t block;
   int32_t pad;
-  // kMismatch: the host's number of the call, its fingerprint words and the peer's (found
-  // here), or the failure word of the peer that stopped first (propagated; theirs all 0).
+  // kMismatch: the host's number of the call, its fingerprint words, and the failure word:
+  // ours when found here (then `theirs` holds the peer's words), else that of the rank that
+  // stopped first (propagated; theirs all 0).
   uint64_t seq;
   uint64_t mine[3];
   uint64_t theirs[3];

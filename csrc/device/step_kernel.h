@@ -108,18 +108,25 @@ struct BlockState {
   uint64_t start_ns;
 };
 
-// The first failure of a launch is recorded; the host reads `code` last.
-PYCOLL_DEVICE void report(const KernelArgs& a, int block, uint32_t code, int peer, int step) {
+// The first failure of a launch is recorded, with what `details(v)` adds to it; the host
+// reads `code` last.
+template <class Details>
+PYCOLL_DEVICE void report(const KernelArgs& a, int block, uint32_t code, int peer, int step,
+                          Details&& details) {
   DeviceStatus* st = a.status;
   if (claim(a.error_claim)) {
     volatile DeviceStatus* v = st;
     v->peer = peer;
     v->step = step;
     v->block = block;
+    details(v);
     fence_system();
     st_relaxed_sys(const_cast<uint32_t*>(&st->code), code);
   }
   st_relaxed_sys(&st->abort, 1u);  // the other blocks stop too
+}
+PYCOLL_DEVICE void report(const KernelArgs& a, int block, uint32_t code, int peer, int step) {
+  report(a, block, code, peer, step, [](volatile DeviceStatus*) {});
 }
 
 // A mismatch: the status says which call and with whom, our failure word (read by the peers'
@@ -127,24 +134,16 @@ PYCOLL_DEVICE void report(const KernelArgs& a, int block, uint32_t code, int pee
 // was found by another rank, whose failure word is `fail`).
 PYCOLL_DEVICE void report_mismatch(const KernelArgs& a, int block, int peer, const uint64_t* theirs,
                                    uint64_t fail) {
-  DeviceStatus* st = a.status;
-  if (claim(a.error_claim)) {
-    volatile DeviceStatus* v = st;
-    v->peer = peer;
-    v->step = -1;
-    v->block = block;
+  uint64_t* own = reinterpret_cast<uint64_t*>(a.segments[a.rank] + a.layout.fail_offset());
+  if (ld_acquire_sys(own) == 0) st_release_sys(own, fail);
+  report(a, block, kMismatch, peer, -1, [&](volatile DeviceStatus* v) {
     v->seq = a.seq;
     for (int k = 0; k < 3; ++k) {
       v->mine[k] = a.fingerprint[k];
       v->theirs[k] = theirs != nullptr ? theirs[k] : 0;
     }
     v->fail = fail;
-    fence_system();
-    st_relaxed_sys(const_cast<uint32_t*>(&st->code), static_cast<uint32_t>(kMismatch));
-  }
-  uint64_t* own = reinterpret_cast<uint64_t*>(a.segments[a.rank] + a.layout.fail_offset());
-  if (ld_acquire_sys(own) == 0) st_release_sys(own, fail);
-  st_relaxed_sys(&st->abort, 1u);
+  });
 }
 
 // Waits until *flag >= target; false (with the status written) when it gives up: at the

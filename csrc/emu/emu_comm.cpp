@@ -274,10 +274,8 @@ void EmuComm::check_usable(const std::string& name) const {
         str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
 }
 
-// As on the GPU (cuda_comm.cpp): every rank publishes its fingerprint. In host mode, for
-// all-to-all (whose split matrix is compared on the host) and for a capture, the ranks meet
-// here and compare them before anything moves; in kernel mode other calls are compared on the
-// device (cuda::check_call), with no host wait.
+// As on the GPU (cuda_comm.cpp): every rank publishes its fingerprint; where the ranks meet on
+// the host (`meet`: cuda::meets_on_host) they compare them here before anything moves.
 void EmuComm::rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w,
                          bool meet) {
   w.fingerprints = &guard;
@@ -308,7 +306,7 @@ void EmuComm::run(const CollectiveCall& call) {
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
-    rendezvous(call, guard, w, !opts_.kernel_mode || call.collective == Collective::AllToAll);
+    rendezvous(call, guard, w, cuda::meets_on_host(call, opts_.kernel_mode, false));
     const bool empty = moves_nothing(call, rank_, size_);
     if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
       run_kernel_mode(call, empty ? kNoSteps : plan_for(call, algo), w, mine);
@@ -338,7 +336,7 @@ std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
-    rendezvous(call, guard, w, true);
+    rendezvous(call, guard, w, cuda::meets_on_host(call, opts_.kernel_mode, true));
   } catch (const CollectiveError& e) {
     abort(e.what());
     throw;
