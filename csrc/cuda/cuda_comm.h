@@ -12,9 +12,13 @@
 //   Host:   one short launch per step; the host waits for the peers between launches, on
 //           counters in POSIX shared memory. No kernel ever waits for another process, so
 //           ranks that time-slice one GPU cannot deadlock.
-// Before anything is queued, every rank publishes the call's fingerprint in its host segment
-// and checks its peers' (runtime/fingerprint.h): ranks that disagree get CollectiveMismatch, and
-// no kernel ever runs with counters its peers do not share.
+// Every call is compared with every peer's before anything moves (runtime/fingerprint.h): in
+// kernel mode by the launch itself, on the device (step_kernel.h, check_call); in host mode, for
+// all-to-all and in captures, on the host flags (device/host_steps.h, meets_on_host). Ranks that
+// disagree get CollectiveMismatch, and no kernel runs with counters its peers do not share.
+//
+// Files: cuda_comm.cpp (lifetime), collectives.cpp (calls, launches, barrier), failures.cpp
+// (bounded waits, device status, poisoning, the watchdog), work.cpp (completions).
 // Collectives are queued on the communicator's own stream, behind the caller's stream and in
 // issue order; the caller's stream then waits for them (or, for async work, when asked).
 #pragma once

@@ -1,0 +1,212 @@
+// CudaComm's calls: the plan of a call, its launch arguments, the launch in kernel mode or one
+// launch per step in host mode (the host waiting between them), and the barrier.
+#include <cstdio>
+
+#include "common/errors.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_comm.h"
+#include "cuda/launch.h"
+#include "device/host_steps.h"
+#include "runtime/fingerprint.h"
+#include "runtime/splits.h"
+
+namespace pycoll {
+namespace cuda {
+
+Algo CudaComm::choose(Collective c, size_t bytes) const {
+  return device_choose(c, bytes, opts_.direct_max_bytes);
+}
+
+// The steps are uploaded on the communicator's stream, so the launches queued behind them on
+// that stream read them only once they are in place (a synchronous copy on the legacy stream
+// is not ordered with a non-blocking stream's kernels, and may return before its DMA ends).
+const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo algo) {
+  return plans_.get(
+      call, algo,
+      [&] {
+        CachedPlan cp;
+        cp.plan =
+            plan_call(algo, call, rank_, size_, layout_, opts_.slot_bytes, opts_.oneshot_max_bytes);
+        const size_t bytes = cp.plan.steps.size() * sizeof(DevStep);
+        if (bytes != 0) {
+          PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cp.device_steps), bytes));
+          PYCOLL_CUDA_CHECK(cudaMemcpyAsync(cp.device_steps, cp.plan.steps.data(), bytes,
+                                            cudaMemcpyHostToDevice, stream_));
+        }
+        return cp;
+      },
+      [&](auto& entries) {
+        // Queued launches may still read the old plans.
+        WaitContext w = wait_context("plan cache", seq_);
+        PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+        wait_event(step_done_, w);
+        for (auto& kv : entries) cudaFree(kv.second.device_steps);
+      });
+}
+
+KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& cp) const {
+  LaunchSetup setup;
+  setup.rank = rank_;
+  setup.size = size_;
+  setup.layout = layout_;
+  setup.segments = segments_.data();
+  setup.status = status_dev_;
+  setup.error_claim = error_claim_;
+  setup.timeout_s = timeout_s_.load();
+  setup.use_flags = mode_ == SyncMode::Kernel;
+  return make_kernel_args(setup, call, cp.device_steps, cp.plan.steps.size(), cp.plan.grid,
+                          counters_);
+}
+
+std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t stream,
+                                        bool async_op) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  const char* name = collective_name(call.collective);
+  check_device_call(call, size_);
+  check_usable(name);
+  DeviceGuard dg(device_);
+  check_device_status(name);
+  const size_t esize = dtype_size(call.dtype);
+  const Algo algo = call.algo == Algo::Auto
+                        ? choose(call.collective, choice_count(call, size_) * esize)
+                        : call.algo;
+  // A stream being captured into a CUDA graph: the launch is captured, to run at every launch
+  // of the graph (its plan pinned), unless a replay could not be right (check_capturable).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  PYCOLL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture == cudaStreamCaptureStatusActive;
+  if (capturing)
+    check_capturable(name, mode_ == SyncMode::Kernel,
+                     moves_nothing(call, rank_, size_) || plans_.find(call, algo) != nullptr);
+  const uint64_t seq = ++seq_;
+  if (opts_.debug)
+    std::fprintf(stderr,
+                 "pycollectives INFO rank %d/%d cuda:%d %s #%llu count=%zu %s %s root=%d algo=%s%s "
+                 "sync=%s\n",
+                 rank_, size_, device_, name, static_cast<unsigned long long>(seq), call.count,
+                 dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
+                 call.algo == Algo::Auto ? " (auto)" : "",
+                 mode_ == SyncMode::Kernel ? "kernel" : "host");
+  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  FingerprintGuard guard(shm_, mine);
+  WaitContext w = wait_context(name, seq);
+  const bool kernel = mode_ == SyncMode::Kernel;
+  try {
+    // Split lists are checked whatever check_mismatch says: kernels of ranks that disagree
+    // would wait for messages that never come, or write past an output. Every rank publishes
+    // its fingerprint, so that one that meets on the host sees a peer that does not.
+    const bool meet = meets_on_host(call, kernel, capturing, opts_.check_mismatch);
+    w.fingerprints = &guard;
+    guard.publish();
+    if (!call.send_counts.empty())
+      check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
+    if (meet) guard.finish(w);  // every peer runs this very call
+    auto work = std::make_shared<CudaWork>(events_, device_, seq, capturing);
+    // In a capture these two calls fork our stream into it, and the two at the end join it
+    // back (a capture must end joined, so an async call is joined too).
+    PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
+    PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    // In kernel mode a call that moves nothing launches too: it compares the call.
+    if (moves_nothing(call, rank_, size_)) {
+      if (kernel) run_kernel_mode(call, nullptr, mine);
+    } else if (capturing) {
+      run_kernel_mode(call, &plans_.pin(call, algo), mine);  // the graph reads it: never freed
+    } else if (kernel) {
+      run_kernel_mode(call, &plan_for(call, algo), mine);
+    } else {
+      run_host_mode(call, plan_for(call, algo), w);
+    }
+    PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
+    if (!async_op || capturing) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
+    if (!capturing) watch(work);
+    return work;
+  } catch (const CollectiveMismatch& e) {
+    stop_peers_on_mismatch();
+    abort(e.what());
+    throw;
+  } catch (const CollectiveError& e) {
+    abort(e.what());  // peers' counters no longer match ours
+    throw;
+  }
+}
+
+void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
+                               const Fingerprint& f) {
+  // Each block counts its messages on its own flags (step_kernel.h): no host counts to keep.
+  static const CachedPlan no_steps{};
+  KernelArgs a = kernel_args(call, cp != nullptr ? *cp : no_steps);
+  check_on_device(a, f);
+  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+}
+
+// One launch per step; between launches the host waits for the peers. A launch never waits
+// for another process, so ranks time-slicing one GPU make progress whatever the scheduler does.
+void CudaComm::run_host_mode(const CollectiveCall& call, const CachedPlan& cp,
+                             const WaitContext& w) {
+  const std::vector<DevStep>& steps = cp.plan.steps;
+  for (uint32_t i = 0; i < steps.size(); ++i) {
+    host_wait_step(shm_, counters_, steps[i], w);
+    KernelArgs a = kernel_args(call, cp);
+    a.first_step = i;
+    a.end_step = i + 1;
+    a.grid = active_channels(steps[i].count, layout_);  // this step's message alone
+    PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+    wait_event(step_done_, w);
+    host_publish_step(shm_, counters_, steps[i]);
+  }
+}
+
+// Kernel mode: a launch that only compares calls with every peer (check_call) is the barrier:
+// it runs once this rank's queued work has, and ends once every peer's has reached it. Host
+// mode meets on the host flags.
+void CudaComm::barrier() {
+  std::lock_guard<std::mutex> g(run_mu_);
+  check_usable("barrier");
+  DeviceGuard dg(device_);
+  const uint64_t seq = ++seq_;
+  Fingerprint mine;
+  mine.seq = seq;
+  mine.kind = kBarrierKind;
+  FingerprintGuard guard(shm_, mine);
+  WaitContext w = wait_context("barrier", seq);
+  try {
+    w.fingerprints = &guard;
+    guard.publish();
+    if (mode_ == SyncMode::Kernel) {
+      CollectiveCall none;
+      none.barrier = true;
+      run_kernel_mode(none, nullptr, mine);
+      // The watchdog looks after this launch as after a collective's: its device waits cannot
+      // see a peer that died, and the host waits on it alone.
+      auto work = std::make_shared<CudaWork>(events_, device_, seq);
+      PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
+      watch(work);
+      wait_event(work->event(), w);
+      check_device_status("barrier");
+      return;
+    }
+    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+    wait_event(step_done_, w);
+    check_device_status("barrier");
+    const uint64_t epoch = ++barrier_epoch_;
+    shm_.barrier(rank_).store(epoch, std::memory_order_release);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      auto& flag = shm_.barrier(r);
+      wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
+                 WaitFor::Barrier);
+    }
+    if (opts_.check_mismatch) guard.finish(w);
+  } catch (const CollectiveMismatch& e) {
+    stop_peers_on_mismatch();
+    abort(e.what());
+    throw;
+  } catch (const CollectiveError& e) {
+    abort(e.what());
+    throw;
+  }
+}
+
+}  // namespace cuda
+}  // namespace pycoll

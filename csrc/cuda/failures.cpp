@@ -1,0 +1,131 @@
+// How a CudaComm notices and reports failures: bounded waits on its own GPU, the status a
+// device wait leaves behind, poisoning, the watchdog that sees dead peers, and the failure word
+// that stops peers' device waits after a mismatch found on the host.
+#include <chrono>
+#include <thread>
+
+#include "common/errors.h"
+#include "cuda/cuda_check.h"
+#include "cuda/cuda_comm.h"
+#include "device/host_steps.h"
+
+namespace pycoll {
+namespace cuda {
+
+void CudaComm::check_usable(const char* name) const {
+  if (closed_) throw CollectiveError(str_cat(name, ": the communicator is closed"));
+  if (aborted_.load())
+    throw CollectiveError(
+        str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason()));
+}
+
+void CudaComm::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> g(reason_mu_);
+    if (poison_reason_.empty()) poison_reason_ = reason;
+  }
+  aborted_.store(true);
+  if (status_host_ != nullptr) __atomic_store_n(&status_host_->abort, 1u, __ATOMIC_RELEASE);
+}
+
+std::string CudaComm::poison_reason() const {
+  std::lock_guard<std::mutex> g(reason_mu_);
+  return poison_reason_;
+}
+
+// Raises the error a device wait left behind (kernel mode reports asynchronously).
+void CudaComm::check_device_status(const char* name) {
+  if (status_host_ == nullptr) return;
+  const uint32_t code = __atomic_load_n(&status_host_->code, __ATOMIC_ACQUIRE);
+  if (code == kOk) return;
+  if (code == kMismatch) {
+    const std::string what = device_mismatch_message(name, *status_host_, rank_);
+    abort(what);
+    throw CollectiveMismatch(what);
+  }
+  const std::string what =
+      str_cat(name, ": an earlier collective failed on the device: ",
+              code == kTimeout ? "timed out" : "aborted", " waiting for rank ", status_host_->peer,
+              " (step ", status_host_->step, ", block ", status_host_->block, ")");
+  std::string reason = poison_reason();
+  abort(what);
+  if (code == kTimeout) throw CollectiveTimeout(what);
+  throw CollectiveError(reason.empty() ? what : str_cat(what, ": ", reason));
+}
+
+WaitContext CudaComm::wait_context(const char* name, uint64_t seq) const {
+  return WaitContext::start(name, seq, timeout_s_.load(), &shm_, &aborted_);
+}
+
+// Waits for an event on our own device, up to the deadline. Our own launches never wait
+// without bound: kernel-mode waits give up at the timeout or when aborted.
+void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
+  Sleeper sleeper(kHostModeMaxSleepNs);
+  for (unsigned i = 0;; ++i) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) PYCOLL_CUDA_CHECK(e);
+    if (i < 64) {
+      sched_yield();
+      continue;
+    }
+    // A kernel-mode wait gives up at its own timeout, counted from its launch, a little after
+    // this wait began: give it time to report the rank it waited for before blaming our GPU.
+    const auto now = Clock::now();
+    if (now >= w.deadline(now) + std::chrono::seconds(5)) {
+      check_device_status(w.collective);
+      throw CollectiveTimeout(str_cat(w.collective, " #", w.seq, " timed out after ", w.timeout_s,
+                                      " s waiting for this rank's GPU (device ", device_, ")"));
+    }
+    sleeper.sleep();
+  }
+}
+
+void CudaComm::watch(std::shared_ptr<CudaWork> work) {
+  std::lock_guard<std::mutex> g(watch_mu_);
+  last_work_ = std::move(work);
+}
+
+// Kernel mode: device waits cannot see that a peer process died, so while work is queued the
+// host looks, and stops the device waits when one has.
+void CudaComm::watchdog_loop() {
+  cudaSetDevice(device_);
+  while (!stopping_.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::shared_ptr<CudaWork> work;
+    {
+      std::lock_guard<std::mutex> g(watch_mu_);
+      work = last_work_;
+    }
+    if (!work || aborted_.load()) continue;
+    bool done = true;
+    try {
+      done = work->is_completed();
+    } catch (const CollectiveError&) {
+      done = true;
+    }
+    if (done) continue;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || shm_.peer_alive(r)) continue;
+      abort(str_cat("collective #", work->seq(), ": rank ", r, " (pid ", shm_.pid_of(r),
+                    ") is no longer running"));
+      break;
+    }
+  }
+}
+
+void CudaComm::stop_peers_on_mismatch() {
+  if (mode_ != SyncMode::Kernel || segment_ == nullptr || side_ == nullptr) return;
+  static const uint64_t word = fail_word(rank_, rank_);
+  // Not part of any graph a thread may be capturing (relaxed mode), on a stream of its own:
+  // stream_ may hold a launch that waits for a peer that waits for this word.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  PYCOLL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaMemcpyAsync(segment_ + layout_.fail_offset(), &word, sizeof(word), cudaMemcpyHostToDevice,
+                  side_);
+  cudaStreamSynchronize(side_);
+  PYCOLL_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+}
+
+}  // namespace cuda
+}  // namespace pycoll
