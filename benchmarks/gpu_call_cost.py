@@ -22,7 +22,7 @@ import time
 from mpi4py import MPI
 
 import pycollectives as pc
-from pycollectives.backends.cuda.args import check_call
+from pycollectives.backends.cuda.args import described
 from pycollectives.ops import collective_code
 
 
@@ -56,15 +56,13 @@ def main():
     stream.synchronize()
     inner = comm._cuda
     native = inner._native_comm()
-    xi, oi, count = check_call("all_reduce", x, out, 0, None, 0, mpi.rank, mpi.size, inner.device)
+    xd, od, _ = described("all_reduce", x, out, None, mpi.rank, inner.device)
     code, sptr = collective_code("all_reduce"), stream.ptr
 
     layers = {
         "Communicator": lambda: comm.all_reduce(x, out),
         "CudaComm": lambda: inner.all_reduce(x, out),
-        "native.run": lambda: native.run(
-            code, xi.ptr, oi.ptr, count, xi.dtype, 0, 0, 0, sptr, False
-        ),  # fmt: skip
+        "native.run": lambda: native.run(code, xd, od, 0, 0, 0, sptr, False),
     }
     if mpi.rank == 0:
         print(f"# {mpi.size} ranks, sync={inner.sync_mode}, 8 B all-reduce, {args.calls} calls")

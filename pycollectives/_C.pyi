@@ -151,17 +151,3 @@ def check_args(
     in_splits: list[int] | None = None,
     out_splits: list[int] | None = None,
 ) -> tuple[int, int]: ...
-def check_described_args(
-    collective: str,
-    x: tuple[int, int, int] | None,
-    out: tuple[int, int, int] | None,
-    root: int,
-    op: int,
-    algorithm: int,
-    rank: int,
-    size: int,
-    *,
-    counts: list[int] | None = None,
-    in_splits: list[int] | None = None,
-    out_splits: list[int] | None = None,
-) -> int: ...

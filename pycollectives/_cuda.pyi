@@ -17,6 +17,20 @@ def plan(
     slot_bytes: int,
     oneshot_max_bytes: int = ...,
 ) -> dict[str, Any]: ...
+def check_call(
+    collective: int,
+    x: tuple[int, int, int] | None,
+    out: tuple[int, int, int] | None,
+    root: int,
+    op: int,
+    algorithm: int,
+    rank: int,
+    size: int,
+    *,
+    counts: list[int] | None = None,
+    in_splits: list[int] | None = None,
+    out_splits: list[int] | None = None,
+) -> int: ...
 def block_slice(n: int, nblocks: int, block: int) -> tuple[int, int]: ...
 def channel_slice(n: int, nblocks: int, slot_bytes: int, block: int) -> tuple[int, int]: ...
 def segment_layout(size: int, nslots: int, nblocks: int, slot_bytes: int) -> dict[str, int]: ...
@@ -69,15 +83,17 @@ class CudaComm:
     def run(
         self,
         collective: int,
-        x_ptr: int,
-        out_ptr: int,
-        count: int,
-        dtype: int,
+        x: tuple[int, int, int] | None,
+        out: tuple[int, int, int] | None,
         op: int,
         root: int,
         algorithm: int,
         stream: int,
         async_op: bool,
+        *,
+        counts: list[int] | None = None,
+        in_splits: list[int] | None = None,
+        out_splits: list[int] | None = None,
     ) -> CudaWork: ...
     def barrier(self) -> None: ...
     def close(self) -> None: ...

@@ -331,15 +331,8 @@ CollectiveCall described_call(Collective c, const void* x, size_t x_count, void*
   return checked_call(c, xa, oa, root, op, algo, rank, size, Splits{});
 }
 
-// The collective's checks on arrays described elsewhere, as (pointer, element count, dtype
-// code), `out` None in the single-array forms and for gather off the root, `x` None for
-// scatter off the root; returns the call's count.
-size_t check_described_args(const std::string& collective,
-                            std::optional<std::tuple<uintptr_t, size_t, int>> x,
-                            std::optional<std::tuple<uintptr_t, size_t, int>> out, int root, int op,
-                            int algo, int rank, int size, const CountList& counts,
-                            const CountList& in_splits, const CountList& out_splits) {
-  const Collective c = collective_from_name(collective);
+CollectiveCall described_call(Collective c, const Described& x, const Described& out, int root,
+                              int op, int algo, int rank, int size, const Splits& sp) {
   auto described = [](const std::tuple<uintptr_t, size_t, int>& t) {
     if (!valid_dtype(std::get<2>(t))) throw InvalidArgument("unknown dtype code");
     ArrayArg a;
@@ -352,14 +345,13 @@ size_t check_described_args(const std::string& collective,
   if (x)
     xa = described(*x);
   else if (!may_be_absent(c, "x", rank, root))
-    throw InvalidArgument(str_cat(collective, ": x is required"));
+    throw InvalidArgument(str_cat(collective_name(c), ": x is required"));
   if (out)
     oa = described(*out);
   else if (!may_be_absent(c, "out", rank, root))
     oa = xa;  // the single-array forms
   if (!x) xa.dtype = oa.dtype;
-  return checked_call(c, xa, oa, root, op, algo, rank, size, Splits{counts, in_splits, out_splits})
-      .count;
+  return checked_call(c, xa, oa, root, op, algo, rank, size, sp);
 }
 
 // p2p ops as ("send"|"recv", array, peer, tag), every one checked before anything moves.

@@ -39,13 +39,14 @@ std::pair<size_t, int> check_args(const std::string& collective, pybind11::handl
                                   int size, const CountList& counts, const CountList& in_splits,
                                   const CountList& out_splits);
 
-// The collective's checks on arrays described elsewhere, as (pointer, element count, dtype
-// code); returns the call's count.
-size_t check_described_args(const std::string& collective,
-                            std::optional<std::tuple<uintptr_t, size_t, int>> x,
-                            std::optional<std::tuple<uintptr_t, size_t, int>> out, int root, int op,
-                            int algo, int rank, int size, const CountList& counts,
-                            const CountList& in_splits, const CountList& out_splits);
+// An array described elsewhere (a GPU array, described in Python): (pointer, element count,
+// dtype code), or None for an array the call does not take.
+using Described = std::optional<std::tuple<uintptr_t, size_t, int>>;
+
+// The collective's checks on described arrays: `out` None in the single-array forms and for
+// gather off the root, `x` None for scatter off the root. Returns the call to run.
+CollectiveCall described_call(Collective c, const Described& x, const Described& out, int root,
+                              int op, int algo, int rank, int size, const Splits& sp = {});
 
 // A call on arrays given by pointer and element count (an absent array: null, 0 elements),
 // both of dtype code `dtype`, with parse_call's checks.

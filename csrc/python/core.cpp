@@ -495,8 +495,4 @@ PYBIND11_MODULE(_C, m) {
         py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
         py::kw_only(), py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
         py::arg("out_splits") = py::none());
-  m.def("check_described_args", &check_described_args, py::arg("collective"), py::arg("x"),
-        py::arg("out"), py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"),
-        py::arg("size"), py::kw_only(), py::arg("counts") = py::none(),
-        py::arg("in_splits") = py::none(), py::arg("out_splits") = py::none());
 }

@@ -1,9 +1,11 @@
-// pybind11 module pycollectives._cuda: the CUDA transport (private; see pycollectives/cuda.py).
+// pybind11 module pycollectives._cuda: the CUDA transport (private; see
+// pycollectives/backends/cuda/).
 //
 // Kept apart from _C so that importing pycollectives never needs CUDA; the CUDA runtime is
 // linked statically, so importing this module needs only the driver, and not even that until a
-// communicator is made. Arguments arrive validated (pycollectives/cuda.py); pointers and
-// streams arrive as integers.
+// communicator is made. Arrays arrive described by Python (pycollectives/backends/cuda/args.py:
+// pointer, count, dtype code) and each call is checked here, as the host path checks its calls
+// (python/call_args.h); pointers and streams arrive as integers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -19,6 +21,7 @@
 #include "cuda/cuda_comm.h"
 #include "cuda/staging.h"
 #include "device/plan.h"
+#include "python/call_args.h"
 #include "python/core_errors.h"
 
 namespace py = pybind11;
@@ -43,12 +46,12 @@ Algo algo_code(Collective c, int a) {
   return algo;
 }
 
-// Per-rank lists as pycollectives/cuda_args.py checked them (None: even).
+// Per-rank lists of a planned call (None: even).
 using CountList = std::optional<std::vector<uint64_t>>;
 
-// Puts the uneven forms' lists into `call`. The arrays' sizes were checked against them in
-// Python; here only what keeps the plan consistent with the call: counts sum to its count,
-// and all-to-all splits come as a pair (their lengths are checked with the call).
+// Puts the uneven forms' lists into a call to plan (there are no arrays to check them
+// against): counts sum to its count, and all-to-all splits come as a pair (their lengths are
+// checked with the call).
 void set_counts(CollectiveCall& call, const CountList& counts, const CountList& in_splits,
                 const CountList& out_splits) {
   const char* fn = collective_name(call.collective);
@@ -142,6 +145,26 @@ void bind_planning(py::module_& m) {
       },
       py::arg("size"), py::arg("nslots"), py::arg("nblocks"), py::arg("slot_bytes"));
   m.attr("MAX_RANKS") = kMaxRanks;
+}
+
+// run's checks without a communicator: the call is checked before the CUDA transport is set up
+// (Communicator's first GPU collective). Returns the call's count.
+void bind_checks(py::module_& m) {
+  m.def(
+      "check_call",
+      [](int collective, const pyargs::Described& x, const pyargs::Described& out, int root, int op,
+         int algo, int rank, int size, const pyargs::CountList& counts,
+         const pyargs::CountList& in_splits, const pyargs::CountList& out_splits) {
+        const CollectiveCall call =
+            pyargs::described_call(collective_code(collective), x, out, root, op, algo, rank, size,
+                                   {counts, in_splits, out_splits});
+        check_device_call(call, size);
+        return call.count;
+      },
+      py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"),
+      py::arg("algorithm"), py::arg("rank"), py::arg("size"), py::kw_only(),
+      py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
+      py::arg("out_splits") = py::none());
 }
 
 void bind_runtime(py::module_& m) {
@@ -245,31 +268,24 @@ void bind_comm(py::module_& m) {
             return std::string(algo_name(c.choose(collective_code(collective), bytes)));
           },
           py::arg("collective"), py::arg("bytes"))
+      // The collective's checks (the host path's, on the arrays Python described) and the
+      // launch, in one crossing.
       .def(
           "run",
-          [](CudaComm& c, int collective, uintptr_t in, uintptr_t out, size_t count, int dtype,
-             int op, int root, int algo, uintptr_t stream, bool async_op, const CountList& counts,
-             const CountList& in_splits, const CountList& out_splits) {
-            CollectiveCall call;
-            call.collective = collective_code(collective);
-            call.algo = algo_code(call.collective, algo);
-            if (!valid_dtype(dtype) || !valid_redop(op))
-              throw InvalidArgument("run: bad dtype or op code");
-            if (root < 0 || root >= c.size()) throw InvalidArgument("run: root out of range");
-            call.in = reinterpret_cast<const void*>(in);
-            call.out = reinterpret_cast<void*>(out);
-            call.count = count;
-            call.dtype = static_cast<DType>(dtype);
-            call.op = static_cast<RedOp>(op);
-            call.root = root;
-            set_counts(call, counts, in_splits, out_splits);
+          [](CudaComm& c, int collective, const pyargs::Described& x, const pyargs::Described& out,
+             int op, int root, int algo, uintptr_t stream, bool async_op,
+             const pyargs::CountList& counts, const pyargs::CountList& in_splits,
+             const pyargs::CountList& out_splits) {
+            const CollectiveCall call =
+                pyargs::described_call(collective_code(collective), x, out, root, op, algo,
+                                       c.rank(), c.size(), {counts, in_splits, out_splits});
             py::gil_scoped_release nogil;
             return c.run(call, stream_of(stream), async_op);
           },
-          py::arg("collective"), py::arg("x_ptr"), py::arg("out_ptr"), py::arg("count"),
-          py::arg("dtype"), py::arg("op"), py::arg("root"), py::arg("algorithm"), py::arg("stream"),
-          py::arg("async_op"), py::kw_only(), py::arg("counts") = py::none(),
-          py::arg("in_splits") = py::none(), py::arg("out_splits") = py::none())
+          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("op"), py::arg("root"),
+          py::arg("algorithm"), py::arg("stream"), py::arg("async_op"), py::kw_only(),
+          py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
+          py::arg("out_splits") = py::none())
       .def("barrier", &CudaComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
 }
@@ -312,6 +328,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.doc() = "pycollectives CUDA IPC transport (private; use pycollectives.cuda)";
   translate_errors_as_core();
   bind_planning(m);
+  bind_checks(m);
   bind_runtime(m);
   bind_comm(m);
   bind_staging(m);

@@ -23,6 +23,18 @@ from pycollectives.backends.cuda import env as cuda_mod
 TESTS = Path(__file__).parent
 
 
+def _cuda_built() -> bool:
+    try:
+        from pycollectives import _cuda  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# A call's checks are _cuda's (the fake native module borrows them).
+needs_cuda_module = pytest.mark.skipif(not _cuda_built(), reason="built without CUDA")
+
+
 def test_communicator_setup_fails_cleanly_without_gpu():
     ok, _ = cuda_available()
     if ok:
@@ -41,6 +53,7 @@ def test_communicator_over_nodes_refuses_cuda_arrays():
     run_mpi(4, "cuda_nogpu_dispatch.py", "nodes", env={"PYCOLL_RANKS_PER_NODE": "2"}, timeout=120)
 
 
+@needs_cuda_module
 @pytest.mark.parametrize("case", ["arrays", "forced", "explicit", "split"])
 def test_cuda_comm_device_is_decided_collectively(case):
     # A fake native module with two fake GPUs: arrays away from local_rank % 2 are taken where
@@ -49,6 +62,7 @@ def test_cuda_comm_device_is_decided_collectively(case):
     run_mpi(3, "cuda_nogpu_fake_native.py", case, env=env, timeout=120)
 
 
+@needs_cuda_module
 @pytest.mark.parametrize("case", ["communicator", "communicator_forced", "communicator_new"])
 def test_communicator_device_is_that_of_the_first_gpu_call(case):
     env = {"PYCOLL_DEVICE": "0"} if case == "communicator_forced" else {"PYCOLL_DEVICE": ""}

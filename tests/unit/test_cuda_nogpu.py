@@ -211,7 +211,7 @@ def arr(ptr, n, typestr="<f4", device=0):
 def test_check_call():
     base = 1 << 20
     x, out = arr(base, 8), arr(base + 4096, 8)
-    _, _, count = check_call("all_reduce", x, out, 0, None, 0, 0, 2, 0)
+    count = check_call("all_reduce", x, out, 0, None, 0, 0, 2, 0)
     assert count == 8
     check_call("all_reduce", x, None, 4, None, 1, 0, 2, 0)  # in place, avg, ring
     with pytest.raises(ValueError, match="out has 7 elements, expected 8"):
@@ -227,12 +227,12 @@ def test_check_call():
     with pytest.raises(ValueError, match="root 2 is out of range for 2 ranks"):
         check_call("broadcast", x, None, None, 2, 0, 0, 2, 0)
     # reduce_scatter: x holds size * out.size; in place when out is x's block of this rank.
-    _, _, count = check_call("reduce_scatter", arr(base, 8), arr(base + 16, 4), 0, None, 0, 1, 2, 0)
+    count = check_call("reduce_scatter", arr(base, 8), arr(base + 16, 4), 0, None, 0, 1, 2, 0)
     assert count == 4
     with pytest.raises(ValueError, match="x has 8 elements, expected 6"):
         check_call("reduce_scatter", arr(base, 8), arr(base + 4096, 3), 0, None, 0, 0, 2, 0)
     # all_gather: out holds size * x.size; in place when x is out's block of this rank.
-    _, _, count = check_call("all_gather", arr(base + 16, 4), arr(base, 8), None, None, 0, 1, 2, 0)
+    count = check_call("all_gather", arr(base + 16, 4), arr(base, 8), None, None, 0, 1, 2, 0)
     assert count == 4
     with pytest.raises(ValueError, match="device 1"):
         check_call(

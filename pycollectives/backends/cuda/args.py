@@ -1,10 +1,10 @@
-"""Argument checks of the CUDA collectives: the host path's checks
-(csrc/python/call_args.cpp) for GPU arrays, raised as ValueError/TypeError before anything is
-queued."""
+"""Argument checks of the CUDA collectives: GPU arrays described and checked here, then the
+host path's checks of the collective (csrc/python/call_args.cpp) in the native call itself,
+raised as ValueError/TypeError before anything is queued."""
 
 from __future__ import annotations
 
-from pycollectives import _C
+from pycollectives.ops import collective_code
 from pycollectives.runtime import arrays
 
 
@@ -41,16 +41,14 @@ def given_lists(counts=None, in_splits=None, out_splits=None) -> dict:
     return {k: v for k, v in lists.items() if v is not None}
 
 
-def check_call(
-    collective, x, out, op, root, algorithm, rank, size, device, *, counts=None, in_splits=None,
-    out_splits=None,
-):  # fmt: skip
-    """Validates one call; returns (x info, out info, count) for the native layer. The arrays
-    are described here; the collective's own checks (sizes, dtypes, overlap, op, root,
-    algorithm, per-rank counts and splits) are the host path's (``_C.check_described_args``).
-
-    An array the rank does not use may be None: gather's `out` and scatter's `x` off the root.
-    Its info is then that of the other array, with pointer 0 and no elements."""
+def described(collective, x, out, root, rank, device):
+    """The arrays of one call as the native layer takes them: ``(pointer, count, dtype code)``
+    each, or None for one the call does not take (`out` in the single-array forms, gather's
+    `out` and scatter's `x` off the root); and the info of an array that is there (its library
+    and stream). Each array is checked here (a CUDA array, dtype, layout, writability, device);
+    the collective's own checks (sizes, dtypes, overlap, op, root, algorithm, per-rank counts
+    and splits) are the host path's, run by the native layer (``_cuda.CudaComm.run``, or
+    ``_cuda.check_call`` before a communicator exists)."""
     fn = collective
     off_root = rank != (root or 0)
     absent_x = x is None and collective == "scatter" and off_root
@@ -59,22 +57,25 @@ def check_call(
     single = collective == "broadcast" or (out is None and not (absent_out or absent_x))
     written = collective == "broadcast" or (out is None and collective in ("all_reduce", "reduce"))
     xi = None if absent_x else gpu_array(x, fn, "x", written, device)
-    oi = xi if single else (None if absent_out else gpu_array(out, fn, "out", True, device))
-    count = _C.check_described_args(
-        collective,
-        None if xi is None else (xi.ptr, xi.count, xi.dtype),
-        None if oi is None or oi is xi else (oi.ptr, oi.count, oi.dtype),
-        root or 0,
-        op or 0,
-        algorithm or 0,
-        rank,
-        size,
+    oi = None if single or absent_out else gpu_array(out, fn, "out", True, device)
+    xd = None if xi is None else (xi.ptr, xi.count, xi.dtype)
+    od = None if oi is None else (oi.ptr, oi.count, oi.dtype)
+    return xd, od, xi if xi is not None else oi
+
+
+def check_call(
+    collective, x, out, op, root, algorithm, rank, size, device, *, counts=None, in_splits=None,
+    out_splits=None,
+):  # fmt: skip
+    """Validates one call before a communicator exists, as ``CudaComm.run`` will; returns its
+    count, or None when pycollectives was built without CUDA (the communicator's set-up then
+    says so on every rank)."""
+    xd, od, _ = described(collective, x, out, root, rank, device)
+    try:
+        from pycollectives import _cuda
+    except ImportError:
+        return None
+    return _cuda.check_call(
+        collective_code(collective), xd, od, root or 0, op or 0, algorithm or 0, rank, size,
         **given_lists(counts, in_splits, out_splits),
-    )
-    # Past the checks, at least one array is there (the native layer sees pointer 0 for the
-    # one that is not, and never touches it: call_extents gives it no elements).
-    if xi is None:
-        xi = oi._replace(ptr=0, count=0)
-    if oi is None:
-        oi = xi._replace(ptr=0, count=0)
-    return xi, oi, count
+    )  # fmt: skip

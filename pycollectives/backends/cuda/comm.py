@@ -28,7 +28,7 @@ Example (``mpiexec -n 2 python example.py``)::
 from __future__ import annotations
 
 from pycollectives.backends import gathered_or_raise, same_on_every_rank
-from pycollectives.backends.cuda.args import check_call, given_lists
+from pycollectives.backends.cuda.args import described, given_lists
 from pycollectives.backends.cuda.env import (
     _native,
     arrays_device,
@@ -262,17 +262,14 @@ class CudaComm:
             if algorithm is None or isinstance(algorithm, str)
             else (int(algorithm))
         )
-        xi, oi, count = check_call(
-            collective, x, out, op, root, algorithm, self.rank, self.size, self.device, **splits
-        )
+        xd, od, info = described(collective, x, out, root, self.rank, self.device)
         if algorithm == 0 and self._forced is not None:
             if self._forced in ALGORITHMS_FOR[collective]:
                 algorithm = algo_code(self._forced)
-        # (An absent array's info is its partner's: the same library and stream.)
-        s = arrays.current_stream(xi) if stream is None else arrays.stream_handle(stream)
-        code = collective_code(collective)
+        s = arrays.current_stream(info) if stream is None else arrays.stream_handle(stream)
+        # One native call checks the collective (as the host path does) and queues it.
         native = c.run(
-            code, xi.ptr, oi.ptr, count, xi.dtype, op or 0, root or 0, algorithm, s, async_op,
+            collective_code(collective), xd, od, op or 0, root or 0, algorithm, s, async_op,
             **splits,
         )  # fmt: skip
         return _CudaCompletion(native, self, s)

@@ -58,11 +58,11 @@ class FakeNativeComm:
     def check(self):
         pass
 
-    def run(
-        self, collective, x_ptr, out_ptr, count, dtype, op, root, algorithm, stream, a, **lists
-    ):
+    def run(self, collective, x, out, op, root, algorithm, stream, a, **lists):
+        # The real module's checks, as the real run applies them before it queues anything.
+        count = REAL_CHECK(collective, x, out, root, op, algorithm, self.rank, self.size, **lists)
         self.seq += 1
-        self.calls.append((collective, x_ptr, out_ptr, count))
+        self.calls.append((collective, x[0] if x else 0, out[0] if out else 0, count))
         self.lists = {"counts": None, "in_splits": None, "out_splits": None, **lists}  # defaults
         return FakeWork(self.seq)
 
@@ -91,8 +91,16 @@ class FakeOptions:
         self.oneshot_max_bytes, self.direct_max_bytes = 64 * 1024, 256 * 1024
 
 
+REAL_CHECK = None
+
+
 def install_fake_native():
+    global REAL_CHECK
+    from pycollectives import _cuda  # built without a GPU too: its checks need none
+
+    REAL_CHECK = _cuda.check_call
     fake = types.ModuleType("pycollectives._cuda")
+    fake.check_call = REAL_CHECK
     fake.device_count = lambda: (NDEV, "")
     fake.pointer_device = lambda ptr: -1
     fake.CudaComm = FakeNativeComm

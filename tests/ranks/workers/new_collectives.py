@@ -333,23 +333,9 @@ def args(mpi):
                 expect(exc, fn, word)
             except AssertionError as e:
                 raise AssertionError(f"bad argument case {i}: {e}") from None
-        # The same checks for arrays described elsewhere (GPU layers), and the even forms.
-        ptr = x.ctypes.data
-        desc = (ptr, 2 * n, 6)
-        assert (
-            pc._C.check_described_args(
-                "all_to_all", desc, (out.ctypes.data, 2 * n, 6), 0, 0, 0, r, n
-            )
-            == 2
-        )
-
-        def scatter():
-            return pc._C.check_described_args("scatter", None, (ptr, 2, 6), 0, 0, 0, r, n)
-
-        if r == 0:
-            expect(ValueError, scatter, "x is required")
-        else:
-            assert scatter() == 2
+        # The same checks for arrays described elsewhere (the CUDA transport's), and the even
+        # forms.
+        described_checks(x, out, r, n)
         assert (
             pc._C.check_args(
                 "all_gather",
@@ -368,6 +354,29 @@ def args(mpi):
         native(c, "all_to_all", x, out)
         assert np.array_equal(out, np.ones(2 * n, f4))
     return f"checks={len(bad)}"
+
+
+def described_checks(x, out, r, n):
+    """The CUDA transport's checks of arrays described as (pointer, count, dtype code): those
+    of the host path (skipped where pycollectives was built without CUDA)."""
+    try:
+        from pycollectives import _cuda
+    except ImportError:
+        return
+    from pycollectives.ops import collective_code
+
+    ptr = x.ctypes.data
+    desc = (ptr, 2 * n, 6)
+    a2a = collective_code("all_to_all")
+    assert _cuda.check_call(a2a, desc, (out.ctypes.data, 2 * n, 6), 0, 0, 0, r, n) == 2
+
+    def scatter():
+        return _cuda.check_call(collective_code("scatter"), None, (ptr, 2, 6), 0, 0, 0, r, n)
+
+    if r == 0:
+        expect(ValueError, scatter, "x is required")
+    else:
+        assert scatter() == 2
 
 
 def main():
