@@ -22,8 +22,8 @@ import time
 from mpi4py import MPI
 
 import pycollectives as pc
+from pycollectives.backends import Call
 from pycollectives.backends.cuda.args import described
-from pycollectives.ops import collective_code
 
 
 def per_call(mpi, fn, sync, calls: int) -> tuple:
@@ -57,12 +57,13 @@ def main():
     inner = comm._cuda
     native = inner._native_comm()
     xd, od, _ = described("all_reduce", x, out, None, mpi.rank, inner.device)
-    code, sptr = collective_code("all_reduce"), stream.ptr
+    call = Call("all_reduce", x, out)
+    sptr = stream.ptr
 
     layers = {
         "Communicator": lambda: comm.all_reduce(x, out),
         "CudaComm": lambda: inner.all_reduce(x, out),
-        "native.run": lambda: native.run(code, xd, od, 0, 0, 0, sptr, False),
+        "native.run": lambda: native.run(call, xd, od, sptr),
     }
     if mpi.rank == 0:
         print(f"# {mpi.size} ranks, sync={inner.sync_mode}, 8 B all-reduce, {args.calls} calls")

@@ -21,6 +21,7 @@ OP_NAMES: dict[str, Any]  # "SUM" and "sum" -> ReduceOp.SUM, ...
 OPS: tuple[str, ...]
 ALGORITHMS_FOR: dict[str, tuple[str, ...]]  # the algorithms each collective has
 REDUCING: tuple[str, ...]  # collectives that take an op
+CALL_FIELDS: tuple[str, ...]  # pycollectives.backends.Call's fields, in the order the core reads
 
 class HostCommOptions:
     slot_bytes: int

@@ -18,18 +18,11 @@ def plan(
     oneshot_max_bytes: int = ...,
 ) -> dict[str, Any]: ...
 def check_call(
-    collective: int,
+    call: tuple,
     x: tuple[int, int, int] | None,
     out: tuple[int, int, int] | None,
-    root: int,
-    op: int,
-    algorithm: int,
     rank: int,
     size: int,
-    *,
-    counts: list[int] | None = None,
-    in_splits: list[int] | None = None,
-    out_splits: list[int] | None = None,
 ) -> int: ...
 def block_slice(n: int, nblocks: int, block: int) -> tuple[int, int]: ...
 def channel_slice(n: int, nblocks: int, slot_bytes: int, block: int) -> tuple[int, int]: ...
@@ -82,18 +75,10 @@ class CudaComm:
     def choose(self, collective: int, bytes: int) -> str: ...
     def run(
         self,
-        collective: int,
+        call: tuple,
         x: tuple[int, int, int] | None,
         out: tuple[int, int, int] | None,
-        op: int,
-        root: int,
-        algorithm: int,
         stream: int,
-        async_op: bool,
-        *,
-        counts: list[int] | None = None,
-        in_splits: list[int] | None = None,
-        out_splits: list[int] | None = None,
     ) -> CudaWork: ...
     def barrier(self) -> None: ...
     def close(self) -> None: ...

@@ -339,22 +339,20 @@ class Communicator:
 
     # -- dispatch -----------------------------------------------------------------------------
 
-    def _run(self, args: tuple, result):
-        """Runs the call whose fields, in ``Call``'s order, are `args` (a plain tuple: the
-        host backend reads it as it is) on the backend of its arrays; returns `result`, or a
-        Work."""
-        x, out = args[1], args[2]
+    def _run(self, call: Call, result):
+        """Runs `call` on the backend of its arrays; returns `result`, or a Work."""
+        x, out = call.x, call.out
         if (
             self._fast_run is not None
             and type(x) is np.ndarray
-            and args[7] is None  # stream
+            and call.stream is None
             and (out is None or type(out) is np.ndarray)
         ):  # numpy arrays, the common case: straight to the shared-memory transport
-            handle = self._fast_run(args)
+            handle = self._fast_run(call)
         else:
-            backend, call = self._backend_for(Call._make(args))
+            backend, call = self._backend_for(call)
             handle = backend.run(call)
-        return self._finish(handle, (x, out), result, args[6])
+        return self._finish(handle, (x, out), result, call.async_op)
 
     def _finish(self, handle, held, result, async_op):
         if handle is None:
@@ -389,8 +387,8 @@ class Communicator:
         if self._now(_AR, x, out, op, 0, algorithm, async_op, stream):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
-        args = ("all_reduce", x, out, op, 0, algorithm, async_op, stream, None, None, None)
-        return self._run(args, x if out is None else out)
+        call = Call("all_reduce", x, out, op, 0, algorithm, async_op, stream)
+        return self._run(call, x if out is None else out)
 
     def reduce_scatter(
         self, x, out, op=SUM, counts=None, algorithm=None, async_op=False, stream=None
@@ -401,8 +399,8 @@ class Communicator:
             return out
         counts = _sizes(counts, "counts")
         op, algorithm = op_code(op), algo_code(algorithm)
-        args = ("reduce_scatter", x, out, op, 0, algorithm, async_op, stream, counts, None, None)
-        return self._run(args, out)
+        call = Call("reduce_scatter", x, out, op, 0, algorithm, async_op, stream, counts)
+        return self._run(call, out)
 
     def all_gather(self, x, out, counts=None, algorithm=None, async_op=False, stream=None):
         """Gathers every rank's `x` into `out`, rank-major: ``size * x.size`` elements, or
@@ -410,16 +408,16 @@ class Communicator:
         if counts is None and self._now(_AG, x, out, 0, 0, algorithm, async_op, stream):
             return out
         counts, algorithm = _sizes(counts, "counts"), algo_code(algorithm)
-        args = ("all_gather", x, out, 0, 0, algorithm, async_op, stream, counts, None, None)
-        return self._run(args, out)
+        call = Call("all_gather", x, out, 0, 0, algorithm, async_op, stream, counts)
+        return self._run(call, out)
 
     def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""
         if self._now(_BC, x, None, 0, root, algorithm, async_op, stream):
             return x
         algorithm = algo_code(algorithm)
-        args = ("broadcast", x, None, 0, root, algorithm, async_op, stream, None, None, None)
-        return self._run(args, x)
+        call = Call("broadcast", x, None, 0, root, algorithm, async_op, stream)
+        return self._run(call, x)
 
     def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
@@ -427,8 +425,8 @@ class Communicator:
         if self._now(_RED, x, out, op, root, algorithm, async_op, stream):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
-        args = ("reduce", x, out, op, root, algorithm, async_op, stream, None, None, None)
-        return self._run(args, x if out is None else out)
+        call = Call("reduce", x, out, op, root, algorithm, async_op, stream)
+        return self._run(call, x if out is None else out)
 
     def all_to_all(
         self, x, out, in_splits=None, out_splits=None, algorithm=None, async_op=False, stream=None
@@ -445,15 +443,15 @@ class Communicator:
         """Gathers every rank's `x` into the root's `out` (``size * x.size``, rank-major);
         `out` is None off the root."""
         algorithm = algo_code(algorithm)
-        args = ("gather", x, out, 0, root, algorithm, async_op, stream, None, None, None)
-        return self._run(args, out)
+        call = Call("gather", x, out, 0, root, algorithm, async_op, stream)
+        return self._run(call, out)
 
     def scatter(self, x, out, root=0, algorithm=None, async_op=False, stream=None):
         """Block r of the root's `x` (``size * out.size`` elements) goes to rank r's `out`;
         `x` is None off the root."""
         algorithm = algo_code(algorithm)
-        args = ("scatter", x, out, 0, root, algorithm, async_op, stream, None, None, None)
-        return self._run(args, out)
+        call = Call("scatter", x, out, 0, root, algorithm, async_op, stream)
+        return self._run(call, out)
 
     def barrier(self, async_op=False):
         """Returns once every rank has entered the barrier (after this rank's earlier work).
@@ -569,9 +567,7 @@ class Communicator:
         name = call.collective
         if self._cuda_error is not None:
             raise CollectiveError(self._cuda_error)
-        check_call(name, call.x, call.out, call.op, call.root, call.algorithm, self.rank,
-                   self.size, None, counts=call.counts, in_splits=call.in_splits,
-                   out_splits=call.out_splits)  # fmt: skip
+        check_call(call, self.rank, self.size)
         if isinstance(self._group, bootstrap.ThreadGroup):
             raise CollectiveError(
                 f"{name}: CUDA arrays on the thread ranks of Communicator.local are not "

@@ -283,6 +283,22 @@ bool may_be_absent(Collective c, const char* array, int rank, int root) {
          (c == Collective::Scatter && std::strcmp(array, "x") == 0);
 }
 
+CallFields call_fields(py::handle obj) {
+  if (!py::isinstance<py::tuple>(obj) || py::len(obj) != kNumCallFields)
+    throw InvalidArgument("expected a pycollectives.backends.Call");
+  const auto call = py::reinterpret_borrow<py::tuple>(obj);
+  auto list = [&](int i) -> CountList {
+    if (call[i].is_none()) return std::nullopt;
+    return call[i].cast<std::vector<int64_t>>();
+  };
+  return CallFields{collective_from_name(call[kCallCollective].cast<std::string>()),
+                    call[kCallOp].cast<int>(),
+                    call[kCallRoot].cast<int>(),
+                    call[kCallAlgorithm].cast<int>(),
+                    call[kCallAsyncOp].cast<bool>(),
+                    Splits{list(kCallCounts), list(kCallInSplits), list(kCallOutSplits)}};
+}
+
 // A call on numpy arrays: each array checked (type, dtype, layout, writability), then the
 // collective's own checks. `out_obj` None: in place (all_reduce, reduce); broadcast has none.
 CollectiveCall parse_call(Collective c, py::handle x_obj, py::handle out_obj, int root, int op,

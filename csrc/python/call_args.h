@@ -26,6 +26,38 @@ struct Splits {
   CountList counts, in_splits, out_splits;
 };
 
+// The call descriptor every backend takes: Python's pycollectives.backends.Call, a tuple with
+// these fields in this order (Python builds Call from CALL_FIELDS, exported by _C). Its
+// collective is a name; op, root and algorithm are codes (0: automatic); stream is the GPU
+// stream object, resolved in Python.
+enum CallField : int {
+  kCallCollective,
+  kCallX,
+  kCallOut,
+  kCallOp,
+  kCallRoot,
+  kCallAlgorithm,
+  kCallAsyncOp,
+  kCallStream,
+  kCallCounts,
+  kCallInSplits,
+  kCallOutSplits,
+  kNumCallFields
+};
+inline constexpr const char* kCallFieldNames[kNumCallFields] = {
+    "collective", "x",      "out",    "op",        "root",      "algorithm",
+    "async_op",   "stream", "counts", "in_splits", "out_splits"};
+
+// A Call's fields other than its arrays, read and typed.
+struct CallFields {
+  Collective collective;
+  int op, root, algo;
+  bool async_op;
+  Splits splits;
+};
+// Throws InvalidArgument when `call` is not a Call (not a tuple of kNumCallFields fields).
+CallFields call_fields(pybind11::handle call);
+
 // A call on numpy arrays: each array checked (type, dtype, layout, writability), then the
 // collective's own checks. `out_obj` None: in place (all_reduce, reduce); broadcast has none;
 // gather's out and scatter's x may be None off the root.

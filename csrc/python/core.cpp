@@ -292,19 +292,11 @@ void bind_host_comm(py::module_& m) {
       .def(
           "run_call",
           [](HostComm& c, const py::tuple& call) {
-            // A pycollectives.backends.Call, read by position: (collective, x, out, op, root,
-            // algorithm, async_op, stream, counts, in_splits, out_splits).
-            if (call.size() != 11) throw InvalidArgument("run_call: expected a Call");
-            auto counts = [&](size_t i) -> CountList {
-              if (call[i].is_none()) return std::nullopt;
-              return call[i].cast<std::vector<int64_t>>();
-            };
-            const Splits sp{counts(8), counts(9), counts(10)};
+            const CallFields f = call_fields(call);
             return dispatch(c,
-                            parse_call(collective_from_name(call[0].cast<std::string>()), call[1],
-                                       call[2], call[4].cast<int>(), call[3].cast<int>(),
-                                       call[5].cast<int>(), c.rank(), c.size(), sp),
-                            call[6].cast<bool>());
+                            parse_call(f.collective, call[kCallX], call[kCallOut], f.root, f.op,
+                                       f.algo, c.rank(), c.size(), f.splits),
+                            f.async_op);
           },
           py::arg("call"))
       .def(
@@ -428,6 +420,9 @@ void bind_codes(py::module_& m) {
   m.attr("OPS") = ops;
   m.attr("ALGORITHMS_FOR") = algos_for;
   m.attr("REDUCING") = py::tuple(reducing);
+  py::tuple fields(static_cast<size_t>(kNumCallFields));  // pycollectives.backends.Call's fields, in order
+  for (int k = 0; k < kNumCallFields; ++k) fields[k] = kCallFieldNames[k];
+  m.attr("CALL_FIELDS") = fields;
   // ReduceOp, an IntEnum whose values are the op codes, made here from the same table, so that
   // run_now knows its members without the core taking a type from the Python layer.
   py::list members;

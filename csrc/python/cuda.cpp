@@ -152,19 +152,15 @@ void bind_planning(py::module_& m) {
 void bind_checks(py::module_& m) {
   m.def(
       "check_call",
-      [](int collective, const pyargs::Described& x, const pyargs::Described& out, int root, int op,
-         int algo, int rank, int size, const pyargs::CountList& counts,
-         const pyargs::CountList& in_splits, const pyargs::CountList& out_splits) {
-        const CollectiveCall call =
-            pyargs::described_call(collective_code(collective), x, out, root, op, algo, rank, size,
-                                   {counts, in_splits, out_splits});
-        check_device_call(call, size);
-        return call.count;
+      [](const py::tuple& call, const pyargs::Described& x, const pyargs::Described& out, int rank,
+         int size) {
+        const pyargs::CallFields f = pyargs::call_fields(call);
+        const CollectiveCall cc = pyargs::described_call(f.collective, x, out, f.root, f.op, f.algo,
+                                                         rank, size, f.splits);
+        check_device_call(cc, size);
+        return cc.count;
       },
-      py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root"), py::arg("op"),
-      py::arg("algorithm"), py::arg("rank"), py::arg("size"), py::kw_only(),
-      py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
-      py::arg("out_splits") = py::none());
+      py::arg("call"), py::arg("x"), py::arg("out"), py::arg("rank"), py::arg("size"));
 }
 
 void bind_runtime(py::module_& m) {
@@ -268,24 +264,19 @@ void bind_comm(py::module_& m) {
             return std::string(algo_name(c.choose(collective_code(collective), bytes)));
           },
           py::arg("collective"), py::arg("bytes"))
-      // The collective's checks (the host path's, on the arrays Python described) and the
-      // launch, in one crossing.
+      // A backends.Call, its arrays as Python described them and its stream's handle: the
+      // collective's checks (the host path's) and the launch, in one crossing.
       .def(
           "run",
-          [](CudaComm& c, int collective, const pyargs::Described& x, const pyargs::Described& out,
-             int op, int root, int algo, uintptr_t stream, bool async_op,
-             const pyargs::CountList& counts, const pyargs::CountList& in_splits,
-             const pyargs::CountList& out_splits) {
-            const CollectiveCall call =
-                pyargs::described_call(collective_code(collective), x, out, root, op, algo,
-                                       c.rank(), c.size(), {counts, in_splits, out_splits});
+          [](CudaComm& c, const py::tuple& call, const pyargs::Described& x,
+             const pyargs::Described& out, uintptr_t stream) {
+            const pyargs::CallFields f = pyargs::call_fields(call);
+            const CollectiveCall cc = pyargs::described_call(f.collective, x, out, f.root, f.op,
+                                                             f.algo, c.rank(), c.size(), f.splits);
             py::gil_scoped_release nogil;
-            return c.run(call, stream_of(stream), async_op);
+            return c.run(cc, stream_of(stream), f.async_op);
           },
-          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("op"), py::arg("root"),
-          py::arg("algorithm"), py::arg("stream"), py::arg("async_op"), py::kw_only(),
-          py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
-          py::arg("out_splits") = py::none())
+          py::arg("call"), py::arg("x"), py::arg("out"), py::arg("stream"))
       .def("barrier", &CudaComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def("close", &CudaComm::close, py::call_guard<py::gil_scoped_release>());
 }

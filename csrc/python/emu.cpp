@@ -50,34 +50,30 @@ PYBIND11_MODULE(_emu, m) {
       .def("attach", &emu::EmuComm::attach, py::arg("segments"), py::arg("flags"))
       .def("unlink", &emu::EmuComm::unlink)
       .def("abort", &emu::EmuComm::abort, py::arg("reason"))
+      // A backends.Call on numpy arrays, as the host backend takes one (its stream and
+      // async_op are not the emulator's: it runs the call to completion).
       .def(
           "run",
-          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
-             int op, int algo, const CountList& counts, const CountList& in_splits,
-             const CountList& out_splits) {
-            const CollectiveCall call =
-                parse_call(collective_from_name(collective), x, out, root, op, algo, c.rank(),
-                           c.size(), Splits{counts, in_splits, out_splits});
+          [](emu::EmuComm& c, const py::tuple& call) {
+            const CallFields f = call_fields(call);
+            const CollectiveCall cc = parse_call(f.collective, call[kCallX], call[kCallOut], f.root,
+                                                 f.op, f.algo, c.rank(), c.size(), f.splits);
             py::gil_scoped_release nogil;
-            c.run(call);
+            c.run(cc);
           },
-          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
-          py::arg("op") = 0, py::arg("algorithm") = 0, py::kw_only(),
-          py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
-          py::arg("out_splits") = py::none())
+          py::arg("call"))
       // Capture and replay, as a CUDA graph of a kernel-mode launch (emu_comm.h, EmuGraph).
       // The graph keeps the communicator alive; the arrays stay the caller's to keep.
       .def(
           "capture",
-          [](emu::EmuComm& c, const std::string& collective, py::handle x, py::handle out, int root,
-             int op, int algo) {
-            const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root,
-                                                   op, algo, c.rank(), c.size(), Splits{});
+          [](emu::EmuComm& c, const py::tuple& call) {
+            const CallFields f = call_fields(call);
+            const CollectiveCall cc = parse_call(f.collective, call[kCallX], call[kCallOut], f.root,
+                                                 f.op, f.algo, c.rank(), c.size(), f.splits);
             py::gil_scoped_release nogil;
-            return c.capture(call);
+            return c.capture(cc);
           },
-          py::arg("collective"), py::arg("x"), py::arg("out"), py::arg("root") = 0,
-          py::arg("op") = 0, py::arg("algorithm") = 0, py::keep_alive<0, 1>())
+          py::arg("call"), py::keep_alive<0, 1>())
       .def("replay", &emu::EmuComm::replay, py::arg("graph"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)

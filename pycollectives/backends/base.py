@@ -4,27 +4,38 @@ operations (``P2POp``), and "every rank reports, one exchange, raise on every ra
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import NamedTuple
 
+from pycollectives import _C
 from pycollectives.errors import CollectiveError
 
+# Every field but the collective and x, with its default. The fields and their order are the
+# core's (_C.CALL_FIELDS, csrc/python/call_args.h): it reads a Call by position.
+_CALL_DEFAULTS = {
+    "out": None,
+    "op": 0,  # native codes
+    "root": 0,
+    "algorithm": 0,  # 0: automatic
+    "async_op": False,
+    "stream": None,  # a GPU stream (object or handle); None: the arrays' library's current one
+    "counts": None,  # uneven all_gather / reduce_scatter
+    "in_splits": None,  # all_to_all
+    "out_splits": None,
+}
 
-class Call(NamedTuple):
-    """One collective as the Communicator hands it to a backend: names and codes checked,
-    arrays not yet (each backend checks its own kind of array before anything moves). A tuple,
-    which the native host layer reads by position."""
 
-    collective: str
-    x: object
-    out: object = None
-    op: int = 0  # native codes
-    root: int = 0
-    algorithm: int = 0  # 0: automatic
-    async_op: bool = False
-    stream: object = None
-    counts: list | None = None  # uneven all_gather / reduce_scatter
-    in_splits: list | None = None  # all_to_all
-    out_splits: list | None = None
+class Call(
+    namedtuple("Call", _C.CALL_FIELDS, defaults=[_CALL_DEFAULTS[f] for f in _C.CALL_FIELDS[2:]])
+):
+    """One collective as the Communicator hands it to a backend, the one descriptor every
+    backend takes (host, nodes, CUDA, the emulated device): ``Call(collective, x, out=None,
+    op=0, root=0, algorithm=0, async_op=False, stream=None, counts=None, in_splits=None,
+    out_splits=None)``. Names and codes are checked; arrays not yet (each backend checks its
+    own kind of array before anything moves). A tuple, which the native layers read by
+    position."""
+
+    __slots__ = ()
 
 
 class _P2POp(NamedTuple):

@@ -27,7 +27,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from pycollectives import _C
-from pycollectives.backends import Call
 from pycollectives.checkpoint import write_atomically
 
 _PATH = os.environ.get("PYCOLL_TRACE") or None
@@ -130,8 +129,7 @@ def instrument(comm):
                 args["seq"] = comm.seq  # this call's number: the count of calls so far
             _events.append((name, t0, t1, calling, args))  # list.append is atomic
 
-    def traced_run(fields, result):
-        call = Call._make(fields)  # the Communicator's fields, in Call's order, by name
+    def traced_run(call, result):
         name, x, out = call.collective, call.x, call.out
         t0 = _now()
         r = run(call, result)

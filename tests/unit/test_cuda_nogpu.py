@@ -15,6 +15,8 @@ import pytest
 from harness.launch import fake_tool
 
 import pycollectives
+from pycollectives.backends import Call
+from pycollectives.backends.cuda import args as cuda_args
 from pycollectives.backends.cuda import (
     arrays_device,
     choose_device,
@@ -22,7 +24,7 @@ from pycollectives.backends.cuda import (
     cuda_available,
     mps_active,
 )
-from pycollectives.backends.cuda.args import check_call, gpu_array
+from pycollectives.backends.cuda.args import gpu_array
 from pycollectives.options import Options
 from pycollectives.runtime import arrays
 
@@ -206,6 +208,11 @@ def test_stream_handles():
 
 def arr(ptr, n, typestr="<f4", device=0):
     return FakeCudaArray(ptr, (n,), typestr, device=device)
+
+
+def check_call(collective, x, out, op, root, algorithm, rank, size, device):
+    call = Call(collective, x, out, op or 0, root or 0, algorithm)
+    return cuda_args.check_call(call, rank, size, device)
 
 
 def test_check_call():

@@ -4,7 +4,6 @@ raised as ValueError/TypeError before anything is queued."""
 
 from __future__ import annotations
 
-from pycollectives.ops import collective_code
 from pycollectives.runtime import arrays
 
 
@@ -32,15 +31,6 @@ def gpu_array(obj, fn: str, name: str, writable: bool, device) -> arrays.ArrayIn
     return info
 
 
-def given_lists(counts=None, in_splits=None, out_splits=None) -> dict:
-    """The per-rank lists of a call as keywords, those given only: the even form passes none
-    (each keyword costs a native call 2 us, even as None)."""
-    if counts is None and in_splits is None and out_splits is None:
-        return {}
-    lists = {"counts": counts, "in_splits": in_splits, "out_splits": out_splits}
-    return {k: v for k, v in lists.items() if v is not None}
-
-
 def described(collective, x, out, root, rank, device):
     """The arrays of one call as the native layer takes them: ``(pointer, count, dtype code)``
     each, or None for one the call does not take (`out` in the single-array forms, gather's
@@ -63,19 +53,13 @@ def described(collective, x, out, root, rank, device):
     return xd, od, xi if xi is not None else oi
 
 
-def check_call(
-    collective, x, out, op, root, algorithm, rank, size, device, *, counts=None, in_splits=None,
-    out_splits=None,
-):  # fmt: skip
-    """Validates one call before a communicator exists, as ``CudaComm.run`` will; returns its
-    count, or None when pycollectives was built without CUDA (the communicator's set-up then
-    says so on every rank)."""
-    xd, od, _ = described(collective, x, out, root, rank, device)
+def check_call(call, rank, size, device=None):
+    """Validates a ``backends.Call`` before a communicator exists, as ``CudaComm.run`` will;
+    returns its count, or None when pycollectives was built without CUDA (the communicator's
+    set-up then says so on every rank)."""
+    xd, od, _ = described(call.collective, call.x, call.out, call.root, rank, device)
     try:
         from pycollectives import _cuda
     except ImportError:
         return None
-    return _cuda.check_call(
-        collective_code(collective), xd, od, root or 0, op or 0, algorithm or 0, rank, size,
-        **given_lists(counts, in_splits, out_splits),
-    )  # fmt: skip
+    return _cuda.check_call(call, xd, od, rank, size)

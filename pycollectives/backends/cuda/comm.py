@@ -27,8 +27,8 @@ Example (``mpiexec -n 2 python example.py``)::
 
 from __future__ import annotations
 
-from pycollectives.backends import gathered_or_raise, same_on_every_rank
-from pycollectives.backends.cuda.args import described, given_lists
+from pycollectives.backends import Call, gathered_or_raise, same_on_every_rank
+from pycollectives.backends.cuda.args import described
 from pycollectives.backends.cuda.env import (
     _native,
     arrays_device,
@@ -38,7 +38,7 @@ from pycollectives.backends.cuda.env import (
     mps_active,
 )
 from pycollectives.errors import CollectiveError
-from pycollectives.ops import ALGORITHMS_FOR, algo_code, collective_code, op_code
+from pycollectives.ops import ALGORITHMS_FOR, algo_code, op_code
 from pycollectives.options import Options
 from pycollectives.runtime import arrays
 from pycollectives.runtime.bootstrap import as_group
@@ -234,45 +234,41 @@ class CudaComm:
     def run(self, call):
         """Checks and queues a ``backends.Call``; returns its completion handle (the
         Communicator's backend protocol)."""
-        return self._launch(
-            call.collective, call.x, call.out, call.op, call.root, call.algorithm, call.stream,
-            call.async_op, given_lists(call.counts, call.in_splits, call.out_splits),
-        )  # fmt: skip
+        return self._launch(call)
 
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return self._forced if self._forced in ALGORITHMS_FOR[collective] else "auto"
 
-    def _queue(self, collective, x, out, op, root, algorithm, stream, async_op, result, **splits):
-        """Checks and queues one collective (`collective` by name; `splits`: counts, in_splits,
+    def _queue(self, collective, x, out, op, root, algorithm, stream, async_op, result, **lists):
+        """Checks and queues one collective (`collective` by name; `lists`: counts, in_splits,
         out_splits); returns `result`, or a ``Work`` with `async_op`. The named methods below
         are its usual spellings."""
-        completion = self._launch(
-            collective, x, out, op, root, algorithm, stream, async_op, given_lists(**splits)
-        )
+        call = Call(collective, x, out, op, root, algorithm, async_op, stream, **lists)
+        completion = self._launch(call)
         # The arrays stay referenced until the GPU is done with them, waited for or not.
         work = Work(completion, (x, out), result)
         self._inflight.add(work)
         return work if async_op else result
 
-    def _launch(self, collective, x, out, op, root, algorithm, stream, async_op, splits):
+    def _launch(self, call):
         c = self._native_comm()
-        op = op_code(op) if isinstance(op, str) else op
-        algorithm = (
-            algo_code(algorithm)
-            if algorithm is None or isinstance(algorithm, str)
-            else (int(algorithm))
+        collective, algorithm = call.collective, call.algorithm
+        op = op_code(call.op) if isinstance(call.op, str) else (call.op or 0)
+        root = call.root or 0
+        if algorithm is None or isinstance(algorithm, str):
+            algorithm = algo_code(algorithm)
+        if algorithm == 0 and self._forced in ALGORITHMS_FOR[collective]:
+            algorithm = algo_code(self._forced)
+        if (op, root, algorithm) != (call.op, call.root, call.algorithm):  # names, None
+            call = call._replace(op=op, root=root, algorithm=int(algorithm))
+        xd, od, info = described(collective, call.x, call.out, root, self.rank, self.device)
+        s = (
+            arrays.current_stream(info)
+            if call.stream is None
+            else arrays.stream_handle(call.stream)
         )
-        xd, od, info = described(collective, x, out, root, self.rank, self.device)
-        if algorithm == 0 and self._forced is not None:
-            if self._forced in ALGORITHMS_FOR[collective]:
-                algorithm = algo_code(self._forced)
-        s = arrays.current_stream(info) if stream is None else arrays.stream_handle(stream)
         # One native call checks the collective (as the host path does) and queues it.
-        native = c.run(
-            collective_code(collective), xd, od, op or 0, root or 0, algorithm, s, async_op,
-            **splits,
-        )  # fmt: skip
-        return _CudaCompletion(native, self, s)
+        return _CudaCompletion(c.run(call, xd, od, s), self, s)
 
     def all_reduce(self, x, out=None, op=0, algorithm=None, stream=None, async_op=False):
         res = x if out is None else out

@@ -58,12 +58,12 @@ class FakeNativeComm:
     def check(self):
         pass
 
-    def run(self, collective, x, out, op, root, algorithm, stream, a, **lists):
+    def run(self, call, x, out, stream):
         # The real module's checks, as the real run applies them before it queues anything.
-        count = REAL_CHECK(collective, x, out, root, op, algorithm, self.rank, self.size, **lists)
+        count = REAL_CHECK(call, x, out, self.rank, self.size)
         self.seq += 1
-        self.calls.append((collective, x[0] if x else 0, out[0] if out else 0, count))
-        self.lists = {"counts": None, "in_splits": None, "out_splits": None, **lists}  # defaults
+        self.calls.append((call.collective, x[0] if x else 0, out[0] if out else 0, count))
+        self.lists = {k: getattr(call, k) for k in ("counts", "in_splits", "out_splits")}
         return FakeWork(self.seq)
 
     def barrier(self):
@@ -149,8 +149,6 @@ def ptr(a) -> int:
 def communicator_new(pc, mpi):
     """What the Communicator hands the native layer for the collectives with per-rank lists
     and for the rooted ones whose arrays are absent off the root."""
-    from pycollectives.ops import collective_code
-
     r, n = mpi.rank, mpi.size
     dev = local_default(mpi)
     with pc.Communicator(timeout=20) as comm:
@@ -159,7 +157,7 @@ def communicator_new(pc, mpi):
         x, out = FakeCudaArray(sum(send), dev), FakeCudaArray(sum(recv), dev)
         comm.all_to_all(x, out, send, recv)
         native = comm._cuda._c
-        want = (collective_code("all_to_all"), ptr(x), ptr(out), 0)
+        want = ("all_to_all", ptr(x), ptr(out), 0)
         assert native.calls[-1] == want, native.calls[-1]
         assert native.lists == {"counts": None, "in_splits": send, "out_splits": recv}
         counts = [1 + q for q in range(n)]

@@ -33,6 +33,7 @@ from new_collectives import Data
 
 import pycollectives as pc
 from pycollectives import _emu
+from pycollectives.backends import Call
 from pycollectives.ops import algo_code, op_code
 
 STAGING = {"small": 4096, "default": 64 * 1024}
@@ -61,36 +62,39 @@ class EmulatedDevice:
         self.dev.unlink()
 
     def all_reduce(self, x, out=None, op="sum", algorithm=None):
-        self.dev.run("all_reduce", x, out, 0, op_code(op), algo_code(algorithm))
+        self.dev.run(Call("all_reduce", x, out, op_code(op), 0, algo_code(algorithm)))
         return x if out is None else out
 
     def reduce_scatter(self, x, out, op="sum", algorithm=None, counts=None, async_op=False):
-        self.dev.run("reduce_scatter", x, out, 0, op_code(op), algo_code(algorithm), counts=counts)
+        call = Call("reduce_scatter", x, out, op_code(op), 0, algo_code(algorithm), counts=counts)
+        self.dev.run(call)
         return out
 
     def all_gather(self, x, out, algorithm=None, counts=None, async_op=False):
-        self.dev.run("all_gather", x, out, 0, 0, algo_code(algorithm), counts=counts)
+        self.dev.run(Call("all_gather", x, out, 0, 0, algo_code(algorithm), counts=counts))
         return out
 
     def broadcast(self, x, root=0, algorithm=None):
-        self.dev.run("broadcast", x, None, root, 0, algo_code(algorithm))
+        self.dev.run(Call("broadcast", x, None, 0, root, algo_code(algorithm)))
         return x
 
     def reduce(self, x, out=None, root=0, op="sum", algorithm=None):
-        self.dev.run("reduce", x, out, root, op_code(op), algo_code(algorithm))
+        self.dev.run(Call("reduce", x, out, op_code(op), root, algo_code(algorithm)))
         return x if out is None else out
 
     def all_to_all(self, x, out, in_splits=None, out_splits=None, algorithm=None, async_op=False):
         code = algo_code(algorithm)
-        self.dev.run("all_to_all", x, out, 0, 0, code, in_splits=in_splits, out_splits=out_splits)
+        self.dev.run(
+            Call("all_to_all", x, out, 0, 0, code, in_splits=in_splits, out_splits=out_splits)
+        )
         return out
 
     def gather(self, x, out=None, root=0, algorithm=None, async_op=False):
-        self.dev.run("gather", x, out, root, 0, algo_code(algorithm))
+        self.dev.run(Call("gather", x, out, 0, root, algo_code(algorithm)))
         return out
 
     def scatter(self, x, out, root=0, algorithm=None, async_op=False):
-        self.dev.run("scatter", x, out, root, 0, algo_code(algorithm))
+        self.dev.run(Call("scatter", x, out, 0, root, algo_code(algorithm)))
         return out
 
     def barrier(self):
@@ -315,18 +319,20 @@ def replay(mpi, mode):
     first = np.zeros(64, np.int64)
     if mode == "host":
         dev.all_reduce(first)
-        expect(CollectiveError, lambda: c.capture("all_reduce", first, None, 0, total), "host mode")
+        expect(
+            CollectiveError, lambda: c.capture(Call("all_reduce", first, None, total)), "host mode"
+        )
         say(f"replay host ranks={n}: capture refused")
         return
-    expect(CollectiveError, lambda: c.capture("all_reduce", first, None, 0, total), "once")
+    expect(CollectiveError, lambda: c.capture(Call("all_reduce", first, None, total)), "once")
     graphs = []  # (buffer, graph): in-place all-reduces, ring, direct and tree, several sizes
     for algo, count in (("ring", 5000), ("direct", 7), ("tree", 1200), ("auto", 3 * n + 11)):
         buf = np.zeros(count, np.int64)
         dev.all_reduce(buf, algorithm=algo)  # the plan is built here, outside the capture
-        graphs.append((buf, c.capture("all_reduce", buf, None, 0, total, algo_code(algo))))
+        graphs.append((buf, c.capture(Call("all_reduce", buf, None, total, 0, algo_code(algo)))))
     xg, og = np.zeros(999, np.float32), np.zeros(999 * n, np.float32)
     dev.all_gather(xg, og)
-    gather = c.capture("all_gather", xg, og)
+    gather = c.capture(Call("all_gather", xg, og))
     assert c.plans_pinned == 5, c.plans_pinned
 
     def replay_all(k):

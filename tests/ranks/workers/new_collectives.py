@@ -363,15 +363,15 @@ def described_checks(x, out, r, n):
         from pycollectives import _cuda
     except ImportError:
         return
-    from pycollectives.ops import collective_code
+    from pycollectives.backends import Call
 
     ptr = x.ctypes.data
     desc = (ptr, 2 * n, 6)
-    a2a = collective_code("all_to_all")
-    assert _cuda.check_call(a2a, desc, (out.ctypes.data, 2 * n, 6), 0, 0, 0, r, n) == 2
+    a2a = Call("all_to_all", None)
+    assert _cuda.check_call(a2a, desc, (out.ctypes.data, 2 * n, 6), r, n) == 2
 
     def scatter():
-        return _cuda.check_call(collective_code("scatter"), None, (ptr, 2, 6), 0, 0, 0, r, n)
+        return _cuda.check_call(Call("scatter", None), None, (ptr, 2, 6), r, n)
 
     if r == 0:
         expect(ValueError, scatter, "x is required")
