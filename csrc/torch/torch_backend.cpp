@@ -5,7 +5,7 @@
 // dispatcher straight to the host communicator, through _C's C interface (host/host_capi.h):
 // no Python, no GIL, no copy. Everything else (lists of separate tensors, all-to-all, gather,
 // scatter, send/recv, CUDA tensors, communicators over several nodes) goes to the Python
-// backend (pycollectives.torch_backend.ProcessGroup), which this object wraps.
+// backend (pycollectives.torch.backend.ProcessGroup), which this object wraps.
 //
 // As there: calls on fewer than `async_bytes` run on the calling thread; larger ones are queued
 // on the communicator's progress thread, and a completion thread of this backend marks their

@@ -596,7 +596,7 @@ def main():
         native_backend = world._get_backend(torch.device("cpu")).native
         assert native_backend != several_nodes(), "not the C++ backend"
     else:
-        assert isinstance(world, pct.torch_backend.ProcessGroup), type(world)
+        assert isinstance(world, pct.backend.ProcessGroup), type(world)
     gloo = dist.new_group(backend="gloo")
     cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
     cases.update(errors=check_errors, exchange=check_exchange, mesh2d=check_mesh2d)

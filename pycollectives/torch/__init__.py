@@ -1,6 +1,6 @@
 """PyTorch: the ``"pycollectives"`` torch.distributed backend, and ``DistributedDataParallel``.
 
-Importing this module registers the backend (``pycollectives.torch_backend``)::
+Importing this package registers the backend (``pycollectives.torch.backend``)::
 
     import torch.distributed as dist
     import pycollectives.torch as pct
@@ -34,13 +34,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pycollectives import torch_backend
 from pycollectives.ddp.bucketer import GradientBucketer
 from pycollectives.runtime import arrays
+from pycollectives.torch import backend
 
-torch_backend.register()
-BACKEND = torch_backend.NAME
-communicator = torch_backend.communicator
+backend.register()
+BACKEND = backend.NAME
+communicator = backend.communicator
 
 
 def init_process_group(*, timeout=None, backend=BACKEND, **kwargs):
