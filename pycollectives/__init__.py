@@ -12,15 +12,15 @@ Example (run with ``mpiexec -n 2 python example.py``)::
 
 from pycollectives.backends import P2POp
 from pycollectives.communicator import Communicator
-from pycollectives.ddp import (
+from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+from pycollectives.ops import ALGORITHMS, AVG, MAX, MIN, PROD, SUM, ReduceOp
+from pycollectives.options import Options
+from pycollectives.parallel.data import (
     DataParallel,
     DistributedSampler,
     GlobalBatchSampler,
     GradientBucketer,
 )
-from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
-from pycollectives.ops import ALGORITHMS, AVG, MAX, MIN, PROD, SUM, ReduceOp
-from pycollectives.options import Options
 from pycollectives.work import Work
 
 __version__ = "0.1.0"

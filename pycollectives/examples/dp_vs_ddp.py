@@ -13,8 +13,9 @@ The same model, data, optimizer and batch, trained both ways at each number of r
   (``pc.DataParallel``), every rank updating its own replica.
 
 It prints a table of step time and of the bytes rank 0 and the other ranks send and receive
-per step (as the collectives' algorithms move them; ``local_dp.TrafficCounter``), whether each
-run ends where one process training on the whole batch ends, and draws the table to a PNG.
+per step (as the collectives' algorithms move them; ``parallel.data.local.TrafficCounter``),
+whether each run ends where one process training on the whole batch ends, and draws the table
+to a PNG.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pycollectives.examples.common import (
     train_one_process,
 )
 from pycollectives.parallel import nn, optim
-from pycollectives.parallel.local_dp import SingleProcessDataParallel, TrafficCounter
+from pycollectives.parallel.data.local import SingleProcessDataParallel, TrafficCounter
 
 MIB = 2**20
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pycollectives.ddp.bucketer import GradientBucketer
+from pycollectives.parallel.data.bucketer import GradientBucketer
 from pycollectives.runtime import arrays
 from pycollectives.torch import backend
 

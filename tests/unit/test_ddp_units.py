@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pycollectives.ddp import DistributedSampler, assign_buckets
+from pycollectives.parallel.data import DistributedSampler, assign_buckets
 
 MB = 1 << 20
 

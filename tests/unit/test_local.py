@@ -13,7 +13,7 @@ import pytest
 import pycollectives as pc
 from pycollectives.examples.common import batches, classification_data, train_one_process
 from pycollectives.parallel import nn
-from pycollectives.parallel.local_dp import SingleProcessDataParallel
+from pycollectives.parallel.data.local import SingleProcessDataParallel
 
 
 def run_ranks(comms, fn):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from pycollectives import checkpoint
-from pycollectives.ddp.bucketer import GradientBucketer
+from pycollectives.parallel.data.bucketer import GradientBucketer
 from pycollectives.runtime import arrays
 
 
