@@ -1,13 +1,14 @@
 """Measures this machine's links and fits the cost model's alpha, beta, gamma to them.
 
-    mpiexec -n 2 python benchmarks/model_calibrate.py [--write pycollectives/model_calibration.json]
+    mpiexec -n 2 python benchmarks/model_calibrate.py [--write PATH]
 
 Two link classes, each measured with our own ring all-reduce (float32 sum) on 2 ranks, 8 B to
 16 MiB: "intra" over shared memory (one node), "inter" over the MPI transport (the same two
 ranks as two emulated nodes, PYCOLL_RANKS_PER_NODE=1, flat ring). For each class the model's
 time is linear in (alpha, 1/beta, gamma) given the schedule's step, byte and reduction counts
-(pycollectives.model.schedule_costs); a least-squares fit on relative error gives them. The
-file keeps the measurements too; tests/unit/test_model.py checks the model against them.
+(pycollectives.cost_model.schedule_costs); a least-squares fit on relative error gives them.
+The file written (by default pycollectives/cost_model_calibration.json) keeps the measurements
+too; tests/unit/test_cost_model.py checks the model against them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
-from pycollectives import model
+from pycollectives import cost_model
 from pycollectives.bench.peers import mpi_library
 from pycollectives.bench.timing import per_call
 
@@ -47,8 +48,8 @@ def fit_at(points, piece_bytes, cache_bytes, rendezvous_bytes):
     rows = []
     for p in points:
         n = p["nodes"] * p["ranks_per_node"]
-        c = model.schedule_costs("ring", "all_reduce", n, p["bytes"] // 4, piece_bytes // 4)
-        steps = max(c.steps, model._chain("ring", "all_reduce", n))
+        c = cost_model.schedule_costs("ring", "all_reduce", n, p["bytes"] // 4, piece_bytes // 4)
+        steps = max(c.steps, cost_model._chain("ring", "all_reduce", n))
         large = p["bytes"] > cache_bytes
         rndv = (
             steps
@@ -83,7 +84,7 @@ def fit(points, piece_bytes, rendezvous):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", default=str(model.CALIBRATION_FILE))
+    ap.add_argument("--write", default=str(cost_model.CALIBRATION_FILE))
     args = ap.parse_args()
     mpi = MPI.COMM_WORLD
     if mpi.Get_size() != 2:

@@ -1,6 +1,6 @@
 """An alpha-beta cost model of the collectives, evaluated on the schedules themselves.
 
-    python -m pycollectives.model [--profile here|h100] [--plot PATH] [--json PATH]
+    python -m pycollectives.cost_model [--profile here|h100] [--plot PATH] [--json PATH]
 
 Each message costs ``alpha + bytes / beta`` on its link, and each reduced byte ``gamma`` on the
 rank that reduces it; a rank injects one message at a time (its port is busy ``bytes / beta``),
@@ -20,7 +20,7 @@ counts exactly the messages, bytes and reductions of every ring, tree and direct
   inter-node phase on one NIC rail per rank.
 
 Link parameters come from measurements on this machine (``benchmarks/model_calibrate.py``
-writes ``pycollectives/model_calibration.json``), or from a hardware profile (``h100``).
+writes ``pycollectives/cost_model_calibration.json``), or from a hardware profile (``h100``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from pycollectives import _C
 from pycollectives.ops import bus_factor
 
-CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")
+CALIBRATION_FILE = Path(__file__).with_name("cost_model_calibration.json")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""The cost model (pycollectives.model): counts from the schedules, composition, calibration."""
+"""The cost model (pycollectives.cost_model): counts from the schedules, composition,
+calibration."""
 
 import pytest
 
-from pycollectives import _C, model
+from pycollectives import _C, cost_model
 from pycollectives.ops import ALGORITHMS_FOR
 
 FLAT = [
@@ -49,7 +50,7 @@ def direct_counts(algorithm, collective, n, count, piece, bcast_once):
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
 def test_counts_match_schedules(algorithm, collective, n):
     for count, piece in ((0, 8), (7, 2), (1000, 64)):
-        c = model.schedule_costs(algorithm, collective, n, count, piece, bcast_once=True)
+        c = cost_model.schedule_costs(algorithm, collective, n, count, piece, bcast_once=True)
         want = direct_counts(algorithm, collective, n, count, piece, bcast_once=True)
         assert [c.steps, c.messages, c.bytes_sent, c.bytes_reduced] == want
 
@@ -57,7 +58,7 @@ def test_counts_match_schedules(algorithm, collective, n):
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_ring_all_reduce_closed_form(n):
     count = 96 * n
-    c = model.schedule_costs("ring", "all_reduce", n, count, piece=count)
+    c = cost_model.schedule_costs("ring", "all_reduce", n, count, piece=count)
     assert c.bytes_sent == 2 * (n - 1) * count // n * 4  # 2(n-1)/n of the vector, float32
     assert c.steps == 2 * (n - 1)  # the busiest rank waits for a message 2(n-1) times
     assert c.bytes_reduced == (n - 1) * count // n * 4
@@ -66,35 +67,35 @@ def test_ring_all_reduce_closed_form(n):
 @pytest.mark.parametrize("algorithm,collective", FLAT)
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 def test_simulation_finishes(algorithm, collective, n):
-    link = model.Link(alpha=1e-6, beta=1e9, gamma=1e-10, piece_bytes=1024)
-    t = model.simulate(algorithm, collective, n, 40_000, lambda r, q: link, link.piece_bytes)
+    link = cost_model.Link(alpha=1e-6, beta=1e9, gamma=1e-10, piece_bytes=1024)
+    t = cost_model.simulate(algorithm, collective, n, 40_000, lambda r, q: link, link.piece_bytes)
     assert (t > 0) == (n > 1)
 
 
 def test_hierarchical_is_the_sum_of_its_phases():
-    m = model.H100
+    m = cost_model.H100
     nbytes, N, L = 64 << 20, 4, 8
     shard = nbytes // L
-    inter = model.Machine(m.inter, m.inter)
+    inter = cost_model.Machine(m.inter, m.inter)
     want = (
-        model.predict("reduce_scatter", "ring", shard, 1, L, m)
-        + model.predict("all_reduce", "ring", shard, 1, N, inter)
-        + model.predict("all_gather", "ring", shard, 1, L, m)
+        cost_model.predict("reduce_scatter", "ring", shard, 1, L, m)
+        + cost_model.predict("all_reduce", "ring", shard, 1, N, inter)
+        + cost_model.predict("all_gather", "ring", shard, 1, L, m)
     )
-    assert model.predict("all_reduce", "hierarchical", nbytes, N, L, m) == pytest.approx(want)
-    tree = model.predict("all_reduce", "hierarchical:tree", nbytes, N, L, m)
+    assert cost_model.predict("all_reduce", "hierarchical", nbytes, N, L, m) == pytest.approx(want)
+    tree = cost_model.predict("all_reduce", "hierarchical:tree", nbytes, N, L, m)
     assert tree != pytest.approx(want)
 
 
 def test_estimate_agrees_with_simulation():
     # The estimate (used above 16 ranks) against the event simulation where both run.
-    link = model.Link(alpha=2e-6, beta=10e9, gamma=1e-11, piece_bytes=256 << 10)
+    link = cost_model.Link(alpha=2e-6, beta=10e9, gamma=1e-11, piece_bytes=256 << 10)
     for algorithm in ("ring", "tree"):
         for n in (8, 16):
             for nbytes in (8, 1 << 20, 64 << 20):
-                sim = model.simulate(algorithm, "all_reduce", n, nbytes, lambda r, q: link,
+                sim = cost_model.simulate(algorithm, "all_reduce", n, nbytes, lambda r, q: link,
                                      link.piece_bytes)  # fmt: skip
-                est = model.estimate(algorithm, "all_reduce", n, nbytes, link)
+                est = cost_model.estimate(algorithm, "all_reduce", n, nbytes, link)
                 if algorithm == "ring":
                     assert est == pytest.approx(sim, rel=0.35), (algorithm, n, nbytes)
                 else:  # optimistic: the pieces of both trees overlapping perfectly
@@ -102,23 +103,23 @@ def test_estimate_agrees_with_simulation():
 
 
 def test_reproduces_calibration_measurements():
-    # pycollectives/model_calibration.json: our ring all-reduce measured on this machine
+    # pycollectives/cost_model_calibration.json: our ring all-reduce measured on this machine
     # (shared memory, and MPI between two emulated nodes), 8 B - 32 MiB, and the fitted links.
-    rows = model.calibration_check(model.load_calibration())
+    rows = cost_model.calibration_check(cost_model.load_calibration())
     assert len(rows) >= 20
     bad = [(p["link"], p["bytes"], f"{err:+.0%}") for p, _, _, err in rows if abs(err) > 0.25]
     assert not bad, bad
 
 
 def test_h100_against_published_nccl():
-    busbw, latency_us = model.nccl_check()
-    lo, hi = model.NCCL_H100_BUSBW_GBS
+    busbw, latency_us = cost_model.nccl_check()
+    lo, hi = cost_model.NCCL_H100_BUSBW_GBS
     assert busbw == pytest.approx((lo + hi) / 2, rel=0.15)
-    assert latency_us == pytest.approx(model.NCCL_H100_SMALL_LATENCY_US, rel=0.3)
+    assert latency_us == pytest.approx(cost_model.NCCL_H100_SMALL_LATENCY_US, rel=0.3)
 
 
 def test_scaling_table_shapes():
-    rows = model.scaling(model.H100, sizes=(8, 1 << 30), max_gpus=64)
+    rows = cost_model.scaling(cost_model.H100, sizes=(8, 1 << 30), max_gpus=64)
     assert [r["gpus"] for r in rows[::2]] == [8, 16, 32, 64]
     big = {r["gpus"]: r for r in rows if r["bytes"] == 1 << 30}
     # Across nodes, hierarchical all-reduce keeps NVLink busy where a flat ring is NIC-bound.
