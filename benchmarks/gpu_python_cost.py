@@ -68,11 +68,20 @@ class _Options:
 
 def install_stand_ins():
     """A native CUDA module and a cupy that need no GPU (before pycollectives is imported)."""
+    try:  # the real module's checks, which the Communicator runs before the first GPU call
+        from pycollectives import _cuda
+
+        check_call = getattr(_cuda, "check_call", None)
+    except ImportError:
+        check_call = None
     native = types.ModuleType("pycollectives._cuda")
+    native.check_call = check_call or (lambda *args, **kw: 0)
     native.device_count = lambda: (1, "")
     native.pointer_device = lambda ptr: 0
     native.CudaComm, native.CudaCommOptions, native.MAX_RANKS = _NativeComm, _Options, 32
     sys.modules["pycollectives._cuda"] = native
+    if check_call is not None:  # the package is imported: its attribute is the stand-in too
+        sys.modules["pycollectives"]._cuda = native
 
     cupy = types.ModuleType("cupy")
     stream = types.SimpleNamespace(ptr=0)

@@ -2,8 +2,6 @@
 (tests only; see csrc/emu/). Built where PYCOLL_EMULATOR=ON, as the Makefile builds a
 checkout; a plain pip install leaves it out."""
 
-from typing import Any
-
 class EmuOptions:
     slot_bytes: int
     nslots: int

@@ -33,8 +33,10 @@ assert tuple(o.name.lower() for o in ReduceOp) == _C.OPS, "ReduceOp out of step 
 
 # Names a caller may pass as `op`: "sum", "SUM", ... (the core's table, which run_now reads).
 _OP_NAMES: dict = _C.OP_NAMES
-# Twins in torch.distributed.ReduceOp (by name) and mpi4py's MPI.Op (by identity).
-_TORCH_TWINS = {"SUM": SUM, "PRODUCT": PROD, "MIN": MIN, "MAX": MAX, "AVG": AVG}
+# Twins in torch.distributed.ReduceOp (by name) and mpi4py's MPI.Op (by identity): the one
+# translation table to and from torch's names (op_code, the torch backend, gloo between nodes).
+TORCH_OPS = {"SUM": SUM, "PRODUCT": PROD, "MIN": MIN, "MAX": MAX, "AVG": AVG}
+_TORCH_NAMES = {op: name for name, op in TORCH_OPS.items()}
 _MPI_TWINS = ("SUM", "PROD", "MIN", "MAX")
 
 
@@ -47,15 +49,20 @@ def torch_op_name(op) -> str:
     return repr(op) if name is None else str(name)
 
 
+def torch_name(op) -> str:
+    """torch.distributed.ReduceOp's name for one of ours (a ReduceOp or its code)."""
+    return _TORCH_NAMES[ReduceOp(op)]
+
+
 def _torch_op(op):
     """The twin of a torch.distributed.ReduceOp, None if `op` is not one; TypeError if it has
     no twin here (BAND, BOR, BXOR, PREMUL_SUM)."""
     if not type(op).__module__.startswith("torch."):
         return None
     name = torch_op_name(op)
-    if name not in _TORCH_TWINS:
+    if name not in TORCH_OPS:
         raise TypeError(f"op: torch.distributed.ReduceOp.{name} has no pycollectives equivalent")
-    return _TORCH_TWINS[name]
+    return TORCH_OPS[name]
 
 
 def _mpi_op(op):

@@ -47,8 +47,8 @@ def _tensor(a: np.ndarray):
 
 def _reduce_op(code: int):
     _, dist = _torch()
-    names = ("SUM", "PRODUCT", "MIN", "MAX", "SUM")  # avg: a sum, divided after
-    return getattr(dist.ReduceOp, names[code])
+    name = "SUM" if code == ops.AVG else ops.torch_name(code)  # avg: a sum, divided after
+    return getattr(dist.ReduceOp, name)
 
 
 def _finish_avg(a: np.ndarray, divisor: int):

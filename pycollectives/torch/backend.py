@@ -40,32 +40,27 @@ from torch.futures import Future
 
 from pycollectives.communicator import Communicator
 from pycollectives.errors import CollectiveError
-from pycollectives.ops import torch_op_name
+from pycollectives.ops import AVG, MAX, MIN, PROD, SUM, TORCH_OPS, torch_op_name
 from pycollectives.runtime import arrays, bootstrap
 from pycollectives.work import Work as PcWork
 
 NAME = "pycollectives"
-_BOOL_OPS = {"SUM": "max", "MAX": "max", "MIN": "min", "PRODUCT": "min"}  # logical or / and
-
-
-_SUPPORTED = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
-
-
-def _op_name(op) -> str:
-    name = torch_op_name(op)
-    if name not in _SUPPORTED:
-        raise ValueError(
-            f"the pycollectives backend reduces with SUM, AVG, PRODUCT, MIN or MAX, not {name}"
-        )
-    return name
+# bool tensors travel as uint8: SUM, AVG and MAX are a logical or (max), MIN and PRODUCT a
+# logical and (min).
+_BOOL_OPS = {SUM: MAX, AVG: MAX, MAX: MAX, MIN: MIN, PROD: MIN}
 
 
 def _reduce_op(op, tensor):
-    """(`tensor` as the communicator takes it, op name) for a torch ReduceOp."""
-    name = _op_name(op)
+    """(`tensor` as the communicator takes it, our op) for a torch ReduceOp."""
+    ours = TORCH_OPS.get(torch_op_name(op))
+    if ours is None:
+        raise ValueError(
+            f"the pycollectives backend reduces with {', '.join(TORCH_OPS)}, not "
+            f"{torch_op_name(op)}"
+        )
     if tensor.dtype == torch.bool:
-        return _plain(tensor), _BOOL_OPS.get(name, "max")
-    return _plain(tensor), {"PRODUCT": "prod"}.get(name, name.lower())
+        return _plain(tensor), _BOOL_OPS[ours]
+    return _plain(tensor), ours
 
 
 # Collectives on fewer bytes run on the calling thread (microseconds), larger ones on the

@@ -243,7 +243,12 @@ class CudaComm:
         """Checks and queues one collective (`collective` by name; `lists`: counts, in_splits,
         out_splits); returns `result`, or a ``Work`` with `async_op`. The named methods below
         are its usual spellings."""
-        call = Call(collective, x, out, op, root, algorithm, async_op, stream, **lists)
+        if type(op) is not int:  # a name, a ReduceOp or another library's twin, None
+            op = 0 if op is None else op_code(op)
+        if type(algorithm) is not int:  # a name or None
+            isname = algorithm is None or isinstance(algorithm, str)
+            algorithm = algo_code(algorithm) if isname else int(algorithm)
+        call = Call(collective, x, out, op, root or 0, algorithm, async_op, stream, **lists)
         completion = self._launch(call)
         # The arrays stay referenced until the GPU is done with them, waited for or not.
         work = Work(completion, (x, out), result)
@@ -253,15 +258,9 @@ class CudaComm:
     def _launch(self, call):
         c = self._native_comm()
         collective, algorithm = call.collective, call.algorithm
-        op = op_code(call.op) if isinstance(call.op, str) else (call.op or 0)
-        root = call.root or 0
-        if algorithm is None or isinstance(algorithm, str):
-            algorithm = algo_code(algorithm)
         if algorithm == 0 and self._forced in ALGORITHMS_FOR[collective]:
-            algorithm = algo_code(self._forced)
-        if (op, root, algorithm) != (call.op, call.root, call.algorithm):  # names, None
-            call = call._replace(op=op, root=root, algorithm=int(algorithm))
-        xd, od, info = described(collective, call.x, call.out, root, self.rank, self.device)
+            call = call._replace(algorithm=algo_code(self._forced))
+        xd, od, info = described(collective, call.x, call.out, call.root, self.rank, self.device)
         s = (
             arrays.current_stream(info)
             if call.stream is None
