@@ -420,7 +420,8 @@ void bind_codes(py::module_& m) {
   m.attr("OPS") = ops;
   m.attr("ALGORITHMS_FOR") = algos_for;
   m.attr("REDUCING") = py::tuple(reducing);
-  py::tuple fields(static_cast<size_t>(kNumCallFields));  // pycollectives.backends.Call's fields, in order
+  py::tuple fields(
+      static_cast<size_t>(kNumCallFields));  // pycollectives.backends.Call's fields, in order
   for (int k = 0; k < kNumCallFields; ++k) fields[k] = kCallFieldNames[k];
   m.attr("CALL_FIELDS") = fields;
   // ReduceOp, an IntEnum whose values are the op codes, made here from the same table, so that
