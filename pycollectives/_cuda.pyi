@@ -1,6 +1,12 @@
 from typing import Any
 
 MAX_RANKS: int
+LL_MAX_BYTES: int
+RECV_ACC: int
+SEND_ACC: int
+RECV_BCAST: int
+RECV_LL: int
+SEND_LL: int
 
 def device_count() -> tuple[int, str]: ...
 def runtime_version() -> int: ...
@@ -16,6 +22,13 @@ def plan(
     dtype: int,
     slot_bytes: int,
     oneshot_max_bytes: int = ...,
+    *,
+    counts: list[int] | None = None,
+    send_counts: list[int] | None = None,
+    recv_counts: list[int] | None = None,
+    nblocks: int = ...,
+    nslots: int = ...,
+    ll_max_bytes: int = 0,
 ) -> dict[str, Any]: ...
 def check_call(
     call: tuple,
@@ -26,7 +39,9 @@ def check_call(
 ) -> int: ...
 def block_slice(n: int, nblocks: int, block: int) -> tuple[int, int]: ...
 def channel_slice(n: int, nblocks: int, slot_bytes: int, block: int) -> tuple[int, int]: ...
-def segment_layout(size: int, nslots: int, nblocks: int, slot_bytes: int) -> dict[str, int]: ...
+def segment_layout(
+    size: int, nslots: int, nblocks: int, slot_bytes: int, ll_max_bytes: int = 0
+) -> dict[str, int]: ...
 
 class CudaCommOptions:
     slot_bytes: int
@@ -35,6 +50,7 @@ class CudaCommOptions:
     timeout: float
     oneshot_max_bytes: int
     direct_max_bytes: int
+    ll_max_bytes: int
     debug: bool
     check_mismatch: bool
     def __init__(self) -> None: ...

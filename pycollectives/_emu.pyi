@@ -11,6 +11,8 @@ class EmuOptions:
     timeout: float
     oneshot_max_bytes: int
     direct_max_bytes: int
+    ll_max_bytes: int
+    ll_flag_bits: int
     fault_seq: int
     fault_step: int
     fault_exit: bool
@@ -49,6 +51,8 @@ class EmuComm:
     def plans_pinned(self) -> int: ...
     @property
     def blocks_run(self) -> int: ...
+    @property
+    def ll_steps_run(self) -> int: ...
 
 class EmuGraph:
     """A captured kernel-mode launch, replayed as a CUDA graph is (csrc/emu/emu_comm.h)."""

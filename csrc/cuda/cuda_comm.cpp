@@ -38,11 +38,15 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
       counters_(size),
       events_(std::make_shared<EventPool>(device)),
       timeout_s_(opts.timeout_s) {
-  layout_ = make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes);
+  layout_ = make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes);
   try {
     DeviceGuard g(device_);
     PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&segment_), layout_.total_bytes()));
     PYCOLL_CUDA_CHECK(cudaMemset(segment_, 0, layout_.flags_bytes));
+    // The LL area too: a word never written must hold no message's flag (cudaMalloc may hand
+    // back an earlier communicator's memory, LL words and all).
+    PYCOLL_CUDA_CHECK(
+        cudaMemset(segment_ + layout_.ll_offset, 0, layout_.total_bytes() - layout_.ll_offset));
     PYCOLL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&status_host_), sizeof(DeviceStatus),
                                     cudaHostAllocMapped));
     std::memset(status_host_, 0, sizeof(DeviceStatus));

@@ -55,6 +55,11 @@ struct CudaCommOptions {
   double timeout_s = 300.0;
   size_t oneshot_max_bytes = 64 * 1024;  // direct all-reduce: one-shot up to here
   size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above
+  // Kernel mode: messages of up to this many bytes (in their wire type) travel in the LL format,
+  // data and flag in one store, where a block's slice fits (device/plan.h, ll_message); 0: none.
+  // Host mode never uses it: the host has waited for every message before the launch that
+  // reads it, so there is no wait for the format to save.
+  size_t ll_max_bytes = 32 * 1024;
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
 };

@@ -23,7 +23,7 @@ constexpr size_t kSliceAlign = 16;
 // One Step (algo/step.h) as the kernel reads it.
 struct DevStep {
   uint8_t kind;     // StepKind
-  uint8_t flags;    // kRecvAcc | kSendAcc | kRecvBcast
+  uint8_t flags;    // kRecvAcc | kSendAcc | kRecvBcast | kRecvLL | kSendLL
   uint8_t src_buf;  // Buf
   uint8_t dst_buf;  // Buf
   int16_t from, from2, to, to2;
@@ -36,6 +36,10 @@ static_assert(sizeof(DevStep) == 32, "DevStep is uploaded as raw bytes");
 constexpr uint8_t kRecvAcc = 1;
 constexpr uint8_t kSendAcc = 2;
 constexpr uint8_t kRecvBcast = 4;
+// The step's incoming (kRecvLL) or outgoing (kSendLL) messages travel in the low-latency
+// format (ll_message): the flag in every word, no posted flag to wait for.
+constexpr uint8_t kRecvLL = 8;
+constexpr uint8_t kSendLL = 16;
 
 PYCOLL_HD_INLINE StepPeers peers_of(const DevStep& d) {
   return StepPeers{static_cast<StepKind>(d.kind), d.from, d.from2, d.to, d.to2,
@@ -51,6 +55,13 @@ struct SegmentLayout {
   int nblocks = 1;
   size_t sub_slot_bytes = 0;  // one block's share of a slot
   size_t flags_bytes = 0;     // flags of every block, the call headers, then the data
+  // The low-latency (LL) area, after the data: the first `ll_blocks` blocks (those that an LL
+  // message can reach) have an LL sub-slot of `ll_sub_slot_bytes` per slot of every channel.
+  // It holds LL words only, never a message in the plain format (see ll_message).
+  size_t ll_offset = 0;
+  size_t ll_sub_slot_bytes = 0;
+  int ll_blocks = 0;
+  int ll_flag_bits = 32;  // an LL word's flag is message number mod 2^ll_flag_bits (tests: less)
   // Flag indices within a block's flag area (see CudaTransport for what each counts).
   PYCOLL_HD static constexpr int posted(int peer) { return 3 * peer; }
   PYCOLL_HD static constexpr int consumed(int peer) { return 3 * peer + 1; }
@@ -75,8 +86,16 @@ struct SegmentLayout {
     const size_t channel = static_cast<size_t>(block) * (size + 1) + to;
     return flags_bytes + (channel * nslots + channel::slot_index(m, nslots)) * sub_slot_bytes;
   }
-  size_t total_bytes() const {
+  // Block `block`'s LL sub-slot of the slot of message m on channel `to` (block < ll_blocks).
+  PYCOLL_HD size_t ll_slot_offset(int block, int to, uint64_t m) const {
+    const size_t channel = static_cast<size_t>(block) * (size + 1) + to;
+    return ll_offset + (channel * nslots + channel::slot_index(m, nslots)) * ll_sub_slot_bytes;
+  }
+  size_t data_end() const {
     return flags_bytes + static_cast<size_t>(nblocks) * (size + 1) * nslots * sub_slot_bytes;
+  }
+  size_t total_bytes() const {
+    return ll_offset + static_cast<size_t>(ll_blocks) * (size + 1) * nslots * ll_sub_slot_bytes;
   }
 };
 

@@ -103,11 +103,23 @@ Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
 }
 
 Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
-               size_t slot_bytes, size_t oneshot_max_bytes) {
+               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes) {
   Plan plan =
       build_plan(a, call.collective, plan_params(call, rank, size, slot_bytes, oneshot_max_bytes));
   plan.grid = plan_grid(plan.steps, L);
+  mark_ll(plan, dtype_size(call.dtype), acc_size(call.dtype), L, ll_max_bytes);
   return plan;
+}
+
+void mark_ll(Plan& plan, size_t elem_bytes, size_t acc_bytes, const SegmentLayout& L,
+             size_t ll_max_bytes) {
+  for (DevStep& d : plan.steps) {
+    const StepKind k = static_cast<StepKind>(d.kind);
+    const size_t in_w = (d.flags & kRecvAcc) ? acc_bytes : elem_bytes;
+    const size_t out_w = (d.flags & kSendAcc) ? acc_bytes : elem_bytes;
+    if (step_receives(k) && ll_message(d.count, in_w, L, ll_max_bytes)) d.flags |= kRecvLL;
+    if (step_sends(k) && ll_message(d.count, out_w, L, ll_max_bytes)) d.flags |= kSendLL;
+  }
 }
 
 void check_capturable(const char* name, bool kernel_mode, bool plan_ready) {
@@ -143,7 +155,11 @@ size_t sub_slot_bytes(size_t slot_bytes, int nblocks) {
   return (share + 255) / 256 * 256;
 }
 
-SegmentLayout make_layout(int size, int nslots, int nblocks, size_t slot_bytes) {
+SegmentLayout make_layout(int size, int nslots, int nblocks, size_t slot_bytes, size_t ll_max_bytes,
+                          int ll_flag_bits) {
+  if (ll_flag_bits < 2 || ll_flag_bits > 32 ||
+      static_cast<uint64_t>(nslots) > uint64_t{1} << (ll_flag_bits - 1))
+    throw InvalidArgument(str_cat("LL flags of ", ll_flag_bits, " bits for ", nslots, " slots"));
   SegmentLayout l;
   l.size = size;
   l.nslots = nslots;
@@ -151,6 +167,16 @@ SegmentLayout make_layout(int size, int nslots, int nblocks, size_t slot_bytes) 
   l.sub_slot_bytes = sub_slot_bytes(slot_bytes, nblocks);
   l.flags_bytes = l.headers_end();
   l.flags_bytes = (l.flags_bytes + 255) / 256 * 256;
+  l.ll_offset = l.data_end();
+  l.ll_flag_bits = ll_flag_bits;
+  if (ll_max_bytes > 0) {
+    // Twice the largest LL message, at most a sub-slot (ll_message keeps to it); as many blocks
+    // as the message of most elements (1-byte ones) reaches. No message exceeds a slot.
+    const size_t ll = ll_max_bytes < slot_bytes ? ll_max_bytes : slot_bytes;
+    const size_t twice = (2 * ll + 255) / 256 * 256;
+    l.ll_sub_slot_bytes = twice < l.sub_slot_bytes ? twice : l.sub_slot_bytes;
+    l.ll_blocks = active_channels(ll, l);
+  }
   return l;
 }
 

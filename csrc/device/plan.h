@@ -41,9 +41,10 @@ ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_
                            size_t oneshot_max_bytes);
 
 // Rank `rank`'s plan of `call` on a device segment laid out as `L` (slots of `slot_bytes`):
-// build_plan of plan_params, with the grid its launches run (plan_grid).
+// build_plan of plan_params, with the grid its launches run (plan_grid) and its messages of at
+// most `ll_max_bytes` in the LL format where they fit (mark_ll; 0: none).
 Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
-               size_t slot_bytes, size_t oneshot_max_bytes);
+               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes = 0);
 
 // Refuses, with a CollectiveError and before anything is exchanged, a call that a CUDA graph
 // capture could not replay right: in host mode (the host drives every step, between launches),
@@ -159,12 +160,55 @@ inline int plan_grid(const std::vector<DevStep>& steps, const SegmentLayout& L) 
   return grid;
 }
 
+// The low-latency (LL) format. A message in it is written as 8-byte words, each 4 bytes of the
+// block's slice (in its wire type, the last word zero-padded) and a 4-byte flag, ll_flag(m) of
+// message m, stored together by one 64-bit store; the receiver polls the words themselves until
+// every flag is m's, instead of waiting for the posted flag and then reading. It lives in the
+// LL area, apart from the slots, so that a word the receiver reads holds either a flag of this
+// message or of an earlier LL message of the same slot (or zero, never written): the plain
+// format's bytes, being anything, could pass for a flag. The flag is the low ll_flag_bits of m,
+// the payload the high half of the word (the emulated device sleeps on the low 32 bits).
+PYCOLL_HD_INLINE uint32_t ll_flag(uint64_t m, const SegmentLayout& L) {
+  return static_cast<uint32_t>(L.ll_flag_bits >= 32 ? m
+                                                    : m & ((uint64_t{1} << L.ll_flag_bits) - 1));
+}
+// Words of an LL slice of n elements of `width` bytes.
+PYCOLL_HD_INLINE size_t ll_words(size_t n, size_t width) { return (n * width + 3) / 4; }
+// Flags are compared modulo 2^ll_flag_bits, so a word left from 2^ll_flag_bits messages ago on
+// the slot would pass for the current one. The sender of message m rewrites every word of its
+// LL sub-slot that m does not cover (with m's flag, no payload) when m is the first message of
+// its slot in a window of 2^(ll_flag_bits - 1) messages: then no word a receiver reads is older
+// than that window plus nslots messages, less than 2^ll_flag_bits. (Kernel mode only, where a
+// block counts exactly the messages it carries, so it sees every m of its channel.)
+PYCOLL_HD_INLINE bool ll_sweeps(uint64_t m, const SegmentLayout& L) {
+  const uint64_t half = uint64_t{1} << (L.ll_flag_bits - 1);
+  return (m - 1) % half < static_cast<uint64_t>(L.nslots);
+}
+// Whether a message of n elements, `width` bytes each on the wire, travels in the LL format: it
+// is at most `ll_max_bytes` (0: never) and each block's LL slice (block 0's is the largest; the
+// blocks split it as channel_slice does) fits an LL sub-slot. A function of the message and the
+// layout alone: its sender and its receiver, each planning its own side, agree.
+PYCOLL_HD_INLINE bool ll_message(size_t n, size_t width, const SegmentLayout& L,
+                                 size_t ll_max_bytes) {
+  if (n == 0 || n * width > ll_max_bytes || L.ll_sub_slot_bytes == 0) return false;
+  if (active_channels(n, L) > L.ll_blocks) return false;
+  const Slice s = channel_slice(n, L, 0);
+  return 8 * ll_words(s.hi - s.lo, width) <= L.ll_sub_slot_bytes;
+}
+
+// Marks the plan's messages that travel in the LL format (kRecvLL, kSendLL), by ll_message of
+// each message in its wire type (the accumulation type's `acc_bytes` or the element's).
+void mark_ll(Plan& plan, size_t elem_bytes, size_t acc_bytes, const SegmentLayout& L,
+             size_t ll_max_bytes);
+
 // Bytes one block's share of a `slot_bytes` slot needs (the largest slice of the largest
 // message, in the widest wire type, rounded to 256 bytes).
 size_t sub_slot_bytes(size_t slot_bytes, int nblocks);
 
-// The layout of a rank's device segment.
-SegmentLayout make_layout(int size, int nslots, int nblocks, size_t slot_bytes);
+// The layout of a rank's device segment, with an LL area for messages of up to `ll_max_bytes`
+// (0: none) whose flags have `ll_flag_bits` bits (32; fewer in tests, to see them wrap).
+SegmentLayout make_layout(int size, int nslots, int nblocks, size_t slot_bytes,
+                          size_t ll_max_bytes = 0, int ll_flag_bits = 32);
 
 }  // namespace cuda
 }  // namespace pycoll

@@ -70,6 +70,9 @@ PYCOLL_DEVICE void st_relaxed_sys(uint64_t* p, uint64_t v) {
 PYCOLL_DEVICE void st_relaxed_sys(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// A word of a message in the LL format (payload and flag in one store): relaxed, at system
+// scope; the receiver polls the word itself, with relaxed loads.
+PYCOLL_DEVICE void st_ll(uint64_t* p, uint64_t v) { st_relaxed_sys(p, v); }
 // Nanoseconds since an arbitrary epoch, the same on every SM.
 PYCOLL_DEVICE uint64_t global_timer_ns() {
   uint64_t t;
@@ -135,6 +138,10 @@ inline void st_relaxed_sys(uint64_t* p, uint64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 inline void st_relaxed_sys(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+inline void st_ll(uint64_t* p, uint64_t v) {
+  st_relaxed_sys(p, v);
+  emu::wake(p);  // a receiver asleep in poll_pause on this word
+}
 inline uint64_t global_timer_ns() { return emu::now_ns(); }
 inline bool claim(uint32_t* p) {
   uint32_t expected = 0;

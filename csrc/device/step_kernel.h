@@ -8,7 +8,8 @@
 // Every block is a channel of its own: it carries its slice of every message, in its own
 // sub-slot of every staging slot, with its own flags, so blocks never wait for one another.
 // The leader thread waits for the step's inputs and space, every thread moves and reduces
-// elements, then the leader publishes the step's messages.
+// elements, then the leader publishes the step's messages. A message in the LL format
+// (plan.h, ll_message) is not waited for by the leader: every thread polls the words it reads.
 #pragma once
 
 #include <cstddef>
@@ -25,9 +26,12 @@
 // layout gives that block (a no-op on the GPU).
 #if defined(__CUDACC__)
 #define PYCOLL_CHECK_SLOT(p, bytes, seg, layout, block, channel, m) ((void)(bytes))
+#define PYCOLL_CHECK_LL_SLOT(p, bytes, seg, layout, block, channel, m) ((void)(bytes))
 #else
 #define PYCOLL_CHECK_SLOT(p, bytes, seg, layout, block, channel, m) \
   ::pycoll::emu::check_slot(p, bytes, seg, layout, block, channel, m)
+#define PYCOLL_CHECK_LL_SLOT(p, bytes, seg, layout, block, channel, m) \
+  ::pycoll::emu::check_ll_slot(p, bytes, seg, layout, block, channel, m)
 #endif
 
 namespace pycoll {
@@ -99,7 +103,15 @@ struct StepPtrs {
   uint8_t* dst;
   size_t n;
   bool vec;
-  bool failed;
+  bool failed;  // set by the leader's waits, or by any thread whose LL poll gave up
+  // LL: the flag of the message each input pointer reads (by sender rank: in[q] reads q's, in0
+  // from's, in1 from2's) and of out0's and out1's.
+  uint32_t in_flag[kMaxRanks];
+  uint32_t out_flag[2];
+  // Kernel mode: out0's and out1's LL sub-slots when they are swept (ll_sweeps), else null;
+  // every word from `sweep_from` (the words of the step's own LL message) to the end.
+  uint8_t* sweep[2];
+  size_t sweep_from;
 };
 
 struct BlockState {
@@ -146,14 +158,17 @@ PYCOLL_DEVICE void report_mismatch(const KernelArgs& a, int block, int peer, con
   });
 }
 
-// Waits until *flag >= target; false (with the status written) when it gives up: at the
-// timeout, when this rank is aborted, or when the peer it waits for has stopped on a mismatch.
-PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block,
-                             const uint8_t* seg, size_t off, uint64_t target, int peer, int step) {
-  const uint64_t* flag = reinterpret_cast<const uint64_t*>(seg + off);
+// Polls until ready(at, seen) is true (until then it names a word it waits on and what it saw
+// there, for the pause) on rank `peer`'s segment `seg`; false (with the status written) when it
+// gives up: at the timeout, when this rank is aborted, or when the peer it waits for has
+// stopped on a mismatch.
+template <class Ready>
+PYCOLL_DEVICE bool poll_until(const KernelArgs& a, const BlockState& s, int block,
+                              const uint8_t* seg, int peer, int step, Ready&& ready) {
   uint64_t spins = 0;
-  for (uint64_t seen; (seen = ld_acquire_sys(flag)) < target;) {
-    poll_pause(flag, seen, ++spins);
+  const uint64_t* at = nullptr;
+  for (uint64_t seen = 0; !ready(at, seen);) {
+    poll_pause(at, seen, ++spins);
     if ((spins & 1023) != 0) continue;
     if (ld_relaxed_sys(&a.status->abort) != 0) {
       report(a, block, kAborted, peer, step);
@@ -173,8 +188,24 @@ PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block
   return true;
 }
 
+// Waits until *flag >= target, as poll_until.
+PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block,
+                             const uint8_t* seg, size_t off, uint64_t target, int peer, int step) {
+  const uint64_t* flag = reinterpret_cast<const uint64_t*>(seg + off);
+  return poll_until(a, s, block, seg, peer, step, [&](const uint64_t*& at, uint64_t& seen) {
+    at = flag;
+    seen = ld_acquire_sys(flag);
+    return seen >= target;
+  });
+}
+
 PYCOLL_DEVICE void post_flag(const KernelArgs& a, size_t off, uint64_t value) {
   st_release_sys(reinterpret_cast<uint64_t*>(a.segments[a.rank] + off), value);
+}
+// A count that nobody waits on (the posted flag of an LL message: its words carry their own
+// flags): kept only as the block's count for later launches (load_own_counts). No fence.
+PYCOLL_DEVICE void post_count(const KernelArgs& a, size_t off, uint64_t value) {
+  st_relaxed_sys(reinterpret_cast<uint64_t*>(a.segments[a.rank] + off), value);
 }
 
 // Kernel mode: a block carries only the messages its slices are part of, so each block keeps
@@ -265,25 +296,35 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
   if (p.n == 0) return;  // not one of this message's channels: nothing to wait for or move
   const size_t in_w = (d.flags & kRecvAcc) ? sizeof(A) : sizeof(T);
   const size_t out_w = (d.flags & kSendAcc) ? sizeof(A) : sizeof(T);
+  const bool ll_in = (d.flags & kRecvLL) != 0, ll_out = (d.flags & kSendLL) != 0;
   const uint8_t* base_in = d.src_buf == static_cast<uint8_t>(Buf::Input) ? a.input : a.output;
   p.src = base_in + (d.src_off + sl.lo) * sizeof(T);
   p.dst = a.output + (d.dst_off + sl.lo) * sizeof(T);
   p.in0 = p.in1 = nullptr;
   p.out0 = p.out1 = nullptr;
+  p.sweep[0] = p.sweep[1] = nullptr;
+  p.sweep_from = ll_out ? ll_words(p.n, out_w) : 0;
   const bool bcast = (d.flags & kRecvBcast) != 0;
   bool ok = true;
-  // A block's slice of message m sits at the start of the block's own sub-slot of m's slot.
+  // A block's slice of message m sits at the start of the block's own sub-slot of m's slot (of
+  // its LL sub-slot, in the LL format: its words are polled by the threads, not waited for here).
   auto incoming = [&](int q) -> const uint8_t* {
     const uint64_t m = s.c.next_in(q, bcast);
+    const int ch = bcast ? L.size : me;
+    if (ll_in) {
+      p.in_flag[q] = ll_flag(m, L);
+      const uint8_t* in = a.segments[q] + L.ll_slot_offset(b, ch, m);
+      PYCOLL_CHECK_LL_SLOT(in, 8 * ll_words(p.n, in_w), a.segments[q], L, b, ch, m);
+      return in;
+    }
     const size_t flag = L.flag_offset(b, bcast ? L.bcast_posted() : L.posted(me));
     if (a.use_flags && ok)
       ok = wait_flag(a, s, b, a.segments[q], flag, channel::posted_needed(m), q, i);
-    const int ch = bcast ? L.size : me;
     const uint8_t* in = a.segments[q] + L.slot_offset(b, ch, m);
     PYCOLL_CHECK_SLOT(in, p.n * in_w, a.segments[q], L, b, ch, m);
     return in;
   };
-  auto outgoing = [&](int t) -> uint8_t* {
+  auto outgoing = [&](int t, int k) -> uint8_t* {
     const uint64_t m = s.c.next_out(t);
     const uint64_t need = channel::consumed_needed(m, L.nslots);
     if (t == kAllPeers) {
@@ -295,6 +336,14 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
       ok = wait_flag(a, s, b, a.segments[t], L.flag_offset(b, L.consumed(me)), need, t, i);
     }
     const int ch = t == kAllPeers ? L.size : t;
+    if (a.use_flags && b < L.ll_blocks && ll_sweeps(m, L))
+      p.sweep[k] = a.segments[me] + L.ll_slot_offset(b, ch, m);
+    p.out_flag[k] = ll_flag(m, L);  // of an LL message, or of the sweep's blank words
+    if (ll_out) {
+      uint8_t* out = a.segments[me] + L.ll_slot_offset(b, ch, m);
+      PYCOLL_CHECK_LL_SLOT(out, 8 * ll_words(p.n, out_w), a.segments[me], L, b, ch, m);
+      return out;
+    }
     uint8_t* out = a.segments[me] + L.slot_offset(b, ch, m);
     PYCOLL_CHECK_SLOT(out, p.n * out_w, a.segments[me], L, b, ch, m);
     return out;
@@ -311,7 +360,10 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
         else
           p.in1 = in;
       },
-      [&](int t) { (nout++ == 0 ? p.out0 : p.out1) = outgoing(t); });
+      [&](int t) {
+        const int k = nout++;
+        (k == 0 ? p.out0 : p.out1) = outgoing(t, k);
+      });
   bool vec = aligned16(p.src) && aligned16(p.dst) && aligned16(p.in0) && aligned16(p.in1) &&
              aligned16(p.out0) && aligned16(p.out1);
   if (d.from == kAllPeers)
@@ -335,44 +387,154 @@ PYCOLL_DEVICE void publish(const KernelArgs& a, BlockState& s, const DevStep& d,
       },
       [&](int t) {
         const uint64_t m = s.c.put_out(t);
-        if (a.use_flags)
-          post_flag(a, L.flag_offset(b, t == kAllPeers ? L.bcast_posted() : L.posted(t)), m);
+        const size_t off = L.flag_offset(b, t == kAllPeers ? L.bcast_posted() : L.posted(t));
+        if (a.use_flags && (d.flags & kSendLL))
+          post_count(a, off, m);
+        else if (a.use_flags)
+          post_flag(a, off, m);
       });
 }
 
-// Elements [i, i + E) of the block's slice of one step.
-template <class T, int E>
-PYCOLL_DEVICE void move(const KernelArgs& a, const StepPtrs& p, const DevStep& d, size_t i,
-                        bool vec) {
+// How move() reaches memory. PlainIo: buffers and slots as they are, in whole 16-byte words
+// where `vec`. Its receives never fail: the leader has waited for the messages.
+struct PlainIo {
+  bool vec;
+  template <class X, int E>
+  PYCOLL_DEVICE void local_load(X (&v)[E], const void* p, size_t i) const {
+    load(v, p, i, vec);
+  }
+  template <class X, int E>
+  PYCOLL_DEVICE void local_store(void* p, size_t i, const X (&v)[E]) const {
+    store(p, i, v, vec);
+  }
+  template <class X, int E>
+  PYCOLL_DEVICE bool recv(X (&v)[E], const uint8_t* msg, size_t i, int) const {
+    load(v, msg, i, vec);
+    return true;
+  }
+  template <class X, int E>
+  PYCOLL_DEVICE void send(uint8_t* msg, int, size_t i, const X (&v)[E]) const {
+    store(msg, i, v, vec);
+  }
+};
+
+// Elements a thread moves at once in a step with LL messages: 8 bytes of the element type, so
+// that a group is whole LL words in every wire type (8 or 16 bytes: 2 or 4 words).
+template <class T>
+constexpr int kLLElems = sizeof(T) >= 8 ? 1 : 8 / static_cast<int>(sizeof(T));
+
+// LLIo: a group of `k` <= E elements (fewer only at the slice's end), read and written one
+// element at a time, its LL messages word by word: a receive polls each word until its flag is
+// the message's (poll_until's bounds), a send stores payload and flag in one store.
+struct LLIo {
+  const KernelArgs& a;
+  const BlockState& s;
+  int block, step;
+  size_t k;
+  bool ll_in, ll_out;
+
+  template <class X, int E>
+  PYCOLL_DEVICE void local_load(X (&v)[E], const void* p, size_t i) const {
+    using B = typename BitsOf<sizeof(X)>::type;
+    PYCOLL_UNROLL
+    for (int j = 0; j < E; ++j)
+      v[j] =
+          static_cast<size_t>(j) < k
+              ? bit_cast<X>(load_bits(reinterpret_cast<const B*>(static_cast<const X*>(p) + i + j)))
+              : bit_cast<X>(B{0});
+  }
+  template <class X, int E>
+  PYCOLL_DEVICE void local_store(void* p, size_t i, const X (&v)[E]) const {
+    if (p == nullptr) return;
+    PYCOLL_UNROLL
+    for (int j = 0; j < E; ++j)
+      if (static_cast<size_t>(j) < k) store_elem(static_cast<X*>(p) + i + j, v[j]);
+  }
+  template <class X, int E>
+  PYCOLL_DEVICE bool recv(X (&v)[E], const uint8_t* msg, size_t i, int peer) const {
+    if (!ll_in) {
+      local_load(v, msg, i);
+      return true;
+    }
+    constexpr int W = E * static_cast<int>(sizeof(X)) / 4;
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(msg) + i * sizeof(X) / 4;
+    const int nw = static_cast<int>(ll_words(k, sizeof(X)));
+    const uint32_t flag = s.p.in_flag[peer];
+    uint32_t pay[W] = {};
+    unsigned got = 0;
+    const bool ok = poll_until(a, s, block, a.segments[peer], peer, step,
+                               [&](const uint64_t*& at, uint64_t& seen) {
+                                 PYCOLL_UNROLL
+                                 for (int j = 0; j < W; ++j) {
+                                   if (j >= nw || (got >> j & 1u) != 0) continue;
+                                   const uint64_t w = ld_relaxed_sys(words + j);
+                                   if (static_cast<uint32_t>(w) == flag) {
+                                     pay[j] = static_cast<uint32_t>(w >> 32);
+                                     got |= 1u << j;
+                                   } else {
+                                     at = words + j;
+                                     seen = w;
+                                   }
+                                 }
+                                 return got == (1u << nw) - 1;
+                               });
+    memcpy(static_cast<void*>(v), pay, sizeof(pay));
+    return ok;
+  }
+  template <class X, int E>
+  PYCOLL_DEVICE void send(uint8_t* msg, int which, size_t i, const X (&v)[E]) const {
+    if (msg == nullptr) return;
+    if (!ll_out) return local_store(msg, i, v);
+    constexpr int W = E * static_cast<int>(sizeof(X)) / 4;
+    uint32_t pay[W];
+    memcpy(pay, static_cast<const void*>(v), sizeof(pay));
+    uint64_t* words = reinterpret_cast<uint64_t*>(msg) + i * sizeof(X) / 4;
+    const size_t used = k * sizeof(X);  // payload bytes; the rest of the last word is zero
+    const uint32_t flag = s.p.out_flag[which];
+    PYCOLL_UNROLL
+    for (int j = 0; j < W; ++j) {
+      const size_t at = 4 * static_cast<size_t>(j);
+      if (at >= used) continue;
+      const uint32_t x = used - at >= 4 ? pay[j] : pay[j] & ((1u << (8 * (used - at))) - 1);
+      st_ll(words + j, static_cast<uint64_t>(x) << 32 | flag);
+    }
+  }
+};
+
+// Elements [i, i + E) of the block's slice of one step, through `io`; false when a receive
+// gave up (its status written).
+template <class T, int E, class Io>
+PYCOLL_DEVICE bool move(const KernelArgs& a, const StepPtrs& p, const DevStep& d, size_t i,
+                        const Io& io) {
   using A = typename Acc<T>::type;
   const StepKind kind = static_cast<StepKind>(d.kind);
   switch (kind) {
     case StepKind::Copy:
     case StepKind::Send: {
       T v[E];
-      load(v, p.src, i, vec);
+      io.local_load(v, p.src, i);
       if (kind == StepKind::Copy) {
-        store(p.dst, i, v, vec);
+        io.local_store(p.dst, i, v);
       } else if (d.flags & kSendAcc) {
         A w[E];
         PYCOLL_UNROLL
         for (int k = 0; k < E; ++k) w[k] = Acc<T>::load(v[k]);
-        store(p.out0, i, w, vec);
-        store(p.out1, i, w, vec);
+        io.send(p.out0, 0, i, w);
+        io.send(p.out1, 1, i, w);
       } else {
-        store(p.out0, i, v, vec);
-        store(p.out1, i, v, vec);
+        io.send(p.out0, 0, i, v);
+        io.send(p.out1, 1, i, v);
       }
-      return;
+      return true;
     }
     case StepKind::Recv:
     case StepKind::RecvCopySend: {
       T v[E];
-      load(v, p.in0, i, vec);
-      store(p.out0, i, v, vec);
-      store(p.out1, i, v, vec);
-      store(p.dst, i, v, vec);
-      return;
+      if (!io.recv(v, p.in0, i, d.from)) return false;
+      io.send(p.out0, 0, i, v);
+      io.send(p.out1, 1, i, v);
+      io.local_store(p.dst, i, v);
+      return true;
     }
     default:
       break;
@@ -380,52 +542,78 @@ PYCOLL_DEVICE void move(const KernelArgs& a, const StepPtrs& p, const DevStep& d
   // A reduction: op(op(from, src), from2), or every rank in rank order.
   A acc[E] = {}, x[E];
   T v[E];
-  load(v, p.src, i, vec);
+  io.local_load(v, p.src, i);
   if (d.from == kAllPeers) {
     for (int q = 0; q < a.layout.size; ++q) {
       if (q == a.rank) {
         PYCOLL_UNROLL
         for (int k = 0; k < E; ++k) x[k] = Acc<T>::load(v[k]);
-      } else {
-        load(x, p.in[q], i, vec);
+      } else if (!io.recv(x, p.in[q], i, q)) {
+        return false;
       }
       PYCOLL_UNROLL
       for (int k = 0; k < E; ++k) acc[k] = q == 0 ? x[k] : apply_op(a.op, acc[k], x[k]);
     }
   } else {
-    load(acc, p.in0, i, vec);
+    if (!io.recv(acc, p.in0, i, d.from)) return false;
     PYCOLL_UNROLL
     for (int k = 0; k < E; ++k) acc[k] = apply_op(a.op, acc[k], Acc<T>::load(v[k]));
     if (p.in1 != nullptr) {
-      load(x, p.in1, i, vec);
+      if (!io.recv(x, p.in1, i, d.from2)) return false;
       PYCOLL_UNROLL
       for (int k = 0; k < E; ++k) acc[k] = apply_op(a.op, acc[k], x[k]);
     }
   }
   if (kind == StepKind::RecvReduceSend) {
-    store(p.out0, i, acc, vec);
-    store(p.out1, i, acc, vec);
-    return;
+    io.send(p.out0, 0, i, acc);
+    io.send(p.out1, 1, i, acc);
+    return true;
   }
   const bool avg = a.op == static_cast<int>(RedOp::Avg);
   PYCOLL_UNROLL
   for (int k = 0; k < E; ++k)
     v[k] = Acc<T>::store(avg ? acc[k] / static_cast<A>(a.divisor) : acc[k]);
-  store(p.dst, i, v, vec);
-  store(p.out0, i, v, vec);
-  store(p.out1, i, v, vec);
+  io.local_store(p.dst, i, v);
+  io.send(p.out0, 0, i, v);
+  io.send(p.out1, 1, i, v);
+  return true;
 }
 
-// Thread `tid` of `nt`: its share of the block's slice, whole groups first, then the tail.
+// Thread `tid` of `nt`: its share of the block's slice of step `step`, whole groups first, then
+// the tail; in a step with LL messages, groups of kLLElems (the last one shorter), and then
+// its share of the swept LL sub-slots' words. A failed LL receive sets s.p.failed: the
+// thread stops, and so do the others (at their next group, or at their poll's next check of
+// the abort word, which the failure's report set).
 template <class T>
-PYCOLL_DEVICE void move_step(const KernelArgs& a, const StepPtrs& p, const DevStep& d, int tid,
-                             int nt) {
-  constexpr int E = kElemsPerThread<T>;
+PYCOLL_DEVICE void move_step(const KernelArgs& a, BlockState& s, const DevStep& d, int block,
+                             int step, int tid, int nt) {
+  const StepPtrs& p = s.p;
   const bool skip = static_cast<StepKind>(d.kind) == StepKind::Copy && p.src == p.dst;
   const size_t n = skip ? 0 : p.n;  // in place: nothing moves
-  const size_t groups = p.vec ? n / E : 0;
-  for (size_t g = tid; g < groups; g += nt) move<T, E>(a, p, d, g * E, true);
-  for (size_t j = groups * E + tid; j < n; j += nt) move<T, 1>(a, p, d, j, false);
+  if ((d.flags & (kRecvLL | kSendLL)) == 0) {
+    constexpr int E = kElemsPerThread<T>;
+    const size_t groups = p.vec ? n / E : 0;
+    for (size_t g = tid; g < groups; g += nt) move<T, E>(a, p, d, g * E, PlainIo{true});
+    for (size_t j = groups * E + tid; j < n; j += nt) move<T, 1>(a, p, d, j, PlainIo{false});
+  } else {
+    constexpr int E = kLLElems<T>;
+    const bool ll_in = (d.flags & kRecvLL) != 0, ll_out = (d.flags & kSendLL) != 0;
+    for (size_t i = static_cast<size_t>(tid) * E; i < n; i += static_cast<size_t>(nt) * E) {
+      if (*static_cast<volatile bool*>(&s.p.failed)) return;
+      const LLIo io{a, s, block, step, n - i < E ? n - i : E, ll_in, ll_out};
+      if (!move<T, E>(a, p, d, i, io)) {
+        *static_cast<volatile bool*>(&s.p.failed) = true;
+        return;
+      }
+    }
+  }
+  const size_t words = a.layout.ll_sub_slot_bytes / 8;
+  for (int k = 0; k < 2; ++k) {
+    if (p.sweep[k] == nullptr) continue;
+    uint64_t* w = reinterpret_cast<uint64_t*>(p.sweep[k]);
+    const uint64_t blank = p.out_flag[k];  // the message's flag, no payload
+    for (size_t j = p.sweep_from + tid; j < words; j += nt) st_relaxed_sys(w + j, blank);
+  }
 }
 
 // Runs steps [first_step, end_step) as block `b`. `Threads` is how the block's threads are
@@ -449,8 +637,9 @@ PYCOLL_DEVICE void run_block(const KernelArgs& a, BlockState& s, int b, const Th
     if (th.leader()) prepare<T>(a, s, d, static_cast<int>(i), b);
     th.sync();
     if (s.p.failed) return;
-    th.each([&](int tid, int nt) { move_step<T>(a, s.p, d, tid, nt); });
+    th.each([&](int tid, int nt) { move_step<T>(a, s, d, b, static_cast<int>(i), tid, nt); });
     th.sync();
+    if (s.p.failed) return;  // an LL receive gave up
     if (th.leader()) publish(a, s, d, b);
     // The next step's prepare overwrites s.p only after this barrier.
     th.sync();

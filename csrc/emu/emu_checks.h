@@ -61,6 +61,9 @@ inline void check_aligned16(const void* p) {
 // the segment at `seg`.
 void check_slot(const void* p, size_t bytes, const void* seg, const cuda::SegmentLayout& layout,
                 int block, int channel, uint64_t m);
+// ... and inside its LL sub-slot (the LL format's words of message m).
+void check_ll_slot(const void* p, size_t bytes, const void* seg, const cuda::SegmentLayout& layout,
+                   int block, int channel, uint64_t m);
 
 uint64_t now_ns();
 // The pause after `spins` unsuccessful polls of the flag `flag`, last seen holding `seen`: a

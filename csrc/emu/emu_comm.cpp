@@ -84,9 +84,12 @@ EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
         str_cat("the device transport holds at most ", cuda::kMaxRanks, " ranks"));
   if (opts.nblocks < 1 || opts.nblocks > 128 || opts.threads < 1 || opts.nslots < 2)
     throw InvalidArgument("emulated device: bad blocks, threads or slot count");
-  layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes);
+  layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes,
+                              opts.ll_flag_bits);
   segment_ = ShmSegment::create("pycoll-emu", layout_.total_bytes());
+  // The flags, and the LL area: a word that was never written holds no message's flag.
   std::memset(segment_.data(), 0, layout_.flags_bytes);
+  std::memset(segment_.data() + layout_.ll_offset, 0, layout_.total_bytes() - layout_.ll_offset);
   segments_.assign(size, nullptr);
   segments_[rank] = segment_.data();
   status_.abort = 0;
@@ -136,7 +139,7 @@ const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
       [&] {
         ++plans_built_;
         return cuda::plan_call(algo, call, rank_, size_, layout_, opts_.slot_bytes,
-                               opts_.oneshot_max_bytes);
+                               opts_.oneshot_max_bytes, ll_max_bytes());
       },
       [](auto&) {});  // launches here are synchronous: nothing still reads a plan
 }
@@ -200,6 +203,8 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
   cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
                                               plan.steps.size(), plan.grid, counters_);
   cuda::check_on_device(a, f);
+  for (const cuda::DevStep& d : plan.steps)
+    ll_steps_run_ += (d.flags & (cuda::kRecvLL | cuda::kSendLL)) != 0;
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
   launch(call.dtype, a, launch_regions(call), w, drill);

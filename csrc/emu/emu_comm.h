@@ -58,6 +58,10 @@ struct EmuOptions {
   double timeout_s = 60.0;
   size_t oneshot_max_bytes = 64 * 1024;
   size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above
+  // Kernel mode: messages up to here in the LL format (cuda::ll_message; 0: none), their flags
+  // of ll_flag_bits bits (fewer than 32: tests that see the flags wrap).
+  size_t ll_max_bytes = 32 * 1024;
+  int ll_flag_bits = 32;
   // Fault drills (tests): in collective #fault_seq, after `fault_step` steps, this rank's
   // process exits (fault_exit) or stops responding for longer than the timeout.
   uint64_t fault_seq = 0;
@@ -97,6 +101,10 @@ class EmuComm {
   // Blocks run by every launch so far, added up: a launch runs only the blocks its messages
   // use (cuda::plan_grid), as on the GPU.
   uint64_t blocks_run() const { return blocks_run_; }
+  // Steps run with a message in the LL format (kRecvLL or kSendLL), added up.
+  uint64_t ll_steps_run() const { return ll_steps_run_; }
+  // The LL limit the plans use: the option in kernel mode, none in host mode.
+  size_t ll_max_bytes() const { return opts_.kernel_mode ? opts_.ll_max_bytes : 0; }
   void abort(const std::string& reason);
   bool poisoned() const { return aborted_.load(); }
 
@@ -131,6 +139,7 @@ class EmuComm {
   cuda::PlanCache<cuda::Plan> plans_;
   uint64_t plans_built_ = 0;
   uint64_t blocks_run_ = 0;
+  uint64_t ll_steps_run_ = 0;
   cuda::DeviceStatus status_{};
   uint32_t error_claim_ = 0;
   uint64_t seq_ = 0;

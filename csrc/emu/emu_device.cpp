@@ -76,6 +76,20 @@ void check_slot(const void* p, size_t bytes, const void* seg, const cuda::Segmen
                                   layout.sub_slot_bytes, "-byte sub-slot"));
 }
 
+void check_ll_slot(const void* p, size_t bytes, const void* seg, const cuda::SegmentLayout& layout,
+                   int block, int channel, uint64_t m) {
+  const uint8_t* q = static_cast<const uint8_t*>(p);
+  if (block >= layout.ll_blocks)
+    throw CollectiveError(str_cat("emulated device: block ", block, " has no LL sub-slots (",
+                                  layout.ll_blocks, " blocks have)"));
+  const uint8_t* s = static_cast<const uint8_t*>(seg) + layout.ll_slot_offset(block, channel, m);
+  if (q != s || bytes > layout.ll_sub_slot_bytes)
+    throw CollectiveError(str_cat("emulated device: block ", block, "'s LL slice of message ", m,
+                                  " on channel ", channel, " (", bytes, " bytes at offset ",
+                                  static_cast<long long>(q - s), ") leaves its ",
+                                  layout.ll_sub_slot_bytes, "-byte LL sub-slot"));
+}
+
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())

@@ -88,6 +88,7 @@ py::dict plan_dict(const Plan& p) {
   r["received"] = p.moved.received;
   r["bcast_received"] = p.moved.bcast_received;
   r["bcast_sent"] = p.moved.bcast_sent;
+  r["grid"] = p.grid;
   return r;
 }
 
@@ -96,7 +97,8 @@ void bind_planning(py::module_& m) {
       "plan",
       [](int collective, int algorithm, int rank, int size, size_t count, int root, int dtype,
          size_t slot_bytes, size_t oneshot_max_bytes, const CountList& counts,
-         const CountList& send_counts, const CountList& recv_counts) {
+         const CountList& send_counts, const CountList& recv_counts, int nblocks, int nslots,
+         size_t ll_max_bytes) {
         const Collective c = collective_code(collective);
         const Algo a = algo_code(c, algorithm);
         if (a == Algo::Auto) throw InvalidArgument("plan: name an algorithm");
@@ -112,13 +114,21 @@ void bind_planning(py::module_& m) {
         check_device_call(call, size);
         const ScheduleParams p = plan_params(call, rank, size, slot_bytes, oneshot_max_bytes);
         if (p.piece == 0) throw InvalidArgument("plan: staging slot smaller than one element");
-        return plan_dict(build_plan(a, c, p));
+        if (nblocks < 1 || nslots < 2) throw InvalidArgument("plan: bad block or slot count");
+        // As plan_call builds it on a segment of this layout: the grid, and the messages in
+        // the LL format (flags kRecvLL, kSendLL) for a limit of ll_max_bytes (0: none).
+        const SegmentLayout L = make_layout(size, nslots, nblocks, slot_bytes, ll_max_bytes);
+        Plan plan = build_plan(a, c, p);
+        plan.grid = plan_grid(plan.steps, L);
+        mark_ll(plan, dtype_size(call.dtype), acc_size(call.dtype), L, ll_max_bytes);
+        return plan_dict(plan);
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root"), py::arg("dtype"), py::arg("slot_bytes"),
       py::arg("oneshot_max_bytes") = CudaCommOptions{}.oneshot_max_bytes, py::kw_only(),
       py::arg("counts") = py::none(), py::arg("send_counts") = py::none(),
-      py::arg("recv_counts") = py::none());
+      py::arg("recv_counts") = py::none(), py::arg("nblocks") = CudaCommOptions{}.nblocks,
+      py::arg("nslots") = CudaCommOptions{}.nslots, py::arg("ll_max_bytes") = 0);
   m.def(
       "block_slice",
       [](size_t n, int nblocks, int block) {
@@ -135,16 +145,27 @@ void bind_planning(py::module_& m) {
       py::arg("n"), py::arg("nblocks"), py::arg("slot_bytes"), py::arg("block"));
   m.def(
       "segment_layout",
-      [](int size, int nslots, int nblocks, size_t slot_bytes) {
-        const SegmentLayout l = make_layout(size, nslots, nblocks, slot_bytes);
+      [](int size, int nslots, int nblocks, size_t slot_bytes, size_t ll_max_bytes) {
+        const SegmentLayout l = make_layout(size, nslots, nblocks, slot_bytes, ll_max_bytes);
         py::dict d;
         d["sub_slot_bytes"] = l.sub_slot_bytes;
         d["flags_bytes"] = l.flags_bytes;
+        d["ll_offset"] = l.ll_offset;
+        d["ll_sub_slot_bytes"] = l.ll_sub_slot_bytes;
+        d["ll_blocks"] = l.ll_blocks;
         d["total_bytes"] = l.total_bytes();
         return d;
       },
-      py::arg("size"), py::arg("nslots"), py::arg("nblocks"), py::arg("slot_bytes"));
+      py::arg("size"), py::arg("nslots"), py::arg("nblocks"), py::arg("slot_bytes"),
+      py::arg("ll_max_bytes") = 0);
   m.attr("MAX_RANKS") = kMaxRanks;
+  m.attr("LL_MAX_BYTES") = CudaCommOptions{}.ll_max_bytes;
+  // DevStep flags (device/kernel_args.h), as plan() reports them.
+  m.attr("RECV_ACC") = kRecvAcc;
+  m.attr("SEND_ACC") = kSendAcc;
+  m.attr("RECV_BCAST") = kRecvBcast;
+  m.attr("RECV_LL") = kRecvLL;
+  m.attr("SEND_LL") = kSendLL;
 }
 
 // run's checks without a communicator: the call is checked before the CUDA transport is set up
@@ -217,6 +238,7 @@ void bind_comm(py::module_& m) {
       .def_readwrite("timeout", &CudaCommOptions::timeout_s)
       .def_readwrite("oneshot_max_bytes", &CudaCommOptions::oneshot_max_bytes)
       .def_readwrite("direct_max_bytes", &CudaCommOptions::direct_max_bytes)
+      .def_readwrite("ll_max_bytes", &CudaCommOptions::ll_max_bytes)
       .def_readwrite("debug", &CudaCommOptions::debug)
       .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch);
 

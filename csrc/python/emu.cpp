@@ -43,6 +43,8 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("timeout", &emu::EmuOptions::timeout_s)
       .def_readwrite("oneshot_max_bytes", &emu::EmuOptions::oneshot_max_bytes)
       .def_readwrite("direct_max_bytes", &emu::EmuOptions::direct_max_bytes)
+      .def_readwrite("ll_max_bytes", &emu::EmuOptions::ll_max_bytes)
+      .def_readwrite("ll_flag_bits", &emu::EmuOptions::ll_flag_bits)
       .def_readwrite("fault_seq", &emu::EmuOptions::fault_seq)
       .def_readwrite("fault_step", &emu::EmuOptions::fault_step)
       .def_readwrite("fault_exit", &emu::EmuOptions::fault_exit);
@@ -84,7 +86,8 @@ PYBIND11_MODULE(_emu, m) {
       .def("replay", &emu::EmuComm::replay, py::arg("graph"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
-      .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run);
+      .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run)
+      .def_property_readonly("ll_steps_run", &emu::EmuComm::ll_steps_run);
   py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
       .def_readonly("seq", &emu::EmuGraph::seq);
 }

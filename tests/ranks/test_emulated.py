@@ -87,8 +87,8 @@ def test_emulated_call_headers_are_not_overwritten_before_they_are_read(mode):
     assert f"headers {mode} ranks=3" in out, out
 
 
-def _drill(mode, what, nranks=3):
-    out = run_mpi(nranks, "emulated.py", mode, what, mpiexec_args=("-disable-auto-cleanup",))
+def _drill(mode, what, nranks=3, size="large"):
+    out = run_mpi(nranks, "emulated.py", mode, what, size, mpiexec_args=("-disable-auto-cleanup",))
     return ["RAISED" + part.split("\n")[0] for part in out.split("RAISED")[1:]]
 
 
@@ -121,5 +121,53 @@ def test_emulated_peer_missing_between_collectives(mode, what):
 @pytest.mark.parametrize("mode", MODES)
 def test_emulated_mismatch(mode):
     raised = _drill(mode, "mismatch", nranks=2)
+    assert len(raised) == 2, raised
+    assert all("CollectiveMismatch" in line and "count" in line for line in raised), raised
+
+
+# The LL format (device/plan.h, ll_message): data and flag in one store, polled by the
+# receiver's threads. Kernel mode only; host mode runs the same cases without it.
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_emulated_ll_sizes_and_dtypes(mode, nranks):
+    out = run_mpi(nranks, "emulated.py", mode, "ll_sizes")
+    assert f"ll_sizes {mode} ranks={nranks}" in out, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_emulated_ll_back_to_back_with_late_ranks(mode, nranks):
+    out = run_mpi(nranks, "emulated.py", mode, "ll_race")
+    assert f"ll_race {mode} ranks={nranks}" in out, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_ll_flags_wrap(mode):
+    out = run_mpi(3, "emulated.py", mode, "ll_wrap")
+    assert f"ll_wrap {mode} ranks=3" in out, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_ll_peer_dies_mid_collective(mode):
+    raised = _drill(mode, "dies_mid", size="ll")
+    assert len(raised) == 2, raised
+    for line in raised:
+        assert "CollectiveError" in line and "rank 1" in line and "no longer running" in line
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_ll_peer_stalls_mid_collective(mode):
+    raised = _drill(mode, "stalls_mid", size="ll")
+    assert len(raised) == 2, raised
+    for line in raised:
+        assert "CollectiveTimeout" in line and "rank 1" in line
+        assert float(line.split(" after ")[1].split("s:")[0]) < 6  # the timeout is 1.5 s
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_ll_mismatch(mode):
+    raised = _drill(mode, "mismatch", nranks=2, size="ll")
     assert len(raised) == 2, raised
     assert all("CollectiveMismatch" in line and "count" in line for line in raised), raised

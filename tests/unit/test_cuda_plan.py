@@ -176,3 +176,101 @@ def test_plan_limits():
         cu.plan(0, 1, 0, cu.MAX_RANKS + 1, 10, 0, FLOAT32, 4096)
     with pytest.raises(ValueError, match="not available"):
         cu.plan(2, 2, 0, 2, 10, 0, FLOAT32, 4096)  # tree all-gather
+
+
+# The LL format (device/plan.h, ll_message): which messages use it is a function of the message
+# (count, wire type) and the layout, computed by each end for its own side of the message.
+DTYPES = {  # name: (code, element bytes, accumulation bytes)
+    "int8": (0, 1, 1), "uint8": (1, 1, 1), "int32": (2, 4, 4), "int64": (3, 8, 8),
+    "float16": (4, 2, 4), "bfloat16": (5, 2, 4), "float32": (6, 4, 4), "float64": (7, 8, 8),
+}  # fmt: skip
+RECEIVES = ("recv", "recv_reduce_send", "recv_reduce_copy", "recv_reduce_copy_send",
+            "recv_copy_send")  # fmt: skip
+SENDS = ("send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send")
+# (slot bytes, blocks): the CUDA transport's default layout, the emulated device's default and
+# its small-slot one, where LL messages span several blocks.
+LL_LAYOUTS = [(1 << 20, 16), (64 << 10, 4), (4096, 4)]
+
+
+def channel_messages(plan, rank, size, elem, acc):
+    """What each message of `rank`'s plan is, as this end sees it, on each channel: (count,
+    wire bytes, LL?), in order. Channels: (sender, receiver), or (sender, "bcast", receiver)."""
+    sent, received = {}, {}
+    for kind, flags, _, _, frm, frm2, to, to2, count, _, _ in plan["steps"]:
+        if kind in RECEIVES:
+            wire = acc if flags & cu.RECV_ACC else elem
+            peers = [q for q in range(size) if q != rank] if frm == -2 else [frm, frm2]
+            for q in (q for q in peers if q != -1):
+                ch = (q, "bcast", rank) if flags & cu.RECV_BCAST else (q, rank)
+                received.setdefault(ch, []).append((count, wire, bool(flags & cu.RECV_LL)))
+        if kind in SENDS:
+            wire = acc if flags & cu.SEND_ACC else elem
+            for t in (t for t in (to, to2) if t != -1):
+                ends = (
+                    [(rank, "bcast", q) for q in range(size) if q != rank]
+                    if t == -2
+                    else [(rank, t)]
+                )
+                for ch in ends:
+                    sent.setdefault(ch, []).append((count, wire, bool(flags & cu.SEND_LL)))
+    return sent, received
+
+
+@pytest.mark.parametrize("slot,nblocks", LL_LAYOUTS)
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_ll_rule_sender_and_receiver_agree(collective, slot, nblocks):
+    """Every message's two ends mark it LL alike, for every dtype, rank count, algorithm and
+    count around the limit; no LL message is over the limit or leaves its LL sub-slot."""
+    limit = 32 << 10
+    layout = cu.segment_layout(4, 4, nblocks, slot, limit)
+    algos = [a for a in ALGOS if a != "tree" or collective in ("all_reduce", "broadcast", "reduce")]
+    ll_seen = 0
+    for name, (code, elem, acc) in DTYPES.items():
+        wire_max = acc if collective in PARTIAL else elem
+        edge = limit // wire_max
+        for size in (2, 3, 4, 5):
+            for count in (1, 7, edge // 3, edge - 1, edge, edge + 1, 2 * edge + 5):
+                for algo in algos:
+                    ends = [
+                        channel_messages(
+                            cu.plan(CODES[collective], ALGOS[algo], r, size, count, 1 % size, code,
+                                    slot, nblocks=nblocks, ll_max_bytes=limit),
+                            r, size, elem, acc,
+                        )
+                        for r in range(size)
+                    ]  # fmt: skip
+                    sent = {ch: m for s, _ in ends for ch, m in s.items()}
+                    received = {ch: m for _, r in ends for ch, m in r.items()}
+                    case = f"{collective} {algo} {name} ranks={size} count={count}"
+                    assert sent == received, case
+                    for msgs in sent.values():
+                        for n, wire, ll in msgs:
+                            ll_seen += ll
+                            if not ll:
+                                continue
+                            assert n * wire <= limit, case
+                            lo, hi = cu.channel_slice(n, nblocks, slot, 0)
+                            words = ((hi - lo) * wire + 3) // 4
+                            assert 8 * words <= layout["ll_sub_slot_bytes"], case
+    assert ll_seen > 0
+
+
+def test_ll_rule_limits():
+    # No limit, no LL; one element always fits; over the limit never.
+    def ll_bits(count, limit, dtype=FLOAT32, collective="all_reduce"):
+        p = cu.plan(CODES[collective], ALGOS["direct"], 0, 2, count, 0, dtype, 64 << 10,
+                    nblocks=4, ll_max_bytes=limit)  # fmt: skip
+        return [f & (cu.RECV_LL | cu.SEND_LL) for _, f, *_ in p["steps"]]
+
+    assert ll_bits(1, 0) == [0, 0]
+    assert ll_bits(1, 4) == [cu.SEND_LL, cu.RECV_LL]  # one-shot: send, then receive-reduce
+    assert ll_bits(2, 4) == [0, 0]
+    assert ll_bits(8, 16, FLOAT16) == [0, 0]  # partial sums travel as float32: 32 bytes
+    assert ll_bits(4, 16, FLOAT16) == [cu.SEND_LL, cu.RECV_LL]
+    layout = cu.segment_layout(3, 4, 16, 1 << 20, cu.LL_MAX_BYTES)
+    assert 0 < layout["ll_blocks"] < 16 and layout["ll_sub_slot_bytes"] % 256 == 0
+    assert (
+        layout["total_bytes"]
+        == layout["ll_offset"] + layout["ll_blocks"] * 4 * 4 * layout["ll_sub_slot_bytes"]
+    )
+    assert cu.segment_layout(3, 4, 16, 1 << 20)["ll_blocks"] == 0

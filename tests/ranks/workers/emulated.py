@@ -12,8 +12,11 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   replay (collectives captured once and replayed, as CUDA graphs are), grid (the blocks a
   launch runs: those its messages use),
   resize (sizes changing within the slot window), headers (calls whose fingerprints alternate,
-  back to back), the fault drills dead_peer, timeout,
-  mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective), and
+  back to back), ll_sizes (sizes around the LL limit, every dtype), ll_race (LL calls back to
+  back, ranks delayed at random), ll_wrap (LL flags of 4 bits, wrapping every 16 messages),
+  the fault drills dead_peer, timeout,
+  mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective; a third
+  argument `ll` runs the drills' calls on messages small enough for the LL format), and
   all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
   workers/new_collectives.py, against MPI's Alltoall(v), Gather, Scatter, Allgatherv and
   numpy) and split_mismatch (ranks disagreeing on splits, counts or root).
@@ -26,7 +29,18 @@ import sys
 import time
 
 import numpy as np
-from checks import expect, hard_exit, make_input, proc_stat, reference, run_main
+from checks import (
+    DTYPES,
+    check_close,
+    expect,
+    hard_exit,
+    is_float,
+    make_input,
+    proc_stat,
+    reference,
+    run_main,
+    same_bytes,
+)
 from collectives import Checker, algorithms
 from mpi4py import MPI
 from new_collectives import Data
@@ -43,7 +57,9 @@ class EmulatedDevice:
     """The collectives of pc.Communicator over the emulated device. Its launches are
     synchronous: `async_op` is accepted (the shared test bodies pass it) and changes nothing."""
 
-    def __init__(self, mpi, mode="kernel", staging="default", blocks=4, timeout=60.0, fault=None):
+    def __init__(
+        self, mpi, mode="kernel", staging="default", blocks=4, timeout=60.0, fault=None, **opts
+    ):
         o = _emu.EmuOptions()
         o.slot_bytes = STAGING[staging]
         o.nslots = 2 if staging == "small" else 4
@@ -53,6 +69,8 @@ class EmulatedDevice:
         o.oneshot_max_bytes = int(os.environ.get("PYCOLL_ONESHOT_BYTES", o.oneshot_max_bytes))
         if fault is not None:  # (collective number, step, exit?) of a drill on this rank
             o.fault_seq, o.fault_step, o.fault_exit = fault
+        for name, value in opts.items():  # e.g. ll_max_bytes, ll_flag_bits, nslots
+            setattr(o, name, value)
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.dev = _emu.EmuComm(self.rank, self.size, o)
@@ -180,10 +198,15 @@ def until_gone(pids, limit):
         time.sleep(0.01)
 
 
-def faults(mpi, mode, what):
+def faults(mpi, mode, what, size="large"):
     # Drills in the middle of a collective: rank 1 runs 3 of its steps of call #2, then dies or
     # stalls, so its peers' waits happen inside the device code (device flags in kernel mode).
-    drill = {"dies_mid": (2, 3, True), "stalls_mid": (2, 3, False)}.get(what)
+    # size "ll": the calls are small enough for the LL format (kernel mode), and rank 1 runs
+    # none of its steps (one-shot has two: after its send, its peers would have all they need),
+    # so its peers' LL polls are what must give up.
+    ll = size == "ll"
+    step = 0 if ll else 3
+    drill = {"dies_mid": (2, step, True), "stalls_mid": (2, step, False)}.get(what)
     fault = drill if mpi.rank == 1 else None
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT, fault=fault)
     pids = mpi.allgather(os.getpid())
@@ -193,7 +216,9 @@ def faults(mpi, mode, what):
     # reported "rank 2 is no longer running" instead of the timeout.
     faulty = what in ("dies_mid", "stalls_mid", "dead_peer", "timeout")
     survivors = mpi.Split(MPI.UNDEFINED if faulty and mpi.rank == 1 else 0, mpi.rank)
-    x = np.ones(5000, np.float32)
+    count = 64 if ll else 5000
+    algo = "direct" if ll else "ring"
+    x = np.ones(count, np.float32)
     dev.all_reduce(x)  # everyone arrives once
     if what == "dead_peer":
         if mpi.rank == 1:
@@ -205,12 +230,15 @@ def faults(mpi, mode, what):
             until_gone([p for q, p in enumerate(pids) if q != 1], 2.0)
             os._exit(0)
     elif what == "mismatch":
-        x = np.ones(5000 if mpi.rank == 0 else 4000, np.float32)
+        x = np.ones(count if mpi.rank == 0 else count - 16, np.float32)
+    ll_before = dev.dev.ll_steps_run
     t0 = time.monotonic()
     try:
-        dev.all_reduce(x, algorithm="ring")
+        dev.all_reduce(x, algorithm=algo)
     except pc.CollectiveError as e:
         took = time.monotonic() - t0
+        if ll and mode == "kernel" and what in ("dies_mid", "stalls_mid"):
+            assert dev.dev.ll_steps_run > ll_before, "the drill's call is not in the LL format"
         say(f"RAISED {type(e).__name__} after {took:.1f}s: {e}")
         try:
             dev.all_reduce(x)
@@ -394,6 +422,114 @@ def headers(mpi, mode):
     say(f"headers {mode} ranks={mpi.size}")
 
 
+LL_LIMIT = _emu.EmuOptions().ll_max_bytes
+
+
+def wire_bytes(collective, dt):
+    """Bytes per element on the wire: partial sums in the accumulation type (float32 for the
+    16-bit floats), finished elements as they are."""
+    partial = collective in ("all_reduce", "reduce_scatter")
+    return 4 if partial and is_float(dt) and dt.itemsize == 2 else dt.itemsize
+
+
+def run_checked(dev, mpi, collective, dt, count, algo, salt):
+    """One call of `collective` on every rank's make_input, checked against numpy."""
+    n, r = mpi.size, mpi.rank
+    what = f"{collective} {dt.name} count={count} {algo or 'auto'} #{salt}"
+    if collective == "all_reduce":
+        inputs = [make_input(q, count, dt, "sum", salt) for q in range(n)]
+        got = dev.all_reduce(inputs[r].copy(), algorithm=algo)
+        check_close(got, reference(inputs, "sum", dt), dt, n, what, "sum")
+    elif collective == "reduce_scatter":
+        inputs = [make_input(q, n * count, dt, "sum", salt) for q in range(n)]
+        out = np.zeros(count, dt)
+        dev.reduce_scatter(inputs[r], out, algorithm=algo)
+        want = reference(inputs, "sum", dt)[r * count : (r + 1) * count]
+        check_close(out, want, dt, n, what, "sum")
+    elif collective == "all_gather":
+        inputs = [make_input(q, count, dt, "sum", salt) for q in range(n)]
+        out = np.zeros(n * count, dt)
+        dev.all_gather(inputs[r], out, algorithm=algo)
+        same_bytes(out, np.concatenate(inputs), what)
+    else:  # broadcast, from a root that moves with the salt
+        root = salt % n
+        x = make_input(root, count, dt, "sum", salt)
+        got = dev.broadcast(x.copy() if r == root else np.zeros(count, dt), root, algorithm=algo)
+        same_bytes(got, x, what)
+
+
+LL_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def ll_sizes(mpi, mode):
+    """Every dtype, and sizes around the LL limit (a message of exactly the limit, an element
+    either side, a quarter of it, twice it), all-reduce, reduce-scatter, all-gather and
+    broadcast, direct and auto, against numpy. Kernel mode runs one-element calls in the LL
+    format and no direct call whose messages are all over the limit; host mode never uses it."""
+    dev = EmulatedDevice(mpi, mode, "default", blocks=4)
+    c = dev.dev
+    calls = 0
+    for dt in DTYPES:
+        for collective in LL_COLLECTIVES:
+            edge = LL_LIMIT // wire_bytes(collective, dt)
+            for count in sorted({1, 3, 7, edge // 4 + 1, edge // 2 - 1, edge - 1, edge, edge + 1,
+                                 2 * edge}):  # fmt: skip
+                for algo in ("direct", None):
+                    before = c.ll_steps_run
+                    run_checked(dev, mpi, collective, dt, count, algo, calls)
+                    calls += 1
+                    ran = c.ll_steps_run - before
+                    what = f"{collective} {dt.name} count={count} {algo}: {ran} LL steps"
+                    if mode == "host":
+                        assert ran == 0, what
+                    elif algo == "direct" and count == 1:
+                        assert ran > 0, what
+                    elif algo == "direct" and count > edge:
+                        assert ran == 0, what
+    say(f"ll_sizes {mode} ranks={mpi.size}: {calls} calls, {c.ll_steps_run} LL steps")
+
+
+def ll_race(mpi, mode):
+    """LL calls back to back, one rank (drawn at random, the same draw on every rank) calling
+    late each time: its peers poll its slot first and find an earlier message's words there
+    (2 slots per channel: the message before last), whose flags they must not take for this
+    one's. Sizes and values change every call, so a stale word is a wrong element."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3)
+    c, n = dev.dev, mpi.size
+    rng = np.random.default_rng(37)
+    dtypes = [np.dtype(t) for t in (np.float32, np.int8, np.float16, np.int64, np.int32)]
+    for i in range(240):
+        late, pause = int(rng.integers(n)), float(rng.uniform(0.0, 0.003))
+        collective = LL_COLLECTIVES[int(rng.integers(len(LL_COLLECTIVES)))]
+        dt = dtypes[int(rng.integers(len(dtypes)))]
+        count = int(rng.choice([1, 2, 5, 16, 33, 100, 150]))
+        if mpi.rank == late:
+            time.sleep(pause)
+        run_checked(dev, mpi, collective, dt, count, "direct", i)
+    assert (c.ll_steps_run > 0) == (mode == "kernel"), c.ll_steps_run
+    say(f"ll_race {mode} ranks={n}: {c.ll_steps_run} LL steps")
+
+
+def ll_wrap(mpi, mode):
+    """LL flags of 4 bits: a flag equals that of the message 16 before it on the slot. Every
+    16th call is long and its writer calls late, the calls between are short: without the
+    sweep (plan.h, ll_sweeps), the long message's words past the short ones would still hold
+    the flag of the long message 16 calls earlier, and an early reader would take them."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=1, ll_flag_bits=4)
+    c, n = dev.dev, mpi.size
+    dt = np.dtype(np.float32)
+    for i in range(16 * 6):
+        long = i % 16 == 0
+        if long and mpi.rank == (i // 16) % n:
+            time.sleep(0.005)
+        run_checked(dev, mpi, "all_reduce", dt, 500 if long else 3, "direct", i)
+    assert (c.ll_steps_run > 0) == (mode == "kernel"), c.ll_steps_run
+    say(f"ll_wrap {mode} ranks={n}: {c.ll_steps_run} LL steps")
+
+
+LL_TESTS = {"ll_sizes": ll_sizes, "ll_race": ll_race, "ll_wrap": ll_wrap}
+
+
 def main():
     mode, collective = sys.argv[1], sys.argv[2]
     staging = sys.argv[3] if len(sys.argv) > 3 else "default"
@@ -415,7 +551,9 @@ def main():
     elif collective == "split_mismatch":
         split_mismatch(mpi, mode)
     elif collective in ("dead_peer", "timeout", "mismatch", "dies_mid", "stalls_mid"):
-        faults(mpi, mode, collective)
+        faults(mpi, mode, collective, staging)
+    elif collective in LL_TESTS:
+        LL_TESTS[collective](mpi, mode)
     else:
         matrix(mpi, mode, collective, staging, algos, blocks)
 
