@@ -24,6 +24,10 @@ memory (only where kernels of different processes run side by side: own GPUs or 
 kernel mode also 100 8 B all-reduces captured into one CUDA graph, the time per call of a
 launch of it.
 
+Small messages travel in the LL format (data and flag in one store) in kernel mode, up to
+PYCOLL_CUDA_LL_BYTES (printed in the header); PYCOLL_CUDA_LL_BYTES=0 runs them without it, to
+compare the two in one kit run (tools/gpu/run.sh, bench-mps).
+
 Sizes are nccl-tests': all-gather's is the gathered output (each rank gives size / n).
 Ratios: "of bound" = bound / b2b; "x floor" = sync / the launch+sync floor; "staged/sync" and
 "nccl/sync" > 1 mean ours is faster.
@@ -40,6 +44,7 @@ from mpi4py import MPI
 
 from pycollectives.bench import formulas as F
 from pycollectives.bench import gpu, timing
+from pycollectives.options import Options
 
 SYNC_BUDGET_S = 0.25  # time each mode may take per size (at least 3 calls)
 B2B_BUDGET_S = 0.15
@@ -161,6 +166,7 @@ def main():
     comm.all_reduce(warm)  # starts the CUDA transport
     cp.cuda.get_current_stream().synchronize()
     mode = comm._cuda.sync_mode  # kernel: one launch per call; host: the host drives steps
+    ll_bytes = Options.resolve().cuda_ll_bytes if mode == "kernel" else 0  # host mode: none
     copy_bw = gpu.copy_bandwidth(mpi, dev)
     floors = gpu.measure_floors(mpi, cp, kernel_mode=mode == "kernel")
     graph, graph_why = None, "kernel mode only (host mode cannot be captured)"
@@ -168,7 +174,8 @@ def main():
         graph, graph_why = gpu.graph_per_call(mpi, cp, comm)
     nccl = gpu.Nccl(mpi, dev)
     if mpi.rank == 0:
-        print(f"# {n} ranks on {dev.name}, devices {sorted(set(dev.devices))}, sync={mode}")
+        print(f"# {n} ranks on {dev.name}, devices {sorted(set(dev.devices))}, sync={mode}, "
+              f"LL format up to {ll_bytes} B (PYCOLL_CUDA_LL_BYTES; 0: off)")  # fmt: skip
         print(
             f"# copy bandwidth per rank, all ranks copying: {copy_bw:.1f} GB/s "
             f"({2 * copy_bw * dev.devices.count(dev.index):.0f} GB/s of traffic on the GPU)"
@@ -179,7 +186,8 @@ def main():
         print(f"# 8 B all-reduces in a CUDA graph of 100, per call: {us(graph)}"
               + (f" ({graph_why})" if graph_why else ""))  # fmt: skip
         print(f"# nccl: {nccl.what}")
-    results = {"ranks": n, "device": dev.name, "sync_mode": mode, "copy_bw_gbs": copy_bw,
+    results = {"ranks": n, "device": dev.name, "sync_mode": mode, "ll_max_bytes": ll_bytes,
+               "copy_bw_gbs": copy_bw,
                "floors": vars(floors), "graph_per_call": graph, "nccl": nccl.what,
                "rows": {}}  # fmt: skip
     for coll in colls:

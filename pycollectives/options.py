@@ -38,6 +38,8 @@ PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicat
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
+PYCOLL_CUDA_LL_BYTES       32 KiB           GPU kernel mode: messages up to here in the LL
+                                            format, data and flag in one store (0: off)
 PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
 =========================  ===============  ==================================================
 """
@@ -128,6 +130,7 @@ class Options:
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
+    cuda_ll_bytes: int = 32 << 10
     cuda_sync: str | None = None
 
     @classmethod
@@ -165,6 +168,7 @@ class Options:
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, int),
+            cuda_ll_bytes=pick(None, "PYCOLL_CUDA_LL_BYTES", d.cuda_ll_bytes, int),
             cuda_sync=None if sync == "auto" else sync,
         )
         opts.check()
@@ -188,6 +192,8 @@ class Options:
             raise ValueError(f"PYCOLL_SINGLE_COPY_BYTES must be >= 0, got {self.single_copy_bytes}")
         if self.shared_bytes < 0:
             raise ValueError(f"PYCOLL_SHARED_BYTES must be >= 0, got {self.shared_bytes}")
+        if self.cuda_ll_bytes < 0:
+            raise ValueError(f"PYCOLL_CUDA_LL_BYTES must be >= 0, got {self.cuda_ll_bytes}")
         if self.net_piece_bytes <= 0:
             raise ValueError(f"PYCOLL_NET_PIECE_BYTES must be positive, got {self.net_piece_bytes}")
 
@@ -222,6 +228,7 @@ class Options:
         o.slot_bytes = self.cuda_staging_bytes
         o.nslots = self.cuda_staging_slots
         o.nblocks = self.cuda_blocks
+        o.ll_max_bytes = self.cuda_ll_bytes
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug

@@ -306,6 +306,11 @@ class TestKernelMode:
         out = run_mpi(2, "gpu_extras.py", "mismatch", env=kernel_mode_env)
         assert out.count("sync=kernel") == 2, out
 
+    def test_gpu_ll_small_all_reduces(self, kernel_mode_env):
+        # The LL format (data and flag in one store) on the path every small all-reduce takes.
+        out = run_mpi(2, "gpu_extras.py", "ll", env=kernel_mode_env)
+        assert out.count("sync=kernel calls=") == 2, out
+
     def test_gpu_graph_capture_and_replay(self, kernel_mode_env):
         out = run_mpi(2, "gpu_extras.py", "graph", env=kernel_mode_env)
         assert out.count("sync=kernel replays=5") == 2, out

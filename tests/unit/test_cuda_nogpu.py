@@ -376,3 +376,19 @@ def test_oneshot_limit_reaches_the_cuda_transport():
     assert host_opts({"PYCOLL_ONESHOT_BYTES": "4096"}).oneshot_max_bytes == 4096
     opts = cuda_opts({"PYCOLL_CUDA_BLOCKS": "3"})
     assert opts.nblocks == 3 and opts.oneshot_max_bytes == default and opts.timeout == 30.0
+
+
+def test_ll_limit_reaches_the_cuda_transport():
+    # PYCOLL_CUDA_LL_BYTES sets the LL format's limit (0: off); the default is the native one.
+    cu = pytest.importorskip("pycollectives._cuda")
+
+    def cuda_opts(env):
+        return Options.resolve(timeout=30.0, environ=env).cuda_options(cu)
+
+    assert cuda_opts({}).ll_max_bytes == cu.CudaCommOptions().ll_max_bytes == cu.LL_MAX_BYTES
+    assert cuda_opts({"PYCOLL_CUDA_LL_BYTES": "0"}).ll_max_bytes == 0
+    assert cuda_opts({"PYCOLL_CUDA_LL_BYTES": "4096"}).ll_max_bytes == 4096
+    with pytest.raises(ValueError, match="PYCOLL_CUDA_LL_BYTES"):
+        cuda_opts({"PYCOLL_CUDA_LL_BYTES": "-1"})
+    with pytest.raises(ValueError, match="PYCOLL_CUDA_LL_BYTES"):
+        cuda_opts({"PYCOLL_CUDA_LL_BYTES": "lots"})

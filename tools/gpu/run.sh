@@ -11,8 +11,10 @@
 #   build     a venv (.venv-gpu) on top of the machine's packages, the carried wheels, and
 #             `pip install -e .` with the CUDA transport required
 #   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode)
-#   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, and the host's cost of one
-#             small call layer by layer (gpu_call_cost.py), under an MPS daemon it starts and stops
+#   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, its small all-reduces again
+#             on 2 ranks without the LL format (PYCOLL_CUDA_LL_BYTES=0), and the host's cost of
+#             one small call layer by layer (gpu_call_cost.py), under an MPS daemon it starts
+#             and stops
 #   train     the training job on the GPU, 4 ranks
 #   gpu       the GPU test suite, last: it takes what time is left
 #   emulated  the emulated-device suite (CI runs it on every change; only when asked)
@@ -50,11 +52,11 @@ STAGES=${STAGES:-env build bench-2 bench-mps train gpu}
 # command. Raise them when running by hand.
 T_ENV=${T_ENV:-15}
 T_BUILD=${T_BUILD:-120}
-T_GPU=${T_GPU:-235}
+T_GPU=${T_GPU:-220}
 T_EMULATED=${T_EMULATED:-120}
 T_BENCH2=${T_BENCH2:-50}
 T_BENCH4=${T_BENCH4:-60}
-T_BENCH_MPS=${T_BENCH_MPS:-85}
+T_BENCH_MPS=${T_BENCH_MPS:-100}
 T_TRAIN=${T_TRAIN:-35}
 GRACE=5 # seconds between SIGTERM and SIGKILL when a stage runs over
 BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-128M}
@@ -174,6 +176,9 @@ bench_mps() {
     PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n "$PY" benchmarks/gpu_bench.py \
       --max-bytes "$BENCH_MAX_BYTES" || rc=1
   done
+  # The small sizes without the LL format, to set beside the first run's (LL on).
+  PYCOLL_CUDA_SYNC=kernel PYCOLL_CUDA_LL_BYTES=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+    --max-bytes 64K --collectives all_reduce || rc=1
   PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_call_cost.py || rc=1
   echo quit | nvidia-cuda-mps-control
   return $rc

@@ -113,8 +113,9 @@ class CudaComm:
     ``CollectiveTimeout``, ``CollectiveError`` or ``CollectiveMismatch``.
 
     Tuning (environment): ``PYCOLL_CUDA_STAGING_BYTES`` (1 MiB), ``PYCOLL_CUDA_STAGING_SLOTS``
-    (4), ``PYCOLL_CUDA_BLOCKS`` (8 blocks per launch), ``PYCOLL_CUDA_SYNC``, ``PYCOLL_ALGO``,
-    ``PYCOLL_DEBUG=INFO``.
+    (4), ``PYCOLL_CUDA_BLOCKS`` (8 blocks per launch), ``PYCOLL_CUDA_LL_BYTES`` (32 KiB: kernel
+    mode's messages up to here in the LL format, data and flag in one store; 0: off),
+    ``PYCOLL_CUDA_SYNC``, ``PYCOLL_ALGO``, ``PYCOLL_DEBUG=INFO``.
     """
 
     def __init__(
@@ -153,7 +154,7 @@ class CudaComm:
             opts = options.cuda_options(cu)
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
-                (opts.slot_bytes, opts.nslots, opts.nblocks),
+                (opts.slot_bytes, opts.nslots, opts.nblocks, opts.ll_max_bytes),
                 native.ipc_handle,
                 native.shm_name,
                 native.device_uuid,
@@ -166,7 +167,8 @@ class CudaComm:
         try:
             reports = gathered_or_raise(group, "cannot set up the CUDA transport", report, error)
             same_on_every_rank(
-                [rep[0] for rep in reports], "the CUDA staging configuration (bytes, slots, blocks)"
+                [rep[0] for rep in reports],
+                "the CUDA staging configuration (bytes, slots, blocks, LL bytes)",
             )
             uuids, mps, forced = ([rep[i] for rep in reports] for i in (3, 4, 5))
             self.sync_mode = choose_sync_mode(uuids, mps, forced)

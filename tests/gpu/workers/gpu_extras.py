@@ -1,6 +1,6 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
-Usage: mpiexec -n N python gpu_extras.py stream|async|torch|mismatch|graph
+Usage: mpiexec -n N python gpu_extras.py stream|async|torch|mismatch|graph|ll
 """
 
 from __future__ import annotations
@@ -182,12 +182,53 @@ def check_graph(comm: CudaComm):
     print(f"graph rank={r} sync=kernel replays=5")
 
 
+def check_ll(comm: CudaComm):
+    """Small all-reduces in the LL format (kernel mode; device/plan.h, ll_message), sizes
+    around the limit in several dtypes, back to back on one stream, one rank (drawn at random,
+    the same draw everywhere) queueing late: its peers' threads poll its words before they are
+    written, and find the previous message's there. Checked against numpy on the host."""
+    import pycollectives._cuda as cu
+
+    r, n = comm.rank, comm.size
+    assert comm.sync_mode == "kernel", comm.sync_mode
+    limit = cu.LL_MAX_BYTES
+    # The rule marks the smallest of these LL, and the largest not (as plan_call does).
+    ll_bits = [
+        f & (cu.RECV_LL | cu.SEND_LL)
+        for count in (1, limit // 2)
+        for _, f, *_ in cu.plan(0, 3, r, n, count, 0, 6, 1 << 20, ll_max_bytes=limit)["steps"]
+    ]
+    assert ll_bits == [cu.SEND_LL, cu.RECV_LL, 0, 0], ll_bits
+    rng = np.random.default_rng(11)
+    s = cp.cuda.Stream(non_blocking=True)
+    calls = 0
+    for dt in (np.float32, np.float16, np.int8, np.int64, np.float64):
+        wire = 4 if dt == np.float16 else np.dtype(dt).itemsize
+        edge = limit // wire
+        for count in (1, 2, 7, 64, 1000, edge - 1, edge, edge + 1):
+            pending = []
+            for k in range(6):  # queued back to back, checked after one synchronisation
+                late = int(rng.integers(n))
+                host = ((np.arange(count) * 7 + k) % 5 + r).astype(dt)
+                x = cp.asarray(host)
+                if r == late:
+                    time.sleep(float(rng.uniform(0, 0.002)))
+                comm.all_reduce(x, None, SUM, None, s, False)
+                pending.append((x, sum(((np.arange(count) * 7 + k) % 5 + q) for q in range(n))))
+                calls += 1
+            s.synchronize()
+            for k, (x, want) in enumerate(pending):
+                got = cp.asnumpy(x).astype(np.float64)
+                assert np.array_equal(got, np.asarray(want, np.float64)), (dt, count, k)
+    print(f"ll rank={r} sync=kernel calls={calls}")
+
+
 def main():
     what = sys.argv[1]
     use_local_device()
     comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
-    checks["mismatch"], checks["graph"] = check_mismatch, check_graph
+    checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
     try:
         checks[what](comm)
     finally:
