@@ -20,7 +20,7 @@ from pycollectives.work import InFlight, Work
 
 # What every rank contributes when the first GPU collective starts the CUDA transport.
 _GPU_HANDSHAKE = b"pycollectives:cuda-transport-v1"
-# Native codes of the collectives that take the one-step path (Communicator._now).
+# Native codes of the collectives that take the one-step path (Communicator._run_now).
 _AR, _RS, _AG, _BC, _RED = map(
     collective_code, ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 )
@@ -67,8 +67,8 @@ class Communicator:
         self.options = Options.resolve(
             timeout=timeout, staging_bytes=staging_bytes, staging_slots=staging_slots
         )
-        self._host = self._fast_run = None
-        self._now = _not_now
+        self._host = self._host_run = None
+        self._run_now = _not_now
         self._cuda = None  # the CUDA transport, made by the first operation on GPU arrays
         self._cuda_error = None
         self._staged = None  # send/recv of GPU arrays, made by the first one
@@ -85,14 +85,14 @@ class Communicator:
         self.rank, self.size = self._group.rank, self._group.size
         self.previous_ranks = None  # set by shrink
         self._inflight = InFlight()
-        # One machine: numpy calls go straight to the native run (see _run), and a blocking
-        # call on numpy arrays with no conversion to make runs in one native step (_now: False
-        # when the call is not that, and the general path takes it). Traced, every call goes
-        # through _run, where it is recorded.
+        # One machine: numpy calls go straight to the host backend's native run (_host_run,
+        # see _run), and a blocking call on numpy arrays with no conversion to make runs in one
+        # native step (_run_now: False when the call is not that, and the general path takes
+        # it). Traced, every call goes through _run, where it is recorded.
         if isinstance(self._host, HostBackend):
-            self._fast_run = self._host.run
+            self._host_run = self._host.run
             if not trace.enabled():
-                self._now = self._host.c.run_now
+                self._run_now = self._host.c.run_now
         trace.instrument(self)  # PYCOLL_TRACE: a timeline of this communicator's calls
 
     @classmethod
@@ -152,8 +152,8 @@ class Communicator:
             if self._cuda is not None:
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
         finally:
-            self._cuda = self._fast_run = self._staged = None
-            self._now = _not_now
+            self._cuda = self._host_run = self._staged = None
+            self._run_now = _not_now
             self._host.close()
             self._host = None
             self._group.free()
@@ -343,12 +343,12 @@ class Communicator:
         """Runs `call` on the backend of its arrays; returns `result`, or a Work."""
         x, out = call.x, call.out
         if (
-            self._fast_run is not None
+            self._host_run is not None
             and type(x) is np.ndarray
             and call.stream is None
             and (out is None or type(out) is np.ndarray)
         ):  # numpy arrays, the common case: straight to the shared-memory transport
-            handle = self._fast_run(call)
+            handle = self._host_run(call)
         else:
             backend, call = self._backend_for(call)
             handle = backend.run(call)
@@ -384,7 +384,7 @@ class Communicator:
     def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`),
         bitwise identical on every rank. Returns the output array."""
-        if self._now(_AR, x, out, op, 0, algorithm, async_op, stream):
+        if self._run_now(_AR, x, out, op, 0, algorithm, async_op, stream):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
         call = Call("all_reduce", x, out, op, 0, algorithm, async_op, stream)
@@ -395,7 +395,7 @@ class Communicator:
     ):
         """Reduces `x` over all ranks; rank r gets block r in `out`. Blocks are ``out.size``
         elements each, or ``counts[r]`` (a list of per-rank sizes, ``x.size == sum(counts)``)."""
-        if counts is None and self._now(_RS, x, out, op, 0, algorithm, async_op, stream):
+        if counts is None and self._run_now(_RS, x, out, op, 0, algorithm, async_op, stream):
             return out
         counts = _sizes(counts, "counts")
         op, algorithm = op_code(op), algo_code(algorithm)
@@ -405,7 +405,7 @@ class Communicator:
     def all_gather(self, x, out, counts=None, algorithm=None, async_op=False, stream=None):
         """Gathers every rank's `x` into `out`, rank-major: ``size * x.size`` elements, or
         ``sum(counts)`` with rank r contributing ``counts[r]``."""
-        if counts is None and self._now(_AG, x, out, 0, 0, algorithm, async_op, stream):
+        if counts is None and self._run_now(_AG, x, out, 0, 0, algorithm, async_op, stream):
             return out
         counts, algorithm = _sizes(counts, "counts"), algo_code(algorithm)
         call = Call("all_gather", x, out, 0, 0, algorithm, async_op, stream, counts)
@@ -413,7 +413,7 @@ class Communicator:
 
     def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""
-        if self._now(_BC, x, None, 0, root, algorithm, async_op, stream):
+        if self._run_now(_BC, x, None, 0, root, algorithm, async_op, stream):
             return x
         algorithm = algo_code(algorithm)
         call = Call("broadcast", x, None, 0, root, algorithm, async_op, stream)
@@ -422,7 +422,7 @@ class Communicator:
     def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None):
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
         Elsewhere `out` is checked but not written. Returns the output array."""
-        if self._now(_RED, x, out, op, root, algorithm, async_op, stream):
+        if self._run_now(_RED, x, out, op, root, algorithm, async_op, stream):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
         call = Call("reduce", x, out, op, root, algorithm, async_op, stream)

@@ -445,7 +445,7 @@ def create(opts, backend_options=None):
     native = _native()
     if native is None:
         return pg
-    host = comm._host.c if comm._fast_run is not None else None  # one machine: shared memory
+    host = comm._host.c if comm._host_run is not None else None  # one machine: shared memory
     return native.Backend(pg, host, rank, size, ASYNC_BYTES)
 
 

@@ -1,6 +1,6 @@
-"""The one-step path of blocking calls on numpy arrays (Communicator._now, the core's run_now):
-which calls take it, that they agree with numpy and with the general path, and that its errors
-reach Python as the general path's do."""
+"""The one-step path of blocking calls on numpy arrays (Communicator._run_now, the core's
+run_now): which calls take it, that they agree with numpy and with the general path, and that
+its errors reach Python as the general path's do."""
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,13 +20,13 @@ def run_ranks(comms, fn):
 
 def spy(comm) -> list:
     """What each of `comm`'s calls to the one-step path returned, in order."""
-    returned, real = [], comm._now
+    returned, real = [], comm._run_now
 
     def recorded(*args):
         returned.append(real(*args))
         return returned[-1]
 
-    comm._now = recorded
+    comm._run_now = recorded
     return returned
 
 
@@ -86,7 +86,7 @@ def test_one_step_errors_are_the_general_paths():
     """An error raised in the core on the one-step path is translated as pybind11 translates
     every other: TypeError, ValueError, and the package's CollectiveError, not a SystemError."""
     (c,) = pc.Communicator.local(1, timeout=30)
-    now, ar, bc = c._now, collective_code("all_reduce"), collective_code("broadcast")
+    now, ar, bc = c._run_now, collective_code("all_reduce"), collective_code("broadcast")
     with pytest.raises(TypeError, match="unsupported dtype complex64"):
         now(ar, np.ones(4, np.complex64), None, pc.SUM, 0, None, False, None)
     with pytest.raises(ValueError, match="root 3 is out of range"):
