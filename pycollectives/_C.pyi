@@ -138,17 +138,5 @@ def check_p2p(
     """HostComm.p2p's argument checks (TypeError / ValueError), moving nothing; returns the ops
     as (send, address, count, dtype code, peer, tag), as ``_net.NetP2P.start`` takes them."""
 
-def check_args(
-    collective: str,
-    x: Any,
-    out: Any,
-    root: int,
-    op: int,
-    algorithm: int,
-    rank: int,
-    size: int,
-    *,
-    counts: list[int] | None = None,
-    in_splits: list[int] | None = None,
-    out_splits: list[int] | None = None,
-) -> tuple[int, int]: ...
+def check_args(call: tuple, rank: int, size: int) -> tuple[int, int]:
+    """A pycollectives.backends.Call's checks (as run_call's); (count, dtype code)."""

@@ -323,15 +323,16 @@ CollectiveCall parse_call(Collective c, py::handle x_obj, py::handle out_obj, in
   return checked_call(c, x, out, root, op, algo, rank, size, sp);
 }
 
-// The same checks for a communicator whose collectives are composed in Python (several
-// nodes); returns (count, dtype code) of the call.
-std::pair<size_t, int> check_args(const std::string& collective, py::handle x, py::handle out,
-                                  int root, int op, int algo, int rank, int size,
-                                  const CountList& counts, const CountList& in_splits,
-                                  const CountList& out_splits) {
-  const CollectiveCall call = parse_call(collective_from_name(collective), x, out, root, op, algo,
-                                         rank, size, Splits{counts, in_splits, out_splits});
-  return {call.count, static_cast<int>(call.dtype)};
+CollectiveCall parse_call(const py::tuple& call, int rank, int size, bool* async_op) {
+  const CallFields f = call_fields(call);
+  if (async_op != nullptr) *async_op = f.async_op;
+  return parse_call(f.collective, call[kCallX], call[kCallOut], f.root, f.op, f.algo, rank, size,
+                    f.splits);
+}
+
+std::pair<size_t, int> check_args(const py::tuple& call, int rank, int size) {
+  const CollectiveCall c = parse_call(call, rank, size);
+  return {c.count, static_cast<int>(c.dtype)};
 }
 
 CollectiveCall described_call(Collective c, const void* x, size_t x_count, void* out,

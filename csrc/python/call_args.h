@@ -64,12 +64,14 @@ CallFields call_fields(pybind11::handle call);
 CollectiveCall parse_call(Collective c, pybind11::handle x_obj, pybind11::handle out_obj, int root,
                           int op, int algo, int rank, int size, const Splits& sp = {});
 
-// The same checks for a communicator whose collectives are composed in Python (several
-// nodes); returns (count, dtype code) of the call.
-std::pair<size_t, int> check_args(const std::string& collective, pybind11::handle x,
-                                  pybind11::handle out, int root, int op, int algo, int rank,
-                                  int size, const CountList& counts, const CountList& in_splits,
-                                  const CountList& out_splits);
+// A backends.Call on numpy arrays, checked as parse_call checks its fields; `async_op`, when
+// given, receives the call's flag.
+CollectiveCall parse_call(const pybind11::tuple& call, int rank, int size,
+                          bool* async_op = nullptr);
+
+// The same checks of a backends.Call on numpy arrays, for a communicator whose collectives are
+// composed in Python (several nodes); returns (count, dtype code) of the call.
+std::pair<size_t, int> check_args(const pybind11::tuple& call, int rank, int size);
 
 // An array described elsewhere (a GPU array, described in Python): (pointer, element count,
 // dtype code), or None for an array the call does not take.

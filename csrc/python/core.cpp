@@ -292,11 +292,9 @@ void bind_host_comm(py::module_& m) {
       .def(
           "run_call",
           [](HostComm& c, const py::tuple& call) {
-            const CallFields f = call_fields(call);
-            return dispatch(c,
-                            parse_call(f.collective, call[kCallX], call[kCallOut], f.root, f.op,
-                                       f.algo, c.rank(), c.size(), f.splits),
-                            f.async_op);
+            bool async_op = false;
+            const CollectiveCall cc = parse_call(call, c.rank(), c.size(), &async_op);
+            return dispatch(c, cc, async_op);
           },
           py::arg("call"))
       .def(
@@ -487,8 +485,5 @@ PYBIND11_MODULE(_C, m) {
         return described;
       },
       py::arg("ops"), py::arg("rank"), py::arg("size"));
-  m.def("check_args", &check_args, py::arg("collective"), py::arg("x"), py::arg("out"),
-        py::arg("root"), py::arg("op"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
-        py::kw_only(), py::arg("counts") = py::none(), py::arg("in_splits") = py::none(),
-        py::arg("out_splits") = py::none());
+  m.def("check_args", &check_args, py::arg("call"), py::arg("rank"), py::arg("size"));
 }

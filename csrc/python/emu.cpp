@@ -17,17 +17,6 @@ namespace py = pybind11;
 using namespace pycoll;
 using namespace pycoll::pyargs;
 
-namespace {
-
-// A backends.Call on numpy arrays, checked as the host backend checks one.
-CollectiveCall parsed(const emu::EmuComm& c, const py::tuple& call) {
-  const CallFields f = call_fields(call);
-  return parse_call(f.collective, call[kCallX], call[kCallOut], f.root, f.op, f.algo, c.rank(),
-                    c.size(), f.splits);
-}
-
-}  // namespace
-
 PYBIND11_MODULE(_emu, m) {
   m.doc() = "pycollectives emulated device (private; tests only)";
   translate_errors_as_core();
@@ -68,7 +57,7 @@ PYBIND11_MODULE(_emu, m) {
       .def(
           "run",
           [](emu::EmuComm& c, const py::tuple& call) {
-            const CollectiveCall cc = parsed(c, call);
+            const CollectiveCall cc = parse_call(call, c.rank(), c.size());
             py::gil_scoped_release nogil;
             c.run(cc);
           },
@@ -78,7 +67,7 @@ PYBIND11_MODULE(_emu, m) {
       .def(
           "capture",
           [](emu::EmuComm& c, const py::tuple& call) {
-            const CollectiveCall cc = parsed(c, call);
+            const CollectiveCall cc = parse_call(call, c.rank(), c.size());
             py::gil_scoped_release nogil;
             return c.capture(cc);
           },

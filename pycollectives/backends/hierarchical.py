@@ -32,7 +32,7 @@ from pycollectives import _C
 from pycollectives.backends import Call
 from pycollectives.backends.hierarchical_flat import BlocksAndMessages
 from pycollectives.errors import CollectiveError, CollectiveTimeout
-from pycollectives.ops import ALGORITHMS_FOR, AVG, algo_code
+from pycollectives.ops import ALGORITHMS_FOR, AVG
 from pycollectives.runtime.bootstrap import StoreGroup
 from pycollectives.runtime.topology import Topology
 
@@ -243,21 +243,20 @@ class Hierarchical(BlocksAndMessages):
     def run(self, call):
         """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
         a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
-        c, x, out, op, root, async_op = (
-            call.collective, call.x, call.out, call.op, call.root, call.async_op
-        )  # fmt: skip
+        c = call.collective
         if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
             return self.flat(call, a)
+        count, dtype = _C.check_args(call, self.rank, self.size)  # the caller's error, or these
         if c == "all_reduce":
-            return self.all_reduce(x, out, op, a, async_op)
+            return self.all_reduce(call, a, count, dtype)
         if c == "reduce_scatter":
-            return self.reduce_scatter(x, out, op, a, async_op)
+            return self.reduce_scatter(call, a, count, dtype)
         if c == "all_gather":
-            return self.all_gather(x, out, a, async_op)
+            return self.all_gather(call, a, count, dtype)
         if c == "broadcast":
-            return self.broadcast(x, root, a, async_op)
+            return self.broadcast(call, a, count, dtype)
         if c == "reduce":
-            return self.reduce(x, out, root, op, a, async_op)
+            return self.reduce(call, a, count, dtype)
         raise CollectiveError(f"{c}: unknown collective")
 
     def _check_usable(self):
@@ -276,18 +275,12 @@ class Hierarchical(BlocksAndMessages):
         divisor = len(group) if op == int(AVG) else 1
         self.net.run(collective, algo, group, x, out, count, dtype, op, root, divisor, seq)
 
-    def _check(self, collective, x, out, root, op, algorithm):
-        """(count, dtype code, flat algorithm or None) of a call, or the caller's error."""
-        count, dtype = _C.check_args(
-            collective, x, out, root, op, algo_code(algorithm), self.rank, self.size
-        )
-        return count, dtype, (None if algorithm in (None, "auto") else algorithm)
-
     # -- collectives ------------------------------------------------------------------------
-    # op is a native op code; algorithm None means hierarchical, a name a flat schedule.
+    # Each takes a checked Call (its count and dtype code); algorithm None means hierarchical, a
+    # name a flat schedule.
 
-    def all_reduce(self, x, out, op, algorithm, async_op):
-        count, dtype, algorithm = self._check("all_reduce", x, out, 0, op, algorithm)
+    def all_reduce(self, call, algorithm, count, dtype):
+        x, out, op, async_op = call.x, call.out, call.op, call.async_op
         res = x if out is None else out
 
         def run(seq):
@@ -319,8 +312,8 @@ class Hierarchical(BlocksAndMessages):
 
         return self.submit(run, async_op)
 
-    def reduce_scatter(self, x, out, op, algorithm, async_op):
-        m, dtype, algorithm = self._check("reduce_scatter", x, out, 0, op, algorithm)
+    def reduce_scatter(self, call, algorithm, m, dtype):
+        x, out, op, async_op = call.x, call.out, call.op, call.async_op
 
         def run(seq):
             if algorithm is not None:
@@ -337,8 +330,8 @@ class Hierarchical(BlocksAndMessages):
 
         return self.submit(run, async_op)
 
-    def all_gather(self, x, out, algorithm, async_op):
-        m, dtype, algorithm = self._check("all_gather", x, out, 0, 0, algorithm)
+    def all_gather(self, call, algorithm, m, dtype):
+        x, out, async_op = call.x, call.out, call.async_op
 
         def run(seq):
             flat_out = out.reshape(-1)
@@ -355,8 +348,8 @@ class Hierarchical(BlocksAndMessages):
 
         return self.submit(run, async_op)
 
-    def broadcast(self, x, root, algorithm, async_op):
-        count, dtype, algorithm = self._check("broadcast", x, None, root, 0, algorithm)
+    def broadcast(self, call, algorithm, count, dtype):
+        x, root, async_op = call.x, call.root, call.async_op
 
         def run(seq):
             flat = x.reshape(-1)
@@ -372,8 +365,8 @@ class Hierarchical(BlocksAndMessages):
 
         return self.submit(run, async_op)
 
-    def reduce(self, x, out, root, op, algorithm, async_op):
-        count, dtype, algorithm = self._check("reduce", x, out, root, op, algorithm)
+    def reduce(self, call, algorithm, count, dtype):
+        x, out, root, op, async_op = call.x, call.out, call.root, call.op, call.async_op
         res = x if out is None else out
 
         def run(seq):

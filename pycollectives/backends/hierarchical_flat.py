@@ -24,10 +24,7 @@ class BlocksAndMessages:
         all-gather and reduce-scatter), flat over all ranks through MPI: no phase of them
         would cross the network less. Splits are checked on every rank before data moves."""
         c = call.collective
-        count, dtype = _C.check_args(
-            c, call.x, call.out, call.root, call.op, call.algorithm, self.rank, self.size,
-            counts=call.counts, in_splits=call.in_splits, out_splits=call.out_splits,
-        )  # fmt: skip
+        count, dtype = _C.check_args(call, self.rank, self.size)
         algo = algorithm or ("ring" if c in ("all_gather", "reduce_scatter") else "direct")
         like = call.x if call.x is not None else call.out
         x = call.x if call.x is not None else np.empty(0, like.dtype)

@@ -310,12 +310,12 @@ def args(mpi):
             ),
             (
                 ValueError,
-                lambda: pc._C.check_args("broadcast", x, None, 0, 0, 0, r, n, counts=[1] * n),
+                lambda: pc._C.check_args(Call("broadcast", x, counts=[1] * n), r, n),
                 "counts",
             ),
             (
                 ValueError,
-                lambda: pc._C.check_args("all_reduce", x, None, 0, 0, 0, r, n, in_splits=[1] * n),
+                lambda: pc._C.check_args(Call("all_reduce", x, in_splits=[1] * n), r, n),
                 "splits",
             ),
         ]
@@ -336,18 +336,9 @@ def args(mpi):
         # The same checks for arrays described elsewhere (the CUDA transport's), and the even
         # forms.
         described_checks(x, out, r, n)
+        gathered = Call("all_gather", x[: r + 1], np.zeros(n * (n + 1) // 2, f4))
         assert (
-            pc._C.check_args(
-                "all_gather",
-                x[: r + 1],
-                np.zeros(n * (n + 1) // 2, f4),
-                0,
-                0,
-                0,
-                r,
-                n,
-                counts=list(range(1, n + 1)),
-            )[0]
+            pc._C.check_args(gathered._replace(counts=list(range(1, n + 1))), r, n)[0]
             == n * (n + 1) // 2
         )
         # Nothing moved and nothing is poisoned: a real call still works.
