@@ -371,6 +371,13 @@ CollectiveCall described_call(Collective c, const Described& x, const Described&
   return checked_call(c, xa, oa, root, op, algo, rank, size, sp);
 }
 
+CollectiveCall described_call(const py::tuple& call, const Described& x, const Described& out,
+                              int rank, int size, bool* async_op) {
+  const CallFields f = call_fields(call);
+  if (async_op != nullptr) *async_op = f.async_op;
+  return described_call(f.collective, x, out, f.root, f.op, f.algo, rank, size, f.splits);
+}
+
 // p2p ops as ("send"|"recv", array, peer, tag), every one checked before anything moves.
 // `arrays` collects the arrays, to keep them alive as long as an asynchronous batch.
 std::vector<P2POp> parse_p2p(py::handle ops_obj, int rank, int size, py::list& arrays) {

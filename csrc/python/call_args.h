@@ -82,6 +82,11 @@ using Described = std::optional<std::tuple<uintptr_t, size_t, int>>;
 CollectiveCall described_call(Collective c, const Described& x, const Described& out, int root,
                               int op, int algo, int rank, int size, const Splits& sp = {});
 
+// A backends.Call on described arrays (`x`, `out`: its arrays as Python described them), with
+// described_call's checks; `async_op`, when given, receives the call's flag.
+CollectiveCall described_call(const pybind11::tuple& call, const Described& x, const Described& out,
+                              int rank, int size, bool* async_op = nullptr);
+
 // A call on arrays given by pointer and element count (an absent array: null, 0 elements),
 // both of dtype code `dtype`, with parse_call's checks.
 CollectiveCall described_call(Collective c, const void* x, size_t x_count, void* out,

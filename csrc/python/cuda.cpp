@@ -175,9 +175,7 @@ void bind_checks(py::module_& m) {
       "check_call",
       [](const py::tuple& call, const pyargs::Described& x, const pyargs::Described& out, int rank,
          int size) {
-        const pyargs::CallFields f = pyargs::call_fields(call);
-        const CollectiveCall cc = pyargs::described_call(f.collective, x, out, f.root, f.op, f.algo,
-                                                         rank, size, f.splits);
+        const CollectiveCall cc = pyargs::described_call(call, x, out, rank, size);
         check_device_call(cc, size);
         return cc.count;
       },
@@ -292,11 +290,11 @@ void bind_comm(py::module_& m) {
           "run",
           [](CudaComm& c, const py::tuple& call, const pyargs::Described& x,
              const pyargs::Described& out, uintptr_t stream) {
-            const pyargs::CallFields f = pyargs::call_fields(call);
-            const CollectiveCall cc = pyargs::described_call(f.collective, x, out, f.root, f.op,
-                                                             f.algo, c.rank(), c.size(), f.splits);
+            bool async_op = false;
+            const CollectiveCall cc =
+                pyargs::described_call(call, x, out, c.rank(), c.size(), &async_op);
             py::gil_scoped_release nogil;
-            return c.run(cc, stream_of(stream), f.async_op);
+            return c.run(cc, stream_of(stream), async_op);
           },
           py::arg("call"), py::arg("x"), py::arg("out"), py::arg("stream"))
       .def("barrier", &CudaComm::barrier, py::call_guard<py::gil_scoped_release>())

@@ -244,9 +244,9 @@ class Hierarchical(BlocksAndMessages):
         """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
         a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
         c = call.collective
-        if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
-            return self.flat(call, a)
         count, dtype = _C.check_args(call, self.rank, self.size)  # the caller's error, or these
+        if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
+            return self.flat(call, a, count, dtype)
         if c == "all_reduce":
             return self.all_reduce(call, a, count, dtype)
         if c == "reduce_scatter":

@@ -19,12 +19,12 @@ from pycollectives.ops import AVG
 
 
 class BlocksAndMessages:
-    def flat(self, call, algorithm):
+    def flat(self, call, algorithm, count, dtype):
         """Collectives that move blocks between ranks (all-to-all, gather, scatter, uneven
         all-gather and reduce-scatter), flat over all ranks through MPI: no phase of them
-        would cross the network less. Splits are checked on every rank before data moves."""
+        would cross the network less. `call` is checked (its `count` and `dtype` code); splits
+        are compared across ranks before data moves."""
         c = call.collective
-        count, dtype = _C.check_args(call, self.rank, self.size)
         algo = algorithm or ("ring" if c in ("all_gather", "reduce_scatter") else "direct")
         like = call.x if call.x is not None else call.out
         x = call.x if call.x is not None else np.empty(0, like.dtype)
