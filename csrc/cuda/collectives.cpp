@@ -17,10 +17,12 @@ Algo CudaComm::choose(Collective c, size_t bytes) const {
   return device_choose(c, bytes, opts_.direct_max_bytes);
 }
 
-// The steps are uploaded on the communicator's stream, so the launches queued behind them on
-// that stream read them only once they are in place (a synchronous copy on the legacy stream
-// is not ordered with a non-blocking stream's kernels, and may return before its DMA ends).
-const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo algo) {
+// The steps are uploaded on the stream of the launch that first reads them, so it reads them
+// only once they are in place (a synchronous copy on the legacy stream is not ordered with a
+// non-blocking stream's kernels, and may return before its DMA ends). Later launches follow
+// that one: on its stream, or on the device after its end (wait_previous).
+const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo algo,
+                                               cudaStream_t stream) {
   return plans_.get(
       call, algo,
       [&] {
@@ -32,15 +34,13 @@ const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo 
         if (bytes != 0) {
           PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cp.device_steps), bytes));
           PYCOLL_CUDA_CHECK(cudaMemcpyAsync(cp.device_steps, cp.plan.steps.data(), bytes,
-                                            cudaMemcpyHostToDevice, stream_));
+                                            cudaMemcpyHostToDevice, stream));
         }
         return cp;
       },
       [&](auto& entries) {
         // Queued launches may still read the old plans.
-        WaitContext w = wait_context("plan cache", seq_);
-        PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-        wait_event(step_done_, w);
+        wait_queued(wait_context("plan cache", seq_));
         for (auto& kv : entries) cudaFree(kv.second.device_steps);
       });
 }
@@ -102,23 +102,34 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     if (!call.send_counts.empty())
       check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
     if (meet) guard.finish(w);  // every peer runs this very call
-    auto work = std::make_shared<CudaWork>(events_, device_, seq, capturing);
-    // In a capture these two calls fork our stream into it, and the two at the end join it
-    // back (a capture must end joined, so an async call is joined too).
-    PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
-    PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    // Kernel mode, a blocking call outside a capture: one launch on the caller's stream, and
+    // no event (the device reports its end in the done word). Otherwise the launch goes on our
+    // stream, behind the caller's: an async call's stream must not wait for it, and in a
+    // capture these two calls fork our stream into it, and the two at the end join it back (a
+    // capture must end joined, so an async call is joined too).
+    const bool direct = kernel && !async_op && !capturing;
+    cudaStream_t on = direct ? stream : stream_;
+    auto work = direct ? std::make_shared<CudaWork>(status_keep_, events_, device_, seq, stream)
+                       : std::make_shared<CudaWork>(events_, device_, seq, capturing);
+    if (!direct) {
+      PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
+      PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    }
     // In kernel mode a call that moves nothing launches too: it compares the call.
     if (moves_nothing(call, rank_, size_)) {
-      if (kernel) run_kernel_mode(call, nullptr, mine);
+      if (kernel) run_kernel_mode(call, nullptr, mine, on, !capturing);
     } else if (capturing) {
-      run_kernel_mode(call, &plans_.pin(call, algo), mine);  // the graph reads it: never freed
+      // The graph reads the plan: never freed.
+      run_kernel_mode(call, &plans_.pin(call, algo), mine, on, false);
     } else if (kernel) {
-      run_kernel_mode(call, &plan_for(call, algo), mine);
+      run_kernel_mode(call, &plan_for(call, algo, on), mine, on, true);
     } else {
-      run_host_mode(call, plan_for(call, algo), w);
+      run_host_mode(call, plan_for(call, algo, stream_), w);
     }
-    PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
-    if (!async_op || capturing) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
+    if (!direct) {
+      PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
+      if (!async_op || capturing) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
+    }
     if (!capturing) watch(work);
     return work;
   } catch (const CollectiveMismatch& e) {
@@ -132,12 +143,21 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
 }
 
 void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
-                               const Fingerprint& f) {
+                               const Fingerprint& f, cudaStream_t stream, bool eager) {
   // Each block counts its messages on its own flags (step_kernel.h): no host counts to keep.
   static const CachedPlan no_steps{};
   KernelArgs a = kernel_args(call, cp != nullptr ? *cp : no_steps);
   check_on_device(a, f);
-  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+  if (eager) {
+    a.finished = finished_;
+    a.done_seq = f.seq;
+    a.after_seq = last_launch_ != 0 && stream != last_stream_ ? last_launch_ : 0;
+  }
+  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream));
+  if (eager) {
+    last_stream_ = stream;
+    last_launch_ = f.seq;
+  }
 }
 
 // One launch per step; between launches the host waits for the peers. A launch never waits
@@ -177,7 +197,7 @@ void CudaComm::barrier() {
     if (mode_ == SyncMode::Kernel) {
       CollectiveCall none;
       none.barrier = true;
-      run_kernel_mode(none, nullptr, mine);
+      run_kernel_mode(none, nullptr, mine, stream_, true);
       // The watchdog looks after this launch as after a collective's: its device waits cannot
       // see a peer that died, and the host waits on it alone.
       auto work = std::make_shared<CudaWork>(events_, device_, seq);

@@ -50,10 +50,15 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     PYCOLL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&status_host_), sizeof(DeviceStatus),
                                     cudaHostAllocMapped));
     std::memset(status_host_, 0, sizeof(DeviceStatus));
+    // Works of blocking calls read its done word; they may outlive the communicator.
+    status_keep_ = std::shared_ptr<const DeviceStatus>(
+        status_host_, [](const DeviceStatus* p) { cudaFreeHost(const_cast<DeviceStatus*>(p)); });
     PYCOLL_CUDA_CHECK(
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&status_dev_), status_host_, 0));
     PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_claim_), sizeof(uint32_t)));
     PYCOLL_CUDA_CHECK(cudaMemset(error_claim_, 0, sizeof(uint32_t)));
+    PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&finished_), sizeof(uint32_t)));
+    PYCOLL_CUDA_CHECK(cudaMemset(finished_, 0, sizeof(uint32_t)));
     PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -123,14 +128,13 @@ void CudaComm::close() {
     DeviceGuard dg(device_);
     WaitContext w = wait_context("close", seq_);
     try {
-      PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-      wait_event(step_done_, w);
+      wait_queued(w);
     } catch (const CollectiveError&) {
       // Stop the device waits, then give the launches a moment to notice.
       abort("communicator closed with collectives in flight");
       w.set_deadline(Clock::now() + std::chrono::seconds(10));
       try {
-        wait_event(step_done_, w);
+        wait_queued(w);
       } catch (const CollectiveError&) {
       }
     }
@@ -157,7 +161,10 @@ void CudaComm::release() {
   segment_ = nullptr;
   if (error_claim_ != nullptr) cudaFree(error_claim_);
   error_claim_ = nullptr;
-  if (status_host_ != nullptr) cudaFreeHost(status_host_);
+  if (finished_ != nullptr) cudaFree(finished_);
+  finished_ = nullptr;
+  if (status_keep_ == nullptr && status_host_ != nullptr) cudaFreeHost(status_host_);
+  status_keep_.reset();  // freed once no work reads it
   status_host_ = nullptr;
   status_dev_ = nullptr;
   if (ready_ != nullptr) cudaEventDestroy(ready_);

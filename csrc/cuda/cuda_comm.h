@@ -19,14 +19,20 @@
 //
 // Files: cuda_comm.cpp (lifetime), collectives.cpp (calls, launches, barrier), failures.cpp
 // (bounded waits, device status, poisoning, the watchdog), work.cpp (completions).
-// Collectives are queued on the communicator's own stream, behind the caller's stream and in
-// issue order; the caller's stream then waits for them (or, for async work, when asked).
+// A blocking collective in kernel mode is one launch on the caller's stream, no event: the
+// last block to end writes the call's number into the host-mapped status (DeviceStatus::done),
+// which the host reads instead of querying an event; a launch on another stream than the call
+// before first waits on the device for that number, so a rank's collectives still run one at
+// a time, in issue order. Other calls (async, captured, host mode, the barrier) are queued on
+// the communicator's own stream, behind the caller's, which then waits for them (or, for async
+// work, when asked).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,12 +84,16 @@ class EventPool {
   std::vector<cudaEvent_t> free_;
 };
 
-// Completion of one queued collective: an event on the communicator's stream.
+// Completion of one queued collective: an event on the communicator's stream, or, for a
+// blocking call launched on the caller's stream, the device's done word (DeviceStatus::done).
 class CudaWork {
  public:
   // `captured`: queued into a CUDA graph being captured, not run: it completes each time the
   // graph is launched, so there is nothing to query or wait for here.
   CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq, bool captured = false);
+  // Launched on `stream` with no event: complete once `status`'s done word reaches `seq`.
+  CudaWork(std::shared_ptr<const DeviceStatus> status, std::shared_ptr<EventPool> pool, int device,
+           uint64_t seq, cudaStream_t stream);
   ~CudaWork();
   CudaWork(const CudaWork&) = delete;
   CudaWork& operator=(const CudaWork&) = delete;
@@ -100,6 +110,8 @@ class CudaWork {
   cudaEvent_t event_ = nullptr;
   uint64_t seq_;
   bool captured_;
+  std::shared_ptr<const DeviceStatus> status_;  // with no event: its done word
+  cudaStream_t stream_ = nullptr;               // ... and the stream it was launched on
 };
 
 class CudaComm {
@@ -154,16 +166,24 @@ class CudaComm {
     DevStep* device_steps = nullptr;
   };
 
-  const CachedPlan& plan_for(const CollectiveCall& call, Algo algo);
+  // A new plan's steps are uploaded on `stream`, that of the launch that first reads them.
+  const CachedPlan& plan_for(const CollectiveCall& call, Algo algo, cudaStream_t stream);
   KernelArgs kernel_args(const CollectiveCall& call, const CachedPlan& cp) const;
-  // Kernel mode: one launch (two for several blocks: launches_of) that compares call `f` with
-  // every peer's on the device and runs `cp`'s steps (none when null: it only compares).
-  void run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f);
+  // Kernel mode: one launch (two for several blocks: launches_of) on `stream` that compares
+  // call `f` with every peer's on the device and runs `cp`'s steps (none when null: it only
+  // compares). `eager` (not captured): it reports its end in the done word, and waits on the
+  // device for the call before when that was launched on another stream.
+  void run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f,
+                       cudaStream_t stream, bool eager);
+  // Waits (bounded) for everything this rank has queued: our stream, and the launches on
+  // callers' streams (the done word).
+  void wait_queued(const WaitContext& w);
   // A mismatch found on the host: our device segment's failure word stops peers' device waits.
   void stop_peers_on_mismatch();
   // Work running now, queued by this rank: the watchdog stops its device waits if a peer dies.
   void watch(std::shared_ptr<CudaWork> work);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
+  void wait_device(const std::function<bool()>& reached, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);
   void check_usable(const char* name) const;
@@ -179,7 +199,12 @@ class CudaComm {
   std::vector<uint8_t*> segments_;       // every rank's, as mapped here
   DeviceStatus* status_host_ = nullptr;  // host-mapped
   DeviceStatus* status_dev_ = nullptr;
-  uint32_t* error_claim_ = nullptr;  // device memory, see DeviceStatus
+  std::shared_ptr<const DeviceStatus> status_keep_;  // owns status_host_
+  uint32_t* error_claim_ = nullptr;                  // device memory, see DeviceStatus
+  uint32_t* finished_ = nullptr;                     // device memory, see KernelArgs::finished
+  // The last eager kernel-mode launch: its stream and call number (after_seq for the next).
+  cudaStream_t last_stream_ = nullptr;
+  uint64_t last_launch_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // writes the failure word while stream_ may be stuck
   cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue

@@ -2,6 +2,7 @@
 // device wait leaves behind, poisoning, the watchdog that sees dead peers, and the failure word
 // that stops peers' device waits after a mismatch found on the host.
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "common/errors.h"
@@ -43,10 +44,9 @@ void CudaComm::check_device_status(const char* name) {
     abort(what);
     throw CollectiveMismatch(what);
   }
-  const std::string what =
-      str_cat(name, ": an earlier collective failed on the device: ",
-              code == kTimeout ? "timed out" : "aborted", " waiting for rank ", status_host_->peer,
-              " (step ", status_host_->step, ", block ", status_host_->block, ")");
+  const std::string what = str_cat(name, ": an earlier collective failed on the device: ",
+                                   code == kTimeout ? "timed out" : "aborted", " waiting for ",
+                                   device_wait_target(*status_host_, rank_));
   std::string reason = poison_reason();
   abort(what);
   if (code == kTimeout) throw CollectiveTimeout(what);
@@ -57,14 +57,11 @@ WaitContext CudaComm::wait_context(const char* name, uint64_t seq) const {
   return WaitContext::start(name, seq, timeout_s_.load(), &shm_, &aborted_);
 }
 
-// Waits for an event on our own device, up to the deadline. Our own launches never wait
-// without bound: kernel-mode waits give up at the timeout or when aborted.
-void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
+// Waits until `reached()` says our own device has got there, up to the deadline. Our own
+// launches never wait without bound: kernel-mode waits give up at the timeout or when aborted.
+void CudaComm::wait_device(const std::function<bool()>& reached, const WaitContext& w) {
   Sleeper sleeper(kHostModeMaxSleepNs);
-  for (unsigned i = 0;; ++i) {
-    const cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) PYCOLL_CUDA_CHECK(e);
+  for (unsigned i = 0; !reached(); ++i) {
     if (i < 64) {
       sched_yield();
       continue;
@@ -79,6 +76,25 @@ void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
     }
     sleeper.sleep();
   }
+}
+
+void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
+  wait_device(
+      [&] {
+        const cudaError_t e = cudaEventQuery(ev);
+        if (e != cudaErrorNotReady) PYCOLL_CUDA_CHECK(e);
+        return e == cudaSuccess;
+      },
+      w);
+}
+
+void CudaComm::wait_queued(const WaitContext& w) {
+  PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+  wait_event(step_done_, w);
+  // The device reports every eager launch's end, in issue order: the last covers them all.
+  if (last_launch_ != 0 && status_host_ != nullptr)
+    wait_device(
+        [&] { return __atomic_load_n(&status_host_->done, __ATOMIC_ACQUIRE) >= last_launch_; }, w);
 }
 
 void CudaComm::watch(std::shared_ptr<CudaWork> work) {

@@ -19,6 +19,7 @@ struct CudaThreads {
   PYCOLL_DEVICE void each(F&& f) const {
     f(static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
   }
+  PYCOLL_DEVICE void ending() const {}
 };
 
 // One block per SM is all a launch needs (a handful of channels): promising no more lets

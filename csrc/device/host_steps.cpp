@@ -106,5 +106,14 @@ std::string device_mismatch_message(const char* name, const DeviceStatus& st, in
                  st.peer, " runs ", theirs.describe(), " (found on the device)");
 }
 
+std::string device_wait_target(const DeviceStatus& st, int rank) {
+  if (st.peer == rank)
+    return str_cat(
+        "this rank's previous collective to end (it was queued on another stream; "
+        "block ",
+        st.block, ")");
+  return str_cat("rank ", st.peer, " (step ", st.step, ", block ", st.block, ")");
+}
+
 }  // namespace cuda
 }  // namespace pycoll

@@ -63,6 +63,9 @@ inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool cap
 // The message of the CollectiveMismatch that a device status with kMismatch stands for: the
 // two calls and the fields that differ where this rank found it, else which rank stopped on one.
 std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank);
+// What a device wait that gave up (kTimeout, kAborted) waited for: "rank 2 (step 3, block 0)",
+// or this rank's previous call (wait_previous: a launch queued on another stream).
+std::string device_wait_target(const DeviceStatus& st, int rank);
 
 }  // namespace cuda
 }  // namespace pycoll

@@ -139,6 +139,10 @@ struct DeviceStatus {
   uint64_t mine[3];
   uint64_t theirs[3];
   uint64_t fail;
+  // Kernel mode: the number of this rank's last eager call whose launch has ended, every block
+  // of it (finish_launch, step_kernel.h). The host reads it instead of querying an event, and a
+  // launch on another stream than the call before waits for it on the device (after_seq).
+  uint64_t done;
 };
 enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
 
@@ -164,7 +168,16 @@ struct KernelArgs {
   bool check_calls;
   uint64_t seq;             // the host's number of the call, for its error message
   uint64_t fingerprint[3];  // CallHeader::words of this call
+  // Kernel mode, eager launches (0 in a capture and in host mode): the last block of the
+  // launch to end writes done_seq into status->done; `finished` (device memory) counts the
+  // blocks that have ended, back to 0 once the last has. A launch queued on another stream
+  // than this rank's call before waits, before anything else, until status->done reaches
+  // after_seq (0: no wait; the stream orders them).
+  uint32_t* finished;
+  uint64_t done_seq;
+  uint64_t after_seq;
 };
+static_assert(sizeof(KernelArgs) <= 4096, "a kernel's parameters fit in 4 KiB");
 
 // The launches that run `a`, in order (returns how many): `a` itself, or, when it checks the
 // call and runs several blocks, a one-block launch that only checks, then the steps unchecked:
@@ -174,8 +187,10 @@ inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
   if (!a.check_calls || a.grid <= 1) return 1;
   out[0].end_step = out[0].first_step;
   out[0].grid = 1;
+  out[0].done_seq = 0;  // the call has not ended with its check
   out[1] = a;
   out[1].check_calls = false;
+  out[1].after_seq = 0;  // the check launch, on the same stream, waited for it
   return 2;
 }
 

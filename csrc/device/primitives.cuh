@@ -84,6 +84,10 @@ PYCOLL_DEVICE uint64_t global_timer_ns() {
 PYCOLL_DEVICE bool claim(uint32_t* p) { return atomicCAS(p, 0u, 1u) == 0u; }
 // Orders the error details before the code, on the error path only.
 PYCOLL_DEVICE void fence_system() { __threadfence_system(); }
+// A block's writes, visible device-wide before what follows (the launch's end count).
+PYCOLL_DEVICE void fence_device() { __threadfence(); }
+// Counts one more (device memory); returns the count before.
+PYCOLL_DEVICE uint32_t count_one(uint32_t* p) { return atomicAdd(p, 1u); }
 // Between polls of a flag: nothing, the poll itself is the pause.
 PYCOLL_DEVICE void poll_pause(const uint64_t*, uint64_t, uint64_t) {}
 // Loads that bypass L1, which is not coherent with other GPUs or processes: staging slots are
@@ -148,6 +152,8 @@ inline bool claim(uint32_t* p) {
   return __atomic_compare_exchange_n(p, &expected, 1u, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 inline void fence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void fence_device() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline uint32_t count_one(uint32_t* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 inline void poll_pause(const uint64_t* flag, uint64_t seen, uint64_t spins) {
   emu::wait_change(flag, seen, spins);
 }

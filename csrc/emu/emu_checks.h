@@ -6,6 +6,7 @@
 // staging slot access must also stay inside the sub-slot that its block owns.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -64,6 +65,27 @@ void check_slot(const void* p, size_t bytes, const void* seg, const cuda::Segmen
 // ... and inside its LL sub-slot (the LL format's words of message m).
 void check_ll_slot(const void* p, size_t bytes, const void* seg, const cuda::SegmentLayout& layout,
                    int block, int channel, uint64_t m);
+
+// What the emulated device watches of one kernel-mode launch as its blocks end (its checks of
+// cuda::finish_launch and cuda::wait_previous): how many blocks have reached their end, and
+// whether one reached it before the call before this one had reported its end (the done word
+// below `after`). For tests, a stagger makes block b reach its end b * stagger_ms later.
+struct LaunchProbe {
+  std::atomic<int> ended{0};
+  std::atomic<bool> ahead{false};
+  const uint64_t* done = nullptr;
+  uint64_t after = 0;
+  int stagger_ms = 0;
+};
+// The probe of the launch running on this thread (none: nothing is watched).
+LaunchProbe* current_probe();
+class ProbeScope {
+ public:
+  explicit ProbeScope(LaunchProbe* p);
+  ~ProbeScope();
+  ProbeScope(const ProbeScope&) = delete;
+  ProbeScope& operator=(const ProbeScope&) = delete;
+};
 
 uint64_t now_ns();
 // The pause after `spins` unsuccessful polls of the flag `flag`, last seen holding `seen`: a

@@ -95,7 +95,10 @@ EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
   status_.abort = 0;
 }
 
-EmuComm::~EmuComm() = default;
+EmuComm::~EmuComm() {
+  late_stop_.store(true);
+  if (late_writer_.joinable()) late_writer_.join();
+}
 
 void EmuComm::attach(const std::vector<std::string>& segments,
                      const std::vector<std::string>& flags) {
@@ -153,6 +156,8 @@ Regions EmuComm::launch_regions(const CollectiveCall& call) const {
     r.list.push_back({segments_[q], layout_.total_bytes(), q == rank_, "device segment", q});
   r.list.push_back({static_cast<const uint8_t*>(call.in), ext.in * esize, false, "input", -1});
   r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
+  r.list.push_back(
+      {reinterpret_cast<const uint8_t*>(&status_), sizeof(status_), true, "device status", -1});
   return r;
 }
 
@@ -169,10 +174,9 @@ void EmuComm::check_status(const char* name, uint64_t seq) {
     abort(what);
     throw CollectiveMismatch(what);
   }
-  const std::string what =
-      str_cat(name, " #", seq, ": the emulated device ",
-              code == cuda::kTimeout ? "timed out" : "was aborted", " waiting for rank ",
-              status_.peer, " (step ", status_.step, ", block ", status_.block, ")");
+  const std::string what = str_cat(name, " #", seq, ": the emulated device ",
+                                   code == cuda::kTimeout ? "timed out" : "was aborted",
+                                   " waiting for ", cuda::device_wait_target(status_, rank_));
   const std::string reason = poison_reason_;
   abort(what);
   if (code == cuda::kTimeout) throw CollectiveTimeout(what);
@@ -203,11 +207,32 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
   cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
                                               plan.steps.size(), plan.grid, counters_);
   cuda::check_on_device(a, f);
+  a.finished = &finished_;
+  a.done_seq = w.seq;
+  a.after_seq = opts_.previous_late_ms > 0 ? late_seq_ : 0;
   for (const cuda::DevStep& d : plan.steps)
     ll_steps_run_ += (d.flags & (cuda::kRecvLL | cuda::kSendLL)) != 0;
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
   launch(call.dtype, a, launch_regions(call), w, drill);
+  if (opts_.previous_late_ms > 0) report_late(w.seq);
+}
+
+// previous_late_ms: call `seq` has ended, but its end is taken back and reported later from
+// another thread, as a launch still running on another stream would report it: the next
+// launch must wait for it on the device (cuda::wait_previous).
+void EmuComm::report_late(uint64_t seq) {
+  if (late_writer_.joinable()) late_writer_.join();
+  __atomic_store_n(&status_.done, late_seq_, __ATOMIC_RELEASE);
+  late_seq_ = seq;
+  late_writer_ = std::thread([this, seq] {
+    const auto at =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.previous_late_ms);
+    while (!late_stop_.load() && std::chrono::steady_clock::now() < at)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    __atomic_store_n(&status_.done, seq, __ATOMIC_RELEASE);
+    wake(&status_.done);
+  });
 }
 
 void EmuComm::launch(DType dtype, const cuda::KernelArgs& args, const Regions& regions,
@@ -222,12 +247,25 @@ void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& 
   std::vector<std::exception_ptr> errors(opts_.nblocks);
   if (!blocks_) blocks_ = std::make_unique<BlockThreads>(opts_.nblocks);
   blocks_run_ += static_cast<uint64_t>(a.grid);
+  LaunchProbe probe;
+  probe.stagger_ms = opts_.finish_stagger_ms;
+  probe.done = &status_.done;
+  probe.after = a.after_seq;
   blocks_->run(
       [&](int b) {
         if (b >= a.grid) return;  // not launched on the GPU either (plan_grid)
         const RegionsScope scope(&regions);
+        const ProbeScope probing(&probe);
         try {
           run_block(dtype, a, b, opts_.threads);
+          // cuda::finish_launch: the call's number is written by the last block to end, so a
+          // block that has ended and finds it there comes after every block's end.
+          if (a.done_seq != 0 && completed() == a.done_seq && probe.ended.load() < a.grid)
+            fail("the launch's end was reported before every block had ended");
+          // ... and one that waited for the call before did not end before it (unless its
+          // wait gave up: the status says so).
+          if (probe.ahead.load() && __atomic_load_n(&status_.code, __ATOMIC_ACQUIRE) == cuda::kOk)
+            fail("a block ran before the call before it (on another stream) had ended");
         } catch (...) {
           errors[b] = std::current_exception();
           __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);  // stop the other blocks
@@ -241,8 +279,16 @@ void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& 
                           ") is no longer running"));
       });
   if (drill) drill_fault();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    finished_ = 0;  // a block that threw was not counted: the communicator is done for anyway
+    std::rethrow_exception(e);
+  }
+  if (a.done_seq != 0 && (completed() != a.done_seq || finished_ != 0))
+    throw CollectiveError(str_cat(w.collective, " #", w.seq,
+                                  ": the emulated device's launch ended without reporting its end "
+                                  "(done word ",
+                                  completed(), ", blocks counted ", finished_, ")"));
   check_status(w.collective, w.seq);
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algo/call.h"
@@ -67,6 +68,11 @@ struct EmuOptions {
   uint64_t fault_seq = 0;
   int fault_step = 0;
   bool fault_exit = true;
+  // Drills of the launch's end (tests): block b reaches its end b * finish_stagger_ms later;
+  // with previous_late_ms, every kernel-mode launch is queued as if on another stream than the
+  // call before (cuda::KernelArgs::after_seq), and that call's end is reported this much later.
+  int finish_stagger_ms = 0;
+  int previous_late_ms = 0;
 };
 
 class EmuComm {
@@ -103,6 +109,8 @@ class EmuComm {
   uint64_t blocks_run() const { return blocks_run_; }
   // Steps run with a message in the LL format (kRecvLL or kSendLL), added up.
   uint64_t ll_steps_run() const { return ll_steps_run_; }
+  // The number of the last call whose launch has ended, as the device wrote it (status done).
+  uint64_t completed() const { return __atomic_load_n(&status_.done, __ATOMIC_ACQUIRE); }
   // The LL limit the plans use: the option in kernel mode, none in host mode.
   size_t ll_max_bytes() const { return opts_.kernel_mode ? opts_.ll_max_bytes : 0; }
   void abort(const std::string& reason);
@@ -126,6 +134,7 @@ class EmuComm {
   cuda::LaunchSetup launch_setup(bool use_flags);
   void check_status(const char* name, uint64_t seq);
   [[noreturn]] void drill_fault() const;
+  void report_late(uint64_t seq);
   WaitContext wait_context(const char* name, uint64_t seq) const;
 
   int rank_, size_;
@@ -142,7 +151,12 @@ class EmuComm {
   uint64_t ll_steps_run_ = 0;
   cuda::DeviceStatus status_{};
   uint32_t error_claim_ = 0;
+  uint32_t finished_ = 0;  // cuda::KernelArgs::finished
   uint64_t seq_ = 0;
+  // previous_late_ms: the call whose end is reported late, and the thread that reports it.
+  uint64_t late_seq_ = 0;
+  std::thread late_writer_;
+  std::atomic<bool> late_stop_{false};
   std::atomic<bool> aborted_{false};
   std::string poison_reason_;
   std::mutex run_mu_;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <thread>
 
 #include "common/errors.h"
 #include "device/step_kernel.h"
@@ -20,23 +21,34 @@ namespace emu {
 namespace {
 
 thread_local const Regions* tls_regions = nullptr;
+thread_local LaunchProbe* tls_probe = nullptr;
 
 // The block's threads, run one after another between the block's barriers: the leader's
 // phases and every thread's strided share of each slice, exactly as on the GPU.
 struct EmuThreads {
   int nt;
+  int block;
   bool leader() const { return true; }
   void sync() const {}
   template <class F>
   void each(F&& f) const {
     for (int t = 0; t < nt; ++t) f(t, nt);
   }
+  void ending() const {
+    LaunchProbe* p = tls_probe;
+    if (p == nullptr) return;
+    if (p->after != 0 && __atomic_load_n(p->done, __ATOMIC_ACQUIRE) < p->after)
+      p->ahead.store(true);
+    if (p->stagger_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(p->stagger_ms * block));
+    p->ended.fetch_add(1);
+  }
 };
 
 template <class T>
 void run(const cuda::KernelArgs& a, int block, int threads) {
   cuda::BlockState s;
-  cuda::run_block<T>(a, s, block, EmuThreads{threads});
+  cuda::run_block<T>(a, s, block, EmuThreads{threads, block});
 }
 
 std::string describe(const void* p, size_t bytes) {
@@ -57,6 +69,9 @@ std::string describe(const void* p, size_t bytes) {
 
 const Regions* current_regions() { return tls_regions; }
 void set_current_regions(const Regions* r) { tls_regions = r; }
+LaunchProbe* current_probe() { return tls_probe; }
+ProbeScope::ProbeScope(LaunchProbe* p) { tls_probe = p; }
+ProbeScope::~ProbeScope() { tls_probe = nullptr; }
 
 void fail_access(const void* p, size_t bytes, bool write) {
   throw CollectiveError(str_cat("emulated device: ", write ? "store" : "load", " of ", bytes,

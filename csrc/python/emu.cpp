@@ -36,7 +36,9 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("ll_flag_bits", &emu::EmuOptions::ll_flag_bits)
       .def_readwrite("fault_seq", &emu::EmuOptions::fault_seq)
       .def_readwrite("fault_step", &emu::EmuOptions::fault_step)
-      .def_readwrite("fault_exit", &emu::EmuOptions::fault_exit);
+      .def_readwrite("fault_exit", &emu::EmuOptions::fault_exit)
+      .def_readwrite("finish_stagger_ms", &emu::EmuOptions::finish_stagger_ms)
+      .def_readwrite("previous_late_ms", &emu::EmuOptions::previous_late_ms);
   py::class_<emu::EmuComm>(m, "EmuComm")
       .def(py::init<int, int, const emu::EmuOptions&>(), py::arg("rank"), py::arg("size"),
            py::arg("options"))
@@ -76,6 +78,7 @@ PYBIND11_MODULE(_emu, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
       .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run)
+      .def_property_readonly("completed", &emu::EmuComm::completed)
       .def_property_readonly("ll_steps_run", &emu::EmuComm::ll_steps_run);
   py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
       .def_readonly("seq", &emu::EmuGraph::seq);

@@ -204,7 +204,7 @@ def test_gpu_twoshot_all_reduce(nranks):
     run_mpi(nranks, "gpu_collectives.py", "all_reduce", "small", "direct", env=env)
 
 
-@pytest.mark.parametrize("what", ["stream", "async", "mismatch"])
+@pytest.mark.parametrize("what", ["stream", "streams", "async", "mismatch"])
 def test_gpu_streams_and_async(what):
     run_mpi(2, "gpu_extras.py", what)
 
@@ -310,6 +310,11 @@ class TestKernelMode:
         # The LL format (data and flag in one store) on the path every small all-reduce takes.
         out = run_mpi(2, "gpu_extras.py", "ll", env=kernel_mode_env)
         assert out.count("sync=kernel calls=") == 2, out
+
+    def test_gpu_calls_on_several_streams(self, kernel_mode_env):
+        # Blocking calls launched on their callers' streams, in turn: ordered on the device.
+        out = run_mpi(2, "gpu_extras.py", "streams", env=kernel_mode_env)
+        assert out.count("sync=kernel") == 2, out
 
     def test_gpu_graph_capture_and_replay(self, kernel_mode_env):
         out = run_mpi(2, "gpu_extras.py", "graph", env=kernel_mode_env)

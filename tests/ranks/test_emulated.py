@@ -171,3 +171,17 @@ def test_emulated_ll_mismatch(mode):
     raised = _drill(mode, "mismatch", nranks=2, size="ll")
     assert len(raised) == 2, raised
     assert all("CollectiveMismatch" in line and "count" in line for line in raised), raised
+
+
+# Kernel mode's launch end (step_kernel.h, finish_launch) and its order across streams
+# (wait_previous): a blocking call is one launch on the caller's stream, no event.
+@pytest.mark.parametrize("mode", ["kernel"])  # host mode launches on the communicator's stream
+def test_emulated_launch_end_is_reported_after_every_block(mode):
+    out = run_mpi(3, "emulated.py", mode, "launch_end")
+    assert f"launch_end {mode} ranks=3" in out, out
+
+
+@pytest.mark.parametrize("late_ms", [20, 2500])
+def test_emulated_call_on_another_stream_waits_for_the_call_before(late_ms):
+    out = run_mpi(2, "emulated.py", "kernel", "previous_stream", str(late_ms))
+    assert "previous_stream kernel ranks=2" in out, out

@@ -46,12 +46,15 @@ from pycollectives.work import InFlight, Work
 
 
 class _CudaCompletion:
-    """What a ``Work`` asks of an asynchronous CUDA collective (``async_op=True``), queued on
-    the communicator's stream behind the caller's stream.
+    """What a ``Work`` asks of a queued CUDA collective: an asynchronous one (``async_op=True``,
+    queued on the communicator's stream behind the caller's stream), or a blocking one (kept
+    until it has ended, so that its arrays live as long as the GPU reads them).
 
     ``wait()`` makes later work on the issuing stream wait for it (it does not block the host;
     synchronise the stream for that) and raises if an earlier device wait failed or a peer
-    died. ``is_completed()`` asks the GPU whether it has finished.
+    died. ``is_completed()`` asks the GPU whether it has finished: an event query, or, for a
+    blocking call in kernel mode (one launch on the caller's stream, no event), a read of the
+    word where the device reports each call's end.
     """
 
     __slots__ = ("_native", "_comm", "_stream")

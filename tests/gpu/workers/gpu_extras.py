@@ -1,6 +1,6 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
-Usage: mpiexec -n N python gpu_extras.py stream|async|torch|mismatch|graph|ll
+Usage: mpiexec -n N python gpu_extras.py stream|streams|async|torch|mismatch|graph|ll
 """
 
 from __future__ import annotations
@@ -41,6 +41,33 @@ def check_stream(comm: CudaComm):
         got = float(x.sum())
     assert got == n * x.size, got
     print(f"stream rank={comm.rank}")
+
+
+def check_streams(comm: CudaComm):
+    """Blocking calls on three streams in turn, and now and then an async one: in kernel mode
+    a blocking call is one launch on its caller's stream, and one queued on another stream
+    than the call before first waits on the device for that call's end, so the calls still
+    run one at a time, in issue order. Sizes of one block and of several; every result checked
+    after the streams are synchronised."""
+    r, n = comm.rank, comm.size
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(3)]
+    pending = []
+    for k in range(30):
+        s = streams[(k * 7 + k // 3) % 3]
+        count = (1, 5000, 1 << 20)[k % 3]
+        with s:
+            x = cp.full(count, r + k, cp.float32)
+        if k % 5 == 4:
+            comm.all_reduce(x, None, SUM, None, s, True).wait()
+        else:
+            comm.all_reduce(x, None, SUM, None, s, False)
+        pending.append((k, x))
+    for s in streams:
+        s.synchronize()
+    for k, x in pending:
+        want = sum(q + k for q in range(n))
+        assert float(x.min()) == want == float(x.max()), (k, x.size, float(x.min()), want)
+    print(f"streams rank={r} sync={comm.sync_mode}")
 
 
 def check_async(comm: CudaComm):
@@ -228,6 +255,7 @@ def main():
     use_local_device()
     comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
+    checks["streams"] = check_streams
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
     try:
         checks[what](comm)

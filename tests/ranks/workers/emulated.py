@@ -14,7 +14,9 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   resize (sizes changing within the slot window), headers (calls whose fingerprints alternate,
   back to back), ll_sizes (sizes around the LL limit, every dtype), ll_race (LL calls back to
   back, ranks delayed at random), ll_wrap (LL flags of 4 bits, wrapping every 16 messages),
-  the fault drills dead_peer, timeout,
+  launch_end (each call's end reported once every block has ended), previous_stream LATE_MS
+  (every call queued as if on another stream than the call before, whose end is reported
+  LATE_MS late), the fault drills dead_peer, timeout,
   mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective; a third
   argument `ll` runs the drills' calls on messages small enough for the LL format), and
   all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
@@ -530,6 +532,51 @@ def ll_wrap(mpi, mode):
 LL_TESTS = {"ll_sizes": ll_sizes, "ll_race": ll_race, "ll_wrap": ll_wrap}
 
 
+def launch_end(mpi, mode):
+    """Kernel mode reports each call's end in the done word (step_kernel.h, finish_launch):
+    the last of its blocks to end writes the call's number there, once every block has ended.
+    Blocks end 4 ms apart here, so a block that wrote it on its own end, before the others',
+    is seen by the emulated device (a block that has ended finds the number written while a
+    block has yet to end). Calls of one block and of several, every result against numpy."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=4, finish_stagger_ms=4)
+    c = dev.dev
+    for i, (collective, count) in enumerate(
+        [("all_reduce", 2), ("all_reduce", 5000), ("all_gather", 300), ("broadcast", 5000),
+         ("reduce_scatter", 1200), ("all_reduce", 1)]
+    ):  # fmt: skip
+        run_checked(dev, mpi, collective, np.dtype(np.float32), count, None, i)
+        assert c.completed == c.seq, (collective, count, c.completed, c.seq)
+    say(f"launch_end {mode} ranks={mpi.size}: calls up to #{c.completed} reported")
+
+
+def previous_stream(mpi, mode, late_ms):
+    """A call queued on another stream than the call before waits on the device until that
+    call has reported its end (step_kernel.h, wait_previous). Here every call is queued so, and
+    the call before reports its end `late_ms` after it has run: a block that ran before that
+    report is seen by the emulated device. With a report later than the timeout, the wait
+    gives up and names this rank's previous collective, on every rank."""
+    timeout = 1.0 if late_ms > 1000 else 60.0
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3, previous_late_ms=late_ms, timeout=timeout)
+    calls = [("all_reduce", 2), ("all_reduce", 5000), ("all_gather", 300), ("broadcast", 7),
+             ("reduce_scatter", 900), ("all_reduce", 3)]  # fmt: skip
+    if late_ms > 1000:
+        run_checked(dev, mpi, "all_reduce", np.dtype(np.float64), 5, None, 0)
+        expect(
+            pc.CollectiveTimeout,
+            lambda: run_checked(dev, mpi, "all_reduce", np.dtype(np.float64), 5, None, 1),
+            "timed out waiting for this rank's previous collective to end",
+        )
+        say(f"previous_stream {mode} ranks={mpi.size}: timed out")
+        return
+    start = time.perf_counter()
+    for i, (collective, count) in enumerate(calls):
+        run_checked(dev, mpi, collective, np.dtype(np.float64), count, None, i)
+    took = time.perf_counter() - start
+    # Every call after the first waited for the report of the one before.
+    assert took >= (len(calls) - 1) * late_ms / 1000, took
+    say(f"previous_stream {mode} ranks={mpi.size}: {len(calls)} calls in {took:.3f} s")
+
+
 def main():
     mode, collective = sys.argv[1], sys.argv[2]
     staging = sys.argv[3] if len(sys.argv) > 3 else "default"
@@ -554,6 +601,10 @@ def main():
         faults(mpi, mode, collective, staging)
     elif collective in LL_TESTS:
         LL_TESTS[collective](mpi, mode)
+    elif collective == "launch_end":
+        launch_end(mpi, mode)
+    elif collective == "previous_stream":
+        previous_stream(mpi, mode, int(staging))
     else:
         matrix(mpi, mode, collective, staging, algos, blocks)
 
