@@ -37,7 +37,8 @@ PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicat
                                             scatter, all-gather, broadcast, reduce: 8x)
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
-PYCOLL_CUDA_BLOCKS         16               thread blocks per launch
+PYCOLL_CUDA_BLOCKS         16               thread blocks per launch; ``auto``: the GPU's
+                                            SMs over the ranks that share it, at most 64
 PYCOLL_CUDA_LL_BYTES       32 KiB           GPU kernel mode: messages up to here in the LL
                                             format, data and flag in one store (0: off)
 PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
@@ -69,6 +70,29 @@ def env_number(name, default, kind, environ=None):
         return kind(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def _blocks(raw: str) -> int:
+    """``PYCOLL_CUDA_BLOCKS``: a count, or ``auto`` (0: chosen per GPU, auto_cuda_blocks)."""
+    if raw.strip().lower() == "auto":
+        return 0
+    n = int(raw)
+    if n < 1:
+        raise ValueError(raw)
+    return n
+
+
+_blocks.__name__ = "block count or auto"
+
+# At most this many blocks per launch when chosen per GPU: each is a channel with its own flags
+# and its own share of every staging slot, so more make each step's share smaller.
+AUTO_CUDA_BLOCKS_MAX = 64
+
+
+def auto_cuda_blocks(sm_count: int, sharing: int) -> int:
+    """Blocks per launch for ``PYCOLL_CUDA_BLOCKS=auto``: the GPU's SMs split among the
+    `sharing` ranks on it (one block per SM), between 1 and AUTO_CUDA_BLOCKS_MAX."""
+    return max(1, min(AUTO_CUDA_BLOCKS_MAX, sm_count // max(1, sharing)))
 
 
 def env_choice(name, default, choices, environ, aliases=None):
@@ -167,7 +191,7 @@ class Options:
             shared_bytes=pick(None, "PYCOLL_SHARED_BYTES", d.shared_bytes, int),
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
-            cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, int),
+            cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, _blocks),
             cuda_ll_bytes=pick(None, "PYCOLL_CUDA_LL_BYTES", d.cuda_ll_bytes, int),
             cuda_sync=None if sync == "auto" else sync,
         )
@@ -192,6 +216,10 @@ class Options:
             raise ValueError(f"PYCOLL_SINGLE_COPY_BYTES must be >= 0, got {self.single_copy_bytes}")
         if self.shared_bytes < 0:
             raise ValueError(f"PYCOLL_SHARED_BYTES must be >= 0, got {self.shared_bytes}")
+        if not 0 <= self.cuda_blocks <= 128:
+            raise ValueError(
+                f"PYCOLL_CUDA_BLOCKS must be in [1, 128] or auto, got {self.cuda_blocks}"
+            )
         if self.cuda_ll_bytes < 0:
             raise ValueError(f"PYCOLL_CUDA_LL_BYTES must be >= 0, got {self.cuda_ll_bytes}")
         if self.net_piece_bytes <= 0:
@@ -221,13 +249,14 @@ class Options:
         o.shared_min_bytes = self.shared_bytes
         return o
 
-    def cuda_options(self, native):
-        """The native options of the CUDA transport (`native`: the ``_cuda`` module)."""
+    def cuda_options(self, native, device=0, sharing=1):
+        """The native options of the CUDA transport (`native`: the ``_cuda`` module) on
+        `device`, which `sharing` ranks share (for ``PYCOLL_CUDA_BLOCKS=auto``)."""
         o = native.CudaCommOptions()
         o.timeout = self.timeout
         o.slot_bytes = self.cuda_staging_bytes
         o.nslots = self.cuda_staging_slots
-        o.nblocks = self.cuda_blocks
+        o.nblocks = self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), sharing)
         o.ll_max_bytes = self.cuda_ll_bytes
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes

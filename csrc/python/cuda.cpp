@@ -193,6 +193,12 @@ void bind_runtime(py::module_& m) {
     }
     return {n, n == 0 ? "no CUDA device" : ""};
   });
+  // The device's multiprocessors (PYCOLL_CUDA_BLOCKS=auto).
+  m.def("sm_count", [](int device) {
+    int n = 0;
+    PYCOLL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  });
   // The CUDA runtime this module links (e.g. 13000), and the newest CUDA the driver supports
   // (0: no driver). Never raise: they explain why CUDA cannot be used.
   m.def("runtime_version", []() {

@@ -51,6 +51,12 @@ def test_emulated_block_counts(mode, blocks):
     run_mpi(3, "emulated.py", mode, "all_reduce", "small", "ring,direct", str(blocks))
 
 
+def test_emulated_many_blocks():
+    # As many blocks as PYCOLL_CUDA_BLOCKS=auto gives 4 ranks of an H100 (33): a 64 KiB slot's
+    # share per block is under 2 KiB, and no count divides evenly among them.
+    run_mpi(2, "emulated.py", "kernel", "all_reduce", "default", "ring,direct", "33")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_emulated_twoshot(mode):
     run_mpi(

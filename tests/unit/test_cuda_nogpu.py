@@ -392,3 +392,41 @@ def test_ll_limit_reaches_the_cuda_transport():
         cuda_opts({"PYCOLL_CUDA_LL_BYTES": "-1"})
     with pytest.raises(ValueError, match="PYCOLL_CUDA_LL_BYTES"):
         cuda_opts({"PYCOLL_CUDA_LL_BYTES": "lots"})
+
+
+def test_auto_block_count_splits_the_gpu_among_its_ranks():
+    # PYCOLL_CUDA_BLOCKS=auto: a block per SM of the ranks' share of the GPU, 1 to 64. Worked by
+    # hand: an H100 SXM has 132 SMs; 2 ranks on it get 66 each, capped at 64; 4 get 33; 8
+    # get 16 (132 // 8 = 16.5); an A100 (108 SMs) shared by 4 gets 27; 200 ranks still get 1.
+    from pycollectives.options import auto_cuda_blocks
+
+    cases = {(132, 1): 64, (132, 2): 64, (132, 4): 33, (132, 8): 16, (108, 4): 27, (108, 200): 1}
+    assert {k: auto_cuda_blocks(*k) for k in cases} == cases
+
+
+def test_auto_block_count_reaches_the_cuda_transport():
+    # "auto" asks the device for its SM count (here a stand-in module that has one), and the
+    # sharing the communicator passes; a bad value names the variable before anything is made.
+    cu = pytest.importorskip("pycollectives._cuda")
+
+    class FakeNative:
+        CudaCommOptions = cu.CudaCommOptions
+
+        @staticmethod
+        def sm_count(device):
+            return {0: 132, 1: 108}[device]
+
+    def nblocks(env, device=0, sharing=1):
+        return (
+            Options.resolve(timeout=30.0, environ=env)
+            .cuda_options(FakeNative, device, sharing)
+            .nblocks
+        )
+
+    assert nblocks({"PYCOLL_CUDA_BLOCKS": "auto"}, 0, 4) == 33
+    assert nblocks({"PYCOLL_CUDA_BLOCKS": "AUTO"}, 1, 2) == 54
+    assert nblocks({"PYCOLL_CUDA_BLOCKS": "5"}, 1, 2) == 5
+    assert nblocks({}, 0, 2) == cu.CudaCommOptions().nblocks == 16
+    for bad in ("0", "129", "many"):
+        with pytest.raises(ValueError, match="PYCOLL_CUDA_BLOCKS"):
+            nblocks({"PYCOLL_CUDA_BLOCKS": bad})

@@ -116,7 +116,8 @@ class CudaComm:
     ``CollectiveTimeout``, ``CollectiveError`` or ``CollectiveMismatch``.
 
     Tuning (environment): ``PYCOLL_CUDA_STAGING_BYTES`` (1 MiB), ``PYCOLL_CUDA_STAGING_SLOTS``
-    (4), ``PYCOLL_CUDA_BLOCKS`` (8 blocks per launch), ``PYCOLL_CUDA_LL_BYTES`` (32 KiB: kernel
+    (4), ``PYCOLL_CUDA_BLOCKS`` (16 blocks per launch; ``auto``: the GPU's SMs over the ranks
+    that share it, at most 64), ``PYCOLL_CUDA_LL_BYTES`` (32 KiB: kernel
     mode's messages up to here in the LL format, data and flag in one store; 0: off),
     ``PYCOLL_CUDA_SYNC``, ``PYCOLL_ALGO``, ``PYCOLL_DEBUG=INFO``.
     """
@@ -153,8 +154,11 @@ class CudaComm:
             forced_sync = options.cuda_sync
             cu = _native()
             on = None if arrays is None else arrays_device(arrays)
-            self.device = choose_device(device, local_rank, cu.device_count()[0], arrays_device=on)
-            opts = options.cuda_options(cu)
+            ndev = cu.device_count()[0]
+            self.device = choose_device(device, local_rank, ndev, arrays_device=on)
+            # The machine's ranks spread over its GPUs: as many share each (the same on every
+            # rank, so every rank chooses the same block count where the GPUs are alike).
+            opts = options.cuda_options(cu, self.device, -(-node_size // max(1, ndev)))
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (opts.slot_bytes, opts.nslots, opts.nblocks, opts.ll_max_bytes),
