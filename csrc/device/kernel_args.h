@@ -74,11 +74,13 @@ struct SegmentLayout {
   // Call headers (kernel mode; step_kernel.h, check_call): after every block's flags, one line
   // per peer for the header the segment's owner writes for that peer (CallHeader), one line
   // per peer for the number of that peer's headers the owner has read (its acknowledgement),
-  // and the owner's failure word (kFailMismatch...).
+  // the owner's failure word (kFailMismatch...), and its gate: the number of the last eager
+  // call whose block 0 has compared it with every peer (KernelArgs::gate).
   PYCOLL_HD size_t header_offset(int peer) const { return flag_offset(nblocks, peer); }
   PYCOLL_HD size_t ack_offset(int peer) const { return flag_offset(nblocks, size + peer); }
   PYCOLL_HD size_t fail_offset() const { return flag_offset(nblocks, 2 * size); }
-  PYCOLL_HD size_t headers_end() const { return flag_offset(nblocks, 2 * size + 1); }
+  PYCOLL_HD size_t gate_offset() const { return flag_offset(nblocks, 2 * size + 1); }
+  PYCOLL_HD size_t headers_end() const { return flag_offset(nblocks, 2 * size + 2); }
   // Block `block`'s sub-slot of the slot of message m (1-based) that the segment's owner
   // sends to `to` (to == size: its broadcast channel). It holds the block's slice of the
   // message from its first byte.
@@ -176,15 +178,26 @@ struct KernelArgs {
   uint32_t* finished;
   uint64_t done_seq;
   uint64_t after_seq;
+  // An eager launch of several blocks that checks the call (launches_of): block 0 opens the
+  // gate (writes done_seq there) once it has compared the call with every peer's, and the
+  // other blocks wait for it before anything else, so no block moves data, or waits for a
+  // peer's, before the call is compared.
+  bool gate;
 };
 static_assert(sizeof(KernelArgs) <= 4096, "a kernel's parameters fit in 4 KiB");
 
-// The launches that run `a`, in order (returns how many): `a` itself, or, when it checks the
-// call and runs several blocks, a one-block launch that only checks, then the steps unchecked:
-// so no block moves data, or waits for a peer's, before every peer's call has been compared.
+// The launches that run `a`, in order (returns how many): no block moves data, or waits for a
+// peer's, before every peer's call has been compared. One launch, unless it checks the call
+// and runs several blocks: then an eager launch gates its other blocks on block 0's check
+// (gate), and a captured one (no call number to gate on: the same arguments are replayed) is
+// a one-block launch that only checks, then the steps unchecked.
 inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
   out[0] = a;
   if (!a.check_calls || a.grid <= 1) return 1;
+  if (a.done_seq != 0) {
+    out[0].gate = true;
+    return 1;
+  }
   out[0].end_step = out[0].first_step;
   out[0].grid = 1;
   out[0].done_seq = 0;  // the call has not ended with its check

@@ -164,7 +164,8 @@ PYCOLL_DEVICE void report_mismatch(const KernelArgs& a, int block, int peer, con
 // stopped on a mismatch.
 template <class Ready>
 PYCOLL_DEVICE bool poll_until(const KernelArgs& a, const BlockState& s, int block,
-                              const uint8_t* seg, int peer, int step, Ready&& ready) {
+                              const uint8_t* seg, int peer, int step, Ready&& ready,
+                              uint64_t grace_ns = 0) {
   uint64_t spins = 0;
   const uint64_t* at = nullptr;
   for (uint64_t seen = 0; !ready(at, seen);) {
@@ -180,7 +181,7 @@ PYCOLL_DEVICE bool poll_until(const KernelArgs& a, const BlockState& s, int bloc
       report_mismatch(a, block, peer, nullptr, fail);
       return false;
     }
-    if (spins >= a.max_spins || global_timer_ns() - s.start_ns > a.timeout_ns) {
+    if (spins >= a.max_spins || global_timer_ns() - s.start_ns > a.timeout_ns + grace_ns) {
       report(a, block, kTimeout, peer, step);
       return false;
     }
@@ -190,13 +191,17 @@ PYCOLL_DEVICE bool poll_until(const KernelArgs& a, const BlockState& s, int bloc
 
 // Waits until *flag >= target, as poll_until.
 PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block,
-                             const uint8_t* seg, size_t off, uint64_t target, int peer, int step) {
+                             const uint8_t* seg, size_t off, uint64_t target, int peer, int step,
+                             uint64_t grace_ns = 0) {
   const uint64_t* flag = reinterpret_cast<const uint64_t*>(seg + off);
-  return poll_until(a, s, block, seg, peer, step, [&](const uint64_t*& at, uint64_t& seen) {
-    at = flag;
-    seen = ld_acquire_sys(flag);
-    return seen >= target;
-  });
+  return poll_until(
+      a, s, block, seg, peer, step,
+      [&](const uint64_t*& at, uint64_t& seen) {
+        at = flag;
+        seen = ld_acquire_sys(flag);
+        return seen >= target;
+      },
+      grace_ns);
 }
 
 PYCOLL_DEVICE void post_flag(const KernelArgs& a, size_t off, uint64_t value) {
@@ -663,7 +668,16 @@ PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Th
   th.sync();
   if (s.p.failed) return;
   if (b == 0 && a.check_calls) {
-    check_call(a, s, th);
+    check_call(a, s, th);  // ends with every thread past it
+    if (s.p.failed) return;
+    if (a.gate && th.leader()) post_flag(a, a.layout.gate_offset(), a.done_seq);
+  } else if (a.gate) {
+    // Block 0's waits give up at the timeout, naming the rank they waited for, and then stop
+    // this one (abort): this wait allows as long again, so that block 0's report is the one.
+    if (th.leader())
+      s.p.failed = !wait_flag(a, s, b, a.segments[a.rank], a.layout.gate_offset(), a.done_seq,
+                              a.rank, -2, a.timeout_ns);
+    th.sync();
     if (s.p.failed) return;
   }
   for (uint32_t i = a.first_step; i < a.end_step; ++i) {

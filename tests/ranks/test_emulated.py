@@ -187,6 +187,12 @@ def test_emulated_launch_end_is_reported_after_every_block(mode):
     assert f"launch_end {mode} ranks=3" in out, out
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_emulated_mismatched_call_of_several_blocks_moves_nothing(mode):
+    out = run_mpi(3, "emulated.py", mode, "gate")
+    assert out.count(f"gate {mode} ranks=3: nothing moved") == 3, out
+
+
 @pytest.mark.parametrize("late_ms", [20, 2500])
 def test_emulated_call_on_another_stream_waits_for_the_call_before(late_ms):
     out = run_mpi(2, "emulated.py", "kernel", "previous_stream", str(late_ms))

@@ -14,7 +14,8 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   resize (sizes changing within the slot window), headers (calls whose fingerprints alternate,
   back to back), ll_sizes (sizes around the LL limit, every dtype), ll_race (LL calls back to
   back, ranks delayed at random), ll_wrap (LL flags of 4 bits, wrapping every 16 messages),
-  launch_end (each call's end reported once every block has ended), previous_stream LATE_MS
+  gate (a mismatched call of several blocks moves nothing), launch_end (each call's end
+  reported once every block has ended), previous_stream LATE_MS
   (every call queued as if on another stream than the call before, whose end is reported
   LATE_MS late), the fault drills dead_peer, timeout,
   mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective; a third
@@ -403,9 +404,9 @@ def grid(mpi, mode):
         assert np.allclose(out, reference(inputs, "sum", np.dtype(np.float64)))
     small, large = ran[0], ran[1]
     if mode == "kernel":
-        # One launch per call, which compares the call with the peers' first; a call that runs
-        # several blocks compares it in a one-block launch of its own before them (4 + 1).
-        assert small == 1 and large == 5 and ran[2] == 1 and 1 <= ran[3] <= 5, ran
+        # One launch per call, which compares the call with the peers' first (block 0; a call
+        # that runs several blocks gates the others on that comparison).
+        assert small == 1 and large == 4 and ran[2] == 1 and 1 <= ran[3] <= 4, ran
     else:  # one launch per step, each of the blocks that step's message uses
         assert small * 4 <= large and ran[2] == small, ran
     say(f"grid {mode} ranks={n}: blocks run per call {ran}")
@@ -532,6 +533,24 @@ def ll_wrap(mpi, mode):
 LL_TESTS = {"ll_sizes": ll_sizes, "ll_race": ll_race, "ll_wrap": ll_wrap}
 
 
+def gate(mpi, mode):
+    """A call of several blocks moves nothing before block 0 has compared it with every peer's
+    (kernel mode: the other blocks wait at the gate; host mode: the host compares first). Rank 2
+    calls all-gather with fewer elements, late: ranks 0 and 1 agree with each other, and
+    without the gate their other blocks would trade their slices while block 0 waits for rank
+    2's call. Every rank raises CollectiveMismatch, and no output element was written."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=4, timeout=10.0)
+    n, r = mpi.size, mpi.rank
+    count = 5000 - 16 * (r == 2)
+    x = np.full(count, r + 1, np.float32)
+    out = np.full(n * count, -7, np.float32)
+    if r == 2:
+        time.sleep(0.1)
+    expect(pc.CollectiveMismatch, lambda: dev.all_gather(x, out, algorithm="direct"), "count")
+    assert (out == -7).all(), f"rank {r}: {int((out != -7).sum())} elements written"
+    say(f"gate {mode} ranks={n}: nothing moved")
+
+
 def launch_end(mpi, mode):
     """Kernel mode reports each call's end in the done word (step_kernel.h, finish_launch):
     the last of its blocks to end writes the call's number there, once every block has ended.
@@ -601,6 +620,8 @@ def main():
         faults(mpi, mode, collective, staging)
     elif collective in LL_TESTS:
         LL_TESTS[collective](mpi, mode)
+    elif collective == "gate":
+        gate(mpi, mode)
     elif collective == "launch_end":
         launch_end(mpi, mode)
     elif collective == "previous_stream":
