@@ -7,6 +7,7 @@
 #include <string>
 
 #include "algo/call.h"
+#include "common/hash.h"
 #include "device/kernel_args.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
@@ -58,6 +59,20 @@ void check_on_device(KernelArgs& a, const Fingerprint& f);
 inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool capturing,
                           bool host_checks = true) {
   return capturing || call.collective == Collective::AllToAll || (!kernel_mode && host_checks);
+}
+
+// The fingerprint of a two-shot all-reduce over registered buffers (device/twoshot_kernel.h):
+// `f` marked as one (Fingerprint::shared), its splits word a hash of where the input and the
+// output lie (registration number and offset into it, the same on every rank of a symmetric
+// call). Ranks that disagree on either raise CollectiveMismatch instead of one reading or
+// writing memory its peers do not expect.
+inline Fingerprint registered_fingerprint(Fingerprint f, uint64_t in_id, uint64_t in_delta,
+                                          uint64_t out_id, uint64_t out_delta) {
+  Fnv1a h;
+  for (uint64_t v : {in_id, in_delta, out_id, out_delta}) h.mix(v);
+  f.shared = true;
+  f.splits = h.h | 1;  // never 0: an even call's word
+  return f;
 }
 
 // The message of the CollectiveMismatch that a device status with kMismatch stands for: the

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "common/errors.h"
-#include "device/step_kernel.h"
+#include "device/twoshot_kernel.h"
 
 namespace pycoll {
 namespace emu {
@@ -36,7 +36,7 @@ struct EmuThreads {
 template <class T>
 void run(const cuda::KernelArgs& a, int block, int threads) {
   cuda::BlockState s;
-  cuda::run_block<T>(a, s, block, EmuThreads{threads});
+  cuda::run_launch<T>(a, s, block, EmuThreads{threads});
 }
 
 std::string describe(const void* p, size_t bytes) {

@@ -136,6 +136,22 @@ void bind_planning(py::module_& m) {
         return py::make_tuple(s.lo, s.hi);
       },
       py::arg("n"), py::arg("nblocks"), py::arg("block"));
+  // The two-shot over registered buffers (device/plan.h): rank `rank`'s shard, and the blocks
+  // a launch runs on a layout of `nblocks` blocks and `slot_bytes` slots for `size` ranks.
+  m.def(
+      "twoshot_shard",
+      [](size_t count, int size, int rank) {
+        const Slice s = twoshot_shard(count, size, rank);
+        return py::make_tuple(s.lo, s.hi);
+      },
+      py::arg("count"), py::arg("size"), py::arg("rank"));
+  m.def(
+      "twoshot_grid",
+      [](size_t count, int size, int nblocks, size_t slot_bytes) {
+        return twoshot_grid(count, make_layout(size, 2, nblocks, slot_bytes));
+      },
+      py::arg("count"), py::arg("size"), py::arg("nblocks"), py::arg("slot_bytes"));
+  m.def("kernel_args_bytes", []() { return sizeof(KernelArgs); });
   m.def(
       "channel_slice",
       [](size_t n, int nblocks, size_t slot_bytes, int block) {
