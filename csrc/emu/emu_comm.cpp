@@ -78,7 +78,12 @@ class BlockThreads {
 };
 
 EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
-    : rank_(rank), size_(size), opts_(opts), shm_(rank, size, 64, opts.nslots), counters_(size) {
+    : rank_(rank),
+      size_(size),
+      opts_(opts),
+      shm_(rank, size, 64, opts.nslots),
+      counters_(size),
+      registry_(rank, size) {
   if (size > cuda::kMaxRanks)
     throw InvalidArgument(
         str_cat("the device transport holds at most ", cuda::kMaxRanks, " ranks"));
@@ -153,7 +158,45 @@ Regions EmuComm::launch_regions(const CollectiveCall& call) const {
     r.list.push_back({segments_[q], layout_.total_bytes(), q == rank_, "device segment", q});
   r.list.push_back({static_cast<const uint8_t*>(call.in), ext.in * esize, false, "input", -1});
   r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
+  r.self = rank_;
+  r.traffic = const_cast<Traffic*>(&traffic_);
   return r;
+}
+
+EmuComm::TwoShot EmuComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
+  TwoShot t;
+  if (!opts_.kernel_mode || call.collective != Collective::AllReduce || call.barrier ||
+      (algo != Algo::Direct && call.algo != Algo::Auto))
+    return t;
+  const size_t bytes = call.count * dtype_size(call.dtype);
+  t.in = registry_.find(call.in, bytes);
+  t.out = registry_.find(call.out, bytes);
+  return t;
+}
+
+// One launch (two with several blocks: launches_of) that compares the call and runs the
+// two-shot over every rank's registered input and output; every peer's buffers are regions of
+// the launch (input read-only), exactly the call's bytes of each.
+void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
+                          const Fingerprint& f) {
+  cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, nullptr, 1,
+                                              cuda::twoshot_grid(call.count, layout_), counters_);
+  a.reg.on = true;
+  a.reg.count = call.count;
+  Regions regions = launch_regions(call);
+  const size_t bytes = call.count * dtype_size(call.dtype);
+  for (int q = 0; q < size_; ++q) {
+    a.reg.in[q] = t.in.at[q];
+    a.reg.out[q] = t.out.at[q];
+    if (q == rank_) continue;
+    regions.list.push_back({t.in.at[q], bytes, false, "registered input", q});
+    regions.list.push_back({t.out.at[q], bytes, true, "registered output", q});
+  }
+  cuda::check_on_device(a, f);
+  ++twoshot_runs_;
+  const bool drill = opts_.fault_seq == w.seq;
+  if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
+  launch(call.dtype, a, regions, w, drill);
 }
 
 cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) {
@@ -307,13 +350,19 @@ void EmuComm::run(const CollectiveCall& call) {
   cuda::check_device_call(call, size_);
   const uint64_t seq = ++seq_;
   const Algo algo = algo_of(call);
-  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  const TwoShot twoshot = twoshot_of(call, algo);
+  Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  if (twoshot.on())
+    mine = cuda::registered_fingerprint(mine, twoshot.in.id, twoshot.in.delta, twoshot.out.id,
+                                        twoshot.out.delta);
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
     rendezvous(call, guard, w, cuda::meets_on_host(call, opts_.kernel_mode, false));
     const bool empty = moves_nothing(call, rank_, size_);
-    if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
+    if (twoshot.on() && !empty)
+      run_twoshot(call, twoshot, w, mine);
+    else if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
       run_kernel_mode(call, empty ? kNoSteps : plan_for(call, algo), w, mine);
     else if (!empty)
       run_host_mode(call, plan_for(call, algo), w);

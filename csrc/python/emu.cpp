@@ -7,6 +7,8 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/coverage.h"
 #include "emu/emu_comm.h"
@@ -76,7 +78,57 @@ PYBIND11_MODULE(_emu, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
       .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run)
-      .def_property_readonly("ll_steps_run", &emu::EmuComm::ll_steps_run);
+      .def_property_readonly("ll_steps_run", &emu::EmuComm::ll_steps_run)
+      // Registered buffers (emu/emu_registry.h). alloc: memory of the emulated device, not
+      // registered (a buffer: numpy arrays over it keep it alive). register_handle, then the
+      // rendezvous trades every rank's handle, then register_add with all of them (returns the
+      // registration's number), then, once every rank has added, unlink_exchanged.
+      .def(
+          "alloc", [](emu::EmuComm& c, size_t bytes) { return c.registry().alloc(bytes); },
+          py::arg("bytes"))
+      .def(
+          "register_handle",
+          [](emu::EmuComm& c, uintptr_t ptr, size_t bytes) {
+            const emu::RegisterHandle h =
+                c.registry().handle(reinterpret_cast<const void*>(ptr), bytes);
+            return py::make_tuple(h.key, h.name, h.alloc_bytes, h.offset, h.bytes);
+          },
+          py::arg("ptr"), py::arg("bytes"))
+      .def(
+          "register_add",
+          [](emu::EmuComm& c, uintptr_t ptr, size_t bytes, const py::list& handles) {
+            std::vector<emu::RegisterHandle> all;
+            for (const py::handle& t : handles) {
+              const auto v =
+                  t.cast<std::tuple<uint64_t, std::string, uint64_t, uint64_t, uint64_t>>();
+              all.push_back(
+                  {std::get<0>(v), std::get<1>(v), std::get<2>(v), std::get<3>(v), std::get<4>(v)});
+            }
+            return c.registry().add(reinterpret_cast<const void*>(ptr), bytes, all);
+          },
+          py::arg("ptr"), py::arg("bytes"), py::arg("handles"))
+      .def("unlink_exchanged", [](emu::EmuComm& c) { c.registry().unlink_exchanged(); })
+      .def_property_readonly("registrations", [](emu::EmuComm& c) { return c.registry().live(); })
+      .def_property_readonly("twoshot_runs", &emu::EmuComm::twoshot_runs)
+      // Bytes the device code's data loads and stores moved (emu/emu_checks.h, Traffic).
+      .def_property_readonly("traffic",
+                             [](const emu::EmuComm& c) {
+                               const emu::Traffic& t = c.traffic();
+                               py::dict d;
+                               d["read_own"] = t.read_own.load();
+                               d["read_peer"] = t.read_peer.load();
+                               d["write_own"] = t.write_own.load();
+                               d["write_peer"] = t.write_peer.load();
+                               return d;
+                             })
+      .def("reset_traffic", &emu::EmuComm::reset_traffic);
+  py::class_<emu::EmuAllocation, std::shared_ptr<emu::EmuAllocation>>(m, "EmuAllocation",
+                                                                      py::buffer_protocol())
+      .def_property_readonly("bytes", &emu::EmuAllocation::bytes)
+      .def_buffer([](emu::EmuAllocation& a) {
+        return py::buffer_info(a.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(a.bytes())}, {1});
+      });
   py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
       .def_readonly("seq", &emu::EmuGraph::seq);
 }
