@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/registrations.h"
 #include "runtime/shm_segment.h"
 
 namespace pycoll {
@@ -44,26 +45,9 @@ class EmuAllocation {
   bool unlinked_ = false;  // ... and been removed since
 };
 
-// What one rank tells the others when it registers [p, p + bytes).
-struct RegisterHandle {
-  uint64_t key = 0;          // the allocation's, unique in its process
-  std::string name;          // its segment's name; empty when sent before
-  uint64_t alloc_bytes = 0;  // the whole allocation's
-  uint64_t offset = 0;       // of the range in the allocation
-  uint64_t bytes = 0;        // of the range
-};
-
-// Where a call's buffer lies in every rank's registered memory.
-struct Registered {
-  bool on = false;
-  uint64_t id = 0;           // the registration's number, the same on every rank
-  uint64_t delta = 0;        // of the buffer from the registration's start
-  std::vector<uint8_t*> at;  // every rank's buffer as mapped here (ours at our rank)
-};
-
 class Registry {
  public:
-  Registry(int rank, int size) : rank_(rank), size_(size) {}
+  Registry(int rank, int size) : rank_(rank), size_(size), table_(size) {}
   std::shared_ptr<EmuAllocation> alloc(size_t bytes);
   // Our handle for [p, p + bytes); InvalidArgument unless it lies in a live allocation.
   RegisterHandle handle(const void* p, size_t bytes);
@@ -72,26 +56,17 @@ class Registry {
   uint64_t add(const void* p, size_t bytes, const std::vector<RegisterHandle>& all);
   // Removes the names of our allocations that every peer has mapped (after add, on every rank).
   void unlink_exchanged();
-  // The latest live registration holding [p, p + bytes) on this rank, and with it every rank's
-  // buffer at the same offset; off when there is none or a peer's range is shorter.
-  Registered find(const void* p, size_t bytes) const;
-  size_t live() const;
+  // Where a call's buffer lies on every rank (runtime/registrations.h).
+  Registered find(const void* p, size_t bytes) const { return table_.find(p, bytes); }
+  size_t live() const { return table_.live(); }
 
  private:
-  struct Registration {
-    uint64_t id;
-    const uint8_t* ptr;
-    size_t bytes;
-    std::weak_ptr<EmuAllocation> alloc;
-    std::vector<uint8_t*> at;    // every rank's start
-    std::vector<size_t> extent;  // every rank's length
-  };
   int rank_, size_;
-  uint64_t next_key_ = 1, next_id_ = 1;
+  uint64_t next_key_ = 1;
   std::vector<std::weak_ptr<EmuAllocation>> allocs_;
   std::map<std::pair<int, uint64_t>, ShmSegment> peer_maps_;  // by (owner rank, key)
-  std::vector<Registration> regs_;
-  mutable std::mutex mu_;
+  Registrations table_;
+  std::mutex mu_;
 };
 
 }  // namespace emu

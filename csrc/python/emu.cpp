@@ -7,13 +7,12 @@
 
 #include <memory>
 #include <string>
-#include <tuple>
-#include <vector>
 
 #include "common/coverage.h"
 #include "emu/emu_comm.h"
 #include "python/call_args.h"
 #include "python/core_errors.h"
+#include "python/registrations.h"
 
 namespace py = pybind11;
 using namespace pycoll;
@@ -89,22 +88,13 @@ PYBIND11_MODULE(_emu, m) {
       .def(
           "register_handle",
           [](emu::EmuComm& c, uintptr_t ptr, size_t bytes) {
-            const emu::RegisterHandle h =
-                c.registry().handle(reinterpret_cast<const void*>(ptr), bytes);
-            return py::make_tuple(h.key, h.name, h.alloc_bytes, h.offset, h.bytes);
+            return handle_tuple(c.registry().handle(reinterpret_cast<const void*>(ptr), bytes));
           },
           py::arg("ptr"), py::arg("bytes"))
       .def(
           "register_add",
           [](emu::EmuComm& c, uintptr_t ptr, size_t bytes, const py::list& handles) {
-            std::vector<emu::RegisterHandle> all;
-            for (const py::handle& t : handles) {
-              const auto v =
-                  t.cast<std::tuple<uint64_t, std::string, uint64_t, uint64_t, uint64_t>>();
-              all.push_back(
-                  {std::get<0>(v), std::get<1>(v), std::get<2>(v), std::get<3>(v), std::get<4>(v)});
-            }
-            return c.registry().add(reinterpret_cast<const void*>(ptr), bytes, all);
+            return c.registry().add(reinterpret_cast<const void*>(ptr), bytes, handles_of(handles));
           },
           py::arg("ptr"), py::arg("bytes"), py::arg("handles"))
       .def("unlink_exchanged", [](emu::EmuComm& c) { c.registry().unlink_exchanged(); })
