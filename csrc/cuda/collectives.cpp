@@ -76,9 +76,12 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   PYCOLL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool capturing = capture == cudaStreamCaptureStatusActive;
+  // The two-shot reads no plan: a graph captures its launch arguments, pointers and all.
+  const TwoShot twoshot = twoshot_of(call, algo);
   if (capturing)
-    check_capturable(name, mode_ == SyncMode::Kernel,
-                     moves_nothing(call, rank_, size_) || plans_.find(call, algo) != nullptr);
+    check_capturable(
+        name, mode_ == SyncMode::Kernel,
+        moves_nothing(call, rank_, size_) || twoshot.on() || plans_.find(call, algo) != nullptr);
   const uint64_t seq = ++seq_;
   if (opts_.debug)
     std::fprintf(stderr,
@@ -88,7 +91,10 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                  dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
                  call.algo == Algo::Auto ? " (auto)" : "",
                  mode_ == SyncMode::Kernel ? "kernel" : "host");
-  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  if (twoshot.on())
+    mine = registered_fingerprint(mine, twoshot.in.id, twoshot.in.delta, twoshot.out.id,
+                                  twoshot.out.delta);
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   const bool kernel = mode_ == SyncMode::Kernel;
@@ -110,6 +116,8 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     // In kernel mode a call that moves nothing launches too: it compares the call.
     if (moves_nothing(call, rank_, size_)) {
       if (kernel) run_kernel_mode(call, nullptr, mine);
+    } else if (twoshot.on()) {
+      run_twoshot(call, twoshot, mine);
     } else if (capturing) {
       run_kernel_mode(call, &plans_.pin(call, algo), mine);  // the graph reads it: never freed
     } else if (kernel) {
@@ -137,6 +145,26 @@ void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
   static const CachedPlan no_steps{};
   KernelArgs a = kernel_args(call, cp != nullptr ? *cp : no_steps);
   check_on_device(a, f);
+  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+}
+
+CudaComm::TwoShot CudaComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
+  TwoShot t;
+  if (!twoshot_eligible(call, algo, mode_ == SyncMode::Kernel)) return t;
+  const size_t bytes = call.count * dtype_size(call.dtype);
+  t.in = registry_.find(call.in, bytes);
+  t.out = registry_.find(call.out, bytes);
+  return t;
+}
+
+// The two-shot over every rank's registered buffers: one launch (two with several blocks:
+// launches_of) that compares the call with every peer's first, its entry synchronisation.
+void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f) {
+  static const CachedPlan no_steps{};
+  KernelArgs a = kernel_args(call, no_steps);
+  set_twoshot(a, call.count, t.in.at, t.out.at);
+  check_on_device(a, f);
+  ++twoshot_runs_;
   PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
 }
 

@@ -36,6 +36,7 @@
 #include "algo/call.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
+#include "cuda/registry.h"
 #include "device/kernel_args.h"
 #include "device/plan.h"
 #include "host/executor.h"
@@ -134,6 +135,11 @@ class CudaComm {
   // of the graph runs the collective again, the flags advancing on the device.
   std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
   size_t plans_pinned() const { return plans_.pinned(); }
+  // Registered buffers (cuda/registry.h). An all-reduce whose input and output are both
+  // registered, in kernel mode with the algorithm automatic or direct, runs the two-shot over
+  // them (device/twoshot_kernel.h); the fingerprint says so, and where they lie.
+  IpcRegistry& registry() { return registry_; }
+  uint64_t twoshot_runs() const { return twoshot_runs_; }
   // Waits for this rank's queued collectives, then for every rank to arrive.
   void barrier();
   // Waits (bounded) for queued work and releases every resource; later calls fail.
@@ -163,6 +169,13 @@ class CudaComm {
   void stop_peers_on_mismatch();
   // Work running now, queued by this rank: the watchdog stops its device waits if a peer dies.
   void watch(std::shared_ptr<CudaWork> work);
+  // Every rank's registered input and output of `call`, where the two-shot runs it.
+  struct TwoShot {
+    Registered in, out;
+    bool on() const { return in.on && out.on; }
+  };
+  TwoShot twoshot_of(const CollectiveCall& call, Algo algo) const;
+  void run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);
@@ -187,6 +200,8 @@ class CudaComm {
   ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers
   ChannelCounters counters_;
   PlanCache<CachedPlan> plans_;
+  IpcRegistry registry_;
+  uint64_t twoshot_runs_ = 0;
   std::shared_ptr<EventPool> events_;
   uint64_t seq_ = 0;
   uint64_t barrier_epoch_ = 0;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "algo/call.h"
 #include "common/hash.h"
@@ -60,6 +61,21 @@ inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool cap
                           bool host_checks = true) {
   return capturing || call.collective == Collective::AllToAll || (!kernel_mode && host_checks);
 }
+
+// Whether `call` (its algorithm resolved to `algo`) runs the two-shot over registered buffers
+// (device/twoshot_kernel.h) when its input and output are both registered: an all-reduce of
+// at least one element (an empty array's pointer may be null on one rank and not on another)
+// in kernel mode, its algorithm automatic or direct. Host mode runs registered arrays staged (its
+// launches never wait for a peer; the two-shot's exit barrier does).
+inline bool twoshot_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode) {
+  return kernel_mode && call.collective == Collective::AllReduce && !call.barrier &&
+         call.count > 0 && (call.algo == Algo::Auto || algo == Algo::Direct);
+}
+// Makes `a` the launch of the two-shot over every rank's `in` and `out` (as mapped here): one
+// step, twoshot_grid's blocks. The caller then compares the call on the device
+// (check_on_device): that is the two-shot's entry synchronisation.
+void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
+                 const std::vector<uint8_t*>& out);
 
 // The fingerprint of a two-shot all-reduce over registered buffers (device/twoshot_kernel.h):
 // `f` marked as one (Fingerprint::shared), its splits word a hash of where the input and the

@@ -165,9 +165,7 @@ Regions EmuComm::launch_regions(const CollectiveCall& call) const {
 
 EmuComm::TwoShot EmuComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
   TwoShot t;
-  if (!opts_.kernel_mode || call.collective != Collective::AllReduce || call.barrier ||
-      (algo != Algo::Direct && call.algo != Algo::Auto))
-    return t;
+  if (!cuda::twoshot_eligible(call, algo, opts_.kernel_mode)) return t;
   const size_t bytes = call.count * dtype_size(call.dtype);
   t.in = registry_.find(call.in, bytes);
   t.out = registry_.find(call.out, bytes);
@@ -179,15 +177,11 @@ EmuComm::TwoShot EmuComm::twoshot_of(const CollectiveCall& call, Algo algo) cons
 // the launch (input read-only), exactly the call's bytes of each.
 void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
                           const Fingerprint& f) {
-  cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, nullptr, 1,
-                                              cuda::twoshot_grid(call.count, layout_), counters_);
-  a.reg.on = true;
-  a.reg.count = call.count;
+  cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, nullptr, 0, 1, counters_);
+  cuda::set_twoshot(a, call.count, t.in.at, t.out.at);
   Regions regions = launch_regions(call);
   const size_t bytes = call.count * dtype_size(call.dtype);
   for (int q = 0; q < size_; ++q) {
-    a.reg.in[q] = t.in.at[q];
-    a.reg.out[q] = t.out.at[q];
     if (q == rank_) continue;
     regions.list.push_back({t.in.at[q], bytes, false, "registered input", q});
     regions.list.push_back({t.out.at[q], bytes, true, "registered output", q});

@@ -23,6 +23,7 @@
 #include "device/plan.h"
 #include "python/call_args.h"
 #include "python/core_errors.h"
+#include "python/registrations.h"
 
 namespace py = pybind11;
 using namespace pycoll;
@@ -263,6 +264,12 @@ void bind_comm(py::module_& m) {
           py::arg("stream"))
       .def_property_readonly("seq", &CudaWork::seq);
 
+  py::class_<CudaAllocation, std::shared_ptr<CudaAllocation>>(m, "CudaAllocation")
+      .def_property_readonly(
+          "ptr", [](const CudaAllocation& a) { return reinterpret_cast<uintptr_t>(a.data()); })
+      .def_property_readonly("bytes", &CudaAllocation::bytes)
+      .def_property_readonly("device", &CudaAllocation::device);
+
   py::class_<CudaComm>(m, "CudaComm")
       .def(py::init<int, int, int, const CudaCommOptions&>(), py::arg("rank"), py::arg("size"),
            py::arg("device"), py::arg("options"))
@@ -294,6 +301,32 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("poison_reason", &CudaComm::poison_reason)
       .def("abort", &CudaComm::abort, py::arg("reason"))
       .def("check", [](CudaComm& c) { c.check("wait"); })
+      // Registered buffers (cuda/registry.h). alloc: device memory for CudaComm.empty (its
+      // registrations lapse when the allocation goes); register_handle, then the rendezvous
+      // trades every rank's handle, then register_add with all of them (returns the number,
+      // for register_release where the memory is not ours).
+      .def(
+          "alloc", [](CudaComm& c, size_t bytes) { return c.registry().alloc(bytes); },
+          py::arg("bytes"))
+      .def(
+          "register_handle",
+          [](CudaComm& c, uintptr_t ptr, size_t bytes) {
+            return pyargs::handle_tuple(
+                c.registry().handle(reinterpret_cast<const void*>(ptr), bytes));
+          },
+          py::arg("ptr"), py::arg("bytes"))
+      .def(
+          "register_add",
+          [](CudaComm& c, uintptr_t ptr, size_t bytes, const py::list& handles) {
+            return c.registry().add(reinterpret_cast<const void*>(ptr), bytes,
+                                    pyargs::handles_of(handles));
+          },
+          py::arg("ptr"), py::arg("bytes"), py::arg("handles"))
+      .def(
+          "register_release", [](CudaComm& c, uint64_t id) { c.registry().release(id); },
+          py::arg("id"))
+      .def_property_readonly("registrations", [](CudaComm& c) { return c.registry().live(); })
+      .def_property_readonly("twoshot_runs", &CudaComm::twoshot_runs)
       .def(
           "choose",
           [](const CudaComm& c, int collective, size_t bytes) {
