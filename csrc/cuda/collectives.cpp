@@ -117,7 +117,7 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     if (moves_nothing(call, rank_, size_)) {
       if (kernel) run_kernel_mode(call, nullptr, mine);
     } else if (twoshot.on()) {
-      run_twoshot(call, twoshot, mine);
+      run_twoshot(call, twoshot, mine, w);
     } else if (capturing) {
       run_kernel_mode(call, &plans_.pin(call, algo), mine);  // the graph reads it: never freed
     } else if (kernel) {
@@ -150,22 +150,35 @@ void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
 
 CudaComm::TwoShot CudaComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
   TwoShot t;
-  if (!twoshot_eligible(call, algo, mode_ == SyncMode::Kernel)) return t;
+  if (!twoshot_eligible(call, algo)) return t;
   const size_t bytes = call.count * dtype_size(call.dtype);
   t.in = registry_.find(call.in, bytes);
   t.out = registry_.find(call.out, bytes);
   return t;
 }
 
-// The two-shot over every rank's registered buffers: one launch (two with several blocks:
-// launches_of) that compares the call with every peer's first, its entry synchronisation.
-void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f) {
+// The two-shot over every rank's registered buffers. Kernel mode: one launch (two with several
+// blocks: launches_of) that compares the call with every peer's first, its entry
+// synchronisation. Host mode (the call compared on the host already): the host waits for the
+// caller's stream to reach the call (our input is ready), meets every peer, launches the
+// two-shot (no device wait in it), waits for it and meets every peer again.
+void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
+                           const WaitContext& w) {
   static const CachedPlan no_steps{};
   KernelArgs a = kernel_args(call, no_steps);
   set_twoshot(a, call.count, t.in.at, t.out.at);
-  check_on_device(a, f);
   ++twoshot_runs_;
+  if (mode_ == SyncMode::Kernel) {
+    check_on_device(a, f);
+    PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+    return;
+  }
+  wait_event(ready_, w);
+  host_meet(shm_, ++barrier_epoch_, w);
   PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+  PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+  wait_event(step_done_, w);
+  host_meet(shm_, ++barrier_epoch_, w);
 }
 
 // One launch per step; between launches the host waits for the peers. A launch never waits
@@ -218,14 +231,7 @@ void CudaComm::barrier() {
     PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
     wait_event(step_done_, w);
     check_device_status("barrier");
-    const uint64_t epoch = ++barrier_epoch_;
-    shm_.barrier(rank_).store(epoch, std::memory_order_release);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      auto& flag = shm_.barrier(r);
-      wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
-                 WaitFor::Barrier);
-    }
+    host_meet(shm_, ++barrier_epoch_, w);
     if (opts_.check_mismatch) guard.finish(w);
   } catch (const CollectiveMismatch& e) {
     stop_peers_on_mismatch();

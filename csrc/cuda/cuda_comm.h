@@ -136,8 +136,9 @@ class CudaComm {
   std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
   size_t plans_pinned() const { return plans_.pinned(); }
   // Registered buffers (cuda/registry.h). An all-reduce whose input and output are both
-  // registered, in kernel mode with the algorithm automatic or direct, runs the two-shot over
-  // them (device/twoshot_kernel.h); the fingerprint says so, and where they lie.
+  // registered, with the algorithm automatic or direct, runs the two-shot over them
+  // (device/twoshot_kernel.h; in host mode between two host meetings); the fingerprint says
+  // so, and where they lie.
   IpcRegistry& registry() { return registry_; }
   uint64_t twoshot_runs() const { return twoshot_runs_; }
   // Waits for this rank's queued collectives, then for every rank to arrive.
@@ -175,7 +176,8 @@ class CudaComm {
     bool on() const { return in.on && out.on; }
   };
   TwoShot twoshot_of(const CollectiveCall& call, Algo algo) const;
-  void run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f);
+  void run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
+                   const WaitContext& w);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);

@@ -90,6 +90,16 @@ void check_on_device(KernelArgs& a, const Fingerprint& f) {
   a.fingerprint[2] = f.splits;
 }
 
+void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w) {
+  shm.barrier(shm.rank()).store(epoch, std::memory_order_release);
+  for (int r = 0; r < shm.size(); ++r) {
+    if (r == shm.rank()) continue;
+    auto& flag = shm.barrier(r);
+    wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
+               WaitFor::Barrier);
+  }
+}
+
 void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
                  const std::vector<uint8_t*>& out) {
   const int n = a.layout.size;

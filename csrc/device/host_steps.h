@@ -64,13 +64,17 @@ inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool cap
 
 // Whether `call` (its algorithm resolved to `algo`) runs the two-shot over registered buffers
 // (device/twoshot_kernel.h) when its input and output are both registered: an all-reduce of
-// at least one element (an empty array's pointer may be null on one rank and not on another)
-// in kernel mode, its algorithm automatic or direct. Host mode runs registered arrays staged (its
-// launches never wait for a peer; the two-shot's exit barrier does).
-inline bool twoshot_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode) {
-  return kernel_mode && call.collective == Collective::AllReduce && !call.barrier &&
-         call.count > 0 && (call.algo == Algo::Auto || algo == Algo::Direct);
+// at least one element (an empty array's pointer may be null on one rank and not on another),
+// its algorithm automatic or direct.
+inline bool twoshot_eligible(const CollectiveCall& call, Algo algo) {
+  return call.collective == Collective::AllReduce && !call.barrier && call.count > 0 &&
+         (call.algo == Algo::Auto || algo == Algo::Direct);
 }
+// Host mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
+// `epoch` (one more than this rank's last), then waits, bounded, until every peer has posted
+// it. Host mode's two-shot meets the peers so before its launch (every rank's input is ready)
+// and after it (every rank's launch has ended): its launch waits for no one.
+void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w);
 // Makes `a` the launch of the two-shot over every rank's `in` and `out` (as mapped here): one
 // step, twoshot_grid's blocks. The caller then compares the call on the device
 // (check_on_device): that is the two-shot's entry synchronisation.

@@ -93,7 +93,8 @@ PYCOLL_DEVICE void run_twoshot(const KernelArgs& a, BlockState& s, int b, const 
     for (size_t j = groups * E + tid; j < len; j += nt) twoshot_group<T, 1>(a, lo + j, false);
   });
   th.sync();
-  if (th.leader()) s.p.failed = !twoshot_exit(a, s, b);
+  // Host mode (no flags): the host meets the peers once the launch has ended.
+  if (th.leader()) s.p.failed = a.use_flags && !twoshot_exit(a, s, b);
   th.sync();
 }
 

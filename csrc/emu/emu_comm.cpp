@@ -165,19 +165,22 @@ Regions EmuComm::launch_regions(const CollectiveCall& call) const {
 
 EmuComm::TwoShot EmuComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
   TwoShot t;
-  if (!cuda::twoshot_eligible(call, algo, opts_.kernel_mode)) return t;
+  if (!cuda::twoshot_eligible(call, algo)) return t;
   const size_t bytes = call.count * dtype_size(call.dtype);
   t.in = registry_.find(call.in, bytes);
   t.out = registry_.find(call.out, bytes);
   return t;
 }
 
-// One launch (two with several blocks: launches_of) that compares the call and runs the
-// two-shot over every rank's registered input and output; every peer's buffers are regions of
-// the launch (input read-only), exactly the call's bytes of each.
+// The two-shot over every rank's registered input and output, every peer's buffers regions of
+// the launch (exactly the call's bytes of each; peers' inputs read-only). Kernel mode: one
+// launch (two with several blocks: launches_of) that compares the call first. Host mode (the
+// call compared on the host already): the host meets every peer, runs the blocks (no device
+// wait), and meets them again, as CudaComm does.
 void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
                           const Fingerprint& f) {
-  cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, nullptr, 0, 1, counters_);
+  cuda::KernelArgs a =
+      cuda::make_kernel_args(launch_setup(opts_.kernel_mode), call, nullptr, 0, 1, counters_);
   cuda::set_twoshot(a, call.count, t.in.at, t.out.at);
   Regions regions = launch_regions(call);
   const size_t bytes = call.count * dtype_size(call.dtype);
@@ -186,11 +189,23 @@ void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Wa
     regions.list.push_back({t.in.at[q], bytes, false, "registered input", q});
     regions.list.push_back({t.out.at[q], bytes, true, "registered output", q});
   }
-  cuda::check_on_device(a, f);
   ++twoshot_runs_;
   const bool drill = opts_.fault_seq == w.seq;
-  if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
-  launch(call.dtype, a, regions, w, drill);
+  if (opts_.kernel_mode) {
+    cuda::check_on_device(a, f);
+    if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
+    launch(call.dtype, a, regions, w, drill);
+    return;
+  }
+  if (drill && opts_.fault_step == 0) drill_fault();
+  cuda::host_meet(shm_, ++barrier_epoch_, w);
+  {
+    const RegionsScope scope(&regions);
+    blocks_run_ += static_cast<uint64_t>(a.grid);
+    for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
+  }
+  if (drill) drill_fault();
+  cuda::host_meet(shm_, ++barrier_epoch_, w);
 }
 
 cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) {

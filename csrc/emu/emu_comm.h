@@ -112,7 +112,8 @@ class EmuComm {
   // Registered buffers (emu_registry.h): memory of the emulated device, and the registration of
   // a range of it (collective; the rendezvous trades the handles between handle and add).
   // An all-reduce whose input and output are both registered, with the algorithm automatic or
-  // direct, runs the two-shot (device/twoshot_kernel.h) in kernel mode.
+  // direct, runs the two-shot (device/twoshot_kernel.h; in host mode between two host
+  // meetings, as CudaComm does).
   Registry& registry() { return registry_; }
   // Data the device code has moved since the last reset (emu_checks.h, Traffic).
   const Traffic& traffic() const { return traffic_; }
@@ -134,8 +135,8 @@ class EmuComm {
   void stop_peers_on_mismatch();
   void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
   Regions launch_regions(const CollectiveCall& call) const;
-  // Every rank's input and output of `call` where both are registered (off otherwise, and in
-  // host mode), for the two-shot; the fingerprint says so and where (twoshot_fingerprint).
+  // Every rank's input and output of `call` where both are registered (off otherwise), for the
+  // two-shot; the fingerprint says so and where (cuda::registered_fingerprint).
   struct TwoShot {
     Registered in, out;
     bool on() const { return in.on && out.on; }
@@ -161,6 +162,7 @@ class EmuComm {
   uint64_t blocks_run_ = 0;
   uint64_t ll_steps_run_ = 0;
   uint64_t twoshot_runs_ = 0;
+  uint64_t barrier_epoch_ = 0;  // host mode's meetings (cuda::host_meet)
   Registry registry_;
   Traffic traffic_;
   cuda::DeviceStatus status_{};

@@ -14,16 +14,14 @@ MODES = ["kernel", "host"]
 def test_registered_all_reduce(mode, nranks):
     # float32/float64/int32/float16/bfloat16 x sum/max/avg x counts 0, 1, < n, not divisible by
     # n, over several slots; in place and not; views at aligned and unaligned offsets.
-    if mode == "host" and nranks == 5:
-        pytest.skip("host mode runs registered arrays staged: covered at 2 and 3 ranks")
     out = run_mpi(nranks, "emulated_registered.py", mode, "matrix")
     assert f"registered matrix {mode} ranks={nranks}" in out, out
 
 
-@pytest.mark.parametrize("nranks", [2, 4])
-def test_registered_back_to_back_with_late_ranks(nranks):
-    out = run_mpi(nranks, "emulated_registered.py", "kernel", "back_to_back")
-    assert f"registered back_to_back kernel ranks={nranks}" in out, out
+@pytest.mark.parametrize("mode,nranks", [("kernel", 2), ("kernel", 4), ("host", 3)])
+def test_registered_back_to_back_with_late_ranks(mode, nranks):
+    out = run_mpi(nranks, "emulated_registered.py", mode, "back_to_back")
+    assert f"registered back_to_back {mode} ranks={nranks}" in out, out
 
 
 def _traffic(nranks, count):
@@ -94,11 +92,11 @@ def test_registered_mismatch(mode):
     assert f"registered mismatch {mode} ranks=2" in out, out
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("what", ["dies_mid", "stalls_mid"])
-def test_registered_peer_fails_mid_call(what):
-    # Rank 1 runs none of its second two-shot call (kernel mode: the survivors wait at the entry
-    # barrier on the device), and dies or stalls past the 1.5 s timeout.
-    out = run_mpi(3, "emulated_registered.py", "kernel", what, own_job=True,
+def test_registered_peer_fails_mid_call(mode, what):
+    # Rank 1 runs none of its second two-shot call, and dies or stalls past the 1.5 s timeout.
+    out = run_mpi(3, "emulated_registered.py", mode, what, own_job=True,
                   mpiexec_args=("-disable-auto-cleanup",))  # fmt: skip
     raised = ["RAISED" + part.split("\n")[0] for part in out.split("RAISED")[1:]]
     assert len(raised) == 2, out  # both survivors

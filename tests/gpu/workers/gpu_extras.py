@@ -225,14 +225,13 @@ def check_ll(comm: CudaComm):
 
 def check_registered(comm: CudaComm):
     """Registered buffers (comm.empty / zeros / register) and the two-shot all-reduce over them
-    (kernel mode; host mode runs them staged): dtypes x ops x counts 0, 1, < n, uneven, 4 MiB,
-    in place and not, views at offsets, against numpy's rank-order reduction bit for bit and
-    equal on every rank; a cupy array registered at an offset of its allocation; a rank that
-    registers and one that does not raise CollectiveMismatch (kernel mode)."""
+    (kernel mode: one launch; host mode: between two host meetings): dtypes x ops x counts 0,
+    1, < n, uneven, 4 MiB, in place and not, views at offsets, against numpy's rank-order
+    reduction bit for bit and equal on every rank; a cupy array registered at an offset of its
+    allocation; a rank that registers and one that does not raise CollectiveMismatch."""
     from pycollectives.backends.cuda.comm import CudaComm as Comm
 
     r, n, mpi = comm.rank, comm.size, MPI.COMM_WORLD
-    kernel = comm.sync_mode == "kernel"
     c = comm._native_comm()
     rng = np.random.default_rng(38)
     big = 1 << 20
@@ -253,7 +252,7 @@ def check_registered(comm: CudaComm):
                     before = c.twoshot_runs
                     comm.all_reduce(x, out, code, None, None, False)
                     cp.cuda.get_current_stream().synchronize()
-                    assert c.twoshot_runs - before == (kernel and count > 0), (dt, op, count)
+                    assert c.twoshot_runs - before == (count > 0), (dt, op, count)
                     want = inputs[0].astype(acc)
                     for q in range(1, n):
                         want = np.maximum(want, inputs[q]) if op == "max" else want + inputs[q]
@@ -270,19 +269,19 @@ def check_registered(comm: CudaComm):
     view[...] = r + 1
     comm.all_reduce(view, None, 0, None, None, False)
     assert float(view[0].get()) == n * (n + 1) / 2
-    if kernel:
-        # Found on the device: the call returns once queued, the barrier after it raises.
-        fresh = Comm(mpi, r, n, timeout=10)
-        mine = fresh.zeros(4096, np.float32) if r == 0 else cp.zeros(4096, cp.float32)
+    # Kernel mode finds it on the device (the call returns once queued, the barrier after it
+    # raises), host mode on the host.
+    fresh = Comm(mpi, r, n, timeout=10)
+    mine = fresh.zeros(4096, np.float32) if r == 0 else cp.zeros(4096, cp.float32)
 
-        def call():
-            fresh.all_reduce(mine, None, 0, None, None, False)
-            fresh.barrier()
+    def call():
+        fresh.all_reduce(mine, None, 0, None, None, False)
+        fresh.barrier()
 
-        try:
-            expect(CollectiveMismatch, call, "shared buffers")
-        finally:
-            fresh.close()
+    try:
+        expect(CollectiveMismatch, call, "shared buffers")
+    finally:
+        fresh.close()
     print(f"registered rank={r} sync={comm.sync_mode} cases={cases} twoshot={c.twoshot_runs}")
 
 

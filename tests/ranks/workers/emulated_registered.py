@@ -2,7 +2,7 @@
 all-reduce over them (csrc/device/twoshot_kernel.h).
 
 Usage: mpiexec -n N python emulated_registered.py MODE PART
-  MODE: kernel or host (host mode has no two-shot: registered arrays take the staged path).
+  MODE: kernel or host (host mode: the host meets the peers before and after the launch).
   PART: back_to_back (calls in a row, ranks late at random), matrix (dtypes x ops x counts,
   in place and not, views at offsets, against numpy, bitwise equal across ranks and to numpy's
   rank-order reduction), traffic (the bytes each algorithm moves; prints them), mismatch (ranks
@@ -66,8 +66,8 @@ def shard(count, n, r):
 
 
 def matrix(mpi, mode):
-    """Every case on registered buffers: the two-shot ran (kernel mode) or did not (host mode),
-    the result is numpy's within rounding, bitwise numpy's rank-order reduction, and bitwise
+    """Every case on registered buffers: the two-shot ran (count > 0), the result is numpy's
+    within rounding, bitwise numpy's rank-order reduction, and bitwise
     the same on every rank. Inputs and outputs are views into one registered pool per dtype, at
     offsets that move with the case (16-byte aligned and not), so the same registration serves
     many calls at many offsets."""
@@ -90,7 +90,7 @@ def matrix(mpi, mode):
                     before = c.twoshot_runs
                     dev.all_reduce(x, out, op=op)
                     ran = c.twoshot_runs - before
-                    assert ran == (1 if mode == "kernel" and count > 0 else 0), (what, ran)
+                    assert ran == (1 if count > 0 else 0), (what, ran)
                     check_close(out, reference(inputs, op, dt), dt, n, what, op)
                     same_bytes(out, rank_order(inputs, op, dt), what + " against rank order")
                     digests = mpi.allgather(digest(out))
@@ -104,7 +104,7 @@ def matrix(mpi, mode):
     x[...] = inputs[r]
     before = c.twoshot_runs
     dev.all_reduce(x)
-    assert c.twoshot_runs - before == (1 if mode == "kernel" else 0)
+    assert c.twoshot_runs - before == 1
     same_bytes(x, rank_order(inputs, "sum", F32), "registered view")
     plain = np.zeros(300, np.float32)
     x[...] = inputs[r]
@@ -184,17 +184,15 @@ def mismatch(mpi, mode):
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT)
     x = dev.zeros(5000, np.float32)
     mine = x if r == 0 else np.zeros(5000, np.float32)
-    if mode == "kernel":
-        expect(pc.CollectiveMismatch, lambda: dev.all_reduce(mine), "shared buffers")
-    else:  # host mode runs registered arrays staged: nothing to disagree on
-        dev.all_reduce(mine)
+    expect(pc.CollectiveMismatch, lambda: dev.all_reduce(mine), "shared buffers")
     mpi.Barrier()
     say(f"registered mismatch {mode} ranks={mpi.size}")
 
 
 def faults(mpi, mode, what):
     """Rank 1 dies (or stalls past the timeout) at the start of its second two-shot call,
-    running none of it: its peers wait at the entry barrier and must give up, never hang."""
+    running none of it: its peers wait for it (kernel mode: at the call comparison or the exit
+    barrier, on the device; host mode: at the host's first meeting) and must give up."""
     fault = (2, 0, what == "dies_mid") if mpi.rank == 1 else None
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT, fault=fault)
     survivors = mpi.Split(MPI.UNDEFINED if mpi.rank == 1 else 0, mpi.rank)
