@@ -115,6 +115,7 @@ PYBIND11_MODULE(_emu, m) {
   py::class_<emu::EmuAllocation, std::shared_ptr<emu::EmuAllocation>>(m, "EmuAllocation",
                                                                       py::buffer_protocol())
       .def_property_readonly("bytes", &emu::EmuAllocation::bytes)
+      .def_property_readonly("name", &emu::EmuAllocation::name)
       .def_buffer([](emu::EmuAllocation& a) {
         return py::buffer_info(a.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(a.bytes())}, {1});

@@ -57,6 +57,13 @@ def rank_order(inputs, op, dt):
     return acc.astype(dt)
 
 
+def allocation_of(array):
+    """The emulated device's allocation (_emu.EmuAllocation) that `array` is a view of."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return array.obj  # the memoryview over the allocation
+
+
 def shard(count, n, r):
     """Rank r's shard of a two-shot message: [lo, hi) (device/plan.h, twoshot_shard)."""
     per = -(-count // n)
@@ -98,8 +105,13 @@ def matrix(mpi, mode):
                     cases += 1
     # A range registered on its own, at an offset of its allocation (not at its start), and a
     # plain numpy output: not registered, so the staged path (and every rank agrees on that).
+    # The allocation's segment is named until it is registered (its name is its IPC handle),
+    # then unlinked: no registered buffer outlives the job in /dev/shm.
     memory = dev.device_array(1000, np.float32)
+    name = "/dev/shm" + allocation_of(memory).name
+    assert os.path.exists(name), name
     x = dev.register(memory[37 : 37 + 300])
+    assert not os.path.exists(name), f"{name} is still linked once registered"
     inputs = [make_input(q, 300, F32, "sum", salt=99) for q in range(n)]
     x[...] = inputs[r]
     before = c.twoshot_runs
