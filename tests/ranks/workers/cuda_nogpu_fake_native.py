@@ -17,6 +17,8 @@ Usage: mpiexec -n 3 python cuda_nogpu_fake_native.py CASE
                 rank order; a rank whose array is not registrable (or not a CUDA array, or on
                 another device) makes every rank raise CollectiveError naming it; a
                 registration is released when its array goes
+  communicator_register pc.Communicator.register: makes the CUDA communicator on the array's
+                device (its first GPU operation) and registers through it
 """
 
 from __future__ import annotations
@@ -276,6 +278,13 @@ def main():
         communicator_new(pc, mpi)
     elif case == "register":
         register(mpi, CudaComm)
+    elif case == "communicator_register":
+        with pc.Communicator(timeout=20) as comm:
+            x = comm.register(FakeCudaArray(8, other))
+            assert comm._cuda.device == other, (comm._cuda.device, other)
+            ((got_ptr, got_bytes, handles),) = comm._cuda._c.registered.values()
+            assert (got_ptr, got_bytes, len(handles)) == (ptr(x), 32, n), (got_ptr, got_bytes)
+            expect(ValueError, lambda: comm.empty(4, device=1 - other), "device")
     else:
         raise SystemExit(f"unknown case {case}")
     print(f"{case} rank={r}", flush=True)
