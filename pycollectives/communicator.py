@@ -515,7 +515,7 @@ class Communicator:
 
     # -- shared buffers -----------------------------------------------------------------------
 
-    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+    def empty(self, shape, dtype=np.float32, device=None):
         """A numpy array in memory the ranks of this machine can map: all-reduce, reduce-scatter,
         all-gather, broadcast and reduce on such arrays (every buffer, on every rank) move each
         byte once, without staging slots (``pycollectives.runtime.shared``). Collective: every rank
@@ -524,12 +524,31 @@ class Communicator:
             grads = comm.empty(1 << 20, np.float32)
             grads[:] = local_gradients
             comm.all_reduce(grads)               # over the mapped buffers
-        """
-        return shared.empty(self, shape, dtype)
 
-    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        With `device` (``"cuda"``, ``"cuda:N"`` or ``N``): a cupy array of GPU memory every rank
+        maps (registered, ``CudaComm.empty``); an all-reduce whose input and output are such
+        arrays runs the two-shot over them. The CUDA transport is set up by the first such call
+        or GPU collective, collectively."""
+        if device is None or device == "cpu":
+            return shared.empty(self, shape, dtype)
+        return self._cuda_for("empty", _cuda_device(device)).empty(shape, dtype)
+
+    def zeros(self, shape, dtype=np.float32, device=None):
         """As ``empty``, filled with zeros."""
-        return shared.zeros(self, shape, dtype)
+        if device is None or device == "cpu":
+            return shared.zeros(self, shape, dtype)
+        return self._cuda_for("zeros", _cuda_device(device)).zeros(shape, dtype)
+
+    def register(self, array):
+        """Registers an existing CUDA array (cupy, torch, ``__cuda_array_interface__``) so that
+        peers map it, as ``empty(..., device=...)``'s arrays are (``CudaComm.register``).
+        Collective: every rank registers its own array, in the same order. Returns `array`."""
+        info = arrays.describe(array)
+        if not info.is_cuda:
+            raise TypeError(
+                "register: takes CUDA arrays; for host memory every rank maps, use comm.empty"
+            )
+        return self._cuda_for("register", None, (array,)).register(array)
 
     # -- Python objects -----------------------------------------------------------------------
 
@@ -561,13 +580,31 @@ class Communicator:
         over shared memory with the usual fingerprint and timeout, that all of them are in a
         GPU collective: a rank that passed host arrays gets CollectiveMismatch, not a hang.
         """
-        from pycollectives.backends.cuda import CudaComm
         from pycollectives.backends.cuda.args import check_call
 
-        name = call.collective
         if self._cuda_error is not None:
             raise CollectiveError(self._cuda_error)
         check_call(call, self.rank, self.size)
+        self._open_cuda(call.collective, None, (call.x, call.out))
+
+    def _cuda_for(self, name: str, device, arrays=None):
+        """The CUDA communicator, made now (collectively) if no GPU call has made it yet."""
+        self._backend()  # not closed
+        if self._cuda is None:
+            self._open_cuda(name, device, arrays)
+        elif device is not None and device != self._cuda.device:
+            raise ValueError(
+                f"{name}: device {device}, but this communicator's GPU is {self._cuda.device}"
+            )
+        return self._cuda
+
+    def _open_cuda(self, name: str, device=None, arrays=None):
+        """Makes the CUDA communicator on `device` (None: chosen as CudaComm chooses, from
+        `arrays` if given): every rank must be in a GPU operation (the GPU handshake)."""
+        from pycollectives.backends.cuda import CudaComm
+
+        if self._cuda_error is not None:
+            raise CollectiveError(self._cuda_error)
         if isinstance(self._group, bootstrap.ThreadGroup):
             raise CollectiveError(
                 f"{name}: CUDA arrays on the thread ranks of Communicator.local are not "
@@ -592,12 +629,23 @@ class Communicator:
         try:
             opts = self.options.replace(timeout=self.timeout)
             self._cuda = CudaComm(
-                self._group, self.rank, self.size, options=opts, arrays=(call.x, call.out)
+                self._group, self.rank, self.size, options=opts, device=device, arrays=arrays
             )
         except CollectiveError as e:
             # Every rank failed alike (the setup is one exchange): later GPU calls say why.
             self._cuda_error = str(e)
             raise
+
+
+def _cuda_device(device):
+    """A CUDA device as CudaComm takes it: None ("cuda": chosen as usual) or its ordinal."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if device == "cuda":
+        return None
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or an int, got {device!r}")
 
 
 def _sizes(values, name):

@@ -76,9 +76,12 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   PYCOLL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool capturing = capture == cudaStreamCaptureStatusActive;
+  // The two-shot reads no plan: a graph captures its launch arguments, pointers and all.
+  const TwoShot twoshot = twoshot_of(call, algo);
   if (capturing)
-    check_capturable(name, mode_ == SyncMode::Kernel,
-                     moves_nothing(call, rank_, size_) || plans_.find(call, algo) != nullptr);
+    check_capturable(
+        name, mode_ == SyncMode::Kernel,
+        moves_nothing(call, rank_, size_) || twoshot.on() || plans_.find(call, algo) != nullptr);
   const uint64_t seq = ++seq_;
   if (opts_.debug)
     std::fprintf(stderr,
@@ -88,7 +91,10 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                  dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
                  call.algo == Algo::Auto ? " (auto)" : "",
                  mode_ == SyncMode::Kernel ? "kernel" : "host");
-  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  if (twoshot.on())
+    mine = registered_fingerprint(mine, twoshot.in.id, twoshot.in.delta, twoshot.out.id,
+                                  twoshot.out.delta);
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   const bool kernel = mode_ == SyncMode::Kernel;
@@ -118,6 +124,8 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     // In kernel mode a call that moves nothing launches too: it compares the call.
     if (moves_nothing(call, rank_, size_)) {
       if (kernel) run_kernel_mode(call, nullptr, mine, on, !capturing);
+    } else if (twoshot.on()) {
+      run_twoshot(call, twoshot, mine, w, on, !capturing);
     } else if (capturing) {
       // The graph reads the plan: never freed.
       run_kernel_mode(call, &plans_.pin(call, algo), mine, on, false);
@@ -148,16 +156,54 @@ void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
   static const CachedPlan no_steps{};
   KernelArgs a = kernel_args(call, cp != nullptr ? *cp : no_steps);
   check_on_device(a, f);
+  launch_kernel_mode(call.dtype, a, f.seq, stream, eager);
+}
+
+void CudaComm::launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
+                                  bool eager) {
   if (eager) {
     a.finished = finished_;
-    a.done_seq = f.seq;
+    a.done_seq = seq;
     a.after_seq = last_launch_ != 0 && stream != last_stream_ ? last_launch_ : 0;
   }
-  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream));
+  PYCOLL_CUDA_CHECK(launch_steps(dtype, a, stream));
   if (eager) {
     last_stream_ = stream;
-    last_launch_ = f.seq;
+    last_launch_ = seq;
   }
+}
+
+CudaComm::TwoShot CudaComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
+  TwoShot t;
+  if (!twoshot_eligible(call, algo)) return t;
+  const size_t bytes = call.count * dtype_size(call.dtype);
+  t.in = registry_.find(call.in, bytes);
+  t.out = registry_.find(call.out, bytes);
+  return t;
+}
+
+// The two-shot over every rank's registered buffers. Kernel mode: one launch on `stream` that
+// compares the call with every peer's first (its other blocks gated on that: launches_of), its
+// entry synchronisation. Host mode (the call compared on the host already): the host waits for
+// the caller's stream to reach the call (our input is ready), meets every peer, launches the
+// two-shot (no device wait in it), waits for it and meets every peer again.
+void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
+                           const WaitContext& w, cudaStream_t stream, bool eager) {
+  static const CachedPlan no_steps{};
+  KernelArgs a = kernel_args(call, no_steps);
+  set_twoshot(a, call.count, t.in.at, t.out.at);
+  ++twoshot_runs_;
+  if (mode_ == SyncMode::Kernel) {
+    check_on_device(a, f);
+    launch_kernel_mode(call.dtype, a, f.seq, stream, eager);
+    return;
+  }
+  wait_event(ready_, w);
+  host_meet(shm_, ++barrier_epoch_, w);
+  PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+  PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+  wait_event(step_done_, w);
+  host_meet(shm_, ++barrier_epoch_, w);
 }
 
 // One launch per step; between launches the host waits for the peers. A launch never waits
@@ -210,14 +256,7 @@ void CudaComm::barrier() {
     PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
     wait_event(step_done_, w);
     check_device_status("barrier");
-    const uint64_t epoch = ++barrier_epoch_;
-    shm_.barrier(rank_).store(epoch, std::memory_order_release);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      auto& flag = shm_.barrier(r);
-      wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
-                 WaitFor::Barrier);
-    }
+    host_meet(shm_, ++barrier_epoch_, w);
     if (opts_.check_mismatch) guard.finish(w);
   } catch (const CollectiveMismatch& e) {
     stop_peers_on_mismatch();

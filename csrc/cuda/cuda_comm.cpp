@@ -36,6 +36,7 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
       opts_((check_options(size, opts), opts)),
       shm_(rank, size, 64, opts.nslots),  // flags only: host-mode steps, barrier, liveness
       counters_(size),
+      registry_(rank, size, device),
       events_(std::make_shared<EventPool>(device)),
       timeout_s_(opts.timeout_s) {
   layout_ = make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes);
@@ -150,6 +151,7 @@ void CudaComm::release() {
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   cudaSetDevice(device_);
+  registry_.close();  // peers' registered buffers
   for (int r = 0; r < static_cast<int>(segments_.size()); ++r)
     if (r != rank_ && segments_[r] != nullptr) cudaIpcCloseMemHandle(segments_[r]);
   segments_.clear();

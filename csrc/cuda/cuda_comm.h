@@ -42,6 +42,7 @@
 #include "algo/call.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
+#include "cuda/registry.h"
 #include "device/kernel_args.h"
 #include "device/plan.h"
 #include "host/executor.h"
@@ -146,6 +147,12 @@ class CudaComm {
   // of the graph runs the collective again, the flags advancing on the device.
   std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
   size_t plans_pinned() const { return plans_.pinned(); }
+  // Registered buffers (cuda/registry.h). An all-reduce whose input and output are both
+  // registered, with the algorithm automatic or direct, runs the two-shot over them
+  // (device/twoshot_kernel.h; in host mode between two host meetings); the fingerprint says
+  // so, and where they lie.
+  IpcRegistry& registry() { return registry_; }
+  uint64_t twoshot_runs() const { return twoshot_runs_; }
   // Waits for this rank's queued collectives, then for every rank to arrive.
   void barrier();
   // Waits (bounded) for queued work and releases every resource; later calls fail.
@@ -175,6 +182,10 @@ class CudaComm {
   // device for the call before when that was launched on another stream.
   void run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f,
                        cudaStream_t stream, bool eager);
+  // Launches `a` on `stream`; `eager`: as call number `seq`, reporting its end in the done word
+  // and ordered after this rank's call before on the device (wait_previous).
+  void launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
+                          bool eager);
   // Waits (bounded) for everything this rank has queued: our stream, and the launches on
   // callers' streams (the done word).
   void wait_queued(const WaitContext& w);
@@ -182,6 +193,14 @@ class CudaComm {
   void stop_peers_on_mismatch();
   // Work running now, queued by this rank: the watchdog stops its device waits if a peer dies.
   void watch(std::shared_ptr<CudaWork> work);
+  // Every rank's registered input and output of `call`, where the two-shot runs it.
+  struct TwoShot {
+    Registered in, out;
+    bool on() const { return in.on && out.on; }
+  };
+  TwoShot twoshot_of(const CollectiveCall& call, Algo algo) const;
+  void run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
+                   const WaitContext& w, cudaStream_t stream, bool eager);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   void wait_device(const std::function<bool()>& reached, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
@@ -212,6 +231,8 @@ class CudaComm {
   ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers
   ChannelCounters counters_;
   PlanCache<CachedPlan> plans_;
+  IpcRegistry registry_;
+  uint64_t twoshot_runs_ = 0;
   std::shared_ptr<EventPool> events_;
   uint64_t seq_ = 0;
   uint64_t barrier_epoch_ = 0;

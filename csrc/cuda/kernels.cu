@@ -1,11 +1,12 @@
 // The step kernel on the GPU: one kernel per element type (the reduction op is a runtime
 // switch, uniform across a block), one block per channel. The executor itself is
-// device/step_kernel.h, shared with the emulated device.
+// device/step_kernel.h (and device/twoshot_kernel.h for registered buffers), shared with the
+// emulated device.
 #include <cstdint>
 
 #include "common/dtypes.h"
 #include "cuda/launch.h"
-#include "device/step_kernel.h"
+#include "device/twoshot_kernel.h"
 
 namespace pycoll {
 namespace cuda {
@@ -27,7 +28,7 @@ struct CudaThreads {
 template <class T>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) steps_kernel(const KernelArgs a) {
   __shared__ BlockState s;
-  run_block<T>(a, s, static_cast<int>(blockIdx.x), CudaThreads{});
+  run_launch<T>(a, s, static_cast<int>(blockIdx.x), CudaThreads{});
 }
 
 template <class T>

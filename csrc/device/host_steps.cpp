@@ -1,6 +1,7 @@
 #include "device/host_steps.h"
 
 #include "common/errors.h"
+#include "device/plan.h"
 
 namespace pycoll {
 namespace cuda {
@@ -87,6 +88,33 @@ void check_on_device(KernelArgs& a, const Fingerprint& f) {
   a.fingerprint[0] = f.packed();
   a.fingerprint[1] = f.count;
   a.fingerprint[2] = f.splits;
+}
+
+void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w) {
+  shm.barrier(shm.rank()).store(epoch, std::memory_order_release);
+  for (int r = 0; r < shm.size(); ++r) {
+    if (r == shm.rank()) continue;
+    auto& flag = shm.barrier(r);
+    wait_until([&] { return flag.load(std::memory_order_acquire) >= epoch; }, w, r,
+               WaitFor::Barrier);
+  }
+}
+
+void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
+                 const std::vector<uint8_t*>& out) {
+  const int n = a.layout.size;
+  if (static_cast<int>(in.size()) != n || static_cast<int>(out.size()) != n)
+    throw InvalidArgument("two-shot: one input and one output per rank expected");
+  a.reg.on = true;
+  a.reg.count = count;
+  for (int q = 0; q < n; ++q) {
+    a.reg.in[q] = in[q];
+    a.reg.out[q] = out[q];
+  }
+  a.steps = nullptr;
+  a.first_step = 0;
+  a.end_step = 1;
+  a.grid = twoshot_grid(count, a.layout);
 }
 
 std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank) {

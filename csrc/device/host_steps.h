@@ -5,8 +5,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "algo/call.h"
+#include "common/hash.h"
 #include "device/kernel_args.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
@@ -58,6 +60,39 @@ void check_on_device(KernelArgs& a, const Fingerprint& f);
 inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool capturing,
                           bool host_checks = true) {
   return capturing || call.collective == Collective::AllToAll || (!kernel_mode && host_checks);
+}
+
+// Whether `call` (its algorithm resolved to `algo`) runs the two-shot over registered buffers
+// (device/twoshot_kernel.h) when its input and output are both registered: an all-reduce of
+// at least one element (an empty array's pointer may be null on one rank and not on another),
+// its algorithm automatic or direct.
+inline bool twoshot_eligible(const CollectiveCall& call, Algo algo) {
+  return call.collective == Collective::AllReduce && !call.barrier && call.count > 0 &&
+         (call.algo == Algo::Auto || algo == Algo::Direct);
+}
+// Host mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
+// `epoch` (one more than this rank's last), then waits, bounded, until every peer has posted
+// it. Host mode's two-shot meets the peers so before its launch (every rank's input is ready)
+// and after it (every rank's launch has ended): its launch waits for no one.
+void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w);
+// Makes `a` the launch of the two-shot over every rank's `in` and `out` (as mapped here): one
+// step, twoshot_grid's blocks. The caller then compares the call on the device
+// (check_on_device): that is the two-shot's entry synchronisation.
+void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
+                 const std::vector<uint8_t*>& out);
+
+// The fingerprint of a two-shot all-reduce over registered buffers (device/twoshot_kernel.h):
+// `f` marked as one (Fingerprint::shared), its splits word a hash of where the input and the
+// output lie (registration number and offset into it, the same on every rank of a symmetric
+// call). Ranks that disagree on either raise CollectiveMismatch instead of one reading or
+// writing memory its peers do not expect.
+inline Fingerprint registered_fingerprint(Fingerprint f, uint64_t in_id, uint64_t in_delta,
+                                          uint64_t out_id, uint64_t out_delta) {
+  Fnv1a h;
+  for (uint64_t v : {in_id, in_delta, out_id, out_delta}) h.mix(v);
+  f.shared = true;
+  f.splits = h.h | 1;  // never 0: an even call's word
+  return f;
 }
 
 // The message of the CollectiveMismatch that a device status with kMismatch stands for: the

@@ -67,7 +67,10 @@ struct SegmentLayout {
   PYCOLL_HD static constexpr int consumed(int peer) { return 3 * peer + 1; }
   PYCOLL_HD static constexpr int bcast_consumed(int peer) { return 3 * peer + 2; }
   PYCOLL_HD int bcast_posted() const { return 3 * size; }
-  PYCOLL_HD int flags_per_block() const { return 3 * size + 1; }
+  // A two-shot all-reduce over registered buffers (device/twoshot_kernel.h) counts its calls on
+  // a flag of each block: its exit barrier's.
+  PYCOLL_HD int reg_exit() const { return 3 * size + 1; }
+  PYCOLL_HD int flags_per_block() const { return 3 * size + 2; }
   PYCOLL_HD size_t flag_offset(int block, int index) const {
     return (static_cast<size_t>(block) * flags_per_block() + index) * kFlagStride;
   }
@@ -148,6 +151,16 @@ struct DeviceStatus {
 };
 enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
 
+// A two-shot all-reduce over registered buffers (device/twoshot_kernel.h), run instead of
+// steps: every rank's input and output as this process maps them (ours at index `rank`). Its
+// launch always compares the call first (check_on_device): that exchange is its entry barrier.
+struct RegisteredArgs {
+  bool on;
+  uint64_t count;  // elements
+  const uint8_t* in[kMaxRanks];
+  uint8_t* out[kMaxRanks];
+};
+
 struct KernelArgs {
   const DevStep* steps;
   uint32_t first_step, end_step;
@@ -183,8 +196,11 @@ struct KernelArgs {
   // other blocks wait for it before anything else, so no block moves data, or waits for a
   // peer's, before the call is compared.
   bool gate;
+  // When reg.on, the launch runs the two-shot as its one step ([0, 1)), not `steps`.
+  RegisteredArgs reg;
 };
-static_assert(sizeof(KernelArgs) <= 4096, "a kernel's parameters fit in 4 KiB");
+// Passed by value to the kernel: CUDA's limit on a kernel's parameters is 4 KiB.
+static_assert(sizeof(KernelArgs) <= 4096, "KernelArgs exceeds CUDA's kernel-parameter limit");
 
 // The launches that run `a`, in order (returns how many): no block moves data, or waits for a
 // peer's, before every peer's call has been compared. One launch, unless it checks the call

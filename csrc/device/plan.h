@@ -160,6 +160,24 @@ inline int plan_grid(const std::vector<DevStep>& steps, const SegmentLayout& L) 
   return grid;
 }
 
+// The two-shot all-reduce over registered buffers (device/twoshot_kernel.h): rank r owns shard
+// r of the message, n contiguous shards of ceil(count / n) elements rounded up to kSliceAlign
+// (so every shard starts 16-byte aligned); the last ones may be short or empty.
+PYCOLL_HD_INLINE Slice twoshot_shard(size_t count, int size, int rank) {
+  size_t per = (count + size - 1) / size;
+  per = (per + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+  const size_t lo = per * rank < count ? per * rank : count;
+  const size_t hi = lo + per < count ? lo + per : count;
+  return Slice{lo, hi};
+}
+// Blocks a two-shot launch runs: as many as the largest shard (rank 0's) takes channels of the
+// layout, the same on every rank (a function of count, size and layout alone); block b of every
+// rank meets block b of every other at the barriers, and carries block_slice(shard, grid, b).
+PYCOLL_HD_INLINE int twoshot_grid(size_t count, const SegmentLayout& L) {
+  const Slice s0 = twoshot_shard(count, L.size, 0);
+  return active_channels(s0.hi - s0.lo, L);
+}
+
 // The low-latency (LL) format. A message in it is written as 8-byte words, each 4 bytes of the
 // block's slice (in its wire type, the last word zero-padded) and a 4-byte flag, ll_flag(m) of
 // message m, stored together by one 64-bit store; the receiver polls the words themselves until

@@ -158,27 +158,27 @@ inline void poll_pause(const uint64_t* flag, uint64_t seen, uint64_t spins) {
   emu::wait_change(flag, seen, spins);
 }
 inline Vec16 load16(const void* p) {
-  emu::check_access(p, 16, false);
+  emu::check_data(p, 16, false);
   emu::check_aligned16(p);
   Vec16 v;
   std::memcpy(&v, p, 16);
   return v;
 }
 inline void store16(void* p, Vec16 v) {
-  emu::check_access(p, 16, true);
+  emu::check_data(p, 16, true);
   emu::check_aligned16(p);
   std::memcpy(p, &v, 16);
 }
 template <class B>
 inline B load_bits(const B* p) {
-  emu::check_access(p, sizeof(B), false);
+  emu::check_data(p, sizeof(B), false);
   B v;
   std::memcpy(&v, p, sizeof(B));
   return v;
 }
 template <class X>
 inline void store_elem(X* p, const X& v) {
-  emu::check_access(p, sizeof(X), true);
+  emu::check_data(p, sizeof(X), true);
   std::memcpy(static_cast<void*>(p), &v, sizeof(X));
 }
 

@@ -653,12 +653,15 @@ PYCOLL_DEVICE void finish_launch(const KernelArgs& a, const Threads& th) {
   st_release_sys(&a.status->done, a.done_seq);
 }
 
-// Runs steps [first_step, end_step) as block `b`. `Threads` is how the block's threads are
-// spelled: CUDA threads on the GPU, a loop over emulated threads on the host. It provides
-// leader(), sync(), each(f) (f(tid, nt) for every thread of the block this caller runs), and
-// ending() (the leader, as its block ends: a probe for the emulated device's checks).
-template <class T, class Threads>
-PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
+// The start of block `b` of a launch, before it moves anything: the wait for this rank's call
+// before (on another stream), its own counts, and the call's comparison with every peer's
+// (block 0; the other blocks wait at the gate). False when a wait gave up. `Threads` is how
+// the block's threads are spelled: CUDA threads on the GPU, a loop over emulated threads on
+// the host. It provides leader(), sync(), each(f) (f(tid, nt) for every thread of the block
+// this caller runs), and ending() (the leader, as its block ends: a probe for the emulated
+// device's checks).
+template <class Threads>
+PYCOLL_DEVICE bool start_block(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
   if (th.leader()) {
     s.start_ns = global_timer_ns();
     s.p.failed = a.after_seq != 0 && !wait_previous(a, s, b);
@@ -666,10 +669,10 @@ PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Th
     if (a.use_flags && !s.p.failed) load_own_counts(a, s.c, b);
   }
   th.sync();
-  if (s.p.failed) return;
+  if (s.p.failed) return false;
   if (b == 0 && a.check_calls) {
     check_call(a, s, th);  // ends with every thread past it
-    if (s.p.failed) return;
+    if (s.p.failed) return false;
     if (a.gate && th.leader()) post_flag(a, a.layout.gate_offset(), a.done_seq);
   } else if (a.gate) {
     // Block 0's waits give up at the timeout, naming the rank they waited for, and then stop
@@ -678,8 +681,14 @@ PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Th
       s.p.failed = !wait_flag(a, s, b, a.segments[a.rank], a.layout.gate_offset(), a.done_seq,
                               a.rank, -2, a.timeout_ns);
     th.sync();
-    if (s.p.failed) return;
+    if (s.p.failed) return false;
   }
+  return true;
+}
+
+// Block `b`'s steps [first_step, end_step), once start_block has let it through.
+template <class T, class Threads>
+PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
   for (uint32_t i = a.first_step; i < a.end_step; ++i) {
     const DevStep d = a.steps[i];
     if (th.leader()) prepare<T>(a, s, d, static_cast<int>(i), b);
@@ -694,9 +703,10 @@ PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Th
   }
 }
 
+// Block `b` of a launch of steps: its start, its steps, its end.
 template <class T, class Threads>
 PYCOLL_DEVICE void run_block(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
-  run_steps<T>(a, s, b, th);
+  if (start_block(a, s, b, th)) run_steps<T>(a, s, b, th);
   finish_launch(a, th);
 }
 

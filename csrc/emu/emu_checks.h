@@ -4,6 +4,9 @@
 // one of the launch's buffers (every rank's device segment, the call's input and output), and
 // a store must fall inside a buffer this rank may write (its own segment and its output). A
 // staging slot access must also stay inside the sub-slot that its block owns.
+//
+// The data loads and stores (check_data: whole 16-byte words and single elements, not flags,
+// call headers or LL words) are also counted, by whose memory they touch (Traffic).
 #pragma once
 
 #include <atomic>
@@ -24,9 +27,18 @@ struct Region {
   int rank = -1;
 };
 
+// Bytes of data the device code has loaded and stored, by whose memory: this rank's own (its
+// segment, its input and output) or a peer's (a peer's segment or registered buffers).
+struct Traffic {
+  std::atomic<uint64_t> read_own{0}, read_peer{0}, write_own{0}, write_peer{0};
+  void reset() { read_own = read_peer = write_own = write_peer = 0; }
+};
+
 // The buffers of one emulated launch; installed for each block's thread.
 struct Regions {
   std::vector<Region> list;
+  int self = -1;               // the launching rank: regions of other ranks are peers'
+  Traffic* traffic = nullptr;  // where check_data's counts go (flush_traffic); none: not counted
 };
 
 // The regions of the launch running on this thread (none: nothing is checked).
@@ -51,6 +63,29 @@ inline void check_access(const void* p, size_t bytes, bool write) {
   const uint8_t* q = static_cast<const uint8_t*>(p);
   for (const Region& r : rs->list)
     if (q >= r.lo && q + bytes <= r.lo + r.bytes && (!write || r.writable)) return;
+  fail_access(p, bytes, write);
+}
+
+// Counts of this thread's data accesses since the last flush_traffic.
+struct TrafficCounts {
+  uint64_t read_own = 0, read_peer = 0, write_own = 0, write_peer = 0;
+};
+TrafficCounts& thread_traffic();
+// Adds this thread's counts to its launch's Traffic and zeroes them (end of a block's run).
+void flush_traffic();
+
+// check_access of a data load or store, counted.
+inline void check_data(const void* p, size_t bytes, bool write) {
+  const Regions* rs = current_regions();
+  if (rs == nullptr) return;
+  const uint8_t* q = static_cast<const uint8_t*>(p);
+  for (const Region& r : rs->list)
+    if (q >= r.lo && q + bytes <= r.lo + r.bytes && (!write || r.writable)) {
+      const bool own = r.rank < 0 || r.rank == rs->self;
+      TrafficCounts& t = thread_traffic();
+      (write ? (own ? t.write_own : t.write_peer) : (own ? t.read_own : t.read_peer)) += bytes;
+      return;
+    }
   fail_access(p, bytes, write);
 }
 

@@ -78,7 +78,12 @@ class BlockThreads {
 };
 
 EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
-    : rank_(rank), size_(size), opts_(opts), shm_(rank, size, 64, opts.nslots), counters_(size) {
+    : rank_(rank),
+      size_(size),
+      opts_(opts),
+      shm_(rank, size, 64, opts.nslots),
+      counters_(size),
+      registry_(rank, size) {
   if (size > cuda::kMaxRanks)
     throw InvalidArgument(
         str_cat("the device transport holds at most ", cuda::kMaxRanks, " ranks"));
@@ -158,7 +163,54 @@ Regions EmuComm::launch_regions(const CollectiveCall& call) const {
   r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
   r.list.push_back(
       {reinterpret_cast<const uint8_t*>(&status_), sizeof(status_), true, "device status", -1});
+  r.self = rank_;
+  r.traffic = const_cast<Traffic*>(&traffic_);
   return r;
+}
+
+EmuComm::TwoShot EmuComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
+  TwoShot t;
+  if (!cuda::twoshot_eligible(call, algo)) return t;
+  const size_t bytes = call.count * dtype_size(call.dtype);
+  t.in = registry_.find(call.in, bytes);
+  t.out = registry_.find(call.out, bytes);
+  return t;
+}
+
+// The two-shot over every rank's registered input and output, every peer's buffers regions of
+// the launch (exactly the call's bytes of each; peers' inputs read-only). Kernel mode: one
+// launch (two with several blocks: launches_of) that compares the call first. Host mode (the
+// call compared on the host already): the host meets every peer, runs the blocks (no device
+// wait), and meets them again, as CudaComm does.
+void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
+                          const Fingerprint& f) {
+  cuda::KernelArgs a =
+      cuda::make_kernel_args(launch_setup(opts_.kernel_mode), call, nullptr, 0, 1, counters_);
+  cuda::set_twoshot(a, call.count, t.in.at, t.out.at);
+  Regions regions = launch_regions(call);
+  const size_t bytes = call.count * dtype_size(call.dtype);
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    regions.list.push_back({t.in.at[q], bytes, false, "registered input", q});
+    regions.list.push_back({t.out.at[q], bytes, true, "registered output", q});
+  }
+  ++twoshot_runs_;
+  const bool drill = opts_.fault_seq == w.seq;
+  if (opts_.kernel_mode) {
+    cuda::check_on_device(a, f);
+    if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
+    launch_eager(call.dtype, a, regions, w, drill);
+    return;
+  }
+  if (drill && opts_.fault_step == 0) drill_fault();
+  cuda::host_meet(shm_, ++barrier_epoch_, w);
+  {
+    const RegionsScope scope(&regions);
+    blocks_run_ += static_cast<uint64_t>(a.grid);
+    for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
+  }
+  if (drill) drill_fault();
+  cuda::host_meet(shm_, ++barrier_epoch_, w);
 }
 
 cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) {
@@ -207,14 +259,21 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
   cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
                                               plan.steps.size(), plan.grid, counters_);
   cuda::check_on_device(a, f);
-  a.finished = &finished_;
-  a.done_seq = w.seq;
-  a.after_seq = opts_.previous_late_ms > 0 ? late_seq_ : 0;
   for (const cuda::DevStep& d : plan.steps)
     ll_steps_run_ += (d.flags & (cuda::kRecvLL | cuda::kSendLL)) != 0;
   const bool drill = opts_.fault_seq == w.seq;
   if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
-  launch(call.dtype, a, launch_regions(call), w, drill);
+  launch_eager(call.dtype, a, launch_regions(call), w, drill);
+}
+
+// An eager kernel-mode launch, as CudaComm makes it (launch_kernel_mode): call number w.seq,
+// its end reported in the done word, and (previous_late_ms) queued as if on another stream.
+void EmuComm::launch_eager(DType dtype, cuda::KernelArgs& a, const Regions& regions,
+                           const WaitContext& w, bool drill) {
+  a.finished = &finished_;
+  a.done_seq = w.seq;
+  a.after_seq = opts_.previous_late_ms > 0 ? late_seq_ : 0;
+  launch(dtype, a, regions, w, drill);
   if (opts_.previous_late_ms > 0) report_late(w.seq);
 }
 
@@ -353,13 +412,19 @@ void EmuComm::run(const CollectiveCall& call) {
   cuda::check_device_call(call, size_);
   const uint64_t seq = ++seq_;
   const Algo algo = algo_of(call);
-  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  const TwoShot twoshot = twoshot_of(call, algo);
+  Fingerprint mine = Fingerprint::of_call(seq, call, algo);
+  if (twoshot.on())
+    mine = cuda::registered_fingerprint(mine, twoshot.in.id, twoshot.in.delta, twoshot.out.id,
+                                        twoshot.out.delta);
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
     rendezvous(call, guard, w, cuda::meets_on_host(call, opts_.kernel_mode, false));
     const bool empty = moves_nothing(call, rank_, size_);
-    if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
+    if (twoshot.on() && !empty)
+      run_twoshot(call, twoshot, w, mine);
+    else if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
       run_kernel_mode(call, empty ? kNoSteps : plan_for(call, algo), w, mine);
     else if (!empty)
       run_host_mode(call, plan_for(call, algo), w);

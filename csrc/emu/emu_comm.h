@@ -24,6 +24,7 @@
 #include "device/kernel_args.h"
 #include "device/plan.h"
 #include "emu/emu_checks.h"
+#include "emu/emu_registry.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
@@ -116,11 +117,24 @@ class EmuComm {
   void abort(const std::string& reason);
   bool poisoned() const { return aborted_.load(); }
 
+  // Registered buffers (emu_registry.h): memory of the emulated device, and the registration of
+  // a range of it (collective; the rendezvous trades the handles between handle and add).
+  // An all-reduce whose input and output are both registered, with the algorithm automatic or
+  // direct, runs the two-shot (device/twoshot_kernel.h; in host mode between two host
+  // meetings, as CudaComm does).
+  Registry& registry() { return registry_; }
+  // Data the device code has moved since the last reset (emu_checks.h, Traffic).
+  const Traffic& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_.reset(); }
+  uint64_t twoshot_runs() const { return twoshot_runs_; }
+
  private:
   static const cuda::Plan kNoSteps;
   const cuda::Plan& plan_for(const CollectiveCall& call, Algo algo);
   void run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w,
                        const Fingerprint& f);
+  void launch_eager(DType dtype, cuda::KernelArgs& a, const Regions& regions, const WaitContext& w,
+                    bool drill);
   void launch(DType dtype, const cuda::KernelArgs& a, const Regions& regions, const WaitContext& w,
               bool drill);
   void launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
@@ -131,6 +145,15 @@ class EmuComm {
   void stop_peers_on_mismatch();
   void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
   Regions launch_regions(const CollectiveCall& call) const;
+  // Every rank's input and output of `call` where both are registered (off otherwise), for the
+  // two-shot; the fingerprint says so and where (cuda::registered_fingerprint).
+  struct TwoShot {
+    Registered in, out;
+    bool on() const { return in.on && out.on; }
+  };
+  TwoShot twoshot_of(const CollectiveCall& call, Algo algo) const;
+  void run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
+                   const Fingerprint& f);
   cuda::LaunchSetup launch_setup(bool use_flags);
   void check_status(const char* name, uint64_t seq);
   [[noreturn]] void drill_fault() const;
@@ -149,6 +172,10 @@ class EmuComm {
   uint64_t plans_built_ = 0;
   uint64_t blocks_run_ = 0;
   uint64_t ll_steps_run_ = 0;
+  uint64_t twoshot_runs_ = 0;
+  uint64_t barrier_epoch_ = 0;  // host mode's meetings (cuda::host_meet)
+  Registry registry_;
+  Traffic traffic_;
   cuda::DeviceStatus status_{};
   uint32_t error_claim_ = 0;
   uint32_t finished_ = 0;  // cuda::KernelArgs::finished

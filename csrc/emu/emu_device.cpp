@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "device/step_kernel.h"
+#include "device/twoshot_kernel.h"
 
 namespace pycoll {
 namespace emu {
@@ -22,6 +22,7 @@ namespace {
 
 thread_local const Regions* tls_regions = nullptr;
 thread_local LaunchProbe* tls_probe = nullptr;
+thread_local TrafficCounts tls_traffic;
 
 // The block's threads, run one after another between the block's barriers: the leader's
 // phases and every thread's strided share of each slice, exactly as on the GPU.
@@ -48,7 +49,9 @@ struct EmuThreads {
 template <class T>
 void run(const cuda::KernelArgs& a, int block, int threads) {
   cuda::BlockState s;
-  cuda::run_block<T>(a, s, block, EmuThreads{threads, block});
+  tls_traffic = TrafficCounts{};
+  cuda::run_launch<T>(a, s, block, EmuThreads{threads, block});
+  flush_traffic();
 }
 
 std::string describe(const void* p, size_t bytes) {
@@ -72,6 +75,19 @@ void set_current_regions(const Regions* r) { tls_regions = r; }
 LaunchProbe* current_probe() { return tls_probe; }
 ProbeScope::ProbeScope(LaunchProbe* p) { tls_probe = p; }
 ProbeScope::~ProbeScope() { tls_probe = nullptr; }
+
+TrafficCounts& thread_traffic() { return tls_traffic; }
+
+void flush_traffic() {
+  const Regions* rs = current_regions();
+  if (rs != nullptr && rs->traffic != nullptr) {
+    rs->traffic->read_own += tls_traffic.read_own;
+    rs->traffic->read_peer += tls_traffic.read_peer;
+    rs->traffic->write_own += tls_traffic.write_own;
+    rs->traffic->write_peer += tls_traffic.write_peer;
+  }
+  tls_traffic = TrafficCounts{};
+}
 
 void fail_access(const void* p, size_t bytes, bool write) {
   throw CollectiveError(str_cat("emulated device: ", write ? "store" : "load", " of ", bytes,

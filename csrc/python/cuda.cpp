@@ -23,6 +23,7 @@
 #include "device/plan.h"
 #include "python/call_args.h"
 #include "python/core_errors.h"
+#include "python/registrations.h"
 
 namespace py = pybind11;
 using namespace pycoll;
@@ -136,6 +137,22 @@ void bind_planning(py::module_& m) {
         return py::make_tuple(s.lo, s.hi);
       },
       py::arg("n"), py::arg("nblocks"), py::arg("block"));
+  // The two-shot over registered buffers (device/plan.h): rank `rank`'s shard, and the blocks
+  // a launch runs on a layout of `nblocks` blocks and `slot_bytes` slots for `size` ranks.
+  m.def(
+      "twoshot_shard",
+      [](size_t count, int size, int rank) {
+        const Slice s = twoshot_shard(count, size, rank);
+        return py::make_tuple(s.lo, s.hi);
+      },
+      py::arg("count"), py::arg("size"), py::arg("rank"));
+  m.def(
+      "twoshot_grid",
+      [](size_t count, int size, int nblocks, size_t slot_bytes) {
+        return twoshot_grid(count, make_layout(size, 2, nblocks, slot_bytes));
+      },
+      py::arg("count"), py::arg("size"), py::arg("nblocks"), py::arg("slot_bytes"));
+  m.def("kernel_args_bytes", []() { return sizeof(KernelArgs); });
   m.def(
       "channel_slice",
       [](size_t n, int nblocks, size_t slot_bytes, int block) {
@@ -253,6 +270,12 @@ void bind_comm(py::module_& m) {
           py::arg("stream"))
       .def_property_readonly("seq", &CudaWork::seq);
 
+  py::class_<CudaAllocation, std::shared_ptr<CudaAllocation>>(m, "CudaAllocation")
+      .def_property_readonly(
+          "ptr", [](const CudaAllocation& a) { return reinterpret_cast<uintptr_t>(a.data()); })
+      .def_property_readonly("bytes", &CudaAllocation::bytes)
+      .def_property_readonly("device", &CudaAllocation::device);
+
   py::class_<CudaComm>(m, "CudaComm")
       .def(py::init<int, int, int, const CudaCommOptions&>(), py::arg("rank"), py::arg("size"),
            py::arg("device"), py::arg("options"))
@@ -284,6 +307,32 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("poison_reason", &CudaComm::poison_reason)
       .def("abort", &CudaComm::abort, py::arg("reason"))
       .def("check", [](CudaComm& c) { c.check("wait"); })
+      // Registered buffers (cuda/registry.h). alloc: device memory for CudaComm.empty (its
+      // registrations lapse when the allocation goes); register_handle, then the rendezvous
+      // trades every rank's handle, then register_add with all of them (returns the number,
+      // for register_release where the memory is not ours).
+      .def(
+          "alloc", [](CudaComm& c, size_t bytes) { return c.registry().alloc(bytes); },
+          py::arg("bytes"))
+      .def(
+          "register_handle",
+          [](CudaComm& c, uintptr_t ptr, size_t bytes) {
+            return pyargs::handle_tuple(
+                c.registry().handle(reinterpret_cast<const void*>(ptr), bytes));
+          },
+          py::arg("ptr"), py::arg("bytes"))
+      .def(
+          "register_add",
+          [](CudaComm& c, uintptr_t ptr, size_t bytes, const py::list& handles) {
+            return c.registry().add(reinterpret_cast<const void*>(ptr), bytes,
+                                    pyargs::handles_of(handles));
+          },
+          py::arg("ptr"), py::arg("bytes"), py::arg("handles"))
+      .def(
+          "register_release", [](CudaComm& c, uint64_t id) { c.registry().release(id); },
+          py::arg("id"))
+      .def_property_readonly("registrations", [](CudaComm& c) { return c.registry().live(); })
+      .def_property_readonly("twoshot_runs", &CudaComm::twoshot_runs)
       .def(
           "choose",
           [](const CudaComm& c, int collective, size_t bytes) {

@@ -12,6 +12,7 @@
 #include "emu/emu_comm.h"
 #include "python/call_args.h"
 #include "python/core_errors.h"
+#include "python/registrations.h"
 
 namespace py = pybind11;
 using namespace pycoll;
@@ -79,7 +80,49 @@ PYBIND11_MODULE(_emu, m) {
       .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
       .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run)
       .def_property_readonly("completed", &emu::EmuComm::completed)
-      .def_property_readonly("ll_steps_run", &emu::EmuComm::ll_steps_run);
+      .def_property_readonly("ll_steps_run", &emu::EmuComm::ll_steps_run)
+      // Registered buffers (emu/emu_registry.h). alloc: memory of the emulated device, not
+      // registered (a buffer: numpy arrays over it keep it alive). register_handle, then the
+      // rendezvous trades every rank's handle, then register_add with all of them (returns the
+      // registration's number), then, once every rank has added, unlink_exchanged.
+      .def(
+          "alloc", [](emu::EmuComm& c, size_t bytes) { return c.registry().alloc(bytes); },
+          py::arg("bytes"))
+      .def(
+          "register_handle",
+          [](emu::EmuComm& c, uintptr_t ptr, size_t bytes) {
+            return handle_tuple(c.registry().handle(reinterpret_cast<const void*>(ptr), bytes));
+          },
+          py::arg("ptr"), py::arg("bytes"))
+      .def(
+          "register_add",
+          [](emu::EmuComm& c, uintptr_t ptr, size_t bytes, const py::list& handles) {
+            return c.registry().add(reinterpret_cast<const void*>(ptr), bytes, handles_of(handles));
+          },
+          py::arg("ptr"), py::arg("bytes"), py::arg("handles"))
+      .def("unlink_exchanged", [](emu::EmuComm& c) { c.registry().unlink_exchanged(); })
+      .def_property_readonly("registrations", [](emu::EmuComm& c) { return c.registry().live(); })
+      .def_property_readonly("twoshot_runs", &emu::EmuComm::twoshot_runs)
+      // Bytes the device code's data loads and stores moved (emu/emu_checks.h, Traffic).
+      .def_property_readonly("traffic",
+                             [](const emu::EmuComm& c) {
+                               const emu::Traffic& t = c.traffic();
+                               py::dict d;
+                               d["read_own"] = t.read_own.load();
+                               d["read_peer"] = t.read_peer.load();
+                               d["write_own"] = t.write_own.load();
+                               d["write_peer"] = t.write_peer.load();
+                               return d;
+                             })
+      .def("reset_traffic", &emu::EmuComm::reset_traffic);
+  py::class_<emu::EmuAllocation, std::shared_ptr<emu::EmuAllocation>>(m, "EmuAllocation",
+                                                                      py::buffer_protocol())
+      .def_property_readonly("bytes", &emu::EmuAllocation::bytes)
+      .def_property_readonly("name", &emu::EmuAllocation::name)
+      .def_buffer([](emu::EmuAllocation& a) {
+        return py::buffer_info(a.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(a.bytes())}, {1});
+      });
   py::class_<emu::EmuGraph, std::shared_ptr<emu::EmuGraph>>(m, "EmuGraph")
       .def_readonly("seq", &emu::EmuGraph::seq);
 }

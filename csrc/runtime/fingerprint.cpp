@@ -74,7 +74,7 @@ std::string Fingerprint::describe() const {
   if (splits == kSplitsTag)
     s += " splits=per-rank";
   else if (splits != 0)
-    s += str_cat(" counts=#", std::hex, splits & 0xffffffff, std::dec);
+    s += str_cat(shared ? " placement=#" : " counts=#", std::hex, splits & 0xffffffff, std::dec);
   s += str_cat(" algorithm=",
                algo >= 0 && algo < kNumAlgos ? algo_name(static_cast<Algo>(algo)) : "?");
   if (shared) s += " shared-buffers";
@@ -91,9 +91,11 @@ std::string Fingerprint::differences(const Fingerprint& o) const {
   add(dtype != o.dtype, "dtype");
   add(op != o.op, "op");
   add(root != o.root, "root");
-  add(splits != o.splits, kind == static_cast<int>(Collective::AllToAll) ? "splits" : "counts");
+  add(splits != o.splits, kind == static_cast<int>(Collective::AllToAll) ? "splits"
+                          : shared || o.shared                           ? "buffer placement"
+                                                                         : "counts");
   add(algo != o.algo, "algorithm");
-  add(shared != o.shared, "shared buffers (Communicator.empty)");
+  add(shared != o.shared, "shared buffers (Communicator.empty, register)");
   return d;
 }
 

@@ -34,7 +34,9 @@ struct Fingerprint {
   // their hash. All-to-all splits (each rank holds its own row): kSplitsTag, the matrix itself
   // being checked apart (runtime/splits.h).
   uint64_t splits = 0;
-  // Whether the call starts by trading shared-buffer descriptors (host/shared_buffers.h).
+  // Whether the call starts by trading shared-buffer descriptors (host/shared_buffers.h); on
+  // the device transports, whether it runs over registered buffers (then `splits` says where:
+  // device/host_steps.h, registered_fingerprint).
   bool shared = false;
 
   // The fingerprint of collective #seq as every rank must call it (op and root only where

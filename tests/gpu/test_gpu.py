@@ -209,6 +209,12 @@ def test_gpu_streams_and_async(what):
     run_mpi(2, "gpu_extras.py", what)
 
 
+def test_gpu_registered_buffers_in_host_mode():
+    # Host mode: the two-shot launch between two host meetings (no kernel waits for a peer).
+    out = run_mpi(2, "gpu_extras.py", "registered", env={"PYCOLL_CUDA_SYNC": "host"})
+    assert out.count("sync=host cases=") == 2, out
+
+
 def test_gpu_graph_capture_refused_in_host_mode():
     out = run_mpi(2, "gpu_extras.py", "graph", env={"PYCOLL_CUDA_SYNC": "host"})
     assert out.count("sync=host refused") == 2, out
@@ -315,6 +321,11 @@ class TestKernelMode:
         # Blocking calls launched on their callers' streams, in turn: ordered on the device.
         out = run_mpi(2, "gpu_extras.py", "streams", env=kernel_mode_env)
         assert out.count("sync=kernel") == 2, out
+
+    def test_gpu_registered_two_shot(self, kernel_mode_env):
+        # comm.empty / register and the two-shot all-reduce over them (device/twoshot_kernel.h).
+        out = run_mpi(2, "gpu_extras.py", "registered", env=kernel_mode_env)
+        assert out.count("sync=kernel cases=") == 2, out
 
     def test_gpu_graph_capture_and_replay(self, kernel_mode_env):
         out = run_mpi(2, "gpu_extras.py", "graph", env=kernel_mode_env)

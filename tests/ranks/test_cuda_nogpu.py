@@ -42,7 +42,7 @@ def test_communicator_setup_fails_cleanly_without_gpu():
     run_mpi(2, "cuda_nogpu.py", timeout=120)
 
 
-@pytest.mark.parametrize("case", ["nogpu", "mixed", "badinput"])
+@pytest.mark.parametrize("case", ["nogpu", "mixed", "badinput", "registered"])
 def test_communicator_with_cuda_arrays_without_gpu(case):
     if cuda_available()[0]:
         pytest.skip("a GPU is present: the GPU suite covers this")
@@ -63,7 +63,16 @@ def test_cuda_comm_device_is_decided_collectively(case):
 
 
 @needs_cuda_module
-@pytest.mark.parametrize("case", ["communicator", "communicator_forced", "communicator_new"])
+def test_cuda_comm_register_trades_handles_collectively():
+    # CudaComm.register over the fake native module: handles in rank order on every rank, a
+    # failure on one rank raised on all, the registration released with its array.
+    run_mpi(3, "cuda_nogpu_fake_native.py", "register", env={"PYCOLL_DEVICE": ""}, timeout=120)
+
+
+@needs_cuda_module
+@pytest.mark.parametrize(
+    "case", ["communicator", "communicator_forced", "communicator_new", "communicator_register"]
+)
 def test_communicator_device_is_that_of_the_first_gpu_call(case):
     env = {"PYCOLL_DEVICE": "0"} if case == "communicator_forced" else {"PYCOLL_DEVICE": ""}
     run_mpi(3, "cuda_nogpu_fake_native.py", case, env=env, timeout=120)

@@ -274,3 +274,32 @@ def test_ll_rule_limits():
         == layout["ll_offset"] + layout["ll_blocks"] * 4 * 4 * layout["ll_sub_slot_bytes"]
     )
     assert cu.segment_layout(3, 4, 16, 1 << 20)["ll_blocks"] == 0
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 32])
+def test_twoshot_shards_tile_the_message(size):
+    """The two-shot's shards (device/plan.h, twoshot_shard): in rank order, contiguous, covering
+    [0, count) exactly once, each starting at a multiple of 16 elements (kSliceAlign) unless
+    empty at the end; only the last non-empty one shorter. Counts 0, 1, fewer than the ranks,
+    not divisible by them, and large."""
+    for count in (0, 1, size - 1, size + 1, 3 * size + 1, 16 * size, 5000, (1 << 20) + 3):
+        shards = [cu.twoshot_shard(count, size, r) for r in range(size)]
+        at = 0
+        for lo, hi in shards:
+            assert lo == at and lo <= hi <= count, (count, shards)
+            assert lo % 16 == 0 or lo == count, (count, shards)
+            at = hi
+        assert at == count, (count, shards)
+        sizes = [hi - lo for lo, hi in shards if hi > lo]
+        assert all(s == sizes[0] for s in sizes[:-1]), (count, shards)
+        # Every block of every rank gets the same grid: a function of count and layout.
+        grid = cu.twoshot_grid(count, size, 4, 4096)
+        assert grid == 1 if count <= 16 * size else 1 <= grid <= 4, (count, grid)
+        if count == (1 << 20) + 3:
+            assert grid == 4, grid
+
+
+def test_kernel_args_fit_the_parameter_limit():
+    # Every rank's registered input and output travel in the launch's arguments: 32 ranks'
+    # pointers still leave them within CUDA's 4 KiB of kernel parameters.
+    assert cu.kernel_args_bytes() <= 4096

@@ -1,6 +1,6 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
-Usage: mpiexec -n N python gpu_extras.py stream|streams|async|torch|mismatch|graph|ll
+Usage: mpiexec -n N python gpu_extras.py stream|streams|async|torch|mismatch|graph|ll|registered
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import cupy as cp
 import numpy as np
-from checks import expect, run_main
+from checks import digest, expect, run_main
 from gpu_common import use_local_device
 from mpi4py import MPI
 
@@ -250,6 +250,68 @@ def check_ll(comm: CudaComm):
     print(f"ll rank={r} sync=kernel calls={calls}")
 
 
+def check_registered(comm: CudaComm):
+    """Registered buffers (comm.empty / zeros / register) and the two-shot all-reduce over them
+    (kernel mode: one launch; host mode: between two host meetings): dtypes x ops x counts 0,
+    1, < n, uneven, 4 MiB, in place and not, views at offsets, against numpy's rank-order
+    reduction bit for bit and equal on every rank; a cupy array registered at an offset of its
+    allocation; a rank that registers and one that does not raise CollectiveMismatch."""
+    from pycollectives.backends.cuda.comm import CudaComm as Comm
+
+    r, n, mpi = comm.rank, comm.size, MPI.COMM_WORLD
+    c = comm._native_comm()
+    rng = np.random.default_rng(38)
+    big = 1 << 20
+    cases = 0
+    for dt in (np.float32, np.float64, np.int32, np.float16):
+        acc = np.float32 if dt == np.float16 else dt
+        pool_in, pool_out = comm.empty(2 * big + 64, dt), comm.zeros(big + 64, dt)
+        for op, code in (("sum", 0), ("max", 3), ("avg", 4)):
+            if op == "avg" and dt == np.int32:
+                continue
+            for count in (0, 1, n - 1, 3 * n + 1, 5000, big):
+                for in_place in (False, True):
+                    at = cases % 5 * 3
+                    x = pool_in[at : at + count] if not in_place else pool_in[big + 64 :][:count]
+                    out = x if in_place else pool_out[at : at + count]
+                    inputs = [(rng.standard_normal(count) * 4).astype(dt) for _ in range(n)]
+                    x[...] = cp.asarray(inputs[r])
+                    before = c.twoshot_runs
+                    comm.all_reduce(x, out, code, None, None, False)
+                    cp.cuda.get_current_stream().synchronize()
+                    assert c.twoshot_runs - before == (count > 0), (dt, op, count)
+                    want = inputs[0].astype(acc)
+                    for q in range(1, n):
+                        want = np.maximum(want, inputs[q]) if op == "max" else want + inputs[q]
+                    if op == "avg":
+                        want = want / acc(n)
+                    got = cp.asnumpy(out)
+                    what = (np.dtype(dt).name, op, count, in_place, at)
+                    assert np.array_equal(got.view(np.uint8), want.astype(dt).view(np.uint8)), what
+                    sums = mpi.allgather(digest(got))
+                    assert len(set(sums)) == 1, what
+                    cases += 1
+    memory = cp.zeros(1000, cp.float32)  # cupy's allocation: registered at an offset of it
+    view = comm.register(memory[37:337])
+    view[...] = r + 1
+    comm.all_reduce(view, None, 0, None, None, False)
+    assert float(view[0].get()) == n * (n + 1) / 2
+    # Kernel mode finds it on the device (the call returns once queued, the barrier after it
+    # raises), host mode on the host.
+    fresh = Comm(mpi, r, n, timeout=10)
+    mine = fresh.zeros(4096, np.float32) if r == 0 else cp.zeros(4096, cp.float32)
+
+    def call():
+        fresh.all_reduce(mine, None, 0, None, None, False)
+        fresh.barrier()
+
+    try:
+        expect(CollectiveMismatch, call, "shared buffers")
+    finally:
+        fresh.close()
+    print(f"registered rank={r} sync={comm.sync_mode} cases={cases} twoshot={c.twoshot_runs}")
+
+
 def main():
     what = sys.argv[1]
     use_local_device()
@@ -257,6 +319,7 @@ def main():
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
     checks["streams"] = check_streams
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
+    checks["registered"] = check_registered
     try:
         checks[what](comm)
     finally:

@@ -6,6 +6,9 @@ Usage: mpiexec -n N python cuda_nogpu_dispatch.py CASE
   mixed      rank 0 passes a CUDA array, the others numpy: CollectiveMismatch everywhere
   badinput   a CUDA array of an unsupported dtype: TypeError on the caller, before anything moves
   nodes      a communicator over several (emulated) nodes refuses CUDA arrays
+  registered comm.empty(device="cuda") and comm.register of a CUDA array: CollectiveError on
+             every rank (no CUDA), the same for later GPU calls; host memory is a TypeError
+             for register, a ValueError for a bad device name; host collectives keep working
 """
 
 from __future__ import annotations
@@ -58,6 +61,14 @@ def main():
             out = FakeCudaArray(3)
             expect(ValueError, lambda: comm.all_gather(FakeCudaArray(2), out), "elements")
             expect(TypeError, lambda: comm.all_reduce(np.zeros(2), stream=0), "stream")
+        host_still_works(comm)
+    elif case == "registered":
+        expect(TypeError, lambda: comm.register(np.zeros(4, np.float32)), "CUDA arrays")
+        expect(ValueError, lambda: comm.empty(4, device="gpu"), "device")
+        first = expect(pc.CollectiveError, lambda: comm.empty(8, device="cuda"), "CUDA", "rank 0")
+        again = expect(pc.CollectiveError, lambda: comm.register(FakeCudaArray(8)), "CUDA")
+        assert first == again, (first, again)
+        assert comm.empty(3, np.float64).shape == (3,)  # host shared memory, as before
         host_still_works(comm)
     elif case == "nodes":
         assert comm.topology.num_nodes > 1

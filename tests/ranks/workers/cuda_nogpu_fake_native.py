@@ -13,6 +13,12 @@ Usage: mpiexec -n 3 python cuda_nogpu_fake_native.py CASE
   communicator_new      pc.Communicator's all_to_all (splits), gather, scatter (arrays absent
                 off the root) and uneven all_gather / reduce_scatter reach the native layer
                 with their pointers, counts and lists
+  register      CudaComm.register: every rank's handle reaches every rank's native registry in
+                rank order; a rank whose array is not registrable (or not a CUDA array, or on
+                another device) makes every rank raise CollectiveError naming it; a
+                registration is released when its array goes
+  communicator_register pc.Communicator.register: makes the CUDA communicator on the array's
+                device (its first GPU operation) and registers through it
 """
 
 from __future__ import annotations
@@ -68,6 +74,21 @@ class FakeNativeComm:
 
     def barrier(self):
         self.seq += 1
+
+    # Registered buffers: a handle is (key, handle bytes, allocation bytes, offset, bytes).
+    def register_handle(self, ptr, nbytes):
+        if ptr % 2:  # the fake's stand-in for memory the driver does not know
+            raise ValueError("fake: not device memory")
+        return (ptr >> 20, bytes([self.rank]) * 64, 1 << 20, ptr & 0xFFFFF, nbytes)
+
+    def register_add(self, ptr, nbytes, handles):
+        self.registered = getattr(self, "registered", {})
+        number = len(self.registered) + 1
+        self.registered[number] = (ptr, nbytes, list(handles))
+        return number
+
+    def register_release(self, number):
+        del self.registered[number]
 
     def close(self):
         self.closed = True
@@ -177,6 +198,30 @@ def communicator_new(pc, mpi):
         expect(ValueError, lambda: comm.all_gather(mine, too_long, counts=counts), "out has")
 
 
+def register(mpi, CudaComm):
+    r, n = mpi.rank, mpi.size
+    dev = local_default(mpi)
+    comm = CudaComm(mpi, r, n, timeout=20)
+    native = comm._c
+    x = FakeCudaArray(100, dev)
+    assert comm.register(x) is x
+    everyone = mpi.allgather(native.register_handle(ptr(x), 400))
+    ((got_ptr, got_bytes, handles),) = native.registered.values()
+    assert (got_ptr, got_bytes) == (ptr(x), 400), (got_ptr, got_bytes)
+    assert [tuple(h) for h in handles] == everyone, handles
+    assert [h[1][0] for h in handles] == list(range(n)), "handles not in rank order"
+    del x  # its registration goes with it (the fake array is its memory's owner)
+    assert native.registered == {}, native.registered
+    odd = FakeCudaArray(10, dev)
+    if r == 1:
+        odd.__cuda_array_interface__["data"] = (ptr(odd) + 1, False)
+    expect_everywhere(lambda: comm.register(odd), "rank 1", "not device memory")
+    host = np.zeros(4, np.float32) if r == 2 else FakeCudaArray(4, dev)
+    expect_everywhere(lambda: comm.register(host), "rank 2", "CUDA array")
+    assert native.registered == {}, native.registered
+    comm.close()
+
+
 def main():
     case = sys.argv[1]
     install_fake_native()
@@ -231,6 +276,15 @@ def main():
         comm.close()
     elif case == "communicator_new":
         communicator_new(pc, mpi)
+    elif case == "register":
+        register(mpi, CudaComm)
+    elif case == "communicator_register":
+        with pc.Communicator(timeout=20) as comm:
+            x = comm.register(FakeCudaArray(8, other))
+            assert comm._cuda.device == other, (comm._cuda.device, other)
+            ((got_ptr, got_bytes, handles),) = comm._cuda._c.registered.values()
+            assert (got_ptr, got_bytes, len(handles)) == (ptr(x), 32, n), (got_ptr, got_bytes)
+            expect(ValueError, lambda: comm.empty(4, device=1 - other), "device")
     else:
         raise SystemExit(f"unknown case {case}")
     print(f"{case} rank={r}", flush=True)

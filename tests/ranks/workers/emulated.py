@@ -121,6 +121,42 @@ class EmulatedDevice:
     def barrier(self):
         self.mpi.Barrier()
 
+    # Registered buffers (csrc/emu/emu_registry.h), as CudaComm has them on a GPU.
+
+    def device_array(self, shape, dtype):
+        """Memory of the emulated device, not registered (what cupy.empty is to a GPU); the
+        array keeps the allocation alive."""
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape))
+        return np.frombuffer(self.dev.alloc(n * dt.itemsize), dt, count=n).reshape(shape)
+
+    def register(self, array):
+        """Registers `array` (device memory, any range of an allocation) on every rank:
+        collective. The ranks trade where their arrays lie; a rank whose array is not device
+        memory makes every rank raise ValueError."""
+        ptr, nbytes = array.__array_interface__["data"][0], array.nbytes
+        try:
+            mine, err = self.dev.register_handle(ptr, nbytes), None
+        except ValueError as e:
+            mine, err = None, str(e)
+        everyone = self.mpi.allgather(mine)
+        bad = [q for q, h in enumerate(everyone) if h is None]
+        if bad:
+            raise ValueError(f"register: ranks {bad} passed no device memory ({err or 'see them'})")
+        self.dev.register_add(ptr, nbytes, everyone)
+        self.mpi.Barrier()  # every rank has mapped every allocation sent: their names can go
+        self.dev.unlink_exchanged()
+        return array
+
+    def empty(self, shape, dtype):
+        """A registered array (collective)."""
+        return self.register(self.device_array(shape, dtype))
+
+    def zeros(self, shape, dtype):
+        a = self.empty(shape, dtype)
+        a[...] = 0
+        return a
+
 
 class EmulatedChecker(Checker):
     def counts(self, staging):

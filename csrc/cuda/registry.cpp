@@ -1,0 +1,154 @@
+#include "cuda/registry.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "common/errors.h"
+#include "cuda/cuda_check.h"
+
+namespace pycoll {
+namespace cuda {
+
+namespace {
+
+// cuMemGetAddressRange (driver API) through the runtime's entry point: the module links the
+// runtime statically and never libcuda directly. CUresult and CUdeviceptr spelled as their ABI.
+using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
+
+GetAddressRange address_range_fn() {
+  static GetAddressRange fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<GetAddressRange>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CudaAllocation::CudaAllocation(int device, size_t bytes) : device_(device), bytes_(bytes) {
+  DeviceGuard dg(device);
+  PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), std::max<size_t>(bytes, 1)));
+}
+
+CudaAllocation::~CudaAllocation() {
+  if (data_ == nullptr) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  cudaSetDevice(device_);
+  cudaFree(data_);
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
+std::shared_ptr<CudaAllocation> IpcRegistry::alloc(size_t bytes) {
+  auto a = std::make_shared<CudaAllocation>(device_, bytes);
+  std::lock_guard<std::mutex> g(mu_);
+  allocs_.erase(std::remove_if(allocs_.begin(), allocs_.end(),
+                               [](const std::weak_ptr<CudaAllocation>& w) { return w.expired(); }),
+                allocs_.end());
+  allocs_.push_back(a);
+  return a;
+}
+
+RegisterHandle IpcRegistry::handle(const void* p, size_t bytes) {
+  const GetAddressRange range = address_range_fn();
+  if (range == nullptr)
+    throw CollectiveError("register: the CUDA driver has no cuMemGetAddressRange");
+  DeviceGuard dg(device_);
+  unsigned long long base = 0;
+  size_t size = 0;
+  if (range(&base, &size, reinterpret_cast<uintptr_t>(p)) != 0)
+    throw InvalidArgument("register: the array is not device memory of this process");
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  if (at + bytes > base + size) throw InvalidArgument("register: the range leaves its allocation");
+  cudaIpcMemHandle_t h;
+  PYCOLL_CUDA_CHECK(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)));
+  const std::string bytes_of(reinterpret_cast<const char*>(&h), sizeof(h));
+  std::lock_guard<std::mutex> g(mu_);
+  RegisterHandle out;
+  out.key = base;
+  auto it = sent_.find(base);
+  out.handle = it != sent_.end() && it->second == bytes_of ? std::string() : bytes_of;
+  sent_[base] = bytes_of;
+  out.alloc_bytes = size;
+  out.offset = at - base;
+  out.bytes = bytes;
+  return out;
+}
+
+uint64_t IpcRegistry::add(const void* p, size_t bytes, const std::vector<RegisterHandle>& all) {
+  if (static_cast<int>(all.size()) != size_)
+    throw InvalidArgument("register: one handle per rank expected");
+  DeviceGuard dg(device_);
+  std::lock_guard<std::mutex> g(mu_);
+  const uint8_t* ptr = static_cast<const uint8_t*>(p);
+  std::vector<uint8_t*> at(size_, nullptr);
+  std::vector<size_t> extent(size_, 0);
+  for (int q = 0; q < size_; ++q) {
+    const RegisterHandle& h = all[q];
+    extent[q] = h.bytes;
+    if (q == rank_) {
+      at[q] = const_cast<uint8_t*>(ptr);
+      continue;
+    }
+    if (h.offset + h.bytes > h.alloc_bytes)
+      throw InvalidArgument(str_cat("register: rank ", q, "'s range leaves its allocation"));
+    const auto key = std::make_pair(q, h.key);
+    if (!h.handle.empty()) {
+      if (h.handle.size() != sizeof(cudaIpcMemHandle_t))
+        throw InvalidArgument(str_cat("register: rank ", q, "'s IPC handle is malformed"));
+      const auto which = std::make_pair(q, h.handle);
+      auto it = opened_.find(which);
+      if (it == opened_.end()) {
+        cudaIpcMemHandle_t handle;
+        std::copy(h.handle.begin(), h.handle.end(), reinterpret_cast<char*>(&handle));
+        void* mapped = nullptr;
+        PYCOLL_CUDA_CHECK(cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess));
+        it = opened_.emplace(which, static_cast<uint8_t*>(mapped)).first;
+      }
+      by_key_[key] = it->second;
+    }
+    auto k = by_key_.find(key);
+    if (k == by_key_.end())
+      throw CollectiveError(str_cat("register: rank ", q, "'s allocation ", h.key,
+                                    " was sent before but is not open here"));
+    at[q] = k->second + h.offset;
+  }
+  std::shared_ptr<const void> alive;
+  for (const auto& w : allocs_)
+    if (const auto a = w.lock(); a && a->data() <= ptr && ptr + bytes <= a->data() + a->bytes())
+      alive = a;
+  const bool ours = alive != nullptr;
+  if (!ours) alive = std::make_shared<int>(0);  // memory not ours: kept until release()
+  const uint64_t id = table_.add(p, bytes, std::move(at), std::move(extent), alive);
+  if (!ours) external_[id] = std::move(alive);
+  return id;
+}
+
+void IpcRegistry::release(uint64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  external_.erase(id);
+  table_.drop(id);
+}
+
+void IpcRegistry::close() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (opened_.empty() && external_.empty()) return;
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  cudaSetDevice(device_);
+  for (auto& kv : opened_) cudaIpcCloseMemHandle(kv.second);
+  opened_.clear();
+  by_key_.clear();
+  for (auto& kv : external_) table_.drop(kv.first);
+  external_.clear();
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
+}  // namespace cuda
+}  // namespace pycoll

@@ -1,0 +1,80 @@
+// Registered (symmetric) buffers of the CUDA transport: device memory that every rank of the
+// machine maps through CUDA IPC, so that the two-shot all-reduce (device/twoshot_kernel.h)
+// reads every rank's input and writes every rank's output directly.
+//
+// CudaAllocation is what CudaComm.empty / zeros hand out: cudaMalloc'd memory, freed when the
+// last array over it goes (its registrations lapse with it). Registering a range (collective:
+// every rank registers its own, in the same order) finds the allocation that holds it
+// (cuMemGetAddressRange), and sends the peers its IPC handle (cudaIpcGetMemHandle of the
+// allocation's base) the first time, afterwards only its key (the base address) and the range's
+// offset. The handle is read again at every registration, so an allocation freed and made
+// again at the same address goes out anew. Each peer opens each handle once
+// (cudaIpcOpenMemHandle) and keeps it open until the communicator closes
+// (cudaIpcCloseMemHandle). A range of memory that is not ours (a cupy or torch array) stays
+// registered until release() (Python calls it when the array's memory goes) or the close.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/registrations.h"
+
+namespace pycoll {
+namespace cuda {
+
+class CudaAllocation {
+ public:
+  CudaAllocation(int device, size_t bytes);
+  ~CudaAllocation();
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  uint8_t* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  size_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+class IpcRegistry {
+ public:
+  IpcRegistry(int rank, int size, int device)
+      : rank_(rank), size_(size), device_(device), table_(size) {}
+  ~IpcRegistry() { close(); }
+  IpcRegistry(const IpcRegistry&) = delete;
+  IpcRegistry& operator=(const IpcRegistry&) = delete;
+
+  std::shared_ptr<CudaAllocation> alloc(size_t bytes);
+  // Our handle for [p, p + bytes) (device memory of this rank's device).
+  RegisterHandle handle(const void* p, size_t bytes);
+  // Records the registration with every rank's handle (ours included), opening the peers' new
+  // handles; returns its number.
+  uint64_t add(const void* p, size_t bytes, const std::vector<RegisterHandle>& all);
+  // Ends a registration of memory that is not one of our allocations.
+  void release(uint64_t id);
+  Registered find(const void* p, size_t bytes) const { return table_.find(p, bytes); }
+  size_t live() const { return table_.live(); }
+  // Closes every peer handle opened here; registrations end.
+  void close();
+
+ private:
+  int rank_, size_, device_;
+  std::map<uintptr_t, std::string> sent_;                   // our base -> the handle sent
+  std::map<std::pair<int, std::string>, uint8_t*> opened_;  // (rank, handle) -> mapped base
+  std::map<std::pair<int, uint64_t>, uint8_t*> by_key_;     // (rank, key) -> mapped base
+  std::vector<std::weak_ptr<CudaAllocation>> allocs_;
+  std::map<uint64_t, std::shared_ptr<const void>> external_;  // registrations kept for release
+  Registrations table_;
+  std::mutex mu_;
+};
+
+}  // namespace cuda
+}  // namespace pycoll

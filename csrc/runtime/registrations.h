@@ -1,0 +1,66 @@
+// Registered buffers, whatever maps them: which range every rank registered, as this process
+// maps it. Shared by the CUDA transport (cuda/registry.h: CUDA IPC) and the emulated device
+// (emu/emu_registry.h: POSIX shared memory), whose registries map the peers' memory and keep
+// one of these tables of what has been registered.
+//
+// Registering is collective: every rank registers a range of its own memory, in the same order
+// as its peers, so a registration has the same number everywhere. A call's buffer may lie
+// anywhere in a registration (the same offset on every rank: the call's fingerprint says which
+// registration and offset, so ranks that disagree raise CollectiveMismatch).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace pycoll {
+
+// What one rank tells the others when it registers a range.
+struct RegisterHandle {
+  uint64_t key = 0;    // its allocation's, unique in its process
+  std::string handle;  // what maps the allocation (an IPC handle, a name); empty when sent before
+  uint64_t alloc_bytes = 0;  // the whole allocation's
+  uint64_t offset = 0;       // of the range in the allocation
+  uint64_t bytes = 0;        // of the range
+};
+
+// Where a call's buffer lies in every rank's registered memory.
+struct Registered {
+  bool on = false;
+  uint64_t id = 0;           // the registration's number, the same on every rank
+  uint64_t delta = 0;        // of the buffer from the registration's start
+  std::vector<uint8_t*> at;  // every rank's buffer as mapped here (ours at our rank)
+};
+
+class Registrations {
+ public:
+  explicit Registrations(int size) : size_(size) {}
+  // Records a registration of [p, p + bytes) here, at `at[q]` (extent[q] bytes) on rank q as
+  // mapped here; it lapses when `alive` expires (or on drop). Returns its number.
+  uint64_t add(const void* p, size_t bytes, std::vector<uint8_t*> at, std::vector<size_t> extent,
+               std::weak_ptr<const void> alive);
+  void drop(uint64_t id);
+  // The latest live registration holding [p, p + bytes) here, and every rank's buffer at the
+  // same offset; off when there is none, or when a peer's range is shorter.
+  Registered find(const void* p, size_t bytes) const;
+  size_t live() const;
+
+ private:
+  struct Entry {
+    uint64_t id;
+    const uint8_t* ptr;
+    size_t bytes;
+    std::weak_ptr<const void> alive;
+    std::vector<uint8_t*> at;
+    std::vector<size_t> extent;
+  };
+  int size_;
+  uint64_t next_id_ = 1;
+  std::vector<Entry> entries_;
+  mutable std::mutex mu_;
+};
+
+}  // namespace pycoll

@@ -1,0 +1,238 @@
+"""Registered buffers on the emulated device (csrc/emu/emu_registry.h) and the two-shot
+all-reduce over them (csrc/device/twoshot_kernel.h).
+
+Usage: mpiexec -n N python emulated_registered.py MODE PART
+  MODE: kernel or host (host mode: the host meets the peers before and after the launch).
+  PART: back_to_back (calls in a row, ranks late at random), matrix (dtypes x ops x counts,
+  in place and not, views at offsets, against numpy, bitwise equal across ranks and to numpy's
+  rank-order reduction), traffic (the bytes each algorithm moves; prints them), mismatch (ranks
+  that disagree on the count, or on registering, raise CollectiveMismatch), dies_mid and
+  stalls_mid (rank 1 dies or stalls in a two-shot call).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+from checks import (
+    BFLOAT16,
+    check_close,
+    digest,
+    expect,
+    hard_exit,
+    make_input,
+    reference,
+    run_main,
+    same_bytes,
+)
+from emulated import DRILL_TIMEOUT, EmulatedDevice, say
+from mpi4py import MPI
+
+import pycollectives as pc
+
+DTYPES = [np.dtype(t) for t in (np.float32, np.float64, np.int32, np.float16)] + (
+    [BFLOAT16] if BFLOAT16 is not None else []
+)
+F32 = np.dtype(np.float32)
+SLICE_ALIGN = 16  # kSliceAlign: shards start at multiples of it
+
+
+def accumulates_in(dt):
+    """The type the device accumulates `dt` in: float32 for the 16-bit floats."""
+    return F32 if dt.kind == "f" and dt.itemsize == 2 or dt == BFLOAT16 else dt
+
+
+def rank_order(inputs, op, dt):
+    """numpy's reduction of every rank's input in rank order 0..n-1, accumulated as the device
+    accumulates: what every rank's output must be, bit for bit."""
+    acc_t = accumulates_in(dt)
+    acc = inputs[0].astype(acc_t)
+    for x in inputs[1:]:  # over ranks, each step a whole-array numpy operation
+        acc = np.maximum(acc, x.astype(acc_t)) if op == "max" else acc + x.astype(acc_t)
+    if op == "avg":
+        acc = acc / acc_t.type(len(inputs))
+    return acc.astype(dt)
+
+
+def allocation_of(array):
+    """The emulated device's allocation (_emu.EmuAllocation) that `array` is a view of."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return array.obj  # the memoryview over the allocation
+
+
+def shard(count, n, r):
+    """Rank r's shard of a two-shot message: [lo, hi) (device/plan.h, twoshot_shard)."""
+    per = -(-count // n)
+    per = -(-per // SLICE_ALIGN) * SLICE_ALIGN
+    lo = min(r * per, count)
+    return lo, min(lo + per, count)
+
+
+def matrix(mpi, mode):
+    """Every case on registered buffers: the two-shot ran (count > 0), the result is numpy's
+    within rounding, bitwise numpy's rank-order reduction, and bitwise
+    the same on every rank. Inputs and outputs are views into one registered pool per dtype, at
+    offsets that move with the case (16-byte aligned and not), so the same registration serves
+    many calls at many offsets."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3)
+    c, n, r = dev.dev, mpi.size, mpi.rank
+    counts = [0, 1, n - 1, 3 * n + 1, 5000]  # 5000: several blocks' slices of a 4 KiB slot
+    cases = 0
+    for dt in DTYPES:
+        ops = ["sum", "max"] + (["avg"] if dt.kind == "f" or dt == BFLOAT16 else [])
+        pool_in, pool_out = dev.empty(2 * 5000 + 128, dt), dev.zeros(5000 + 64, dt)
+        for op in ops:
+            for count in counts:
+                for in_place in (False, True):
+                    at = cases % 7 * 3  # 0, 3, 6, ...: aligned and unaligned offsets
+                    x = pool_in[at : at + count] if not in_place else pool_in[5064 + at :][:count]
+                    out = x if in_place else pool_out[at : at + count]
+                    inputs = [make_input(q, count, dt, op, salt=cases) for q in range(n)]
+                    x[...] = inputs[r]
+                    what = f"{dt.name} {op} count={count} in_place={in_place} at={at} (rank {r})"
+                    before = c.twoshot_runs
+                    dev.all_reduce(x, out, op=op)
+                    ran = c.twoshot_runs - before
+                    assert ran == (1 if count > 0 else 0), (what, ran)
+                    check_close(out, reference(inputs, op, dt), dt, n, what, op)
+                    same_bytes(out, rank_order(inputs, op, dt), what + " against rank order")
+                    digests = mpi.allgather(digest(out))
+                    assert all(d == digests[0] for d in digests), what + ": ranks differ"
+                    cases += 1
+    # A range registered on its own, at an offset of its allocation (not at its start), and a
+    # plain numpy output: not registered, so the staged path (and every rank agrees on that).
+    # The allocation's segment is named until it is registered (its name is its IPC handle),
+    # then unlinked: no registered buffer outlives the job in /dev/shm.
+    memory = dev.device_array(1000, np.float32)
+    name = "/dev/shm" + allocation_of(memory).name
+    assert os.path.exists(name), name
+    x = dev.register(memory[37 : 37 + 300])
+    assert not os.path.exists(name), f"{name} is still linked once registered"
+    inputs = [make_input(q, 300, F32, "sum", salt=99) for q in range(n)]
+    x[...] = inputs[r]
+    before = c.twoshot_runs
+    dev.all_reduce(x)
+    assert c.twoshot_runs - before == 1
+    same_bytes(x, rank_order(inputs, "sum", F32), "registered view")
+    plain = np.zeros(300, np.float32)
+    x[...] = inputs[r]
+    before = c.twoshot_runs
+    dev.all_reduce(x, plain)
+    assert c.twoshot_runs == before, "a plain output took the two-shot"
+    check_close(plain, reference(inputs, "sum", F32), F32, n, "plain", "sum")
+    expect(ValueError, lambda: dev.register(np.zeros(4, np.float32)), "device memory")
+    live = c.registrations
+    del x, memory
+    assert c.registrations == live - 1, "a registration outlived its array"
+    mpi.Barrier()
+    say(f"registered matrix {mode} ranks={n}: {cases} cases, {c.twoshot_runs} two-shot calls")
+
+
+def back_to_back(mpi, mode):
+    """Two-shot calls back to back, in place and not, new inputs written right after each call
+    returns, one rank (drawn at random, the same draw everywhere) calling late: an early rank
+    must not read a late rank's input before it is written (entry barrier), nor return and
+    overwrite its input while a peer still reads it, or read its output before every peer has
+    written its shard (exit barrier)."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3)
+    n, r = mpi.size, mpi.rank
+    rng = np.random.default_rng(38)
+    x, out = dev.empty(20000, F32), dev.empty(20000, F32)
+    for i in range(60):
+        late, pause = int(rng.integers(n)), float(rng.uniform(0.0, 0.002))
+        count = int(rng.choice([20000, 9000, 333]))
+        inputs = [make_input(q, count, F32, "sum", salt=i) for q in range(n)]
+        if r == late:  # then writes its input: peers must wait for that (entry barrier)
+            time.sleep(pause)
+        a = x[:count]
+        a[...] = inputs[r]
+        b = a if i % 2 else out[:count]
+        dev.all_reduce(a, b)
+        same_bytes(b, rank_order(inputs, "sum", F32), f"call {i} count={count} (rank {r})")
+    say(f"registered back_to_back {mode} ranks={n}")
+
+
+def traffic(mpi, mode):
+    """The bytes each all-reduce moves (emu Traffic: the device code's data loads and stores,
+    not flags, call headers or LL words), gathered to every rank; asserted in the test."""
+    dev = EmulatedDevice(mpi, mode, "default", blocks=4, ll_max_bytes=0)
+    c, n, r = dev.dev, mpi.size, mpi.rank
+    count = int(sys.argv[3])
+    x = dev.empty(count, np.float32)
+    out = dev.empty(count, np.float32)
+    inputs = [make_input(q, count, F32, "sum", salt=5) for q in range(n)]
+    rows = {}
+    for name, algo in (("twoshot", None), ("ring", "ring"), ("direct", "direct")):
+        a, b = (x, out) if name == "twoshot" else (inputs[r].copy(), np.zeros(count, np.float32))
+        a[...] = inputs[r]
+        mpi.Barrier()
+        c.reset_traffic()
+        before = c.twoshot_runs
+        dev.all_reduce(a, b, algorithm=algo)
+        assert (c.twoshot_runs - before == 1) == (name == "twoshot"), name
+        check_close(b, reference(inputs, "sum", F32), F32, n, name, "sum")
+        rows[name] = mpi.allgather(dict(c.traffic))
+    if r == 0:
+        for name, per_rank in rows.items():
+            for q, t in enumerate(per_rank):
+                say(f"TRAFFIC {name} {q} {t['read_own']} {t['read_peer']} "
+                    f"{t['write_own']} {t['write_peer']}")  # fmt: skip
+    mpi.Barrier()
+
+
+def mismatch(mpi, mode):
+    """Two ranks that disagree raise CollectiveMismatch, both of them, naming what differs: on
+    the count (both registered), and on whether the buffers are registered (one rank passes a
+    plain array). Each on a communicator of its own: a mismatch poisons the one it ran on."""
+    r = mpi.rank
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT)
+    x = dev.zeros(5000, np.float32)
+    mine = x if r == 0 else x[: 5000 - 16]
+    expect(pc.CollectiveMismatch, lambda: dev.all_reduce(mine), "count")
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT)
+    x = dev.zeros(5000, np.float32)
+    mine = x if r == 0 else np.zeros(5000, np.float32)
+    expect(pc.CollectiveMismatch, lambda: dev.all_reduce(mine), "shared buffers")
+    mpi.Barrier()
+    say(f"registered mismatch {mode} ranks={mpi.size}")
+
+
+def faults(mpi, mode, what):
+    """Rank 1 dies (or stalls past the timeout) at the start of its second two-shot call,
+    running none of it: its peers wait for it (kernel mode: at the call comparison or the exit
+    barrier, on the device; host mode: at the host's first meeting) and must give up."""
+    fault = (2, 0, what == "dies_mid") if mpi.rank == 1 else None
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT, fault=fault)
+    survivors = mpi.Split(MPI.UNDEFINED if mpi.rank == 1 else 0, mpi.rank)
+    x = dev.zeros(5000, np.float32)
+    dev.all_reduce(x)  # everyone arrives once
+    t0 = time.monotonic()
+    try:
+        dev.all_reduce(x)
+    except pc.CollectiveError as e:
+        say(f"RAISED {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}")
+        done, end = survivors.Ibarrier(), time.monotonic() + 10
+        while not done.Test() and time.monotonic() < end:
+            time.sleep(0.005)
+        hard_exit(0)
+    raise AssertionError(f"{what}: no error on rank {mpi.rank} (pid {os.getpid()})")
+
+
+def main():
+    mode, part = sys.argv[1], sys.argv[2]
+    mpi = MPI.COMM_WORLD
+    parts = {
+        "matrix": matrix,
+        "traffic": traffic,
+        "mismatch": mismatch,
+        "back_to_back": back_to_back,
+    }
+    parts.get(part, lambda m, md: faults(m, md, part))(mpi, mode)
+
+
+if __name__ == "__main__":
+    run_main(main)
