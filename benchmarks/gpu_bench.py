@@ -72,16 +72,24 @@ def counts(coll: str, nbytes: int, n: int) -> tuple:
     return count, count
 
 
-def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls) -> dict:
-    """One row: every time in seconds (nan where a peer cannot run), and the size."""
+def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls, registered=False) -> dict:
+    """One row: every time in seconds (nan where a peer cannot run), and the size.
+    `registered`: our input and output are registered buffers (comm.empty on the GPU), over
+    which an all-reduce runs the two-shot; the peers use the same arrays."""
     n = mpi.size
     stream = cp.cuda.get_current_stream()
     give, get = counts(coll, nbytes, n)
     # Small integers, not zeros (nothing runs faster on special values), so that every sum is
     # exact in float32 whatever the order of the additions.
     given = (np.arange(give) % 1024).astype(np.float32)
-    x = cp.asarray(given)
-    out = cp.empty(get, cp.float32)
+    if registered:
+        device = cp.cuda.Device().id
+        x = comm.empty(give, np.float32, device=device)
+        x.set(given)
+        out = comm.empty(get, np.float32, device=device)
+    else:
+        x = cp.asarray(given)
+        out = cp.empty(get, cp.float32)
 
     def ours():
         if coll == "all_reduce":
@@ -147,6 +155,11 @@ def main():
     ap.add_argument("--calls", type=int, default=50, help="back-to-back calls per size, at most")
     ap.add_argument("--collectives", default="all_reduce,all_gather")
     ap.add_argument("--json", help="also write every row to this file (rank 0)")
+    ap.add_argument(
+        "--registered",
+        action="store_true",
+        help="our arrays are registered buffers (comm.empty on the GPU): all-reduce runs two-shot",
+    )
     args = ap.parse_args()
     colls = args.collectives.split(",")
     bad = [c for c in colls if c not in ("all_reduce", "all_gather")]
@@ -186,7 +199,10 @@ def main():
         print(f"# 8 B all-reduces in a CUDA graph of 100, per call: {us(graph)}"
               + (f" ({graph_why})" if graph_why else ""))  # fmt: skip
         print(f"# nccl: {nccl.what}")
+        if args.registered:
+            print("# our arrays: registered buffers (comm.empty on the GPU), all-reduce two-shot")
     results = {"ranks": n, "device": dev.name, "sync_mode": mode, "ll_max_bytes": ll_bytes,
+               "registered": args.registered,
                "copy_bw_gbs": copy_bw,
                "floors": vars(floors), "graph_per_call": graph, "nccl": nccl.what,
                "rows": {}}  # fmt: skip
@@ -198,7 +214,9 @@ def main():
                   f"{'staged/sync':>11} {'nccl/sync':>9}")  # fmt: skip
         rows = []
         for nbytes in sizes(args.min_bytes, args.max_bytes):
-            row = measure(coll, nbytes, comm, nccl, cp, mpi, args.iters, args.calls)
+            row = measure(
+                coll, nbytes, comm, nccl, cp, mpi, args.iters, args.calls, args.registered
+            )
             row.update(derived(coll, row, n, copy_bw, floors))
             rows.append(row)
             if mpi.rank == 0:

@@ -13,7 +13,8 @@
 #   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode)
 #   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, its small all-reduces again
 #             on 2 ranks without the LL format (PYCOLL_CUDA_LL_BYTES=0), and the host's cost of
-#             one small call layer by layer (gpu_call_cost.py), then all-reduces of 32-128 MiB
+#             one small call layer by layer (gpu_call_cost.py), all-reduces on registered
+#             buffers (two-shot) on 2 ranks, then all-reduces of 32-128 MiB
 #             with PYCOLL_CUDA_BLOCKS=auto on 1 MiB and 4 MiB slots, under an MPS daemon it
 #             starts and stops
 #   train     the training job on the GPU, 4 ranks
@@ -53,12 +54,12 @@ STAGES=${STAGES:-env build bench-2 bench-mps train gpu}
 # command. Raise them when running by hand.
 T_ENV=${T_ENV:-15}
 T_BUILD=${T_BUILD:-95}
-T_GPU=${T_GPU:-220}
+T_GPU=${T_GPU:-210}
 T_EMULATED=${T_EMULATED:-120}
 T_BENCH2=${T_BENCH2:-50}
 T_BENCH4=${T_BENCH4:-60}
-T_BENCH_MPS=${T_BENCH_MPS:-125}
-T_TRAIN=${T_TRAIN:-35}
+T_BENCH_MPS=${T_BENCH_MPS:-145}
+T_TRAIN=${T_TRAIN:-25}
 GRACE=5 # seconds between SIGTERM and SIGKILL when a stage runs over
 BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-128M}
 TRAIN_EPOCHS=${TRAIN_EPOCHS:-3}
@@ -181,6 +182,9 @@ bench_mps() {
   PYCOLL_CUDA_SYNC=kernel PYCOLL_CUDA_LL_BYTES=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
     --max-bytes 64K --collectives all_reduce || rc=1
   PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_call_cost.py || rc=1
+  # All-reduces on registered buffers (comm.empty on the GPU): the two-shot, no staging.
+  PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py --registered \
+    --max-bytes "$BENCH_MAX_BYTES" --collectives all_reduce --iters 10 --calls 20 || rc=1
   # The ring's large all-reduces with a block per SM of each rank's share of the GPU
   # (PYCOLL_CUDA_BLOCKS=auto), with 1 MiB and then 4 MiB slots, beside the first run's 16 blocks.
   for slot in 1M 4M; do
