@@ -42,6 +42,8 @@ PYCOLL_CUDA_BLOCKS         16               thread blocks per launch; ``auto``: 
 PYCOLL_CUDA_LL_BYTES       32 KiB           GPU kernel mode: messages up to here in the LL
                                             format, data and flag in one store (0: off)
 PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
+PYCOLL_CUDA_HOST_TWOSHOT   1                GPU host mode: all-reduces through scratch, the
+                                            two-shot a chunk at a time (0: the steps)
 =========================  ===============  ==================================================
 """
 
@@ -154,6 +156,7 @@ class Options:
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
+    cuda_host_twoshot: bool = True
     cuda_ll_bytes: int = 32 << 10
     cuda_sync: str | None = None
 
@@ -194,6 +197,10 @@ class Options:
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, _blocks),
             cuda_ll_bytes=pick(None, "PYCOLL_CUDA_LL_BYTES", d.cuda_ll_bytes, int),
             cuda_sync=None if sync == "auto" else sync,
+            cuda_host_twoshot=env_choice(
+                "PYCOLL_CUDA_HOST_TWOSHOT", "1", ("0", "1"), env, {"off": "0", "on": "1"}
+            )
+            == "1",
         )
         opts.check()
         return opts
@@ -258,6 +265,7 @@ class Options:
         o.nslots = self.cuda_staging_slots
         o.nblocks = self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), sharing)
         o.ll_max_bytes = self.cuda_ll_bytes
+        o.host_twoshot = self.cuda_host_twoshot
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug

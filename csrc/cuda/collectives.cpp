@@ -1,5 +1,6 @@
 // CudaComm's calls: the plan of a call, its launch arguments, the launch in kernel mode or one
 // launch per step in host mode (the host waiting between them), and the barrier.
+#include <algorithm>
 #include <cstdio>
 
 #include "common/errors.h"
@@ -126,6 +127,8 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
       if (kernel) run_kernel_mode(call, nullptr, mine, on, !capturing);
     } else if (twoshot.on()) {
       run_twoshot(call, twoshot, mine, w, on, !capturing);
+    } else if (host_scratch_eligible(call, algo, kernel, opts_.host_twoshot)) {
+      run_host_scratch(call, w, meet);
     } else if (capturing) {
       // The graph reads the plan: never freed.
       run_kernel_mode(call, &plans_.pin(call, algo), mine, on, false);
@@ -204,6 +207,38 @@ void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const F
   PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
   wait_event(step_done_, w);
   host_meet(shm_, ++barrier_epoch_, w);
+}
+
+// Host mode's all-reduce through scratch (device/host_steps.h, host_scratch_eligible). Before
+// the first copy every rank has finished its call before, whose last step's receiver may run
+// after its sender has returned, reading the slots the scratch is made of: the fingerprints'
+// meeting sees to that (`met`), else a meeting here. The copies go on our stream, behind the
+// caller's.
+void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met) {
+  static const CachedPlan no_steps{};
+  const size_t esize = dtype_size(call.dtype);
+  const size_t cap = scratch_elems(layout_, esize);
+  const std::vector<uint8_t*> scratch = scratch_of(layout_, segments_.data());
+  const uint8_t* in = static_cast<const uint8_t*>(call.in);
+  uint8_t* out = static_cast<uint8_t*>(call.out);
+  ++scratch_runs_;
+  if (!met) host_meet(shm_, ++barrier_epoch_, w);
+  for (size_t off = 0; off < call.count; off += cap) {
+    const size_t len = std::min(cap, call.count - off);
+    PYCOLL_CUDA_CHECK(cudaMemcpyAsync(scratch[rank_], in + off * esize, len * esize,
+                                      cudaMemcpyDeviceToDevice, stream_));
+    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+    wait_event(step_done_, w);
+    host_meet(shm_, ++barrier_epoch_, w);  // every rank's chunk is in its scratch
+    KernelArgs a = kernel_args(call, no_steps);
+    set_twoshot(a, len, scratch, scratch);  // in place: rank r reads and writes shard r only
+    PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
+    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+    wait_event(step_done_, w);
+    host_meet(shm_, ++barrier_epoch_, w);  // every rank's shard is in every scratch
+    PYCOLL_CUDA_CHECK(cudaMemcpyAsync(out + off * esize, scratch[rank_], len * esize,
+                                      cudaMemcpyDeviceToDevice, stream_));
+  }
 }
 
 // One launch per step; between launches the host waits for the peers. A launch never waits

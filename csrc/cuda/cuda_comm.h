@@ -69,6 +69,9 @@ struct CudaCommOptions {
   size_t ll_max_bytes = 32 * 1024;
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
+  // Host mode: all-reduces the two-shot would take run through scratch (host_scratch_eligible),
+  // two waits for the GPU per chunk instead of one per step.
+  bool host_twoshot = true;
 };
 
 // Events for CudaWork, reused: creating one per collective costs a driver call each time.
@@ -153,6 +156,7 @@ class CudaComm {
   // so, and where they lie.
   IpcRegistry& registry() { return registry_; }
   uint64_t twoshot_runs() const { return twoshot_runs_; }
+  uint64_t scratch_runs() const { return scratch_runs_; }
   // Waits for this rank's queued collectives, then for every rank to arrive.
   void barrier();
   // Waits (bounded) for queued work and releases every resource; later calls fail.
@@ -202,6 +206,8 @@ class CudaComm {
   void run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
                    const WaitContext& w, cudaStream_t stream, bool eager);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
+  // `met`: the ranks have met on the host for this call already (its fingerprints).
+  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met);
   void wait_device(const std::function<bool()>& reached, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);
@@ -233,6 +239,7 @@ class CudaComm {
   PlanCache<CachedPlan> plans_;
   IpcRegistry registry_;
   uint64_t twoshot_runs_ = 0;
+  uint64_t scratch_runs_ = 0;
   std::shared_ptr<EventPool> events_;
   uint64_t seq_ = 0;
   uint64_t barrier_epoch_ = 0;

@@ -100,6 +100,16 @@ void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w) {
   }
 }
 
+size_t scratch_elems(const SegmentLayout& L, size_t esize) {
+  return (L.data_end() - L.flags_bytes) / esize / kSliceAlign * kSliceAlign;
+}
+
+std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segments) {
+  std::vector<uint8_t*> s(L.size);
+  for (int q = 0; q < L.size; ++q) s[q] = segments[q] + L.flags_bytes;
+  return s;
+}
+
 void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
                  const std::vector<uint8_t*>& out) {
   const int n = a.layout.size;

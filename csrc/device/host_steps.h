@@ -70,6 +70,20 @@ inline bool twoshot_eligible(const CollectiveCall& call, Algo algo) {
   return call.collective == Collective::AllReduce && !call.barrier && call.count > 0 &&
          (call.algo == Algo::Auto || algo == Algo::Direct);
 }
+// Host mode's all-reduce through scratch (CudaComm::run_host_scratch): every rank's segment's
+// data area (its staging slots, as one flat buffer that every peer maps already) holds a chunk
+// of the message at a time, and the two-shot runs in place over them: per chunk the host
+// copies the chunk in, meets the peers, launches the two-shot (no device wait in it), meets
+// them again and copies the sums out. Two waits for the GPU per chunk, not one per step. For
+// host mode's all-reduces that the two-shot would take (twoshot_eligible), unless turned off.
+inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode,
+                                  bool on) {
+  return on && !kernel_mode && twoshot_eligible(call, algo);
+}
+// Elements of `esize` bytes a chunk holds: the data area, in whole kSliceAlign groups.
+size_t scratch_elems(const SegmentLayout& L, size_t esize);
+// Every rank's scratch (its data area), from its segment as this process maps it.
+std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segments);
 // Host mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
 // `epoch` (one more than this rank's last), then waits, bounded, until every peer has posted
 // it. Host mode's two-shot meets the peers so before its launch (every rank's input is ready)

@@ -252,6 +252,41 @@ void EmuComm::drill_fault() const {
   _exit(0);
 }
 
+// Host mode's all-reduce through scratch, as CudaComm::run_host_scratch runs it: the copies
+// are the host's (a GPU's copy engines; not counted as the device code's traffic), the
+// two-shot's blocks run in turn, and the host meets the peers before and after each launch.
+void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met) {
+  const size_t esize = dtype_size(call.dtype);
+  const size_t cap = cuda::scratch_elems(layout_, esize);
+  const std::vector<uint8_t*> scratch = cuda::scratch_of(layout_, segments_.data());
+  const uint8_t* in = static_cast<const uint8_t*>(call.in);
+  uint8_t* out = static_cast<uint8_t*>(call.out);
+  Regions regions = launch_regions(call);
+  for (int q = 0; q < size_; ++q)  // the two-shot writes every rank's scratch
+    if (q != rank_) regions.list.push_back({scratch[q], cap * esize, true, "peer scratch", q});
+  ++scratch_runs_;
+  const bool drill = opts_.fault_seq == w.seq;
+  if (drill && opts_.fault_step == 0) drill_fault();
+  if (!met) cuda::host_meet(shm_, ++barrier_epoch_, w);
+  for (size_t off = 0; off < call.count; off += cap) {
+    const size_t len = std::min(cap, call.count - off);
+    std::memcpy(scratch[rank_], in + off * esize, len * esize);
+    cuda::host_meet(shm_, ++barrier_epoch_, w);  // every rank's chunk is in its scratch
+    cuda::KernelArgs a =
+        cuda::make_kernel_args(launch_setup(false), call, nullptr, 0, 1, counters_);
+    cuda::set_twoshot(a, len, scratch, scratch);  // in place: rank r touches shard r only
+    {
+      const RegionsScope scope(&regions);
+      blocks_run_ += static_cast<uint64_t>(a.grid);
+      for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
+    }
+    ++scratch_chunks_;
+    if (drill) drill_fault();
+    cuda::host_meet(shm_, ++barrier_epoch_, w);  // every rank's shard is in every scratch
+    std::memcpy(out + off * esize, scratch[rank_], len * esize);
+  }
+}
+
 // One launch for the whole collective: a thread per block, waiting on device flags. Block 0
 // checks the call against its peers' first (cuda::check_call), as on the GPU.
 void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan,
@@ -360,6 +395,8 @@ void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     if (opts_.fault_seq == w.seq && i == static_cast<size_t>(opts_.fault_step)) drill_fault();
     cuda::host_wait_step(shm_, counters_, plan.steps[i], w);
+    if (opts_.step_delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(opts_.step_delay_ms));
     // As CudaComm launches it: the blocks of this step's message alone.
     cuda::KernelArgs a =
         cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(),
@@ -420,10 +457,14 @@ void EmuComm::run(const CollectiveCall& call) {
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
-    rendezvous(call, guard, w, cuda::meets_on_host(call, opts_.kernel_mode, false));
+    const bool meet = cuda::meets_on_host(call, opts_.kernel_mode, false, opts_.host_checks);
+    rendezvous(call, guard, w, meet);
     const bool empty = moves_nothing(call, rank_, size_);
     if (twoshot.on() && !empty)
       run_twoshot(call, twoshot, w, mine);
+    else if (!empty &&
+             cuda::host_scratch_eligible(call, algo, opts_.kernel_mode, opts_.host_twoshot))
+      run_host_scratch(call, w, meet);
     else if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
       run_kernel_mode(call, empty ? kNoSteps : plan_for(call, algo), w, mine);
     else if (!empty)

@@ -74,6 +74,13 @@ struct EmuOptions {
   // call before (cuda::KernelArgs::after_seq), and that call's end is reported this much later.
   int finish_stagger_ms = 0;
   int previous_late_ms = 0;
+  bool host_twoshot = true;  // cuda::CudaCommOptions::host_twoshot
+  // Host mode (tests): the host pauses this long between a step's inputs arriving and its
+  // launch, so that its peers run ahead of it.
+  int step_delay_ms = 0;
+  // Host mode: every call's fingerprints compared on the host before anything moves
+  // (cuda::meets_on_host; PYCOLL_CHECK_MISMATCH=0 turns that off on the GPU).
+  bool host_checks = true;
 };
 
 class EmuComm {
@@ -90,6 +97,8 @@ class EmuComm {
   size_t plans_cached() const { return plans_.size(); }
   uint64_t plans_built() const { return plans_built_; }
   size_t segment_bytes() const { return layout_.total_bytes(); }
+  // The segment's data area (its staging slots): host mode's scratch (cuda::scratch_of).
+  size_t segment_data_bytes() const { return layout_.data_end() - layout_.flags_bytes; }
 
   // What the rendezvous exchanges: the device segment's and the host flags' names.
   const std::string& segment_name() const { return segment_.name(); }
@@ -127,6 +136,9 @@ class EmuComm {
   const Traffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_.reset(); }
   uint64_t twoshot_runs() const { return twoshot_runs_; }
+  // Host mode's all-reduces through scratch (cuda::host_scratch_eligible), and their chunks.
+  uint64_t scratch_runs() const { return scratch_runs_; }
+  uint64_t scratch_chunks() const { return scratch_chunks_; }
 
  private:
   static const cuda::Plan kNoSteps;
@@ -152,6 +164,7 @@ class EmuComm {
     bool on() const { return in.on && out.on; }
   };
   TwoShot twoshot_of(const CollectiveCall& call, Algo algo) const;
+  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met);
   void run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
                    const Fingerprint& f);
   cuda::LaunchSetup launch_setup(bool use_flags);
@@ -173,6 +186,8 @@ class EmuComm {
   uint64_t blocks_run_ = 0;
   uint64_t ll_steps_run_ = 0;
   uint64_t twoshot_runs_ = 0;
+  uint64_t scratch_runs_ = 0;
+  uint64_t scratch_chunks_ = 0;
   uint64_t barrier_epoch_ = 0;  // host mode's meetings (cuda::host_meet)
   Registry registry_;
   Traffic traffic_;

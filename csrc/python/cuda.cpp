@@ -261,7 +261,8 @@ void bind_comm(py::module_& m) {
       .def_readwrite("direct_max_bytes", &CudaCommOptions::direct_max_bytes)
       .def_readwrite("ll_max_bytes", &CudaCommOptions::ll_max_bytes)
       .def_readwrite("debug", &CudaCommOptions::debug)
-      .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch);
+      .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch)
+      .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot);
 
   py::class_<CudaWork, std::shared_ptr<CudaWork>>(m, "CudaWork")
       .def("is_completed", &CudaWork::is_completed)
@@ -333,6 +334,7 @@ void bind_comm(py::module_& m) {
           py::arg("id"))
       .def_property_readonly("registrations", [](CudaComm& c) { return c.registry().live(); })
       .def_property_readonly("twoshot_runs", &CudaComm::twoshot_runs)
+      .def_property_readonly("scratch_runs", &CudaComm::scratch_runs)
       .def(
           "choose",
           [](const CudaComm& c, int collective, size_t bytes) {

@@ -39,7 +39,10 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("fault_step", &emu::EmuOptions::fault_step)
       .def_readwrite("fault_exit", &emu::EmuOptions::fault_exit)
       .def_readwrite("finish_stagger_ms", &emu::EmuOptions::finish_stagger_ms)
-      .def_readwrite("previous_late_ms", &emu::EmuOptions::previous_late_ms);
+      .def_readwrite("previous_late_ms", &emu::EmuOptions::previous_late_ms)
+      .def_readwrite("host_twoshot", &emu::EmuOptions::host_twoshot)
+      .def_readwrite("step_delay_ms", &emu::EmuOptions::step_delay_ms)
+      .def_readwrite("host_checks", &emu::EmuOptions::host_checks);
   py::class_<emu::EmuComm>(m, "EmuComm")
       .def(py::init<int, int, const emu::EmuOptions&>(), py::arg("rank"), py::arg("size"),
            py::arg("options"))
@@ -51,6 +54,7 @@ PYBIND11_MODULE(_emu, m) {
       .def_property_readonly("plans_cached", &emu::EmuComm::plans_cached)
       .def_property_readonly("plans_built", &emu::EmuComm::plans_built)
       .def_property_readonly("segment_bytes", &emu::EmuComm::segment_bytes)
+      .def_property_readonly("segment_data_bytes", &emu::EmuComm::segment_data_bytes)
       .def_property_readonly("poisoned", &emu::EmuComm::poisoned)
       .def("attach", &emu::EmuComm::attach, py::arg("segments"), py::arg("flags"))
       .def("unlink", &emu::EmuComm::unlink)
@@ -103,6 +107,8 @@ PYBIND11_MODULE(_emu, m) {
       .def("unlink_exchanged", [](emu::EmuComm& c) { c.registry().unlink_exchanged(); })
       .def_property_readonly("registrations", [](emu::EmuComm& c) { return c.registry().live(); })
       .def_property_readonly("twoshot_runs", &emu::EmuComm::twoshot_runs)
+      .def_property_readonly("scratch_runs", &emu::EmuComm::scratch_runs)
+      .def_property_readonly("scratch_chunks", &emu::EmuComm::scratch_chunks)
       // Bytes the device code's data loads and stores moved (emu/emu_checks.h, Traffic).
       .def_property_readonly("traffic",
                              [](const emu::EmuComm& c) {

@@ -193,6 +193,29 @@ def test_emulated_mismatched_call_of_several_blocks_moves_nothing(mode):
     assert out.count(f"gate {mode} ranks=3: nothing moved") == 3, out
 
 
+# Host mode's all-reduce through scratch (device/host_steps.h, host_scratch_eligible): the
+# two-shot in place over every rank's segment data area, a chunk at a time, between host
+# meetings: two waits for the GPU per chunk instead of one per step.
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_emulated_host_all_reduce_through_scratch(nranks):
+    out = run_mpi(nranks, "emulated.py", "host", "host_scratch")
+    assert f"host_scratch ranks={nranks}" in out, out
+
+
+def test_emulated_host_all_reduce_through_scratch_after_a_late_call_of_steps():
+    out = run_mpi(2, "emulated.py", "host", "host_scratch_after_steps")
+    assert "host_scratch_after_steps ranks=2" in out, out
+
+
+@pytest.mark.parametrize("what", ["dies_mid", "stalls_mid"])
+def test_emulated_peer_fails_in_host_all_reduce_through_scratch(what):
+    raised = _drill("host", what, size="scratch")
+    assert len(raised) == 2, raised
+    kind = "CollectiveError" if what == "dies_mid" else "CollectiveTimeout"
+    for line in raised:
+        assert kind in line and "rank 1" in line, line
+
+
 @pytest.mark.parametrize("late_ms", [20, 2500])
 def test_emulated_call_on_another_stream_waits_for_the_call_before(late_ms):
     out = run_mpi(2, "emulated.py", "kernel", "previous_stream", str(late_ms))

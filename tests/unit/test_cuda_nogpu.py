@@ -430,3 +430,18 @@ def test_auto_block_count_reaches_the_cuda_transport():
     for bad in ("0", "129", "many"):
         with pytest.raises(ValueError, match="PYCOLL_CUDA_BLOCKS"):
             nblocks({"PYCOLL_CUDA_BLOCKS": bad})
+
+
+def test_host_two_shot_switch_reaches_the_cuda_transport():
+    # PYCOLL_CUDA_HOST_TWOSHOT: host mode's all-reduces through scratch (on by default); a bad
+    # value names the variable and its choices.
+    cu = pytest.importorskip("pycollectives._cuda")
+
+    def host_twoshot(env):
+        return Options.resolve(timeout=30.0, environ=env).cuda_options(cu).host_twoshot
+
+    assert host_twoshot({}) is True and cu.CudaCommOptions().host_twoshot is True
+    assert host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "0"}) is False
+    assert host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "on"}) is True
+    with pytest.raises(ValueError, match="PYCOLL_CUDA_HOST_TWOSHOT"):
+        host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "maybe"})

@@ -10,7 +10,8 @@
 #   env       nvidia-smi, driver, CUDA runtime, torch/cupy/NCCL versions
 #   build     a venv (.venv-gpu) on top of the machine's packages, the carried wheels, and
 #             `pip install -e .` with the CUDA transport required
-#   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode)
+#   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode), and
+#             its all-reduces up to 1 MiB again by the steps (PYCOLL_CUDA_HOST_TWOSHOT=0)
 #   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, its small all-reduces again
 #             on 2 ranks without the LL format (PYCOLL_CUDA_LL_BYTES=0), and the host's cost of
 #             one small call layer by layer (gpu_call_cost.py), all-reduces on registered
@@ -54,9 +55,9 @@ STAGES=${STAGES:-env build bench-2 bench-mps train gpu}
 # command. Raise them when running by hand.
 T_ENV=${T_ENV:-15}
 T_BUILD=${T_BUILD:-95}
-T_GPU=${T_GPU:-210}
+T_GPU=${T_GPU:-200}
 T_EMULATED=${T_EMULATED:-120}
-T_BENCH2=${T_BENCH2:-50}
+T_BENCH2=${T_BENCH2:-60}
 T_BENCH4=${T_BENCH4:-60}
 T_BENCH_MPS=${T_BENCH_MPS:-145}
 T_TRAIN=${T_TRAIN:-25}
@@ -195,7 +196,17 @@ bench_mps() {
   echo quit | nvidia-cuda-mps-control
   return $rc
 }
-export -f show_env build_package bench_mps
+# Host mode on 2 ranks: the benchmark, then its all-reduces up to 1 MiB again by the steps
+# (PYCOLL_CUDA_HOST_TWOSHOT=0), to set beside the first run's all-reduces through scratch.
+bench_host() {
+  local rc=0
+  PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+    --max-bytes "$BENCH_MAX_BYTES" || rc=1
+  PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_HOST_TWOSHOT=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+    --max-bytes 1M --collectives all_reduce --iters 10 --calls 10 || rc=1
+  return $rc
+}
+export -f show_env build_package bench_mps bench_host
 
 SUMMARY=$OUTDIR/summary.txt
 FAILED=() # stages that failed, timed out or were skipped
@@ -263,8 +274,7 @@ stage build "$T_BUILD" bash -c build_package || BLOCKED="build failed"
 if [ "$DRY_RUN" = 0 ] && [ -z "$BLOCKED" ] && [ ! -x "$PY" ]; then
   BLOCKED="no .venv-gpu: run the build stage"
 fi
-stage bench-2 "$T_BENCH2" env PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" \
-  benchmarks/gpu_bench.py --max-bytes "$BENCH_MAX_BYTES"
+stage bench-2 "$T_BENCH2" bash -c bench_host
 stage bench-4 "$T_BENCH4" env PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 4 "$PY" \
   benchmarks/gpu_bench.py --max-bytes "$BENCH_MAX_BYTES"
 stage bench-mps "$T_BENCH_MPS" bash -c bench_mps

@@ -14,7 +14,9 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   resize (sizes changing within the slot window), headers (calls whose fingerprints alternate,
   back to back), ll_sizes (sizes around the LL limit, every dtype), ll_race (LL calls back to
   back, ranks delayed at random), ll_wrap (LL flags of 4 bits, wrapping every 16 messages),
-  gate (a mismatched call of several blocks moves nothing), launch_end (each call's end
+  gate (a mismatched call of several blocks moves nothing), host_scratch (host mode's
+  all-reduces through scratch, in chunks), host_scratch_after_steps (each right after a call
+  of steps that one rank finishes late), launch_end (each call's end
   reported once every block has ended), previous_stream LATE_MS
   (every call queued as if on another stream than the call before, whose end is reported
   LATE_MS late), the fault drills dead_peer, timeout,
@@ -174,8 +176,9 @@ def matrix(mpi, mode, collective, staging, algos, blocks):
 
 
 def shapes(mpi, mode):
-    """More distinct call shapes than the plan cache holds, and every one still right."""
-    dev = EmulatedDevice(mpi, mode, "small", blocks=2)
+    """More distinct call shapes than the plan cache holds, and every one still right (host
+    mode's all-reduces through scratch off: they have no plan)."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, host_twoshot=False)
     n = mpi.size
     for i in range(300):
         count = 1 + i * 7
@@ -243,8 +246,8 @@ def faults(mpi, mode, what, size="large"):
     # size "ll": the calls are small enough for the LL format (kernel mode), and rank 1 runs
     # none of its steps (one-shot has two: after its send, its peers would have all they need),
     # so its peers' LL polls are what must give up.
-    ll = size == "ll"
-    step = 0 if ll else 3
+    ll, scratch = size == "ll", size == "scratch"
+    step = 0 if ll else 1 if scratch else 3
     drill = {"dies_mid": (2, step, True), "stalls_mid": (2, step, False)}.get(what)
     fault = drill if mpi.rank == 1 else None
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT, fault=fault)
@@ -255,8 +258,10 @@ def faults(mpi, mode, what, size="large"):
     # reported "rank 2 is no longer running" instead of the timeout.
     faulty = what in ("dies_mid", "stalls_mid", "dead_peer", "timeout")
     survivors = mpi.Split(MPI.UNDEFINED if faulty and mpi.rank == 1 else 0, mpi.rank)
-    count = 64 if ll else 5000
-    algo = "direct" if ll else "ring"
+    # size "scratch" (host mode): an all-reduce through scratch of 3 chunks, rank 1 failing
+    # after its first chunk's launch, so its peers' host meetings are what must give up.
+    count = 64 if ll else 20000 if scratch else 5000
+    algo = "direct" if ll else None if scratch else "ring"
     x = np.ones(count, np.float32)
     dev.all_reduce(x)  # everyone arrives once
     if what == "dead_peer":
@@ -270,7 +275,7 @@ def faults(mpi, mode, what, size="large"):
             os._exit(0)
     elif what == "mismatch":
         x = np.ones(count if mpi.rank == 0 else count - 16, np.float32)
-    ll_before = dev.dev.ll_steps_run
+    ll_before, scratch_before = dev.dev.ll_steps_run, dev.dev.scratch_runs
     t0 = time.monotonic()
     try:
         dev.all_reduce(x, algorithm=algo)
@@ -278,6 +283,8 @@ def faults(mpi, mode, what, size="large"):
         took = time.monotonic() - t0
         if ll and mode == "kernel" and what in ("dies_mid", "stalls_mid"):
             assert dev.dev.ll_steps_run > ll_before, "the drill's call is not in the LL format"
+        if scratch and what in ("dies_mid", "stalls_mid"):
+            assert dev.dev.scratch_runs > scratch_before, "the drill's call is not through scratch"
         say(f"RAISED {type(e).__name__} after {took:.1f}s: {e}")
         try:
             dev.all_reduce(x)
@@ -587,6 +594,70 @@ def gate(mpi, mode):
     say(f"gate {mode} ranks={n}: nothing moved")
 
 
+def host_scratch(mpi, mode):
+    """Host mode's all-reduce through scratch (device/host_steps.h): every rank's segment data
+    area holds a chunk at a time (5120 float64 elements for n = 3: 2 slots on each of n + 1
+    channels of 4 blocks, 1280 B each), the two-shot runs in place over them between two host
+    meetings. Sizes of
+    one element to five chunks, every dtype, sum, max and avg, in place and not, one rank late
+    at random each call; against numpy, and bitwise alike on every rank. A call forced onto the
+    ring still takes the steps."""
+    assert mode == "host", mode
+    dev = EmulatedDevice(mpi, mode, "small", blocks=4)
+    c, n, r = dev.dev, mpi.size, mpi.rank
+    rng = np.random.default_rng(38)
+    # 4 blocks x (n + 1) channels (one to each rank, one broadcast) x 2 slots x a block's share
+    # of a 4 KiB slot (1024 B, 128 spare, rounded up to 256: 1280 B)
+    assert c.segment_data_bytes == 4 * (n + 1) * 2 * 1280, c.segment_data_bytes
+    calls = chunks = 0
+    for dt in DTYPES:
+        cap = c.segment_data_bytes // dt.itemsize // 16 * 16
+        ops = ["sum", "max", "avg"] if is_float(dt) else ["sum", "max"]
+        for count in (1, 7, 16 * n + 5, cap, cap + 1, 5 * cap - 3):
+            op = ops[calls % len(ops)]
+            inputs = [make_input(q, count, dt, op, salt=calls) for q in range(n)]
+            late = int(rng.integers(n))
+            if r == late:
+                time.sleep(float(rng.uniform(0, 0.003)))
+            before = c.scratch_runs, c.scratch_chunks
+            if calls % 2:
+                got = dev.all_reduce(inputs[r].copy(), op=op)  # in place
+            else:
+                got = np.zeros(count, dt)
+                dev.all_reduce(inputs[r], got, op=op)
+            what = f"{dt.name} count={count} {op}"
+            assert c.scratch_runs == before[0] + 1, what
+            assert c.scratch_chunks == before[1] + -(-count // cap), (what, c.scratch_chunks)
+            check_close(got, reference(inputs, op, dt), dt, n, what, op)
+            digests = mpi.allgather(got.tobytes())
+            assert all(d == digests[0] for d in digests), f"{what}: ranks differ"
+            calls += 1
+            chunks += -(-count // cap)
+    ring = dev.all_reduce(np.ones(100, np.float32), algorithm="ring")
+    assert c.scratch_runs == calls and (ring == n).all(), c.scratch_runs
+    say(f"host_scratch ranks={n}: {calls} calls, {chunks} chunks")
+
+
+def host_scratch_after_steps(mpi, mode):
+    """An all-reduce through scratch right after a call of steps, whose last messages rank 1
+    reads 3 ms late each: the scratch is the slots those messages are in, so no rank may copy
+    into it before every rank has finished the call before. With the host's fingerprint
+    checks on, their meeting sees to that; off, as here, a meeting of its own."""
+    assert mode == "host", mode
+    r, n = mpi.rank, mpi.size
+    delay = 3 if r == 1 else 0
+    dev = EmulatedDevice(mpi, mode, "small", blocks=4, step_delay_ms=delay, host_checks=False)
+    f32 = np.dtype(np.float32)
+    for i in range(6):
+        inputs = [make_input(q, 3000, f32, "sum", salt=i) for q in range(n)]
+        ring = dev.all_reduce(inputs[r].copy(), algorithm="ring")
+        check_close(ring, reference(inputs, "sum", f32), f32, n, f"ring #{i}", "sum")
+        scratch = dev.all_reduce(inputs[r].copy())
+        check_close(scratch, reference(inputs, "sum", f32), f32, n, f"scratch #{i}", "sum")
+    assert dev.dev.scratch_runs == 6, dev.dev.scratch_runs
+    say(f"host_scratch_after_steps ranks={n}")
+
+
 def launch_end(mpi, mode):
     """Kernel mode reports each call's end in the done word (step_kernel.h, finish_launch):
     the last of its blocks to end writes the call's number there, once every block has ended.
@@ -658,6 +729,10 @@ def main():
         LL_TESTS[collective](mpi, mode)
     elif collective == "gate":
         gate(mpi, mode)
+    elif collective == "host_scratch":
+        host_scratch(mpi, mode)
+    elif collective == "host_scratch_after_steps":
+        host_scratch_after_steps(mpi, mode)
     elif collective == "launch_end":
         launch_end(mpi, mode)
     elif collective == "previous_stream":
