@@ -209,36 +209,31 @@ void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const F
   host_meet(shm_, ++barrier_epoch_, w);
 }
 
-// Host mode's all-reduce through scratch (device/host_steps.h, host_scratch_eligible). Before
-// the first copy every rank has finished its call before, whose last step's receiver may run
-// after its sender has returned, reading the slots the scratch is made of: the fingerprints'
-// meeting sees to that (`met`), else a meeting here. The copies go on our stream, behind the
-// caller's.
+// Host mode through scratch (device/host_steps.h, run_scratch): the copies and the two-shot
+// on our stream, behind the caller's; the host waits for it between its meetings.
 void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met) {
-  static const CachedPlan no_steps{};
-  const size_t esize = dtype_size(call.dtype);
-  const size_t cap = scratch_elems(layout_, esize);
-  const std::vector<uint8_t*> scratch = scratch_of(layout_, segments_.data());
-  const uint8_t* in = static_cast<const uint8_t*>(call.in);
-  uint8_t* out = static_cast<uint8_t*>(call.out);
+  struct Ops {
+    CudaComm& c;
+    const CollectiveCall& call;
+    const WaitContext& w;
+    void copy(void* dst, const void* src, size_t bytes) {
+      PYCOLL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c.stream_));
+    }
+    void twoshot(size_t len, const std::vector<uint8_t*>& scratch) {
+      static const CachedPlan no_steps{};
+      KernelArgs a = c.kernel_args(call, no_steps);
+      set_twoshot(a, len, scratch, scratch);
+      PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, c.stream_));
+    }
+    void drain() {
+      PYCOLL_CUDA_CHECK(cudaEventRecord(c.step_done_, c.stream_));
+      c.wait_event(c.step_done_, w);
+    }
+    void meet() { host_meet(c.shm_, ++c.barrier_epoch_, w); }
+    void chunk_done() {}
+  } ops{*this, call, w};
   ++scratch_runs_;
-  if (!met) host_meet(shm_, ++barrier_epoch_, w);
-  for (size_t off = 0; off < call.count; off += cap) {
-    const size_t len = std::min(cap, call.count - off);
-    PYCOLL_CUDA_CHECK(cudaMemcpyAsync(scratch[rank_], in + off * esize, len * esize,
-                                      cudaMemcpyDeviceToDevice, stream_));
-    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-    wait_event(step_done_, w);
-    host_meet(shm_, ++barrier_epoch_, w);  // every rank's chunk is in its scratch
-    KernelArgs a = kernel_args(call, no_steps);
-    set_twoshot(a, len, scratch, scratch);  // in place: rank r reads and writes shard r only
-    PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
-    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-    wait_event(step_done_, w);
-    host_meet(shm_, ++barrier_epoch_, w);  // every rank's shard is in every scratch
-    PYCOLL_CUDA_CHECK(cudaMemcpyAsync(out + off * esize, scratch[rank_], len * esize,
-                                      cudaMemcpyDeviceToDevice, stream_));
-  }
+  run_scratch(call, layout_, segments_.data(), rank_, met, ops);
 }
 
 // One launch per step; between launches the host waits for the peers. A launch never waits

@@ -4,10 +4,12 @@
 // that time-slice one GPU make progress whatever the scheduler does.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "algo/call.h"
+#include "common/dtypes.h"
 #include "common/hash.h"
 #include "device/kernel_args.h"
 #include "host/executor.h"
@@ -70,20 +72,98 @@ inline bool twoshot_eligible(const CollectiveCall& call, Algo algo) {
   return call.collective == Collective::AllReduce && !call.barrier && call.count > 0 &&
          (call.algo == Algo::Auto || algo == Algo::Direct);
 }
-// Host mode's all-reduce through scratch (CudaComm::run_host_scratch): every rank's segment's
-// data area (its staging slots, as one flat buffer that every peer maps already) holds a chunk
-// of the message at a time, and the two-shot runs in place over them: per chunk the host
-// copies the chunk in, meets the peers, launches the two-shot (no device wait in it), meets
-// them again and copies the sums out. Two waits for the GPU per chunk, not one per step. For
-// host mode's all-reduces that the two-shot would take (twoshot_eligible), unless turned off.
+// Host mode through scratch (run_scratch): every rank's segment data area (its staging slots,
+// as one flat buffer that every peer maps already) holds a chunk of the message at a time, and
+// between two meetings of the hosts per chunk the GPU copies and reduces over every rank's
+// scratch, no device wait in it: two waits for the GPU per chunk, not one per step. For host
+// mode's all-reduces that the two-shot would take (twoshot_eligible), even all-gathers and
+// broadcasts of the automatic choice; unless turned off.
 inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode,
                                   bool on) {
-  return on && !kernel_mode && twoshot_eligible(call, algo);
+  if (!on || kernel_mode || call.barrier || call.count == 0) return false;
+  switch (call.collective) {
+    case Collective::AllReduce:
+      return twoshot_eligible(call, algo);
+    case Collective::AllGather:
+      return call.counts.empty() && call.algo == Algo::Auto;
+    case Collective::Broadcast:
+      return call.algo == Algo::Auto;
+    default:
+      return false;
+  }
 }
 // Elements of `esize` bytes a chunk holds: the data area, in whole kSliceAlign groups.
 size_t scratch_elems(const SegmentLayout& L, size_t esize);
 // Every rank's scratch (its data area), from its segment as this process maps it.
 std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segments);
+
+// Runs host_scratch_eligible's `call` through every rank's scratch, a chunk at a time, on a
+// transport that provides (CudaComm's on its stream, the emulated device's on the host):
+//   copy(dst, src, bytes)   queued behind what is queued (the GPU's copy engines; a peer's
+//                           scratch is read through its mapping)
+//   twoshot(len, scratch)   queues the two-shot all-reduce of `len` elements in place over
+//                           every rank's scratch (device/twoshot_kernel.h): rank r reads and
+//                           writes shard r only, so no rank reads what another has written
+//   drain()                 waits, bounded, until everything queued has run
+//   meet()                  meets every peer on the host (host_meet), bounded
+//   chunk_done()            after each chunk's work, before its last meeting (drills, counts)
+// Before the first copy every rank must have finished its call before, whose last receiver
+// may still read the slots the scratch is made of: the caller's meeting of the fingerprints
+// (`met`), else a meeting here. Per chunk:
+//   all-reduce: copy in, drain, meet, two-shot, drain, meet, copy the sums out;
+//   all-gather: copy in, drain, meet, copy every rank's scratch out, drain, meet;
+//   broadcast:  the root copies in and drains, meet, the others copy the root's scratch out
+//               and drain, meet.
+// The second meeting of a chunk: no rank writes its scratch again while a peer still reads it.
+template <class Ops>
+void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* const* segments,
+                 int rank, bool met, Ops& ops) {
+  const size_t esize = dtype_size(call.dtype);
+  const size_t cap = scratch_elems(L, esize);
+  const std::vector<uint8_t*> scratch = scratch_of(L, segments);
+  const uint8_t* in = static_cast<const uint8_t*>(call.in);
+  uint8_t* out = static_cast<uint8_t*>(call.out);
+  uint8_t* own = scratch[rank];
+  if (!met) ops.meet();
+  for (size_t off = 0; off < call.count; off += cap) {
+    const size_t len = std::min(cap, call.count - off), bytes = len * esize;
+    switch (call.collective) {
+      case Collective::AllReduce:
+        ops.copy(own, in + off * esize, bytes);
+        ops.drain();
+        ops.meet();  // every rank's chunk is in its scratch
+        ops.twoshot(len, scratch);
+        ops.drain();
+        ops.chunk_done();
+        ops.meet();  // every rank's shard is in every scratch
+        ops.copy(out + off * esize, own, bytes);
+        break;
+      case Collective::AllGather:
+        ops.copy(own, in + off * esize, bytes);
+        ops.drain();
+        ops.meet();
+        for (int q = 0; q < L.size; ++q)
+          ops.copy(out + (static_cast<size_t>(q) * call.count + off) * esize, scratch[q], bytes);
+        ops.drain();
+        ops.chunk_done();
+        ops.meet();  // every rank has read every scratch
+        break;
+      default:  // Broadcast, in place on `out`
+        if (rank == call.root) {
+          ops.copy(own, out + off * esize, bytes);
+          ops.drain();
+        }
+        ops.meet();
+        if (rank != call.root) {
+          ops.copy(out + off * esize, scratch[call.root], bytes);
+          ops.drain();
+        }
+        ops.chunk_done();
+        ops.meet();
+        break;
+    }
+  }
+}
 // Host mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
 // `epoch` (one more than this rank's last), then waits, bounded, until every peer has posted
 // it. Host mode's two-shot meets the peers so before its launch (every rank's input is ready)

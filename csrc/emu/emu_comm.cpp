@@ -252,39 +252,42 @@ void EmuComm::drill_fault() const {
   _exit(0);
 }
 
-// Host mode's all-reduce through scratch, as CudaComm::run_host_scratch runs it: the copies
-// are the host's (a GPU's copy engines; not counted as the device code's traffic), the
-// two-shot's blocks run in turn, and the host meets the peers before and after each launch.
+// Host mode through scratch (cuda::run_scratch), as CudaComm runs it: the copies are the
+// host's (a GPU's copy engines; not counted as the device code's traffic), the two-shot's blocks
+// run in turn, nothing is left queued to drain.
 void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met) {
-  const size_t esize = dtype_size(call.dtype);
-  const size_t cap = cuda::scratch_elems(layout_, esize);
-  const std::vector<uint8_t*> scratch = cuda::scratch_of(layout_, segments_.data());
-  const uint8_t* in = static_cast<const uint8_t*>(call.in);
-  uint8_t* out = static_cast<uint8_t*>(call.out);
+  const size_t cap = cuda::scratch_elems(layout_, dtype_size(call.dtype));
   Regions regions = launch_regions(call);
+  const std::vector<uint8_t*> scratch = cuda::scratch_of(layout_, segments_.data());
   for (int q = 0; q < size_; ++q)  // the two-shot writes every rank's scratch
-    if (q != rank_) regions.list.push_back({scratch[q], cap * esize, true, "peer scratch", q});
-  ++scratch_runs_;
+    if (q != rank_)
+      regions.list.push_back({scratch[q], cap * dtype_size(call.dtype), true, "peer scratch", q});
   const bool drill = opts_.fault_seq == w.seq;
-  if (drill && opts_.fault_step == 0) drill_fault();
-  if (!met) cuda::host_meet(shm_, ++barrier_epoch_, w);
-  for (size_t off = 0; off < call.count; off += cap) {
-    const size_t len = std::min(cap, call.count - off);
-    std::memcpy(scratch[rank_], in + off * esize, len * esize);
-    cuda::host_meet(shm_, ++barrier_epoch_, w);  // every rank's chunk is in its scratch
-    cuda::KernelArgs a =
-        cuda::make_kernel_args(launch_setup(false), call, nullptr, 0, 1, counters_);
-    cuda::set_twoshot(a, len, scratch, scratch);  // in place: rank r touches shard r only
-    {
+  struct Ops {
+    EmuComm& c;
+    const CollectiveCall& call;
+    const WaitContext& w;
+    const Regions& regions;
+    bool drill;
+    void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+    void twoshot(size_t len, const std::vector<uint8_t*>& scratch) {
+      cuda::KernelArgs a =
+          cuda::make_kernel_args(c.launch_setup(false), call, nullptr, 0, 1, c.counters_);
+      cuda::set_twoshot(a, len, scratch, scratch);
       const RegionsScope scope(&regions);
-      blocks_run_ += static_cast<uint64_t>(a.grid);
-      for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
+      c.blocks_run_ += static_cast<uint64_t>(a.grid);
+      for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, c.opts_.threads);
     }
-    ++scratch_chunks_;
-    if (drill) drill_fault();
-    cuda::host_meet(shm_, ++barrier_epoch_, w);  // every rank's shard is in every scratch
-    std::memcpy(out + off * esize, scratch[rank_], len * esize);
-  }
+    void drain() {}
+    void meet() { cuda::host_meet(c.shm_, ++c.barrier_epoch_, w); }
+    void chunk_done() {
+      ++c.scratch_chunks_;
+      if (drill) c.drill_fault();
+    }
+  } ops{*this, call, w, regions, drill};
+  ++scratch_runs_;
+  if (drill && opts_.fault_step == 0) drill_fault();
+  cuda::run_scratch(call, layout_, segments_.data(), rank_, met, ops);
 }
 
 // One launch for the whole collective: a thread per block, waiting on device flags. Block 0

@@ -136,7 +136,7 @@ class EmuComm {
   const Traffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_.reset(); }
   uint64_t twoshot_runs() const { return twoshot_runs_; }
-  // Host mode's all-reduces through scratch (cuda::host_scratch_eligible), and their chunks.
+  // Host mode's calls through scratch (cuda::run_scratch), and their chunks.
   uint64_t scratch_runs() const { return scratch_runs_; }
   uint64_t scratch_chunks() const { return scratch_chunks_; }
 

@@ -601,7 +601,7 @@ def host_scratch(mpi, mode):
     meetings. Sizes of
     one element to five chunks, every dtype, sum, max and avg, in place and not, one rank late
     at random each call; against numpy, and bitwise alike on every rank. A call forced onto the
-    ring still takes the steps."""
+    ring still takes the steps. Then all-gathers and broadcasts (copies only) up to 3 chunks."""
     assert mode == "host", mode
     dev = EmulatedDevice(mpi, mode, "small", blocks=4)
     c, n, r = dev.dev, mpi.size, mpi.rank
@@ -635,7 +635,26 @@ def host_scratch(mpi, mode):
             chunks += -(-count // cap)
     ring = dev.all_reduce(np.ones(100, np.float32), algorithm="ring")
     assert c.scratch_runs == calls and (ring == n).all(), c.scratch_runs
-    say(f"host_scratch ranks={n}: {calls} calls, {chunks} chunks")
+    # All-gather (each rank's block a chunk at a time, every scratch copied out) and broadcast
+    # (the root's scratch copied out), from every root, bitwise.
+    for dt in (np.dtype(np.float64), np.dtype(np.int8), np.dtype(np.float16)):
+        cap = c.segment_data_bytes // dt.itemsize // 16 * 16
+        for count in (1, 16 * n + 5, cap + 1, 3 * cap - 3):
+            before = c.scratch_chunks
+            inputs = [make_input(q, count, dt, "sum", salt=calls) for q in range(n)]
+            if r == int(rng.integers(n)):
+                time.sleep(float(rng.uniform(0, 0.003)))
+            out = np.zeros(n * count, dt)
+            dev.all_gather(inputs[r], out)
+            same_bytes(out, np.concatenate(inputs), f"all_gather {dt.name} count={count}")
+            root = calls % n
+            x = inputs[root].copy() if r == root else np.zeros(count, dt)
+            dev.broadcast(x, root)
+            same_bytes(x, inputs[root], f"broadcast {dt.name} count={count} root={root}")
+            calls += 2
+            assert c.scratch_runs == calls, c.scratch_runs
+            assert c.scratch_chunks == before + 2 * -(-count // cap), c.scratch_chunks
+    say(f"host_scratch ranks={n}: {calls} calls, {chunks} all-reduce chunks")
 
 
 def host_scratch_after_steps(mpi, mode):
