@@ -48,10 +48,7 @@ CudaAllocation::~CudaAllocation() {
 std::shared_ptr<CudaAllocation> IpcRegistry::alloc(size_t bytes) {
   auto a = std::make_shared<CudaAllocation>(device_, bytes);
   std::lock_guard<std::mutex> g(mu_);
-  allocs_.erase(std::remove_if(allocs_.begin(), allocs_.end(),
-                               [](const std::weak_ptr<CudaAllocation>& w) { return w.expired(); }),
-                allocs_.end());
-  allocs_.push_back(a);
+  add_live(allocs_, a);
   return a;
 }
 
@@ -82,47 +79,38 @@ RegisterHandle IpcRegistry::handle(const void* p, size_t bytes) {
 }
 
 uint64_t IpcRegistry::add(const void* p, size_t bytes, const std::vector<RegisterHandle>& all) {
-  if (static_cast<int>(all.size()) != size_)
-    throw InvalidArgument("register: one handle per rank expected");
   DeviceGuard dg(device_);
   std::lock_guard<std::mutex> g(mu_);
   const uint8_t* ptr = static_cast<const uint8_t*>(p);
-  std::vector<uint8_t*> at(size_, nullptr);
-  std::vector<size_t> extent(size_, 0);
-  for (int q = 0; q < size_; ++q) {
-    const RegisterHandle& h = all[q];
-    extent[q] = h.bytes;
-    if (q == rank_) {
-      at[q] = const_cast<uint8_t*>(ptr);
-      continue;
-    }
-    if (h.offset + h.bytes > h.alloc_bytes)
-      throw InvalidArgument(str_cat("register: rank ", q, "'s range leaves its allocation"));
-    const auto key = std::make_pair(q, h.key);
-    if (!h.handle.empty()) {
-      if (h.handle.size() != sizeof(cudaIpcMemHandle_t))
-        throw InvalidArgument(str_cat("register: rank ", q, "'s IPC handle is malformed"));
-      const auto which = std::make_pair(q, h.handle);
-      auto it = opened_.find(which);
-      if (it == opened_.end()) {
-        cudaIpcMemHandle_t handle;
-        std::copy(h.handle.begin(), h.handle.end(), reinterpret_cast<char*>(&handle));
-        void* mapped = nullptr;
-        PYCOLL_CUDA_CHECK(cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess));
-        it = opened_.emplace(which, static_cast<uint8_t*>(mapped)).first;
-      }
-      by_key_[key] = it->second;
-    }
-    auto k = by_key_.find(key);
-    if (k == by_key_.end())
-      throw CollectiveError(str_cat("register: rank ", q, "'s allocation ", h.key,
-                                    " was sent before but is not open here"));
-    at[q] = k->second + h.offset;
-  }
-  std::shared_ptr<const void> alive;
-  for (const auto& w : allocs_)
-    if (const auto a = w.lock(); a && a->data() <= ptr && ptr + bytes <= a->data() + a->bytes())
-      alive = a;
+  std::vector<uint8_t*> at;
+  std::vector<size_t> extent;
+  ranges_of(
+      p, all, rank_, size_,
+      [&](int q, const RegisterHandle& h) {
+        const auto key = std::make_pair(q, h.key);
+        if (!h.handle.empty()) {
+          if (h.handle.size() != sizeof(cudaIpcMemHandle_t))
+            throw InvalidArgument(str_cat("register: rank ", q, "'s IPC handle is malformed"));
+          const auto which = std::make_pair(q, h.handle);
+          auto it = opened_.find(which);
+          if (it == opened_.end()) {
+            cudaIpcMemHandle_t handle;
+            std::copy(h.handle.begin(), h.handle.end(), reinterpret_cast<char*>(&handle));
+            void* mapped = nullptr;
+            PYCOLL_CUDA_CHECK(
+                cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess));
+            it = opened_.emplace(which, static_cast<uint8_t*>(mapped)).first;
+          }
+          by_key_[key] = it->second;
+        }
+        auto k = by_key_.find(key);
+        if (k == by_key_.end())
+          throw CollectiveError(str_cat("register: rank ", q, "'s allocation ", h.key,
+                                        " was sent before but is not open here"));
+        return k->second;
+      },
+      at, extent);
+  std::shared_ptr<const void> alive = holding(allocs_, ptr, bytes);
   const bool ours = alive != nullptr;
   if (!ours) alive = std::make_shared<int>(0);  // memory not ours: kept until release()
   const uint64_t id = table_.add(p, bytes, std::move(at), std::move(extent), alive);

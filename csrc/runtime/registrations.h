@@ -9,12 +9,15 @@
 // registration and offset, so ranks that disagree raise CollectiveMismatch).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/errors.h"
 
 namespace pycoll {
 
@@ -34,6 +37,48 @@ struct Registered {
   uint64_t delta = 0;        // of the buffer from the registration's start
   std::vector<uint8_t*> at;  // every rank's buffer as mapped here (ours at our rank)
 };
+
+// A registry's own allocations (weak: each lives as long as an array over it), of a type with
+// data() and bytes(): `add` forgets the expired ones and keeps `a`; `holding` is the live one
+// that holds [p, p + bytes), or null.
+template <class A>
+void add_live(std::vector<std::weak_ptr<A>>& list, std::shared_ptr<A> a) {
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [](const std::weak_ptr<A>& w) { return w.expired(); }),
+             list.end());
+  list.push_back(std::move(a));
+}
+template <class A>
+std::shared_ptr<A> holding(const std::vector<std::weak_ptr<A>>& list, const void* p, size_t bytes) {
+  const uint8_t* q = static_cast<const uint8_t*>(p);
+  for (const auto& w : list)
+    if (auto a = w.lock(); a && a->data() <= q && q + bytes <= a->data() + a->bytes()) return a;
+  return nullptr;
+}
+
+// Every rank's registered range as mapped here (`at`, `extent`), from every rank's handle:
+// ours at `p`, a peer's at `map(q, h)` (the base of its allocation as mapped here, opened or
+// mapped by the transport when the handle carries one) plus its offset. The handles are
+// checked first: one per rank, each range inside its allocation.
+template <class Map>
+void ranges_of(const void* p, const std::vector<RegisterHandle>& all, int rank, int size, Map&& map,
+               std::vector<uint8_t*>& at, std::vector<size_t>& extent) {
+  if (static_cast<int>(all.size()) != size)
+    throw InvalidArgument("register: one handle per rank expected");
+  at.assign(size, nullptr);
+  extent.assign(size, 0);
+  for (int q = 0; q < size; ++q) {
+    const RegisterHandle& h = all[q];
+    extent[q] = h.bytes;
+    if (q == rank) {
+      at[q] = const_cast<uint8_t*>(static_cast<const uint8_t*>(p));
+      continue;
+    }
+    if (h.offset + h.bytes > h.alloc_bytes)
+      throw InvalidArgument(str_cat("register: rank ", q, "'s range leaves its allocation"));
+    at[q] = map(q, h) + h.offset;
+  }
+}
 
 class Registrations {
  public:

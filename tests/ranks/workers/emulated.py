@@ -722,40 +722,33 @@ def previous_stream(mpi, mode, late_ms):
     say(f"previous_stream {mode} ranks={mpi.size}: {len(calls)} calls in {took:.3f} s")
 
 
+# The special COLLECTIVE values: each runs as fn(mpi, mode, collective, staging).
+SPECIAL = {
+    "shapes": lambda mpi, mode, _c, _s: shapes(mpi, mode),
+    "replay": lambda mpi, mode, _c, _s: replay(mpi, mode),
+    "grid": lambda mpi, mode, _c, _s: grid(mpi, mode),
+    "resize": lambda mpi, mode, _c, _s: resize(mpi, mode),
+    "headers": lambda mpi, mode, _c, _s: headers(mpi, mode),
+    "split_mismatch": lambda mpi, mode, _c, _s: split_mismatch(mpi, mode),
+    "gate": lambda mpi, mode, _c, _s: gate(mpi, mode),
+    "host_scratch": lambda mpi, mode, _c, _s: host_scratch(mpi, mode),
+    "host_scratch_after_steps": lambda mpi, mode, _c, _s: host_scratch_after_steps(mpi, mode),
+    "launch_end": lambda mpi, mode, _c, _s: launch_end(mpi, mode),
+    "previous_stream": lambda mpi, mode, _c, staging: previous_stream(mpi, mode, int(staging)),
+    **{c: (lambda mpi, mode, c, _s: new_collectives(mpi, mode, c)) for c in NEW_COLLECTIVES},
+    **{c: faults for c in ("dead_peer", "timeout", "mismatch", "dies_mid", "stalls_mid")},
+    **{c: (lambda mpi, mode, c, _s: LL_TESTS[c](mpi, mode)) for c in LL_TESTS},
+}
+
+
 def main():
     mode, collective = sys.argv[1], sys.argv[2]
     staging = sys.argv[3] if len(sys.argv) > 3 else "default"
     algos = (sys.argv[4] if len(sys.argv) > 4 else "ring,tree,direct,auto").split(",")
     blocks = int(sys.argv[5]) if len(sys.argv) > 5 else 4
     mpi = MPI.COMM_WORLD
-    if collective == "shapes":
-        shapes(mpi, mode)
-    elif collective == "replay":
-        replay(mpi, mode)
-    elif collective == "grid":
-        grid(mpi, mode)
-    elif collective == "resize":
-        resize(mpi, mode)
-    elif collective == "headers":
-        headers(mpi, mode)
-    elif collective in NEW_COLLECTIVES:
-        new_collectives(mpi, mode, collective)
-    elif collective == "split_mismatch":
-        split_mismatch(mpi, mode)
-    elif collective in ("dead_peer", "timeout", "mismatch", "dies_mid", "stalls_mid"):
-        faults(mpi, mode, collective, staging)
-    elif collective in LL_TESTS:
-        LL_TESTS[collective](mpi, mode)
-    elif collective == "gate":
-        gate(mpi, mode)
-    elif collective == "host_scratch":
-        host_scratch(mpi, mode)
-    elif collective == "host_scratch_after_steps":
-        host_scratch_after_steps(mpi, mode)
-    elif collective == "launch_end":
-        launch_end(mpi, mode)
-    elif collective == "previous_stream":
-        previous_stream(mpi, mode, int(staging))
+    if collective in SPECIAL:
+        SPECIAL[collective](mpi, mode, collective, staging)
     else:
         matrix(mpi, mode, collective, staging, algos, blocks)
 
