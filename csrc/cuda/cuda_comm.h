@@ -69,8 +69,8 @@ struct CudaCommOptions {
   size_t ll_max_bytes = 32 * 1024;
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
-  // Host mode: all-reduces, even all-gathers and broadcasts through scratch (run_scratch,
-  // host_scratch_eligible), two waits for the GPU per chunk instead of one per step.
+  // Host mode: all-reduces, reduces, broadcasts, even all-gathers and reduce-scatters through
+  // scratch (run_scratch, host_scratch_eligible), two waits for the GPU per chunk, not per step.
   bool host_twoshot = true;
 };
 

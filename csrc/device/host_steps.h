@@ -76,8 +76,8 @@ inline bool twoshot_eligible(const CollectiveCall& call, Algo algo) {
 // as one flat buffer that every peer maps already) holds a chunk of the message at a time, and
 // between two meetings of the hosts per chunk the GPU copies and reduces over every rank's
 // scratch, no device wait in it: two waits for the GPU per chunk, not one per step. For host
-// mode's all-reduces that the two-shot would take (twoshot_eligible), even all-gathers and
-// broadcasts of the automatic choice; unless turned off.
+// mode's all-reduces that the two-shot would take (twoshot_eligible), and the automatic
+// choice's reduces, broadcasts, even all-gathers and even reduce-scatters; unless turned off.
 inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode,
                                   bool on) {
   if (!on || kernel_mode || call.barrier || call.count == 0) return false;
@@ -85,7 +85,9 @@ inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool ke
     case Collective::AllReduce:
       return twoshot_eligible(call, algo);
     case Collective::AllGather:
+    case Collective::ReduceScatter:
       return call.counts.empty() && call.algo == Algo::Auto;
+    case Collective::Reduce:
     case Collective::Broadcast:
       return call.algo == Algo::Auto;
     default:
@@ -110,7 +112,9 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
 // Before the first copy every rank must have finished its call before, whose last receiver
 // may still read the slots the scratch is made of: the caller's meeting of the fingerprints
 // (`met`), else a meeting here. Per chunk:
-//   all-reduce: copy in, drain, meet, two-shot, drain, meet, copy the sums out;
+//   all-reduce: copy in, drain, meet, two-shot, drain, meet, copy the sums out (reduce: the
+//               root only; reduce-scatter: the chunk is a piece of every rank's block, and
+//               each rank copies out its own block's);
 //   all-gather: copy in, drain, meet, copy every rank's scratch out, drain, meet;
 //   broadcast:  the root copies in and drains, meet, the others copy the root's scratch out
 //               and drain, meet.
@@ -119,7 +123,11 @@ template <class Ops>
 void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* const* segments,
                  int rank, bool met, Ops& ops) {
   const size_t esize = dtype_size(call.dtype);
-  const size_t cap = scratch_elems(L, esize);
+  const size_t n = static_cast<size_t>(L.size);
+  const bool rs = call.collective == Collective::ReduceScatter;
+  // Elements of the call's count per chunk: reduce-scatter's chunk holds one piece of every
+  // rank's block (n of them).
+  const size_t cap = scratch_elems(L, esize) / (rs ? n : 1);
   const std::vector<uint8_t*> scratch = scratch_of(L, segments);
   const uint8_t* in = static_cast<const uint8_t*>(call.in);
   uint8_t* out = static_cast<uint8_t*>(call.out);
@@ -129,21 +137,31 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
     const size_t len = std::min(cap, call.count - off), bytes = len * esize;
     switch (call.collective) {
       case Collective::AllReduce:
-        ops.copy(own, in + off * esize, bytes);
+      case Collective::Reduce:
+      case Collective::ReduceScatter:
+        if (rs) {  // piece `off` of every rank's block, one after another
+          for (size_t q = 0; q < n; ++q)
+            ops.copy(own + q * bytes, in + (q * call.count + off) * esize, bytes);
+        } else {
+          ops.copy(own, in + off * esize, bytes);
+        }
         ops.drain();
         ops.meet();  // every rank's chunk is in its scratch
-        ops.twoshot(len, scratch);
+        ops.twoshot(rs ? n * len : len, scratch);
         ops.drain();
         ops.chunk_done();
         ops.meet();  // every rank's shard is in every scratch
-        ops.copy(out + off * esize, own, bytes);
+        if (rs)
+          ops.copy(out + off * esize, own + static_cast<size_t>(rank) * bytes, bytes);
+        else if (call.collective == Collective::AllReduce || rank == call.root)
+          ops.copy(out + off * esize, own, bytes);
         break;
       case Collective::AllGather:
         ops.copy(own, in + off * esize, bytes);
         ops.drain();
         ops.meet();
-        for (int q = 0; q < L.size; ++q)
-          ops.copy(out + (static_cast<size_t>(q) * call.count + off) * esize, scratch[q], bytes);
+        for (size_t q = 0; q < n; ++q)
+          ops.copy(out + (q * call.count + off) * esize, scratch[q], bytes);
         ops.drain();
         ops.chunk_done();
         ops.meet();  // every rank has read every scratch

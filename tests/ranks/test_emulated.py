@@ -193,9 +193,10 @@ def test_emulated_mismatched_call_of_several_blocks_moves_nothing(mode):
     assert out.count(f"gate {mode} ranks=3: nothing moved") == 3, out
 
 
-# Host mode through scratch (device/host_steps.h, run_scratch): all-reduce (the two-shot in
-# place over every rank's segment data area), all-gather and broadcast (copies), a chunk at a
-# time between host meetings: two waits for the GPU per chunk instead of one per step.
+# Host mode through scratch (device/host_steps.h, run_scratch): all-reduce, reduce and
+# reduce-scatter (the two-shot in place over every rank's segment data area), all-gather and
+# broadcast (copies), a chunk at a time between host meetings: two waits for the GPU per chunk
+# instead of one per step.
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_emulated_host_all_reduce_through_scratch(nranks):
     out = run_mpi(nranks, "emulated.py", "host", "host_scratch")

@@ -601,7 +601,8 @@ def host_scratch(mpi, mode):
     meetings. Sizes of
     one element to five chunks, every dtype, sum, max and avg, in place and not, one rank late
     at random each call; against numpy, and bitwise alike on every rank. A call forced onto the
-    ring still takes the steps. Then all-gathers and broadcasts (copies only) up to 3 chunks."""
+    ring still takes the steps. Then all-gathers and broadcasts (copies only) up to 3 chunks,
+    reduces from every root and reduce-scatters (a chunk holds a piece of every block)."""
     assert mode == "host", mode
     dev = EmulatedDevice(mpi, mode, "small", blocks=4)
     c, n, r = dev.dev, mpi.size, mpi.rank
@@ -654,6 +655,31 @@ def host_scratch(mpi, mode):
             calls += 2
             assert c.scratch_runs == calls, c.scratch_runs
             assert c.scratch_chunks == before + 2 * -(-count // cap), c.scratch_chunks
+    # Reduce (the two-shot, the root's sums copied out) from every root, and even
+    # reduce-scatter (a chunk holds a piece of every rank's block: cap // n of each).
+    for dt in (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16)):
+        cap = c.segment_data_bytes // dt.itemsize // 16 * 16
+        for count in (1, 16 * n + 5, cap // n + 1, 2 * cap + 7):
+            before = c.scratch_chunks
+            op = "avg" if is_float(dt) and count % 2 else "sum"
+            what = f"{dt.name} count={count} {op}"
+            if r == int(rng.integers(n)):
+                time.sleep(float(rng.uniform(0, 0.003)))
+            root = calls % n
+            inputs = [make_input(q, count, dt, op, salt=calls) for q in range(n)]
+            out = np.zeros(count, dt) if r == root else None
+            dev.reduce(inputs[r], out, root=root, op=op)
+            if r == root:
+                check_close(out, reference(inputs, op, dt), dt, n, f"reduce {what}", op)
+            inputs = [make_input(q, n * count, dt, op, salt=calls + 1) for q in range(n)]
+            out = np.zeros(count, dt)
+            dev.reduce_scatter(inputs[r], out, op=op)
+            want = reference(inputs, op, dt)[r * count : (r + 1) * count]
+            check_close(out, want, dt, n, f"reduce_scatter {what}", op)
+            calls += 2
+            assert c.scratch_runs == calls, c.scratch_runs
+            rs_chunks = -(-count // (cap // n))
+            assert c.scratch_chunks == before + -(-count // cap) + rs_chunks, c.scratch_chunks
     say(f"host_scratch ranks={n}: {calls} calls, {chunks} all-reduce chunks")
 
 
