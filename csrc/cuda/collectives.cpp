@@ -176,6 +176,15 @@ void CudaComm::launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cuda
   }
 }
 
+KernelArgs CudaComm::twoshot_args(const CollectiveCall& call, size_t len,
+                                  const std::vector<uint8_t*>& in,
+                                  const std::vector<uint8_t*>& out) const {
+  static const CachedPlan no_steps{};
+  KernelArgs a = kernel_args(call, no_steps);
+  set_twoshot(a, len, in, out);
+  return a;
+}
+
 CudaComm::TwoShot CudaComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
   TwoShot t;
   if (!twoshot_eligible(call, algo)) return t;
@@ -192,9 +201,7 @@ CudaComm::TwoShot CudaComm::twoshot_of(const CollectiveCall& call, Algo algo) co
 // two-shot (no device wait in it), waits for it and meets every peer again.
 void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
                            const WaitContext& w, cudaStream_t stream, bool eager) {
-  static const CachedPlan no_steps{};
-  KernelArgs a = kernel_args(call, no_steps);
-  set_twoshot(a, call.count, t.in.at, t.out.at);
+  KernelArgs a = twoshot_args(call, call.count, t.in.at, t.out.at);
   ++twoshot_runs_;
   if (mode_ == SyncMode::Kernel) {
     check_on_device(a, f);
@@ -220,10 +227,8 @@ void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w
       PYCOLL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c.stream_));
     }
     void twoshot(size_t len, const std::vector<uint8_t*>& scratch) {
-      static const CachedPlan no_steps{};
-      KernelArgs a = c.kernel_args(call, no_steps);
-      set_twoshot(a, len, scratch, scratch);
-      PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, c.stream_));
+      PYCOLL_CUDA_CHECK(
+          launch_steps(call.dtype, c.twoshot_args(call, len, scratch, scratch), c.stream_));
     }
     void drain() {
       PYCOLL_CUDA_CHECK(cudaEventRecord(c.step_done_, c.stream_));

@@ -180,6 +180,9 @@ class CudaComm {
   // A new plan's steps are uploaded on `stream`, that of the launch that first reads them.
   const CachedPlan& plan_for(const CollectiveCall& call, Algo algo, cudaStream_t stream);
   KernelArgs kernel_args(const CollectiveCall& call, const CachedPlan& cp) const;
+  // The launch of the two-shot of `len` elements over every rank's `in` and `out`.
+  KernelArgs twoshot_args(const CollectiveCall& call, size_t len, const std::vector<uint8_t*>& in,
+                          const std::vector<uint8_t*>& out) const;
   // Kernel mode: one launch (two for several blocks: launches_of) on `stream` that compares
   // call `f` with every peer's on the device and runs `cp`'s steps (none when null: it only
   // compares). `eager` (not captured): it reports its end in the done word, and waits on the

@@ -703,12 +703,5 @@ PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Th
   }
 }
 
-// Block `b` of a launch of steps: its start, its steps, its end.
-template <class T, class Threads>
-PYCOLL_DEVICE void run_block(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
-  if (start_block(a, s, b, th)) run_steps<T>(a, s, b, th);
-  finish_launch(a, th);
-}
-
 }  // namespace cuda
 }  // namespace pycoll

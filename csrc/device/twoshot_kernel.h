@@ -10,10 +10,9 @@
 //   entry: the call's header exchange (step_kernel.h, check_call), which every two-shot launch
 //          runs first (block 0; with several blocks the others wait at its gate, or, captured,
 //          the check is a one-block launch before them: launches_of): a peer's header for this
-//          call is written by its launch of this call,
-//          so once block 0 has every peer's, every rank has started the call: its input is
-//          ready (the launch follows the caller's work on its stream) and it no longer reads
-//          or writes its buffers for an earlier call;
+//          call is written by its launch of this call, so once block 0 has every peer's, every
+//          rank has started the call: its input is ready (the launch follows the caller's work
+//          on its stream) and it no longer reads or writes its buffers for an earlier call;
 //   exit:  per block (block b of every rank meets block b of every other: the grid and the
 //          slices are the same on every rank), once it has read and written its slices: no
 //          rank returns, and no later call or work on a rank's stream touches its input or
@@ -99,13 +98,17 @@ PYCOLL_DEVICE void run_twoshot(const KernelArgs& a, BlockState& s, int b, const 
   th.sync();
 }
 
-// What a launch runs as block b: the two-shot when a.reg.on (after start_block: block 0 has
-// compared the call, the other blocks passed its gate: the entry synchronisation), else the
-// steps; and the launch's end (finish_launch) either way.
+// Block b of a launch: its start (step_kernel.h, start_block: for the two-shot, block 0's
+// comparison of the call and the others' gate are the entry synchronisation), the two-shot
+// when a.reg.on, else the steps, and the launch's end (finish_launch) either way.
 template <class T, class Threads>
 PYCOLL_DEVICE void run_launch(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
-  if (!a.reg.on) return run_block<T>(a, s, b, th);
-  if (start_block(a, s, b, th) && a.first_step < a.end_step) run_twoshot<T>(a, s, b, th);
+  if (start_block(a, s, b, th) && a.first_step < a.end_step) {
+    if (a.reg.on)
+      run_twoshot<T>(a, s, b, th);
+    else
+      run_steps<T>(a, s, b, th);
+  }
   finish_launch(a, th);
 }
 

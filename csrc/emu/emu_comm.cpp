@@ -184,9 +184,7 @@ EmuComm::TwoShot EmuComm::twoshot_of(const CollectiveCall& call, Algo algo) cons
 // wait), and meets them again, as CudaComm does.
 void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
                           const Fingerprint& f) {
-  cuda::KernelArgs a =
-      cuda::make_kernel_args(launch_setup(opts_.kernel_mode), call, nullptr, 0, 1, counters_);
-  cuda::set_twoshot(a, call.count, t.in.at, t.out.at);
+  cuda::KernelArgs a = twoshot_args(call, call.count, t.in.at, t.out.at, opts_.kernel_mode);
   Regions regions = launch_regions(call);
   const size_t bytes = call.count * dtype_size(call.dtype);
   for (int q = 0; q < size_; ++q) {
@@ -204,13 +202,24 @@ void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Wa
   }
   if (drill && opts_.fault_step == 0) drill_fault();
   cuda::host_meet(shm_, ++barrier_epoch_, w);
-  {
-    const RegionsScope scope(&regions);
-    blocks_run_ += static_cast<uint64_t>(a.grid);
-    for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
-  }
+  run_in_turn(call.dtype, a, regions);
   if (drill) drill_fault();
   cuda::host_meet(shm_, ++barrier_epoch_, w);
+}
+
+cuda::KernelArgs EmuComm::twoshot_args(const CollectiveCall& call, size_t len,
+                                       const std::vector<uint8_t*>& in,
+                                       const std::vector<uint8_t*>& out, bool use_flags) {
+  cuda::KernelArgs a =
+      cuda::make_kernel_args(launch_setup(use_flags), call, nullptr, 0, 1, counters_);
+  cuda::set_twoshot(a, len, in, out);
+  return a;
+}
+
+void EmuComm::run_in_turn(DType dtype, const cuda::KernelArgs& a, const Regions& regions) {
+  const RegionsScope scope(&regions);
+  blocks_run_ += static_cast<uint64_t>(a.grid);
+  for (int b = 0; b < a.grid; ++b) run_block(dtype, a, b, opts_.threads);
 }
 
 cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) {
@@ -271,12 +280,7 @@ void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w,
     bool drill;
     void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
     void twoshot(size_t len, const std::vector<uint8_t*>& scratch) {
-      cuda::KernelArgs a =
-          cuda::make_kernel_args(c.launch_setup(false), call, nullptr, 0, 1, c.counters_);
-      cuda::set_twoshot(a, len, scratch, scratch);
-      const RegionsScope scope(&regions);
-      c.blocks_run_ += static_cast<uint64_t>(a.grid);
-      for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, c.opts_.threads);
+      c.run_in_turn(call.dtype, c.twoshot_args(call, len, scratch, scratch, false), regions);
     }
     void drain() {}
     void meet() { cuda::host_meet(c.shm_, ++c.barrier_epoch_, w); }
@@ -394,7 +398,6 @@ void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
                             const WaitContext& w) {
   const cuda::LaunchSetup setup = launch_setup(false);
   const Regions regions = launch_regions(call);
-  const RegionsScope scope(&regions);
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     if (opts_.fault_seq == w.seq && i == static_cast<size_t>(opts_.fault_step)) drill_fault();
     cuda::host_wait_step(shm_, counters_, plan.steps[i], w);
@@ -406,8 +409,7 @@ void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
                                cuda::active_channels(plan.steps[i].count, layout_), counters_);
     a.first_step = static_cast<uint32_t>(i);
     a.end_step = static_cast<uint32_t>(i + 1);
-    blocks_run_ += static_cast<uint64_t>(a.grid);
-    for (int b = 0; b < a.grid; ++b) run_block(call.dtype, a, b, opts_.threads);
+    run_in_turn(call.dtype, a, regions);
     cuda::host_publish_step(shm_, counters_, plan.steps[i]);
   }
 }

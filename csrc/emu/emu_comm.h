@@ -168,6 +168,12 @@ class EmuComm {
   void run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
                    const Fingerprint& f);
   cuda::LaunchSetup launch_setup(bool use_flags);
+  // The launch of the two-shot of `len` elements over every rank's `in` and `out`.
+  cuda::KernelArgs twoshot_args(const CollectiveCall& call, size_t len,
+                                const std::vector<uint8_t*>& in, const std::vector<uint8_t*>& out,
+                                bool use_flags);
+  // Host mode's launch: its blocks one after another on this thread, within `regions`.
+  void run_in_turn(DType dtype, const cuda::KernelArgs& a, const Regions& regions);
   void check_status(const char* name, uint64_t seq);
   [[noreturn]] void drill_fault() const;
   void report_late(uint64_t seq);
