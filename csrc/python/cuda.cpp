@@ -20,6 +20,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
 #include "cuda/staging.h"
+#include "device/device_capi_impl.h"
 #include "device/plan.h"
 #include "python/call_args.h"
 #include "python/core_errors.h"
@@ -32,6 +33,19 @@ using namespace pycoll::cuda;
 namespace {
 
 cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// The CUDA transport behind device/device_capi.h (the torch backend's CUDA tensors).
+struct CudaDevice {
+  using Comm = CudaComm;
+  using Work = CudaWork;
+  static std::shared_ptr<CudaWork> run(CudaComm& c, const CollectiveCall& call, uintptr_t stream,
+                                       bool async_op) {
+    return c.run(call, stream_of(stream), async_op);
+  }
+  static bool done(const CudaWork& w) { return w.is_completed(); }
+  static void check(CudaComm& c) { c.check("wait"); }
+  static void wait_on(const CudaWork& w, uintptr_t stream) { w.wait_on(stream_of(stream)); }
+};
 
 Collective collective_code(int c) {
   if (c < 0 || c >= kNumCollectives) throw InvalidArgument(str_cat("unknown collective ", c));
@@ -295,6 +309,8 @@ void bind_comm(py::module_& m) {
           },
           py::arg("handles"), py::arg("shm_names"), py::arg("sync_mode"))
       .def("unlink", &CudaComm::unlink)
+      // For device_api's calls (extensions built apart: the torch backend).
+      .def_property_readonly("address", [](CudaComm& c) { return reinterpret_cast<uintptr_t>(&c); })
       .def_property_readonly("rank", &CudaComm::rank)
       .def_property_readonly("size", &CudaComm::size)
       .def_property_readonly("device", &CudaComm::device)
@@ -400,4 +416,7 @@ PYBIND11_MODULE(_cuda, m) {
   bind_runtime(m);
   bind_comm(m);
   bind_staging(m);
+  // device/device_capi.h over CudaComm (see its `address`).
+  m.attr("device_api") =
+      py::capsule(static_cast<const void*>(DeviceApi<CudaDevice>::table()), PYCOLL_DEVICE_API_NAME);
 }

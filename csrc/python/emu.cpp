@@ -9,7 +9,9 @@
 #include <string>
 
 #include "common/coverage.h"
+#include "device/device_capi_impl.h"
 #include "emu/emu_comm.h"
+#include "emu/emu_stream.h"
 #include "python/call_args.h"
 #include "python/core_errors.h"
 #include "python/registrations.h"
@@ -18,10 +20,35 @@ namespace py = pybind11;
 using namespace pycoll;
 using namespace pycoll::pyargs;
 
+namespace {
+
+// The emulated device behind device/device_capi.h: calls queued on an EmuStream, which runs
+// them in order while the host goes on. Its only stream is its own: ordering later work on a
+// stream is the host's wait (the tensors are host memory).
+struct EmuDevice {
+  using Comm = emu::EmuStream;
+  using Work = emu::StreamWork;
+  static std::shared_ptr<Work> run(emu::EmuStream& s, const CollectiveCall& call, uintptr_t, bool) {
+    return s.queue(call);
+  }
+  static bool done(const Work& w) {
+    if (!w.ended.load(std::memory_order_acquire)) return false;
+    if (w.error) std::rethrow_exception(w.error);
+    return true;
+  }
+  static void check(emu::EmuStream&) {}
+  static void wait_on(const Work&, uintptr_t) {}
+};
+
+}  // namespace
+
 PYBIND11_MODULE(_emu, m) {
   m.doc() = "pycollectives emulated device (private; tests only)";
   translate_errors_as_core();
   PYCOLL_BIND_COVERAGE_DUMP(m);
+  // device/device_capi.h over an EmuStream (see its `address`).
+  m.attr("device_api") =
+      py::capsule(static_cast<const void*>(DeviceApi<EmuDevice>::table()), PYCOLL_DEVICE_API_NAME);
 
   py::class_<emu::EmuOptions>(m, "EmuOptions")
       .def(py::init<>())
@@ -121,6 +148,12 @@ PYBIND11_MODULE(_emu, m) {
                                return d;
                              })
       .def("reset_traffic", &emu::EmuComm::reset_traffic);
+  // A stream of `comm` (emu_stream.h) and its address, for device_api's calls.
+  py::class_<emu::EmuStream>(m, "EmuStream")
+      .def(py::init<emu::EmuComm&, int>(), py::arg("comm"), py::arg("delay_ms") = 0,
+           py::keep_alive<1, 2>())
+      .def_property_readonly("address",
+                             [](emu::EmuStream& s) { return reinterpret_cast<uintptr_t>(&s); });
   py::class_<emu::EmuAllocation, std::shared_ptr<emu::EmuAllocation>>(m, "EmuAllocation",
                                                                       py::buffer_protocol())
       .def_property_readonly("bytes", &emu::EmuAllocation::bytes)

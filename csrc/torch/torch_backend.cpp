@@ -1,18 +1,30 @@
 // pycollectives._torch: the "pycollectives" torch.distributed backend as a c10d::Backend.
 //
 // The collectives a training loop calls most (all_reduce, broadcast, reduce, all_gather and
-// reduce_scatter into one tensor, their coalesced forms, barrier) on CPU tensors go from torch's
-// dispatcher straight to the host communicator, through _C's C interface (host/host_capi.h):
-// no Python, no GIL, no copy. Everything else (lists of separate tensors, all-to-all, gather,
-// scatter, send/recv, CUDA tensors, communicators over several nodes) goes to the Python
-// backend (pycollectives.torch.backend.ProcessGroup), which this object wraps.
+// reduce_scatter into one tensor, their coalesced forms, barrier) go from torch's dispatcher
+// straight to a communicator without Python, the GIL or a copy: on CPU tensors the host
+// communicator, through _C's C interface (host/host_capi.h); on CUDA tensors the CUDA
+// transport, through _cuda's (device/device_capi.h). Everything else (lists of separate
+// tensors, all-to-all, gather, scatter, send/recv, communicators over several nodes) goes to
+// the Python backend (pycollectives.torch.backend.ProcessGroup), which this object wraps.
 //
-// As there: calls on fewer than `async_bytes` run on the calling thread; larger ones are queued
-// on the communicator's progress thread, and a completion thread of this backend marks their
-// futures (so a future's callbacks never run on the progress thread, and may issue collectives)
+// Host: as there, calls on fewer than `async_bytes` run on the calling thread; larger ones are
+// queued on the communicator's progress thread. Device: every call is queued on the device
+// after the work on torch's current stream of the tensors' device, without the host waiting;
+// calls of `async_bytes` and more go on the transport's own stream (later work on the current
+// stream does not wait for them: Work.wait() makes it), smaller ones on the current stream
+// itself. Either way a completion thread of this backend marks the futures once the calls have
+// ended (so a future's callbacks never run on the progress thread, and may issue collectives)
 // and releases their tensors.
+//
+// The device path's transport is made by the first call on device tensors (collective, as the
+// Python backend's first CUDA call): `device(index)` returns its device_api capsule and its
+// native communicator. The tests run the same path on the emulated device, whose "device
+// tensors" are CPU tensors (pycollectives.torch.backend, PYCOLL_TORCH_DEVICE=emulated).
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -28,6 +40,7 @@
 #include "algo/schedule.h"
 #include "common/coverage.h"
 #include "common/dtypes.h"
+#include "device/device_capi.h"
 #include "host/host_capi.h"
 
 namespace py = pybind11;
@@ -40,6 +53,15 @@ using pycoll::DType;
 using pycoll::RedOp;
 
 const pycoll_host_api* g_api = nullptr;
+
+// How the calls of one operation end: the host interface's functions or a device's (the same
+// three on either).
+struct Ending {
+  int (*wait)(void* work, double timeout_s, pycoll_status* status);
+  int (*done)(void* work);
+  void (*release)(void* work);
+};
+Ending g_host_ending{};  // g_api's, set at import
 // pycollectives' exception classes (held for the life of the process).
 PyObject* g_error = nullptr;
 PyObject* g_timeout = nullptr;
@@ -143,29 +165,60 @@ int op_code(const c10d::ReduceOp& op, const at::Tensor& t) {
   return -1;  // not reached
 }
 
+// torch's current stream on `device`, as the device interface takes it (0 on the CPU: the
+// emulated device's tensors).
+uintptr_t current_stream(const c10::Device& device) {
+  if (device.is_cpu()) return 0;
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  return reinterpret_cast<uintptr_t>(impl.getStream(device).native_handle());
+}
+
 // The asynchronous calls of one torch operation: their handles, the tensors they use (alive
-// until they complete), and the future torch sees.
+// until they complete), and the future torch sees (of `device`'s type: a CUDA future for
+// CUDA tensors, which later work waits for on its own streams).
 struct Pending {
+  Pending(const Ending* ending, const pycoll_device_api* device_api, c10::Device device)
+      : ending(ending),
+        device_api(device_api),
+        device(device),
+        future(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()),
+            device.is_cpu() ? std::vector<c10::Device>{} : std::vector<c10::Device>{device})) {}
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+  ~Pending() {
+    for (void* h : handles) ending->release(h);
+  }
+
+  const Ending* ending;
+  const pycoll_device_api* device_api;  // null: the host's calls
+  c10::Device device;                   // the tensors'
   std::vector<void*> handles;
   std::vector<at::Tensor> keep;
   std::vector<at::Tensor> outputs;
-  c10::intrusive_ptr<c10::ivalue::Future> future =
-      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  c10::intrusive_ptr<c10::ivalue::Future> future;
 
-  ~Pending() {
-    for (void* h : handles) g_api->release(h);
-  }
-  // Waits for every call, up to `timeout_s` each (< 0: until it completes): the first status
-  // that is not OK, else OK.
+  // Waits on the host for every call, up to `timeout_s` each (< 0: until it completes): the
+  // first status that is not OK, else OK.
   pycoll_status wait(double timeout_s) const {
     pycoll_status st{PYCOLL_OK, {0}};
     for (void* h : handles)
-      if (g_api->wait(h, timeout_s, &st) != PYCOLL_OK) break;
+      if (ending->wait(h, timeout_s, &st) != PYCOLL_OK) break;
+    return st;
+  }
+  // Device calls on GPU tensors: later work on the current stream waits for every call (the
+  // host does not). Otherwise as wait().
+  pycoll_status wait_for_use(double timeout_s) const {
+    if (device_api == nullptr || device.is_cpu()) return wait(timeout_s);
+    pycoll_status st{PYCOLL_OK, {0}};
+    const uintptr_t stream = current_stream(device);
+    for (void* h : handles)
+      if (device_api->wait_on(h, stream, &st) != PYCOLL_OK) break;
     return st;
   }
   bool done() const {
     for (void* h : handles)
-      if (!g_api->done(h)) return false;
+      if (!ending->done(h)) return false;
     return true;
   }
 };
@@ -189,10 +242,12 @@ class NativeWork : public c10d::Work {
   }
   std::vector<at::Tensor> result() override { return outputs_; }
 
+  // As torch's own backends: on CPU tensors the host waits; on GPU tensors later work on the
+  // current stream does.
   bool wait(std::chrono::milliseconds timeout) override {
     if (!pending_) return true;
     const double seconds = timeout.count() <= 0 ? -1.0 : timeout.count() / 1000.0;  // 0: none
-    pycoll_status st = pending_->wait(seconds);
+    pycoll_status st = pending_->wait_for_use(seconds);
     if (st.code == PYCOLL_PENDING) {
       st.code = PYCOLL_TIMEOUT;
       std::snprintf(st.message, sizeof(st.message),
@@ -238,57 +293,70 @@ class FallbackWork : public c10d::Work {
   py::object py_;
 };
 
+// Where an operation's tensors go.
+enum class Route { Python, Host, Device };
+
 class Backend : public c10d::Backend {
  public:
   // `fallback`: the Python backend; `host`: its communicator's pycollectives._C.HostComm, or
-  // None where calls must go through Python (several nodes).
-  Backend(py::object fallback, py::object host, int rank, int size, size_t async_bytes)
-      : c10d::Backend(rank, size), fallback_(std::move(fallback)), async_bytes_(async_bytes) {
+  // None where calls must go through Python (several nodes); `device`: None, or what makes
+  // the device path's transport for tensors of `device_type` (see the top of this file).
+  Backend(py::object fallback, py::object host, int rank, int size, size_t async_bytes,
+          py::object device, const std::string& device_type)
+      : c10d::Backend(rank, size),
+        fallback_(std::move(fallback)),
+        async_bytes_(async_bytes),
+        device_type_(c10::Device(device_type).type()) {
     if (!host.is_none()) {
       comm_ = reinterpret_cast<void*>(host.attr("address").cast<uintptr_t>());
       host_ = std::move(host);
+      if (!device.is_none()) make_device_ = std::move(device);
     }
   }
 
   ~Backend() override {
     stop_completer();
-    drop_python(host_, fallback_);
+    drop_python(host_, fallback_, make_device_, device_);
   }
 
   const std::string getBackendName() const override { return "pycollectives"; }
   py::object fallback() const { return fallback_; }
   bool native() const { return comm_ != nullptr; }
+  uint64_t device_calls() const { return device_calls_.load(); }
 
   // -- natively run ---------------------------------------------------------------------------
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    if (!host_tensors(tensors)) return fallback_call("allreduce", tensors, opts);
-    return all_reduce_each(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp);
+    const Route r = route(tensors);
+    if (r == Route::Python) return fallback_call("allreduce", tensors, opts);
+    return all_reduce_each(r, c10d::OpType::ALLREDUCE, tensors, opts.reduceOp);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
-    if (!host_tensors(tensors)) return fallback_call("allreduce_coalesced", tensors, opts);
-    return all_reduce_each(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.reduceOp);
+    const Route r = route(tensors);
+    if (r == Route::Python) return fallback_call("allreduce_coalesced", tensors, opts);
+    return all_reduce_each(r, c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.reduceOp);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
-    if (tensors.size() != 1 || !host_tensors(tensors))
-      return fallback_call("reduce", tensors, opts);
+    const Route r = tensors.size() == 1 ? route(tensors) : Route::Python;
+    if (r == Route::Python) return fallback_call("reduce", tensors, opts);
     auto& t = tensors[0];
     std::vector<pycoll_call> calls{
         call(Collective::Reduce, t, t, op_code(opts.reduceOp, t), opts.rootRank)};
-    return start(c10d::OpType::REDUCE, calls, tensors, tensors);
+    return start(r, c10d::OpType::REDUCE, calls, tensors, tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    if (!host_tensors(tensors)) return fallback_call("broadcast", tensors, opts);
+    const Route r = route(tensors);
+    if (r == Route::Python) return fallback_call("broadcast", tensors, opts);
     std::vector<pycoll_call> calls;
     for (auto& t : tensors) calls.push_back(call(Collective::Broadcast, t, t, 0, opts.rootRank));
-    return start(c10d::OpType::BROADCAST, calls, tensors, tensors);
+    return start(r, c10d::OpType::BROADCAST, calls, tensors, tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
@@ -300,13 +368,14 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
       const c10d::AllgatherOptions& opts) override {
-    if (outs.size() != ins.size() || !host_tensors(outs, ins))
+    const Route r = outs.size() == ins.size() ? route(outs, ins) : Route::Python;
+    if (r == Route::Python)
       return outs.size() == 1 ? fallback_call("_allgather_base", outs[0], ins[0], opts)
                               : fallback_call("allgather_into_tensor_coalesced", outs, ins, opts);
     std::vector<pycoll_call> calls;
     for (size_t i = 0; i < outs.size(); ++i)
       calls.push_back(call(Collective::AllGather, ins[i], outs[i]));
-    return start(c10d::OpType::_ALLGATHER_BASE, calls, outs, ins);
+    return start(r, c10d::OpType::_ALLGATHER_BASE, calls, outs, ins);
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
@@ -318,14 +387,15 @@ class Backend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outs, std::vector<at::Tensor>& ins,
       const c10d::ReduceScatterOptions& opts) override {
-    if (outs.size() != ins.size() || !host_tensors(outs, ins))
+    const Route r = outs.size() == ins.size() ? route(outs, ins) : Route::Python;
+    if (r == Route::Python)
       return outs.size() == 1 ? fallback_call("_reduce_scatter_base", outs[0], ins[0], opts)
                               : fallback_call("reduce_scatter_tensor_coalesced", outs, ins, opts);
     std::vector<pycoll_call> calls;
     for (size_t i = 0; i < outs.size(); ++i)
       calls.push_back(
           call(Collective::ReduceScatter, ins[i], outs[i], op_code(opts.reduceOp, ins[i])));
-    return start(c10d::OpType::_REDUCE_SCATTER_BASE, calls, outs, ins);
+    return start(r, c10d::OpType::_REDUCE_SCATTER_BASE, calls, outs, ins);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
@@ -333,7 +403,7 @@ class Backend : public c10d::Backend {
     pycoll_call b{};
     b.barrier = 1;
     std::vector<at::Tensor> none;
-    return start(c10d::OpType::BARRIER, {b}, none, none);
+    return start(Route::Host, c10d::OpType::BARRIER, {b}, none, none);
   }
 
   // -- through the Python backend -------------------------------------------------------------
@@ -389,22 +459,46 @@ class Backend : public c10d::Backend {
     py::gil_scoped_acquire gil;
     comm_ = nullptr;  // from here on the Python backend answers, and says it is closed
     host_ = py::object();
+    make_device_ = device_ = py::object();
+    device_comm_.store(nullptr);
     fallback_.attr("shutdown")();
   }
 
  private:
-  // Whether every tensor can go straight to the host communicator: CPU, dense, contiguous,
-  // of one element type the host path carries. Otherwise the Python backend answers (with
-  // the CUDA transport, or the error the case calls for).
-  bool host_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) const {
+  // Where the tensors go: straight to a communicator when every one is dense, contiguous, of
+  // one element type the communicators carry and on one device: the device path's (made on
+  // the first such call) or the CPU (the host's). Otherwise the Python backend answers (with
+  // the error the case calls for, where there is one).
+  Route route(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) {
     int code;
-    if (!comm_ || a.empty() || !dtype_code(a[0], &code)) return false;
+    if (!comm_ || a.empty() || !dtype_code(a[0], &code)) return Route::Python;
     const auto type = a[0].scalar_type();
+    const c10::Device device = a[0].device();
     for (const auto* list : {&a, &b})
       for (const auto& t : *list)
-        if (!t.device().is_cpu() || t.layout() != at::kStrided || !t.is_contiguous() ||
+        if (t.device() != device || t.layout() != at::kStrided || !t.is_contiguous() ||
             t.scalar_type() != type)
-          return false;
+          return Route::Python;
+    if (device.type() == device_type_ && make_device_ && device_ready(device)) return Route::Device;
+    return device.is_cpu() ? Route::Host : Route::Python;
+  }
+
+  // Whether the device path's transport is there, making it on the first call (collective:
+  // every rank's first call on device tensors makes it). Its failure is the Python error.
+  bool device_ready(const c10::Device& device) {
+    if (device_comm_.load() != nullptr) return true;
+    py::gil_scoped_acquire gil;  // also keeps a second first call out
+    if (device_comm_.load() != nullptr) return true;
+    const py::tuple made = make_device_(device.has_index() ? device.index() : 0);
+    auto* api = static_cast<const pycoll_device_api*>(
+        PyCapsule_GetPointer(made[0].ptr(), PYCOLL_DEVICE_API_NAME));
+    if (api == nullptr) throw py::error_already_set();
+    if (api->version != PYCOLL_DEVICE_API_VERSION || api->struct_size < sizeof(pycoll_device_api))
+      throw std::runtime_error("pycollectives._torch was built for another device transport");
+    device_ = made[1];
+    device_api_ = api;
+    device_ending_ = Ending{api->wait, api->done, api->release};
+    device_comm_.store(reinterpret_cast<void*>(device_.attr("address").cast<uintptr_t>()));
     return true;
   }
 
@@ -423,34 +517,45 @@ class Backend : public c10d::Backend {
   }
 
   // all_reduce of each tensor in place (the plain and the coalesced form alike).
-  c10::intrusive_ptr<c10d::Work> all_reduce_each(c10d::OpType type,
+  c10::intrusive_ptr<c10d::Work> all_reduce_each(Route r, c10d::OpType type,
                                                  std::vector<at::Tensor>& tensors,
                                                  const c10d::ReduceOp& op) {
     std::vector<pycoll_call> calls;
     for (auto& t : tensors) calls.push_back(call(Collective::AllReduce, t, t, op_code(op, t)));
-    return start(type, calls, tensors, tensors);
+    return start(r, type, calls, tensors, tensors);
   }
 
-  // Runs `calls` (small: here and now; else queued on the progress thread).
-  c10::intrusive_ptr<c10d::Work> start(c10d::OpType type, const std::vector<pycoll_call>& calls,
+  // Runs `calls` on the host (small: here and now; else queued on the progress thread) or
+  // queues them on the device (see the top of this file).
+  c10::intrusive_ptr<c10d::Work> start(Route r, c10d::OpType type,
+                                       const std::vector<pycoll_call>& calls,
                                        std::vector<at::Tensor>& outputs,
                                        std::vector<at::Tensor>& inputs) {
     size_t bytes = 0;
     for (const auto& t : outputs) bytes += t.nbytes();
     for (const auto& t : inputs) bytes = std::max<size_t>(bytes, t.nbytes());
+    const bool async_op = bytes >= async_bytes_;
     pycoll_status st;
-    if (bytes < async_bytes_) {
+    if (r == Route::Host && !async_op) {
       for (const auto& k : calls)
         if (g_api->run(comm_, &k, &st) != PYCOLL_OK) raise(st);
       return c10::make_intrusive<NativeWork>(rank_, type, outputs, nullptr);
     }
-    auto p = std::make_shared<Pending>();
+    const bool on_device = r == Route::Device;
+    const c10::Device device = on_device ? outputs[0].device() : c10::Device(c10::kCPU);
+    auto p = std::make_shared<Pending>(on_device ? &device_ending_ : &g_host_ending,
+                                       on_device ? device_api_ : nullptr, device);
     p->outputs = outputs;
     p->keep = inputs;
     p->keep.insert(p->keep.end(), outputs.begin(), outputs.end());
+    const uintptr_t stream = on_device ? current_stream(device) : 0;
     for (const auto& k : calls) {
       void* h = nullptr;
-      if (g_api->submit(comm_, &k, &h, &st) != PYCOLL_OK) {
+      const int code = on_device
+                           ? device_api_->run(device_comm_.load(), &k, stream, async_op, &h, &st)
+                           : g_api->submit(comm_, &k, &h, &st);
+      if (code == PYCOLL_OK && on_device) device_calls_.fetch_add(1);
+      if (code != PYCOLL_OK) {
         if (p->handles.empty()) raise(st);  // nothing started: a plain error, as for a run
         // Later calls refused after earlier ones started (only a failing communicator does
         // this): the operation fails as a whole once those are done.
@@ -522,6 +627,15 @@ class Backend : public c10d::Backend {
   void* comm_ = nullptr;  // host_'s communicator, null: everything through fallback_
   size_t async_bytes_;
 
+  // The device path: what makes its transport, and once made, the transport (its native
+  // communicator object, kept alive here; the address device_api's calls take).
+  c10::DeviceType device_type_;
+  py::object make_device_, device_;
+  std::atomic<void*> device_comm_{nullptr};
+  const pycoll_device_api* device_api_ = nullptr;
+  Ending device_ending_{};
+  std::atomic<uint64_t> device_calls_{0};
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Pending>> queue_;
@@ -544,18 +658,21 @@ PYBIND11_MODULE(_torch, m) {
   if (api->version != PYCOLL_HOST_API_VERSION || api->struct_size < sizeof(pycoll_host_api))
     throw std::runtime_error("pycollectives._torch was built for another pycollectives._C");
   pycoll_torch::g_api = api;
+  pycoll_torch::g_host_ending = {api->wait, api->done, api->release};
   pycoll_torch::g_error = py::object(core.attr("CollectiveError")).release().ptr();
   pycoll_torch::g_timeout = py::object(core.attr("CollectiveTimeout")).release().ptr();
   pycoll_torch::g_mismatch = py::object(core.attr("CollectiveMismatch")).release().ptr();
 
   py::class_<Backend, c10::intrusive_ptr<Backend>, c10d::Backend>(m, "Backend")
-      .def(py::init(
-               [](py::object fallback, py::object host, int rank, int size, size_t async_bytes) {
-                 return c10::make_intrusive<Backend>(std::move(fallback), std::move(host), rank,
-                                                     size, async_bytes);
-               }),
+      .def(py::init([](py::object fallback, py::object host, int rank, int size, size_t async_bytes,
+                       py::object device, const std::string& device_type) {
+             return c10::make_intrusive<Backend>(std::move(fallback), std::move(host), rank, size,
+                                                 async_bytes, std::move(device), device_type);
+           }),
            py::arg("fallback"), py::arg("host"), py::arg("rank"), py::arg("size"),
-           py::arg("async_bytes"))
+           py::arg("async_bytes"), py::arg("device") = py::none(), py::arg("device_type") = "cuda")
       .def_property_readonly("fallback", &Backend::fallback)
-      .def_property_readonly("native", &Backend::native);
+      .def_property_readonly("native", &Backend::native)
+      // Calls queued on the device path so far.
+      .def_property_readonly("device_calls", &Backend::device_calls);
 }

@@ -10,10 +10,13 @@ communicator's timeout.
 
 Where the package was built against the installed torch, each group's backend is the C++
 ``pycollectives._torch.Backend``: all_reduce, broadcast, reduce, all_gather and reduce_scatter
-into one tensor (and their coalesced forms) and barrier on CPU tensors go from torch's
-dispatcher straight to the shared-memory communicator, without Python; every other call (and
-CUDA tensors, and groups over several machines) reaches the Python ``ProcessGroup`` of this
-module, which it wraps. ``PYCOLL_TORCH_NATIVE=0`` uses the Python one alone.
+into one tensor (and their coalesced forms) and barrier go from torch's dispatcher straight to
+a communicator, without Python: the shared-memory one for CPU tensors, the CUDA transport for
+CUDA tensors (queued on torch's current stream; the transport is made by the group's first
+call on CUDA tensors). Every other call (and groups over several machines) reaches the Python
+``ProcessGroup`` of this module, which it wraps. ``PYCOLL_TORCH_NATIVE=0`` uses the Python one
+alone. ``PYCOLL_TORCH_DEVICE=emulated`` (tests; a checkout's build) runs the C++ backend's
+CUDA path on the emulated device instead, with CPU tensors standing for CUDA ones.
 
 Collectives of 1 MiB and more, and every send/recv, are issued asynchronously on the
 communicator (its progress thread runs them in issue order); smaller collectives run at once
@@ -223,6 +226,7 @@ class ProcessGroup(dist.ProcessGroup):
         self.comm = comm
         self._completer = _Completer()
         self._name, self._desc = "", ""
+        self._emulated = None  # (EmuComm, EmuStream) under PYCOLL_TORCH_DEVICE=emulated
 
     def getBackendName(self):
         return NAME
@@ -247,6 +251,27 @@ class ProcessGroup(dist.ProcessGroup):
     def shutdown(self):
         self._completer.stop()
         self.comm.close()
+        self._emulated = None
+
+    # -- the C++ backend's device path ---------------------------------------------------------
+
+    def _cuda_transport(self, index):
+        """(device_api capsule, native communicator) of this group's CUDA transport on GPU
+        `index`, made on first use (collective, as the first CUDA call of this backend)."""
+        from pycollectives import _cuda
+
+        return _cuda.device_api, self.comm._cuda_for("torch", index)._native_comm()
+
+    def _emulated_transport(self, index):
+        """The same over the emulated device (tests): its communicator and its stream, made on
+        first use (collective). ``PYCOLL_EMU_STREAM_DELAY_MS`` delays each queued call."""
+        from pycollectives import _emu
+
+        if self._emulated is None:
+            dev = emulated_device(self.comm)
+            delay = int(os.environ.get("PYCOLL_EMU_STREAM_DELAY_MS", "0"))
+            self._emulated = (dev, _emu.EmuStream(dev, delay))
+        return _emu.device_api, self._emulated[1]
 
     # -- reductions ---------------------------------------------------------------------------
 
@@ -422,6 +447,31 @@ def _group(store, rank, size):
     return bootstrap.MpiGroup.of_members(world, members)
 
 
+def emulated_device(comm: Communicator, **options):
+    """An emulated device communicator (``pycollectives._emu.EmuComm``, tests only) over the
+    ranks of `comm`, in kernel mode unless `options` (EmuOptions' fields) say otherwise:
+    collective. Its shared memory is unlinked once every rank has mapped it."""
+    from pycollectives import _emu
+
+    o = _emu.EmuOptions()
+    for name, value in options.items():
+        setattr(o, name, value)
+    o.timeout = comm.timeout
+    dev = _emu.EmuComm(comm.rank, comm.size, o)
+    names = comm.all_gather_object((dev.segment_name, dev.flags_name))
+    dev.attach([s for s, _ in names], [f for _, f in names])
+    comm.barrier()
+    dev.unlink()
+    return dev
+
+
+def _device_path(pg):
+    """(what makes the C++ backend's device transport, the tensors' device type)."""
+    if os.environ.get("PYCOLL_TORCH_DEVICE", "").strip() == "emulated":
+        return pg._emulated_transport, "cpu"
+    return pg._cuda_transport, "cuda"
+
+
 def _native():
     """pycollectives._torch, or None where it was not built (or PYCOLL_TORCH_NATIVE=0)."""
     if os.environ.get("PYCOLL_TORCH_NATIVE", "1").strip() == "0":
@@ -446,7 +496,8 @@ def create(opts, backend_options=None):
     if native is None:
         return pg
     host = comm._host.c if comm._host_run is not None else None  # one machine: shared memory
-    return native.Backend(pg, host, rank, size, ASYNC_BYTES)
+    device, device_type = _device_path(pg)
+    return native.Backend(pg, host, rank, size, ASYNC_BYTES, device, device_type)
 
 
 def communicator(group=None) -> Communicator:

@@ -226,6 +226,23 @@ def test_gpu_torch_tensors():
     run_mpi(3, "gpu_extras.py", "torch")
 
 
+def test_gpu_torch_backend_device_path():
+    # The C++ torch backend's device path on CUDA tensors (device/device_capi.h): its native
+    # operations queued on torch's current stream against gloo on host copies, every dtype,
+    # async ones and futures; a mismatch and bad input refused; stock DDP with its model on the
+    # GPU trains to the parameters of gloo's on the CPU.
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    if importlib.util.find_spec("pycollectives._torch") is None:
+        pytest.skip("pycollectives was built without its torch backend in C++")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch {torch.__version__} cannot use the GPU")
+    out = run_mpi(2, "torch_backend.py", "device,device_ddp", timeout=300)
+    assert out.count("torch device_ddp rank=") == 2, out
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_gpu_through_communicator(nranks):
     run_mpi(nranks, "gpu_communicator.py")

@@ -4,7 +4,8 @@ operation or dtype, the value computed here); stock DistributedDataParallel, ZeR
 tensor parallel and pipelining (GPipe, 1F1B) train to gloo's parameters.
 
 Usage: mpiexec -n N python torch_backend.py CASE[,CASE...]
-       (ops, ddp, parallel, errors, exchange)
+       (ops, ddp, parallel, errors, exchange; device and device_ddp: the device path, on
+       the GPU, or on the emulated device under PYCOLL_TORCH_DEVICE=emulated)
 (or under torchrun, where pycollectives.torch.init_process_group is dist.init_process_group)
 """
 
@@ -516,6 +517,142 @@ def check_async(gloo):
     same(coal[0], torch.full((count,), float(n)), "async all_reduce_coalesced")
 
 
+def device_path():
+    """The device of the C++ backend's device path in this run: the CPU, whose tensors stand
+    for CUDA ones on the emulated device (PYCOLL_TORCH_DEVICE=emulated), else this rank's GPU."""
+    if os.environ.get("PYCOLL_TORCH_DEVICE", "") == "emulated":
+        return torch.device("cpu")
+    torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def device_transport_seq(pg, dev):
+    """Calls the device path's transport of `pg` (the Python backend) has run."""
+    return pg._emulated[0].seq if dev.type == "cpu" else pg.comm._cuda.seq
+
+
+def host_seq(comm):
+    """Calls `comm` has run on host memory."""
+    return comm.seq - (comm._cuda.seq if comm._cuda is not None else 0)
+
+
+def check_device(gloo):
+    """The C++ backend's device path: on a GPU (CUDA tensors, on torch's current stream), or on
+    the emulated device (PYCOLL_TORCH_DEVICE=emulated, CPU tensors standing for CUDA ones).
+    Every operation the C++ backend runs natively goes to the device transport, none to the
+    host communicator, and gives gloo's result (gloo on host copies); Work and futures behave
+    as on the host path; a mismatch and bad input are refused."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    dev = device_path()
+    backend = dist.group.WORLD._get_backend(dev)
+    comm = backend.fallback.comm
+    dist.all_reduce(torch.ones(1, device=dev))  # the first makes the transport (collective)
+    calls, host_calls = backend.device_calls, host_seq(comm)
+    issued = 0
+
+    def on(t):  # a copy on the device (on the CPU too)
+        return t.to(dev, copy=True)
+
+    for dtype in DTYPES:
+        for count in (1, 5000, 300_000):  # the last 1 MiB or more: async on the device
+            x = value(r, count, dtype, salt=3)
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                a, b = on(x), x.clone()
+                dist.all_reduce(a, op=op)
+                dist.all_reduce(b, op=op, group=gloo)
+                same(a.cpu(), b, f"device all_reduce {dtype} {count} {op}")
+            a, b = on(x), x.clone()
+            dist.broadcast(a, n - 1)
+            dist.broadcast(b, n - 1, group=gloo)
+            same(a.cpu(), b, f"device broadcast {dtype} {count}")
+            a, b = on(x), x.clone()
+            dist.reduce(a, 1 % n)
+            dist.reduce(b, 1 % n, group=gloo)
+            if r == 1 % n:
+                same(a.cpu(), b, f"device reduce {dtype} {count}")
+            flat = torch.empty(n * count, dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(flat, on(x))
+            want = torch.cat([value(q, count, dtype, salt=3) for q in range(n)])
+            same(flat.cpu(), want, f"device all_gather_into_tensor {dtype} {count}")
+            big = value(r, n * count, dtype, salt=4)
+            a, b = torch.empty_like(x, device=dev), torch.empty_like(x)
+            dist.reduce_scatter_tensor(a, on(big))
+            dist.reduce_scatter_tensor(b, big, group=gloo)
+            same(a.cpu(), b, f"device reduce_scatter_tensor {dtype} {count}")
+            issued += 6
+    ts = [value(r, 10, torch.float32), value(r, 3, torch.float32)]
+    ds = [on(t) for t in ts]
+    dist.all_reduce_coalesced(ds)
+    dist.all_reduce_coalesced(ts, group=gloo)
+    for d, t in zip(ds, ts):
+        same(d.cpu(), t, "device all_reduce_coalesced")
+    issued += 2
+    t = torch.ones(300_000, device=dev)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future().then(lambda f: f.value()[0] * 2)
+    same(fut.wait().cpu(), torch.full((300_000,), 2.0 * n), "device future chained")
+    work.wait()
+    assert work.is_completed() and work.is_success()
+    issued += 1
+    assert backend.device_calls - calls == issued, (backend.device_calls - calls, issued)
+    assert host_seq(comm) == host_calls, "the host communicator ran a device call"
+    ran = device_transport_seq(backend.fallback, dev)
+    assert ran == backend.device_calls, f"the device ran {ran} calls of {backend.device_calls}"
+    # Ranks that disagree: CollectiveMismatch on every rank, from the call itself where the
+    # host finds it (a GPU's host mode), else from a wait on it (found by the device: on a GPU
+    # in kernel mode, in the launch, the call returning once queued).
+    odd = dist.new_group()
+    try:
+        bad = torch.ones(8 if r == 0 else 16, device=dev)
+        work = dist.all_reduce(bad, group=odd, async_op=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        work.wait()
+    except pc.CollectiveMismatch as e:
+        assert "disagree" in str(e), e
+    else:
+        raise AssertionError("a mismatch went unnoticed on the device path")
+    try:
+        dist.all_gather_into_tensor(torch.empty(3 * n + 1, device=dev), torch.ones(3, device=dev))
+    except ValueError as e:
+        assert "all_gather" in str(e), e
+    else:
+        raise AssertionError("a wrong output size was accepted on the device path")
+    t = torch.ones(5, device=dev)
+    dist.all_reduce(t)  # the world is still usable
+    same(t.cpu(), torch.full((5,), float(n)), "device all_reduce after the refusal")
+    print(f"torch device rank={r}")
+
+
+def check_device_ddp(gloo):
+    """Stock DDP with the model on the device path's device (a GPU, or the emulated device's
+    CPU tensors) trains to the parameters gloo's DDP reaches on the CPU; every bucket's
+    all-reduce went to the device."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    r = dist.get_rank()
+    dev = device_path()
+    backend = dist.group.WORLD._get_backend(dev)
+    before = backend.device_calls
+    ours = DDP(make_model(seed=r).to(dev), device_ids=None, bucket_cap_mb=0.001)
+    theirs = DDP(make_model(seed=r), process_group=gloo, bucket_cap_mb=0.001)
+    for ddp in (ours, theirs):
+        where = next(ddp.parameters()).device
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(r)
+        for step in range(4):
+            x = (torch.randn(16, 12, generator=g) + r).to(where)
+            y = torch.randint(0, 4, (16,), generator=g).to(where)
+            torch.nn.functional.cross_entropy(ddp(x, step), y).backward()
+            opt.step()
+            opt.zero_grad()
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dev.type == "cpu" else {"rtol": 1e-3, "atol": 1e-4}
+    for (k, p), q in zip(ours.module.state_dict().items(), theirs.module.state_dict().values()):
+        torch.testing.assert_close(p.cpu(), q, **tol, msg=f"device DDP: {k}")
+    assert backend.device_calls - before >= 4 * 2, "DDP's buckets did not reach the device"
+    print(f"torch device_ddp rank={r}")
+
+
 def check_errors(gloo):
     r = dist.get_rank()
     for op, words in ((dist.ReduceOp.BAND, "BAND"), (dist.ReduceOp.BXOR, "BXOR")):
@@ -600,6 +737,7 @@ def main():
     gloo = dist.new_group(backend="gloo")
     cases = {"ops": check_ops, "ddp": check_ddp, "parallel": check_parallel}
     cases.update(errors=check_errors, exchange=check_exchange, mesh2d=check_mesh2d)
+    cases.update(device=check_device, device_ddp=check_device_ddp)
     if "deepspeed" in sys.argv[1]:  # DeepSpeed's ZeRO on the default group (deepspeed_zero.py)
         from deepspeed_zero import check_zero
 
