@@ -78,11 +78,11 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
   PYCOLL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   const bool capturing = capture == cudaStreamCaptureStatusActive;
   // The two-shot reads no plan: a graph captures its launch arguments, pointers and all.
-  const TwoShot twoshot = twoshot_of(call, algo);
+  const RegisteredCall registered = registered_of(call, algo);
   if (capturing)
     check_capturable(
         name, mode_ == SyncMode::Kernel,
-        moves_nothing(call, rank_, size_) || twoshot.on() || plans_.find(call, algo) != nullptr);
+        moves_nothing(call, rank_, size_) || registered.on || plans_.find(call, algo) != nullptr);
   const uint64_t seq = ++seq_;
   if (opts_.debug)
     std::fprintf(stderr,
@@ -93,9 +93,7 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
                  call.algo == Algo::Auto ? " (auto)" : "",
                  mode_ == SyncMode::Kernel ? "kernel" : "host");
   Fingerprint mine = Fingerprint::of_call(seq, call, algo);
-  if (twoshot.on())
-    mine = registered_fingerprint(mine, twoshot.in.id, twoshot.in.delta, twoshot.out.id,
-                                  twoshot.out.delta);
+  if (registered.on) mine = registered_fingerprint(mine, registered);
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   const bool kernel = mode_ == SyncMode::Kernel;
@@ -125,8 +123,8 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     // In kernel mode a call that moves nothing launches too: it compares the call.
     if (moves_nothing(call, rank_, size_)) {
       if (kernel) run_kernel_mode(call, nullptr, mine, on, !capturing);
-    } else if (twoshot.on()) {
-      run_twoshot(call, twoshot, mine, w, on, !capturing);
+    } else if (registered.on) {
+      run_on_registered(call, registered, mine, w, on, !capturing);
     } else if (host_scratch_eligible(call, algo, kernel, opts_.host_twoshot)) {
       run_host_scratch(call, w, meet);
     } else if (capturing) {
@@ -185,23 +183,23 @@ KernelArgs CudaComm::twoshot_args(const CollectiveCall& call, size_t len,
   return a;
 }
 
-CudaComm::TwoShot CudaComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
-  TwoShot t;
-  if (!twoshot_eligible(call, algo)) return t;
-  const size_t bytes = call.count * dtype_size(call.dtype);
-  t.in = registry_.find(call.in, bytes);
-  t.out = registry_.find(call.out, bytes);
-  return t;
+RegisteredCall CudaComm::registered_of(const CollectiveCall& call, Algo algo) const {
+  return registered_call(call, algo, rank_, size_,
+                         [&](const void* p, size_t bytes) { return registry_.find(p, bytes); });
 }
 
-// The two-shot over every rank's registered buffers. Kernel mode: one launch on `stream` that
-// compares the call with every peer's first (its other blocks gated on that: launches_of), its
-// entry synchronisation. Host mode (the call compared on the host already): the host waits for
-// the caller's stream to reach the call (our input is ready), meets every peer, launches the
-// two-shot (no device wait in it), waits for it and meets every peer again.
-void CudaComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
-                           const WaitContext& w, cudaStream_t stream, bool eager) {
-  KernelArgs a = twoshot_args(call, call.count, t.in.at, t.out.at);
+// The collective over every rank's registered buffers (run_registered; the two-shot for an
+// all-reduce). Kernel mode: one launch on `stream` that compares the call with every peer's
+// first (its other blocks gated on that: launches_of), its entry synchronisation. Host mode
+// (the call compared on the host already): the host waits for the caller's stream to reach
+// the call (our input is ready), meets every peer, launches it (no device wait in it), waits
+// for it and meets every peer again.
+void CudaComm::run_on_registered(const CollectiveCall& call, const RegisteredCall& t,
+                                 const Fingerprint& f, const WaitContext& w, cudaStream_t stream,
+                                 bool eager) {
+  static const CachedPlan no_steps{};
+  KernelArgs a = kernel_args(call, no_steps);
+  set_registered(a, call, t.in, t.out);
   ++twoshot_runs_;
   if (mode_ == SyncMode::Kernel) {
     check_on_device(a, f);

@@ -43,6 +43,7 @@
 #include "algo/schedule.h"
 #include "common/dtypes.h"
 #include "cuda/registry.h"
+#include "device/host_steps.h"
 #include "device/kernel_args.h"
 #include "device/plan.h"
 #include "host/executor.h"
@@ -200,14 +201,11 @@ class CudaComm {
   void stop_peers_on_mismatch();
   // Work running now, queued by this rank: the watchdog stops its device waits if a peer dies.
   void watch(std::shared_ptr<CudaWork> work);
-  // Every rank's registered input and output of `call`, where the two-shot runs it.
-  struct TwoShot {
-    Registered in, out;
-    bool on() const { return in.on && out.on; }
-  };
-  TwoShot twoshot_of(const CollectiveCall& call, Algo algo) const;
-  void run_twoshot(const CollectiveCall& call, const TwoShot& t, const Fingerprint& f,
-                   const WaitContext& w, cudaStream_t stream, bool eager);
+  // `call` over registered buffers where they are (registered_call; off otherwise), which
+  // run_registered runs (the two-shot for an all-reduce).
+  RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
+  void run_on_registered(const CollectiveCall& call, const RegisteredCall& t, const Fingerprint& f,
+                         const WaitContext& w, cudaStream_t stream, bool eager);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   // `met`: the ranks have met on the host for this call already (its fingerprints).
   void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met);

@@ -110,12 +110,16 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
   return s;
 }
 
-void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
-                 const std::vector<uint8_t*>& out) {
+namespace {
+
+void set_reg(KernelArgs& a, Collective kind, int root, size_t count,
+             const std::vector<uint8_t*>& in, const std::vector<uint8_t*>& out) {
   const int n = a.layout.size;
   if (static_cast<int>(in.size()) != n || static_cast<int>(out.size()) != n)
-    throw InvalidArgument("two-shot: one input and one output per rank expected");
+    throw InvalidArgument("registered buffers: one input and one output per rank expected");
   a.reg.on = true;
+  a.reg.kind = static_cast<int>(kind);
+  a.reg.root = root;
   a.reg.count = count;
   for (int q = 0; q < n; ++q) {
     a.reg.in[q] = in[q];
@@ -124,7 +128,19 @@ void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
   a.steps = nullptr;
   a.first_step = 0;
   a.end_step = 1;
-  a.grid = twoshot_grid(count, a.layout);
+  a.grid = registered_grid(kind, count, a.layout);
+}
+
+}  // namespace
+
+void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
+                 const std::vector<uint8_t*>& out) {
+  set_reg(a, Collective::AllReduce, 0, count, in, out);
+}
+
+void set_registered(KernelArgs& a, const CollectiveCall& call, const std::vector<uint8_t*>& in,
+                    const std::vector<uint8_t*>& out) {
+  set_reg(a, call.collective, call.root, call.count, in, out);
 }
 
 std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank) {

@@ -15,6 +15,7 @@
 #include "host/executor.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
+#include "runtime/registrations.h"
 #include "runtime/wait.h"
 
 namespace pycoll {
@@ -71,6 +72,93 @@ inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool cap
 inline bool twoshot_eligible(const CollectiveCall& call, Algo algo) {
   return call.collective == Collective::AllReduce && !call.barrier && call.count > 0 &&
          (call.algo == Algo::Auto || algo == Algo::Direct);
+}
+// Whether `call` runs over registered buffers where every rank's input and output are
+// registered (run_registered): the two-shot's all-reduces, and the even reduce-scatters and
+// all-gathers, the reduces and broadcasts whose algorithm is automatic or direct.
+inline bool registered_eligible(const CollectiveCall& call, Algo algo) {
+  if (call.barrier || call.count == 0 || !(call.algo == Algo::Auto || algo == Algo::Direct))
+    return false;
+  switch (call.collective) {
+    case Collective::AllReduce:
+    case Collective::Reduce:
+    case Collective::Broadcast:
+      return true;
+    case Collective::ReduceScatter:
+    case Collective::AllGather:
+      return call.counts.empty();
+    default:
+      return false;
+  }
+}
+// The bytes of a registered call's input and output on every rank (every rank's alike: a
+// reduce's output is looked up off the root too, so that the ranks agree on the call).
+struct RegisteredBytes {
+  size_t in, out;
+};
+inline RegisteredBytes registered_bytes(const CollectiveCall& call, int size) {
+  const size_t one = call.count * dtype_size(call.dtype), all = one * static_cast<size_t>(size);
+  switch (call.collective) {
+    case Collective::ReduceScatter:
+      return {all, one};
+    case Collective::AllGather:
+      return {one, all};
+    default:
+      return {one, one};
+  }
+}
+
+// A call over registered buffers (run_registered): every rank's input and output as this
+// process maps them, and the words its fingerprint carries (registered_fingerprint): where the
+// buffers whose peers' addresses it uses lie, which must be the same on every rank.
+struct RegisteredCall {
+  bool on = false;
+  std::vector<uint8_t*> in, out;  // a rank that writes only its own output: the others null
+  uint64_t where[4] = {};
+};
+// `call` as one, or off: where `find(pointer, bytes)` (the registry's) finds what it needs
+// registered on every rank. A reduce-scatter and an all-gather write only this rank's output,
+// which need not be registered; an in-place all-gather's inputs are every rank's block of its
+// registered output. All-reduce, reduce and broadcast need both registered.
+template <class Find>
+RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, int size,
+                               Find&& find) {
+  RegisteredCall t;
+  if (!registered_eligible(call, algo)) return t;
+  const RegisteredBytes bytes = registered_bytes(call, size);
+  const size_t block = call.count * dtype_size(call.dtype);
+  uint8_t* const out = static_cast<uint8_t*>(call.out);
+  const bool own_output =
+      call.collective == Collective::ReduceScatter || call.collective == Collective::AllGather;
+  if (call.collective == Collective::AllGather && call.in == out + rank * block) {
+    const Registered o = find(call.out, bytes.out);  // in place
+    if (!o.on) return t;
+    for (int q = 0; q < size; ++q) t.in.push_back(o.at[q] + q * block);
+    t.out.assign(size, nullptr);
+    t.out[rank] = out;
+    t.where[0] = o.id;
+    t.where[1] = o.delta;
+    t.where[2] = 1;  // in place: a registration is never number 0
+    t.on = true;
+    return t;
+  }
+  const Registered in = find(call.in, bytes.in);
+  if (!in.on) return t;
+  t.in = in.at;
+  t.where[0] = in.id;
+  t.where[1] = in.delta;
+  if (own_output) {
+    t.out.assign(size, nullptr);
+    t.out[rank] = out;
+  } else {
+    const Registered o = find(call.out, bytes.out);
+    if (!o.on) return t;
+    t.out = o.at;
+    t.where[2] = o.id;
+    t.where[3] = o.delta;
+  }
+  t.on = true;
+  return t;
 }
 // Host mode through scratch (run_scratch): every rank's segment data area (its staging slots,
 // as one flat buffer that every peer maps already) holds a chunk of the message at a time, and
@@ -192,16 +280,18 @@ void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w);
 // (check_on_device): that is the two-shot's entry synchronisation.
 void set_twoshot(KernelArgs& a, size_t count, const std::vector<uint8_t*>& in,
                  const std::vector<uint8_t*>& out);
+// Makes `a` the launch of `call` over every rank's registered `in` and `out` (run_registered).
+void set_registered(KernelArgs& a, const CollectiveCall& call, const std::vector<uint8_t*>& in,
+                    const std::vector<uint8_t*>& out);
 
-// The fingerprint of a two-shot all-reduce over registered buffers (device/twoshot_kernel.h):
-// `f` marked as one (Fingerprint::shared), its splits word a hash of where the input and the
-// output lie (registration number and offset into it, the same on every rank of a symmetric
-// call). Ranks that disagree on either raise CollectiveMismatch instead of one reading or
-// writing memory its peers do not expect.
-inline Fingerprint registered_fingerprint(Fingerprint f, uint64_t in_id, uint64_t in_delta,
-                                          uint64_t out_id, uint64_t out_delta) {
+// The fingerprint of a call over registered buffers (device/twoshot_kernel.h): `f` marked as
+// one (Fingerprint::shared), its splits word a hash of where the buffers whose peers'
+// addresses it uses lie (RegisteredCall::where: registration number and offset into it, the
+// same on every rank of a symmetric call). Ranks that disagree raise CollectiveMismatch
+// instead of one reading or writing memory its peers do not expect.
+inline Fingerprint registered_fingerprint(Fingerprint f, const RegisteredCall& t) {
   Fnv1a h;
-  for (uint64_t v : {in_id, in_delta, out_id, out_delta}) h.mix(v);
+  for (uint64_t v : t.where) h.mix(v);
   f.shared = true;
   f.splits = h.h | 1;  // never 0: an even call's word
   return f;

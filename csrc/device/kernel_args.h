@@ -151,12 +151,14 @@ struct DeviceStatus {
 };
 enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
 
-// A two-shot all-reduce over registered buffers (device/twoshot_kernel.h), run instead of
-// steps: every rank's input and output as this process maps them (ours at index `rank`). Its
+// A collective over registered buffers (device/twoshot_kernel.h, run_registered), run instead
+// of steps: every rank's input and output as this process maps them (ours at index `rank`). Its
 // launch always compares the call first (check_on_device): that exchange is its entry barrier.
 struct RegisteredArgs {
   bool on;
-  uint64_t count;  // elements
+  int kind;        // the Collective: all-reduce, reduce, reduce-scatter, all-gather, broadcast
+  int root;        // reduce and broadcast
+  uint64_t count;  // elements: the call's count (reduce-scatter, all-gather: one rank's block)
   const uint8_t* in[kMaxRanks];
   uint8_t* out[kMaxRanks];
 };

@@ -177,6 +177,19 @@ PYCOLL_HD_INLINE int twoshot_grid(size_t count, const SegmentLayout& L) {
   const Slice s0 = twoshot_shard(count, L.size, 0);
   return active_channels(s0.hi - s0.lo, L);
 }
+// The elements a rank covers in a collective over registered buffers (run_registered) of
+// `count` elements: its shard in an all-reduce or a reduce, else all of them (reduce-scatter:
+// of its block; all-gather: of every rank's block; broadcast: of the buffer).
+PYCOLL_HD_INLINE bool registered_sharded(Collective c) {
+  return c == Collective::AllReduce || c == Collective::Reduce;
+}
+PYCOLL_HD_INLINE Slice registered_range(Collective c, size_t count, int size, int rank) {
+  return registered_sharded(c) ? twoshot_shard(count, size, rank) : Slice{0, count};
+}
+// Its blocks, the same on every rank (see twoshot_grid).
+PYCOLL_HD_INLINE int registered_grid(Collective c, size_t count, const SegmentLayout& L) {
+  return registered_sharded(c) ? twoshot_grid(count, L) : active_channels(count, L);
+}
 
 // The low-latency (LL) format. A message in it is written as 8-byte words, each 4 bytes of the
 // block's slice (in its wire type, the last word zero-padded) and a 4-byte flag, ll_flag(m) of

@@ -1,13 +1,17 @@
-// The two-shot all-reduce over registered buffers: every rank maps every rank's input and
-// output (CUDA IPC on the GPU, POSIX shared memory on the emulated device), so no byte goes
-// through a staging slot. Rank r owns shard r (plan.h, twoshot_shard): each of its blocks
+// Collectives over registered buffers: every rank maps every rank's input and output (CUDA IPC
+// on the GPU, POSIX shared memory on the emulated device), so no byte goes through a staging
+// slot. All-reduce, reduce, reduce-scatter, all-gather and broadcast each read peers' buffers
+// directly (run_registered says what each rank covers); the all-reduce is the two-shot, the
+// model of the others:
+//
+// Rank r owns shard r (plan.h, twoshot_shard): each of its blocks
 // reads its slice of shard r from every rank's input, reduces it in rank order 0..n-1 (one
 // rank computes each element, in one order: the outputs are bitwise identical), and writes the
 // result into every rank's output. Each byte of the message is read once and written n times
 // over all ranks: S read and S written per rank, 2nS in all (n ranks, S bytes).
 //
 // Two synchronisations per call:
-//   entry: the call's header exchange (step_kernel.h, check_call), which every two-shot launch
+//   entry: the call's header exchange (step_kernel.h, check_call), which every such launch
 //          runs first (block 0; with several blocks the others wait at its gate, or, captured,
 //          the check is a one-block launch before them: launches_of): a peer's header for this
 //          call is written by its launch of this call, so once block 0 has every peer's, every
@@ -16,7 +20,7 @@
 //   exit:  per block (block b of every rank meets block b of every other: the grid and the
 //          slices are the same on every rank), once it has read and written its slices: no
 //          rank returns, and no later call or work on a rank's stream touches its input or
-//          output, while a peer still reads or writes them. It counts the block's two-shot
+//          output, while a peer still reads or writes them. It counts the block's registered
 //          calls on a flag of its own segment (the k-th call posts k and waits for k from every
 //          peer), loaded from the flag at every launch like the channel counters, so graph
 //          replays stay right. Its waits are step_kernel.h's: bounded, abortable, stopped by a
@@ -30,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "device/kernel_args.h"
 #include "device/plan.h"
@@ -55,16 +60,17 @@ PYCOLL_DEVICE bool twoshot_exit(const KernelArgs& a, const BlockState& s, int b)
   return true;
 }
 
-// Elements [i, i + E) of the message: reduced over every rank's input in rank order, written
-// into every rank's output.
+// Elements [i, i + E) of every rank's input at `src_off` (elements): reduced in rank order
+// 0..n-1, written at i into the outputs of ranks [dst_lo, dst_hi).
 template <class T, int E>
-PYCOLL_DEVICE void twoshot_group(const KernelArgs& a, size_t i, bool vec) {
+PYCOLL_DEVICE void reduce_group(const KernelArgs& a, size_t src_off, size_t i, int dst_lo,
+                                int dst_hi, bool vec) {
   using A = typename Acc<T>::type;
   const int n = a.layout.size;
   A acc[E];
   T v[E];
   for (int q = 0; q < n; ++q) {
-    load(v, a.reg.in[q], i, vec);
+    load(v, a.reg.in[q], src_off + i, vec);
     PYCOLL_UNROLL
     for (int k = 0; k < E; ++k)
       acc[k] = q == 0 ? Acc<T>::load(v[k]) : apply_op(a.op, acc[k], Acc<T>::load(v[k]));
@@ -73,24 +79,85 @@ PYCOLL_DEVICE void twoshot_group(const KernelArgs& a, size_t i, bool vec) {
   PYCOLL_UNROLL
   for (int k = 0; k < E; ++k)
     v[k] = Acc<T>::store(avg ? acc[k] / static_cast<A>(a.divisor) : acc[k]);
-  for (int q = 0; q < n; ++q) store(a.reg.out[q], i, v, vec);
+  for (int q = dst_lo; q < dst_hi; ++q) store(a.reg.out[q], i, v, vec);
 }
 
-// Block b's part of the two-shot, once the call is compared: its slice of our shard, then the
-// exit barrier.
+// Elements [i, i + E) copied from `src` to `dst`.
+template <class T, int E>
+PYCOLL_DEVICE void copy_group(const uint8_t* src, uint8_t* dst, size_t i, bool vec) {
+  T v[E];
+  load(v, src, i, vec);
+  store(dst, i, v, vec);
+}
+
+// Elements [lo, lo + len) shared among the block's threads: `f(E, i, vec)` for each group of E
+// elements from i (16-byte words where `vec`), then single elements.
+template <class T, class F>
+PYCOLL_DEVICE void for_groups(size_t lo, size_t len, bool vec, int tid, int nt, F&& f) {
+  constexpr int E = kElemsPerThread<T>;
+  const size_t groups = vec ? len / E : 0;
+  for (size_t g = tid; g < groups; g += nt) f(std::integral_constant<int, E>{}, lo + g * E, true);
+  for (size_t j = groups * E + tid; j < len; j += nt)
+    f(std::integral_constant<int, 1>{}, lo + j, false);
+}
+
+// Block b's part of a collective over registered buffers, once the call is compared (see
+// registered_range for what each rank covers), then the exit barrier. With c = reg.count:
+//   all-reduce:     shard r of every input reduced into every rank's output (the two-shot);
+//   reduce:         the same, into the root's output alone;
+//   reduce-scatter: block r (elements [r c, r c + c)) of every input reduced into ours;
+//   all-gather:     every rank's input copied into block q of ours (in place, ours is there);
+//   broadcast:      the root's buffer copied into ours (the root copies nothing).
+// Each rank writes only its own output, but for the all-reduce's shard (which only it reads
+// and writes on every rank) and the reduce's (into the root's); every read of an element that
+// a write could change comes first in the same thread, so in-place forms need no barrier.
 template <class T, class Threads>
-PYCOLL_DEVICE void run_twoshot(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
-  const Slice shard = twoshot_shard(a.reg.count, a.layout.size, a.rank);
-  const Slice sl = block_slice(shard.hi - shard.lo, a.grid, b);
-  const size_t lo = shard.lo + sl.lo, len = sl.hi - sl.lo;
-  bool vec = true;
-  for (int q = 0; q < a.layout.size; ++q)
-    vec = vec && aligned16(a.reg.in[q]) && aligned16(a.reg.out[q]);
+PYCOLL_DEVICE void run_registered(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
+  const RegisteredArgs& g = a.reg;
+  const int n = a.layout.size, r = a.rank;
+  const auto kind = static_cast<Collective>(g.kind);
+  const Slice range = registered_range(kind, g.count, n, r);
+  const Slice sl = block_slice(range.hi - range.lo, a.grid, b);
+  const size_t lo = range.lo + sl.lo, len = sl.hi - sl.lo;
+  // Blocks at q c elements: whole 16-byte words only where c elements are.
+  bool vec =
+      g.count * sizeof(T) % 16 == 0 || kind == Collective::AllReduce || kind == Collective::Reduce;
+  for (int q = 0; q < n; ++q) vec = vec && aligned16(g.in[q]) && aligned16(g.out[q]);
+  const size_t block_bytes = g.count * sizeof(T);
   th.each([&](int tid, int nt) {
-    constexpr int E = kElemsPerThread<T>;
-    const size_t groups = vec ? len / E : 0;
-    for (size_t g = tid; g < groups; g += nt) twoshot_group<T, E>(a, lo + g * E, true);
-    for (size_t j = groups * E + tid; j < len; j += nt) twoshot_group<T, 1>(a, lo + j, false);
+    switch (kind) {
+      case Collective::AllReduce:
+      case Collective::Reduce: {
+        const int d0 = kind == Collective::Reduce ? g.root : 0;
+        const int d1 = kind == Collective::Reduce ? g.root + 1 : n;
+        for_groups<T>(lo, len, vec, tid, nt, [&](auto e, size_t i, bool v) {
+          reduce_group<T, decltype(e)::value>(a, 0, i, d0, d1, v);
+        });
+        break;
+      }
+      case Collective::ReduceScatter:
+        for_groups<T>(lo, len, vec, tid, nt, [&](auto e, size_t i, bool v) {
+          reduce_group<T, decltype(e)::value>(a, static_cast<size_t>(r) * g.count, i, r, r + 1, v);
+        });
+        break;
+      case Collective::AllGather:
+        for (int q = 0; q < n; ++q) {
+          uint8_t* dst = g.out[r] + static_cast<size_t>(q) * block_bytes;
+          if (dst == g.in[q]) continue;  // in place: our own block is there already
+          for_groups<T>(lo, len, vec, tid, nt, [&](auto e, size_t i, bool v) {
+            copy_group<T, decltype(e)::value>(g.in[q], dst, i, v);
+          });
+        }
+        break;
+      case Collective::Broadcast:
+        if (r != g.root)
+          for_groups<T>(lo, len, vec, tid, nt, [&](auto e, size_t i, bool v) {
+            copy_group<T, decltype(e)::value>(g.in[g.root], g.out[r], i, v);
+          });
+        break;
+      default:
+        break;
+    }
   });
   th.sync();
   // Host mode (no flags): the host meets the peers once the launch has ended.
@@ -98,14 +165,15 @@ PYCOLL_DEVICE void run_twoshot(const KernelArgs& a, BlockState& s, int b, const 
   th.sync();
 }
 
-// Block b of a launch: its start (step_kernel.h, start_block: for the two-shot, block 0's
-// comparison of the call and the others' gate are the entry synchronisation), the two-shot
-// when a.reg.on, else the steps, and the launch's end (finish_launch) either way.
+// Block b of a launch: its start (step_kernel.h, start_block: for registered buffers, block 0's
+// comparison of the call and the others' gate are the entry synchronisation), the collective
+// over registered buffers when a.reg.on, else the steps, and the launch's end (finish_launch)
+// either way.
 template <class T, class Threads>
 PYCOLL_DEVICE void run_launch(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
   if (start_block(a, s, b, th) && a.first_step < a.end_step) {
     if (a.reg.on)
-      run_twoshot<T>(a, s, b, th);
+      run_registered<T>(a, s, b, th);
     else
       run_steps<T>(a, s, b, th);
   }

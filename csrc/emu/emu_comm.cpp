@@ -168,29 +168,30 @@ Regions EmuComm::launch_regions(const CollectiveCall& call) const {
   return r;
 }
 
-EmuComm::TwoShot EmuComm::twoshot_of(const CollectiveCall& call, Algo algo) const {
-  TwoShot t;
-  if (!cuda::twoshot_eligible(call, algo)) return t;
-  const size_t bytes = call.count * dtype_size(call.dtype);
-  t.in = registry_.find(call.in, bytes);
-  t.out = registry_.find(call.out, bytes);
-  return t;
+cuda::RegisteredCall EmuComm::registered_of(const CollectiveCall& call, Algo algo) const {
+  return cuda::registered_call(call, algo, rank_, size_, [&](const void* p, size_t bytes) {
+    return registry_.find(p, bytes);
+  });
 }
 
-// The two-shot over every rank's registered input and output, every peer's buffers regions of
-// the launch (exactly the call's bytes of each; peers' inputs read-only). Kernel mode: one
-// launch (two with several blocks: launches_of) that compares the call first. Host mode (the
-// call compared on the host already): the host meets every peer, runs the blocks (no device
-// wait), and meets them again, as CudaComm does.
-void EmuComm::run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
-                          const Fingerprint& f) {
-  cuda::KernelArgs a = twoshot_args(call, call.count, t.in.at, t.out.at, opts_.kernel_mode);
+// The collective over every rank's registered input and output (run_registered; the
+// two-shot for an all-reduce), every peer's buffers regions of the launch (exactly the call's
+// bytes of each; peers' inputs read-only). Kernel mode: one launch (two with several blocks:
+// launches_of) that compares the call first. Host mode (the call compared on the host
+// already): the host meets every peer, runs the blocks (no device wait), and meets them
+// again, as CudaComm does.
+void EmuComm::run_on_registered(const CollectiveCall& call, const cuda::RegisteredCall& t,
+                                const WaitContext& w, const Fingerprint& f) {
+  cuda::KernelArgs a =
+      cuda::make_kernel_args(launch_setup(opts_.kernel_mode), call, nullptr, 0, 1, counters_);
+  cuda::set_registered(a, call, t.in, t.out);
   Regions regions = launch_regions(call);
-  const size_t bytes = call.count * dtype_size(call.dtype);
+  const cuda::RegisteredBytes bytes = cuda::registered_bytes(call, size_);
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    regions.list.push_back({t.in.at[q], bytes, false, "registered input", q});
-    regions.list.push_back({t.out.at[q], bytes, true, "registered output", q});
+    regions.list.push_back({t.in[q], bytes.in, false, "registered input", q});
+    if (t.out[q] != nullptr)
+      regions.list.push_back({t.out[q], bytes.out, true, "registered output", q});
   }
   ++twoshot_runs_;
   const bool drill = opts_.fault_seq == w.seq;
@@ -454,19 +455,17 @@ void EmuComm::run(const CollectiveCall& call) {
   cuda::check_device_call(call, size_);
   const uint64_t seq = ++seq_;
   const Algo algo = algo_of(call);
-  const TwoShot twoshot = twoshot_of(call, algo);
+  const cuda::RegisteredCall registered = registered_of(call, algo);
   Fingerprint mine = Fingerprint::of_call(seq, call, algo);
-  if (twoshot.on())
-    mine = cuda::registered_fingerprint(mine, twoshot.in.id, twoshot.in.delta, twoshot.out.id,
-                                        twoshot.out.delta);
+  if (registered.on) mine = cuda::registered_fingerprint(mine, registered);
   FingerprintGuard guard(shm_, mine);
   WaitContext w = wait_context(name, seq);
   try {
     const bool meet = cuda::meets_on_host(call, opts_.kernel_mode, false, opts_.host_checks);
     rendezvous(call, guard, w, meet);
     const bool empty = moves_nothing(call, rank_, size_);
-    if (twoshot.on() && !empty)
-      run_twoshot(call, twoshot, w, mine);
+    if (registered.on && !empty)
+      run_on_registered(call, registered, w, mine);
     else if (!empty &&
              cuda::host_scratch_eligible(call, algo, opts_.kernel_mode, opts_.host_twoshot))
       run_host_scratch(call, w, meet);

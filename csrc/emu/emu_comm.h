@@ -157,16 +157,13 @@ class EmuComm {
   void stop_peers_on_mismatch();
   void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
   Regions launch_regions(const CollectiveCall& call) const;
-  // Every rank's input and output of `call` where both are registered (off otherwise), for the
-  // two-shot; the fingerprint says so and where (cuda::registered_fingerprint).
-  struct TwoShot {
-    Registered in, out;
-    bool on() const { return in.on && out.on; }
-  };
-  TwoShot twoshot_of(const CollectiveCall& call, Algo algo) const;
+  // `call` over registered buffers where they are (cuda::registered_call; off otherwise), for
+  // run_registered (the two-shot for an all-reduce); the fingerprint says so and where
+  // (cuda::registered_fingerprint).
+  cuda::RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
   void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met);
-  void run_twoshot(const CollectiveCall& call, const TwoShot& t, const WaitContext& w,
-                   const Fingerprint& f);
+  void run_on_registered(const CollectiveCall& call, const cuda::RegisteredCall& t,
+                         const WaitContext& w, const Fingerprint& f);
   cuda::LaunchSetup launch_setup(bool use_flags);
   // The launch of the two-shot of `len` elements over every rank's `in` and `out`.
   cuda::KernelArgs twoshot_args(const CollectiveCall& call, size_t len,

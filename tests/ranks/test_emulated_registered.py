@@ -106,3 +106,50 @@ def test_registered_peer_fails_mid_call(mode, what):
         else:
             assert "CollectiveTimeout" in line and "rank 1" in line, line
             assert float(line.split(" after ")[1].split("s:")[0]) < 6, line
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_registered_other_collectives(mode, nranks):
+    # reduce-scatter, all-gather, broadcast and reduce reading peers' registered buffers:
+    # every dtype, op and root, counts from 1 to several blocks' slices, in place and not.
+    out = run_mpi(nranks, "emulated_registered.py", mode, "others")
+    assert f"registered others {mode} ranks={nranks}" in out, out
+
+
+@pytest.mark.parametrize("nranks,count", [(3, 1024), (4, 1001)])
+def test_registered_traffic_of_other_collectives(nranks, count):
+    """The bytes each collective moves on registered buffers (counted as in
+    test_registered_traffic), `count` float32 elements per rank's block, B = 4 count bytes:
+
+    reduce-scatter: rank r reads block r of every rank's input (B own, (n-1)B from peers) and
+    writes its own output (B): (B, (n-1)B, B, 0).
+    all-gather: rank r reads every rank's input and writes its own n-block output:
+    (B, (n-1)B, nB, 0).
+    broadcast from rank 0: the root moves nothing; every other rank reads the root's B and
+    writes its own: (0, B, B, 0).
+    reduce to rank 0: rank r reads shard r (s_r bytes, as the two-shot's) of every input and
+    writes it into the root's output: (s_r, (n-1)s_r, s_r, 0) on the root, (s_r, (n-1)s_r, 0,
+    s_r) elsewhere.
+    Worked: n = 3, count = 1024, B = 4096: reduce-scatter (4096, 8192, 4096, 0) per rank;
+    all-gather (4096, 8192, 12288, 0); broadcast (0, 4096, 4096, 0) off the root; reduce's
+    shards 352, 352 and 320 elements (1024/3 rounded up to 16): s = 1408, 1408, 1280 B.
+    Nothing goes through a staging slot: each moves the least its result needs."""
+    n, B = nranks, 4 * count
+    out = run_mpi(n, "emulated_registered.py", "kernel", "traffic_others", str(count))
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("TRAFFIC "):
+            _, name, rank, *counts = line.split()
+            rows.setdefault(name, {})[int(rank)] = tuple(int(v) for v in counts)
+    assert set(rows) == {"reduce_scatter", "all_gather", "broadcast", "reduce"}, out
+    if (n, count) == (3, 1024):
+        assert [4 * _shard(count, n, r) for r in range(n)] == [1408, 1408, 1280]
+    for r in range(n):
+        s = 4 * _shard(count, n, r)
+        assert rows["reduce_scatter"][r] == (B, (n - 1) * B, B, 0), rows["reduce_scatter"]
+        assert rows["all_gather"][r] == (B, (n - 1) * B, n * B, 0), rows["all_gather"]
+        want = (0, 0, 0, 0) if r == 0 else (0, B, B, 0)
+        assert rows["broadcast"][r] == want, rows["broadcast"]
+        want = (s, (n - 1) * s, s, 0) if r == 0 else (s, (n - 1) * s, 0, s)
+        assert rows["reduce"][r] == want, rows["reduce"]

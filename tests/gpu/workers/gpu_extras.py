@@ -254,7 +254,8 @@ def check_registered(comm: CudaComm):
     """Registered buffers (comm.empty / zeros / register) and the two-shot all-reduce over them
     (kernel mode: one launch; host mode: between two host meetings): dtypes x ops x counts 0,
     1, < n, uneven, 4 MiB, in place and not, views at offsets, against numpy's rank-order
-    reduction bit for bit and equal on every rank; a cupy array registered at an offset of its
+    reduction bit for bit and equal on every rank; reduce-scatter, all-gather, broadcast and
+    reduce over them against numpy; a cupy array registered at an offset of its
     allocation; a rank that registers and one that does not raise CollectiveMismatch."""
     from pycollectives.backends.cuda.comm import CudaComm as Comm
 
@@ -291,6 +292,31 @@ def check_registered(comm: CudaComm):
                     sums = mpi.allgather(digest(got))
                     assert len(set(sums)) == 1, what
                     cases += 1
+    # Reduce-scatter, all-gather, broadcast and reduce read peers' registered buffers too
+    # (small integers: every order of summing them is exact).
+    a, b = comm.empty(n * big, np.float32), comm.empty(n * big, np.float32)
+    for count in (1, 3 * n + 1, big // 4):
+        ins = [rng.integers(-8, 8, n * count).astype(np.float32) for _ in range(n)]
+        before = c.twoshot_runs
+        x = a[: n * count]
+        x[...] = cp.asarray(ins[r])
+        comm.reduce_scatter(x, b[:count], op=0)
+        want = sum(i[r * count : (r + 1) * count] for i in ins)
+        assert np.array_equal(cp.asnumpy(b[:count]), want), ("reduce_scatter", count)
+        x = a[:count]
+        x[...] = cp.asarray(ins[r][:count])
+        comm.all_gather(x, b[: n * count])
+        want = np.concatenate([i[:count] for i in ins])
+        assert np.array_equal(cp.asnumpy(b[: n * count]), want), ("all_gather", count)
+        comm.broadcast(x, root=n - 1)
+        assert np.array_equal(cp.asnumpy(x), ins[n - 1][:count]), ("broadcast", count)
+        x[...] = cp.asarray(ins[r][:count])
+        comm.reduce(x, root=0, op=0)
+        if r == 0:
+            want = sum(i[:count] for i in ins)
+            assert np.array_equal(cp.asnumpy(x), want), ("reduce", count)
+        assert c.twoshot_runs - before == 4, ("registered calls", count)
+        cases += 4
     memory = cp.zeros(1000, cp.float32)  # cupy's allocation: registered at an offset of it
     view = comm.register(memory[37:337])
     view[...] = r + 1

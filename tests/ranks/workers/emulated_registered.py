@@ -1,11 +1,13 @@
-"""Registered buffers on the emulated device (csrc/emu/emu_registry.h) and the two-shot
-all-reduce over them (csrc/device/twoshot_kernel.h).
+"""Registered buffers on the emulated device (csrc/emu/emu_registry.h) and the collectives over
+them (csrc/device/twoshot_kernel.h: the two-shot all-reduce, reduce-scatter, all-gather,
+broadcast and reduce reading peers' buffers directly).
 
 Usage: mpiexec -n N python emulated_registered.py MODE PART
   MODE: kernel or host (host mode: the host meets the peers before and after the launch).
   PART: back_to_back (calls in a row, ranks late at random), matrix (dtypes x ops x counts,
   in place and not, views at offsets, against numpy, bitwise equal across ranks and to numpy's
-  rank-order reduction), traffic (the bytes each algorithm moves; prints them), mismatch (ranks
+  rank-order reduction), others (reduce-scatter, all-gather, broadcast and reduce the same
+  way), traffic and traffic_others COUNT (the bytes each moves; prints them), mismatch (ranks
   that disagree on the count, or on registering, raise CollectiveMismatch), dies_mid and
   stalls_mid (rank 1 dies or stalls in a two-shot call).
 """
@@ -132,6 +134,99 @@ def matrix(mpi, mode):
     say(f"registered matrix {mode} ranks={n}: {cases} cases, {c.twoshot_runs} two-shot calls")
 
 
+def others(mpi, mode):
+    """Reduce-scatter, all-gather, broadcast and reduce on registered buffers: each reads its
+    peers' buffers directly (run_registered ran it, once per call that moves data), every dtype,
+    op, root and count from one element to several blocks' slices, in place and not, at aligned
+    and unaligned offsets of one registered pool; results bitwise numpy's (rank-order
+    reductions) and bitwise the same on every rank; a reduce leaves other ranks' outputs alone."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3)
+    c, n, r = dev.dev, mpi.size, mpi.rank
+    counts = [1, n - 1 or 1, 3 * n + 1, 1300]
+    cases = 0
+    for dt in DTYPES:
+        ops = ["sum", "max"] + (["avg"] if dt.kind == "f" or dt == BFLOAT16 else [])
+        size = n * 1300 + 64
+        pool_in, pool_out = dev.empty(size, dt), dev.empty(size, dt)
+        for count in counts:
+            for in_place in (False, True):
+                at = cases % 5 * 3  # 0, 3, 6, ...: aligned and unaligned offsets
+                salt = cases
+                inputs = [make_input(q, n * count, dt, "sum", salt=salt) for q in range(n)]
+                what = f"{dt.name} count={count} in_place={in_place} at={at} (rank {r})"
+                for op in ops:
+                    x = pool_in[at : at + n * count]
+                    x[...] = inputs[r]
+                    out = x[r * count : (r + 1) * count] if in_place else pool_out[at:][:count]
+                    before = c.twoshot_runs
+                    dev.reduce_scatter(x, out, op=op)
+                    assert c.twoshot_runs - before == 1, "reduce_scatter " + what
+                    blocks = [inp[r * count : (r + 1) * count] for inp in inputs]
+                    same_bytes(out, rank_order(blocks, op, dt), f"reduce_scatter {op} {what}")
+                # all-gather: every rank's first `count` elements
+                mine = [inp[:count] for inp in inputs]
+                out = pool_out[at : at + n * count]
+                x = out[r * count : (r + 1) * count] if in_place else pool_in[at:][:count]
+                x[...] = mine[r]
+                before = c.twoshot_runs
+                dev.all_gather(x, out)
+                assert c.twoshot_runs - before == 1, "all_gather " + what
+                same_bytes(out, np.concatenate(mine), "all_gather " + what)
+                for root in sorted({0, n - 1}):
+                    x = pool_in[at : at + count]
+                    x[...] = mine[r]
+                    before = c.twoshot_runs
+                    dev.broadcast(x, root)
+                    assert c.twoshot_runs - before == 1, "broadcast " + what
+                    same_bytes(x, mine[root], f"broadcast root={root} {what}")
+                    for op in ops:
+                        x[...] = mine[r]
+                        out = x if in_place else pool_out[at : at + count]
+                        if not in_place:
+                            out[...] = 0
+                        before = c.twoshot_runs
+                        dev.reduce(x, out, root=root, op=op)
+                        assert c.twoshot_runs - before == 1, "reduce " + what
+                        if r == root:
+                            want = rank_order(mine, op, dt)
+                        else:  # untouched: the input in place, else the zeros written
+                            want = mine[r] if in_place else np.zeros(count, dt)
+                        same_bytes(out, want, f"reduce root={root} {op} {what}")
+                cases += 1
+    mpi.Barrier()
+    say(f"registered others {mode} ranks={n}: {cases} cases, {c.twoshot_runs} registered calls")
+
+
+def traffic_others(mpi, mode):
+    """The bytes reduce-scatter, all-gather, broadcast (root 0) and reduce (root 0) of `count`
+    float32 elements move on registered buffers, gathered to every rank; asserted in the test."""
+    dev = EmulatedDevice(mpi, mode, "default", blocks=4, ll_max_bytes=0)
+    c, n, r = dev.dev, mpi.size, mpi.rank
+    count = int(sys.argv[3])
+    big_in, big_out = dev.empty(n * count, F32), dev.empty(n * count, F32)
+    calls = {
+        "reduce_scatter": lambda: dev.reduce_scatter(big_in, big_out[:count]),
+        "all_gather": lambda: dev.all_gather(big_in[:count], big_out),
+        "broadcast": lambda: dev.broadcast(big_in[:count], 0),
+        "reduce": lambda: dev.reduce(big_in[:count], big_out[:count], root=0),
+    }
+    rows = {}
+    for name, call in calls.items():
+        big_in[...] = r + 1
+        mpi.Barrier()
+        c.reset_traffic()
+        before = c.twoshot_runs
+        call()
+        assert c.twoshot_runs - before == 1, name
+        rows[name] = mpi.allgather(dict(c.traffic))
+    if r == 0:
+        for name, per_rank in rows.items():
+            for q, t in enumerate(per_rank):
+                say(f"TRAFFIC {name} {q} {t['read_own']} {t['read_peer']} "
+                    f"{t['write_own']} {t['write_peer']}")  # fmt: skip
+    mpi.Barrier()
+
+
 def back_to_back(mpi, mode):
     """Two-shot calls back to back, in place and not, new inputs written right after each call
     returns, one rank (drawn at random, the same draw everywhere) calling late: an early rank
@@ -197,6 +292,18 @@ def mismatch(mpi, mode):
     x = dev.zeros(5000, np.float32)
     mine = x if r == 0 else np.zeros(5000, np.float32)
     expect(pc.CollectiveMismatch, lambda: dev.all_reduce(mine), "shared buffers")
+    # Peers' inputs read where each rank's own lies: ranks whose reduce-scatter inputs lie at
+    # different places, or one all-gather in place against one not, would read the wrong
+    # memory. Both raise instead.
+    n = mpi.size
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT)
+    x, out = dev.zeros(n * 100 + 16, np.float32), dev.zeros(n * 100, np.float32)
+    mine = x[16 * (r == 0) :][: n * 100]
+    expect(pc.CollectiveMismatch, lambda: dev.reduce_scatter(mine, out[:100]), "placement")
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT)
+    x, out = dev.zeros(100, np.float32), dev.zeros(n * 100, np.float32)
+    mine = out[r * 100 : (r + 1) * 100] if r == 0 else x
+    expect(pc.CollectiveMismatch, lambda: dev.all_gather(mine, out), "placement")
     mpi.Barrier()
     say(f"registered mismatch {mode} ranks={mpi.size}")
 
@@ -230,6 +337,8 @@ def main():
         "traffic": traffic,
         "mismatch": mismatch,
         "back_to_back": back_to_back,
+        "others": others,
+        "traffic_others": traffic_others,
     }
     parts.get(part, lambda m, md: faults(m, md, part))(mpi, mode)
 
