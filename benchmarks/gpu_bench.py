@@ -5,7 +5,8 @@ memory bound and the floors, all measured in the same run.
     PYCOLL_CUDA_SYNC=kernel mpiexec -n 4 python benchmarks/gpu_bench.py   # under MPS
 
 Each size (float32, 8 B to --max-bytes, x4) is timed through the public API a user calls,
-``Communicator.all_reduce(x, out)`` / ``all_gather(x, out)`` on cupy arrays, two ways:
+``Communicator.all_reduce(x, out)`` / ``all_gather(x, out)`` / ``reduce_scatter(x, out)`` on
+cupy arrays (--collectives; all-reduce and all-gather unless asked), two ways:
   sync      each call followed by a synchronisation of the stream (what a latency-bound
             caller sees): the slowest rank's median
   b2b       back to back: many calls queued, one synchronisation, time / calls (what a
@@ -28,7 +29,8 @@ Small messages travel in the LL format (data and flag in one store) in kernel mo
 PYCOLL_CUDA_LL_BYTES (printed in the header); PYCOLL_CUDA_LL_BYTES=0 runs them without it, to
 compare the two in one kit run (tools/gpu/run.sh, bench-mps).
 
-Sizes are nccl-tests': all-gather's is the gathered output (each rank gives size / n).
+Sizes are nccl-tests': all-gather's is the gathered output (each rank gives size / n),
+reduce-scatter's the whole input (each rank gets size / n).
 Ratios: "of bound" = bound / b2b; "x floor" = sync / the launch+sync floor; "staged/sync" and
 "nccl/sync" > 1 mean ours is faster.
 """
@@ -65,9 +67,9 @@ def sizes(lo: int, hi: int):
 
 def counts(coll: str, nbytes: int, n: int) -> tuple:
     """(elements each rank gives, elements each rank gets) for a size of `nbytes`."""
-    if coll == "all_gather":
+    if coll in ("all_gather", "reduce_scatter"):  # nbytes: the whole gathered or scattered
         per_rank = max(nbytes // (4 * n), 1)
-        return per_rank, per_rank * n
+        return (per_rank, per_rank * n) if coll == "all_gather" else (per_rank * n, per_rank)
     count = max(nbytes // 4, 2)
     return count, count
 
@@ -94,10 +96,12 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls, registered=False) -
     def ours():
         if coll == "all_reduce":
             comm.all_reduce(x, out)
-        else:
+        elif coll == "all_gather":
             comm.all_gather(x, out)
+        else:
+            comm.reduce_scatter(x, out)
 
-    row = {"size": get * 4}
+    row = {"size": max(give, get) * 4}  # reduce-scatter: its input, all-gather: its output
     sync = stream.synchronize
     ours()  # the first call of a shape plans it
     sync()
@@ -105,7 +109,12 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls, registered=False) -
     row["sync"] = timing.time_synchronised(mpi, ours, sync, k)
     k = timing.calls_for(mpi, ours, sync, B2B_BUDGET_S, calls, least=2)
     row["b2b"] = timing.time_back_to_back(mpi, ours, sync, k)
-    expect = given * n if coll == "all_reduce" else np.tile(given, n)
+    if coll == "all_reduce":
+        expect = given * n
+    elif coll == "all_gather":
+        expect = np.tile(given, n)
+    else:
+        expect = given[mpi.rank * get : (mpi.rank + 1) * get] * n
     if not np.array_equal(cp.asnumpy(out), expect):
         raise SystemExit(f"gpu_bench: rank {mpi.rank}: {coll} of {row['size']} B is wrong")
 
@@ -158,13 +167,14 @@ def main():
     ap.add_argument(
         "--registered",
         action="store_true",
-        help="our arrays are registered buffers (comm.empty on the GPU): all-reduce runs two-shot",
+        help="our arrays are registered buffers (comm.empty on the GPU): all-reduce runs the "
+        "two-shot, all-gather and reduce-scatter read peers' buffers directly",
     )
     args = ap.parse_args()
     colls = args.collectives.split(",")
-    bad = [c for c in colls if c not in ("all_reduce", "all_gather")]
+    bad = [c for c in colls if c not in ("all_reduce", "all_gather", "reduce_scatter")]
     if bad:
-        fail(f"unknown collective {bad[0]!r}: all_reduce, all_gather")
+        fail(f"unknown collective {bad[0]!r}: all_reduce, all_gather, reduce_scatter")
     mpi = MPI.COMM_WORLD
     n = mpi.size
     try:
@@ -200,7 +210,7 @@ def main():
               + (f" ({graph_why})" if graph_why else ""))  # fmt: skip
         print(f"# nccl: {nccl.what}")
         if args.registered:
-            print("# our arrays: registered buffers (comm.empty on the GPU), all-reduce two-shot")
+            print("# our arrays: registered buffers (comm.empty on the GPU): no staging")
     results = {"ranks": n, "device": dev.name, "sync_mode": mode, "ll_max_bytes": ll_bytes,
                "registered": args.registered,
                "copy_bw_gbs": copy_bw,

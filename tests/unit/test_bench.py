@@ -128,6 +128,10 @@ def test_gpu_bench_ratios_by_hand():
     assert got["busbw"] == pytest.approx(100.0)
     assert bench.counts("all_gather", 64 << 20, 4) == (4 << 20, 16 << 20)
     assert bench.counts("all_reduce", 8, 4) == (2, 2)
+    # Reduce-scatter of 64 MiB on 4 ranks: each gives all 16 Mi elements, gets its 4 Mi; one
+    # rank reads 64 MiB and writes its 16 MiB, 83886080 B, as all-gather's mirror.
+    assert bench.counts("reduce_scatter", 64 << 20, 4) == (16 << 20, 4 << 20)
+    assert F.bound_time("reduce_scatter", 64 << 20, 4, 500.0) == pytest.approx(83.88608e-6)
 
 
 def test_table_row_has_the_nccl_tests_columns():

@@ -55,11 +55,11 @@ STAGES=${STAGES:-env build bench-2 bench-mps train gpu}
 # command. Raise them when running by hand.
 T_ENV=${T_ENV:-15}
 T_BUILD=${T_BUILD:-95}
-T_GPU=${T_GPU:-200}
+T_GPU=${T_GPU:-175}
 T_EMULATED=${T_EMULATED:-120}
 T_BENCH2=${T_BENCH2:-60}
 T_BENCH4=${T_BENCH4:-60}
-T_BENCH_MPS=${T_BENCH_MPS:-145}
+T_BENCH_MPS=${T_BENCH_MPS:-170}
 T_TRAIN=${T_TRAIN:-25}
 GRACE=5 # seconds between SIGTERM and SIGKILL when a stage runs over
 BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-128M}
@@ -183,9 +183,15 @@ bench_mps() {
   PYCOLL_CUDA_SYNC=kernel PYCOLL_CUDA_LL_BYTES=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
     --max-bytes 64K --collectives all_reduce || rc=1
   PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_call_cost.py || rc=1
-  # All-reduces on registered buffers (comm.empty on the GPU): the two-shot, no staging.
+  # On registered buffers (comm.empty on the GPU), no staging: the two-shot all-reduce, and
+  # all-gather and reduce-scatter reading peers' buffers.
   PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py --registered \
-    --max-bytes "$BENCH_MAX_BYTES" --collectives all_reduce --iters 10 --calls 20 || rc=1
+    --max-bytes "$BENCH_MAX_BYTES" --collectives all_reduce,all_gather,reduce_scatter \
+    --iters 10 --calls 20 || rc=1
+  # torch.distributed on CUDA tensors: the C++ backend's device path against the Python
+  # backend and gloo, all-reduces up to 16 MiB and stock DDP.
+  PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_torch_backend.py \
+    --max-bytes 16M --budget 0.3 --steps 5 || rc=1
   # The ring's large all-reduces with a block per SM of each rank's share of the GPU
   # (PYCOLL_CUDA_BLOCKS=auto), with 1 MiB and then 4 MiB slots, beside the first run's 16 blocks.
   for slot in 1M 4M; do
