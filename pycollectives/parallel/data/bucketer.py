@@ -75,8 +75,10 @@ class GradientBucketer:
         array_module: numpy (default): the buckets come from ``comm.zeros`` (memory the
             ranks of a machine can map, so a bucket's all-reduce reads and writes each byte
             once; ``pycollectives.runtime.shared``) where `comm` has it, else ``numpy.zeros``;
-            or cupy for gradients on the GPU (their all-reduces then run on the GPU, queued on
-            cupy's current stream; ``synchronize`` orders that stream after them).
+            or cupy for gradients on the GPU: the buckets then come from ``comm.zeros`` on the
+            current GPU (registered buffers, whose all-reduces read every rank's bucket
+            directly: the two-shot), and their all-reduces run on the GPU, queued on cupy's
+            current stream; ``synchronize`` orders that stream after them.
 
     Buckets are filled in reverse registration order (backward produces the last layer's
     gradients first) and their all-reduces always start in bucket order, on every rank.
@@ -108,15 +110,23 @@ class GradientBucketer:
             raise ValueError("bucket sizes must be positive")
         self._op, self._algorithm = op, algorithm
         self._rebuild_pending = rebuild
-        # Every rank lays the buckets out alike, so the collective allocation agrees.
+        # Every rank lays the buckets out alike, so the collective allocation agrees: host
+        # buckets from comm.zeros (shared memory), GPU ones from comm.zeros on the current GPU
+        # (registered buffers: a bucket's all-reduce reads its peers' buckets directly).
         self._zeros = self._xp.zeros
-        if self._xp is np and callable(getattr(comm, "zeros", None)):
-            self._zeros = comm.zeros
+        if callable(getattr(comm, "zeros", None)):
+            if self._xp is np:
+                self._zeros = comm.zeros
+            elif getattr(self._xp, "__name__", "") == "cupy":
+                self._zeros = self._gpu_zeros
         self._no_sync = False
         # reduce(bucket) -> an object with wait(): replaces the all-reduce (a comm hook).
         self.reduce = None
         self.launch_times: list[float] = []  # perf_counter() when each bucket's all-reduce began
         self._layout(list(reversed(range(len(self._shapes)))))
+
+    def _gpu_zeros(self, size, dtype):
+        return self.comm.zeros(size, dtype, device=self._xp.cuda.Device().id)
 
     # -- layout -------------------------------------------------------------------------------
 
