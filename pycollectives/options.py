@@ -45,6 +45,9 @@ PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
 PYCOLL_CUDA_HOST_TWOSHOT   1                GPU host mode: all-reduce, reduce, broadcast, even
                                             all-gather and reduce-scatter through scratch a
                                             chunk at a time (0: the steps)
+PYCOLL_CUDA_LOOKAHEAD      0                GPU ring all-reduce: the next piece's first
+                                            message before this piece's last, two in flight
+                                            per channel (1: on)
 =========================  ===============  ==================================================
 """
 
@@ -158,6 +161,7 @@ class Options:
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
     cuda_host_twoshot: bool = True
+    cuda_lookahead: bool = False
     cuda_ll_bytes: int = 32 << 10
     cuda_sync: str | None = None
 
@@ -200,6 +204,10 @@ class Options:
             cuda_sync=None if sync == "auto" else sync,
             cuda_host_twoshot=env_choice(
                 "PYCOLL_CUDA_HOST_TWOSHOT", "1", ("0", "1"), env, {"off": "0", "on": "1"}
+            )
+            == "1",
+            cuda_lookahead=env_choice(
+                "PYCOLL_CUDA_LOOKAHEAD", "0", ("0", "1"), env, {"off": "0", "on": "1"}
             )
             == "1",
         )
@@ -267,6 +275,7 @@ class Options:
         o.nblocks = self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), sharing)
         o.ll_max_bytes = self.cuda_ll_bytes
         o.host_twoshot = self.cuda_host_twoshot
+        o.lookahead = self.cuda_lookahead
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug

@@ -30,7 +30,7 @@ const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo 
         CachedPlan cp;
         cp.plan =
             plan_call(algo, call, rank_, size_, layout_, opts_.slot_bytes, opts_.oneshot_max_bytes,
-                      mode_ == SyncMode::Kernel ? opts_.ll_max_bytes : 0);
+                      mode_ == SyncMode::Kernel ? opts_.ll_max_bytes : 0, opts_.lookahead);
         const size_t bytes = cp.plan.steps.size() * sizeof(DevStep);
         if (bytes != 0) {
           PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cp.device_steps), bytes));

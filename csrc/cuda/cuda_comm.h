@@ -73,6 +73,8 @@ struct CudaCommOptions {
   // Host mode: all-reduces, reduces, broadcasts, even all-gathers and reduce-scatters through
   // scratch (run_scratch, host_scratch_eligible), two waits for the GPU per chunk, not per step.
   bool host_twoshot = true;
+  // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
+  bool lookahead = false;
 };
 
 // Events for CudaWork, reused: creating one per collective costs a driver call each time.

@@ -103,9 +103,11 @@ Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
 }
 
 Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
-               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes) {
-  Plan plan =
-      build_plan(a, call.collective, plan_params(call, rank, size, slot_bytes, oneshot_max_bytes));
+               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes, bool lookahead) {
+  if (lookahead && L.nslots < 2)
+    throw InvalidArgument("lookahead needs two staging slots per channel or more");
+  Plan plan = build_plan(a, call.collective,
+                         plan_params(call, rank, size, slot_bytes, oneshot_max_bytes, lookahead));
   plan.grid = plan_grid(plan.steps, L);
   mark_ll(plan, dtype_size(call.dtype), acc_size(call.dtype), L, ll_max_bytes);
   return plan;
@@ -133,7 +135,7 @@ void check_capturable(const char* name, bool kernel_mode, bool plan_ready) {
 }
 
 ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
-                           size_t oneshot_max_bytes) {
+                           size_t oneshot_max_bytes, bool lookahead) {
   const bool partials = carries_partials(call.collective);
   ScheduleParams p;
   p.rank = rank;
@@ -146,6 +148,7 @@ ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_
   // Shards that start on 16-byte boundaries keep every slice vectorised (16 elements are
   // whole 16-byte words for every element type).
   p.shard_align = kSliceAlign;
+  p.lookahead = lookahead;
   call.apply_counts(p);
   return p;
 }

@@ -35,16 +35,19 @@ void check_device_call(const CollectiveCall& call, int size);
 Plan build_plan(Algo a, Collective c, const ScheduleParams& p);
 
 // The schedule parameters of `call` on the device: pieces of one staging slot (in the wire
-// type of the collective's messages), ring and two-shot shards of whole 16-byte words. The
+// type of the collective's messages), ring and two-shot shards of whole 16-byte words; with
+// `lookahead`, the ring all-reduce's next piece's first message before this piece's last
+// (ScheduleParams::lookahead: two messages in flight per channel, as on the host). The
 // per-rank counts point into `call`, which must outlive the parameters.
 ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
-                           size_t oneshot_max_bytes);
+                           size_t oneshot_max_bytes, bool lookahead = false);
 
 // Rank `rank`'s plan of `call` on a device segment laid out as `L` (slots of `slot_bytes`):
 // build_plan of plan_params, with the grid its launches run (plan_grid) and its messages of at
 // most `ll_max_bytes` in the LL format where they fit (mark_ll; 0: none).
 Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
-               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes = 0);
+               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes = 0,
+               bool lookahead = false);
 
 // Refuses, with a CollectiveError and before anything is exchanged, a call that a CUDA graph
 // capture could not replay right: in host mode (the host drives every step, between launches),

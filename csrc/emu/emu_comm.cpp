@@ -147,7 +147,7 @@ const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
       [&] {
         ++plans_built_;
         return cuda::plan_call(algo, call, rank_, size_, layout_, opts_.slot_bytes,
-                               opts_.oneshot_max_bytes, ll_max_bytes());
+                               opts_.oneshot_max_bytes, ll_max_bytes(), opts_.lookahead);
       },
       [](auto&) {});  // launches here are synchronous: nothing still reads a plan
 }

@@ -75,6 +75,7 @@ struct EmuOptions {
   int finish_stagger_ms = 0;
   int previous_late_ms = 0;
   bool host_twoshot = true;  // cuda::CudaCommOptions::host_twoshot
+  bool lookahead = false;    // cuda::CudaCommOptions::lookahead
   // Host mode (tests): the host pauses this long between a step's inputs arriving and its
   // launch, so that its peers run ahead of it.
   int step_delay_ms = 0;

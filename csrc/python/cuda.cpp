@@ -113,7 +113,7 @@ void bind_planning(py::module_& m) {
       [](int collective, int algorithm, int rank, int size, size_t count, int root, int dtype,
          size_t slot_bytes, size_t oneshot_max_bytes, const CountList& counts,
          const CountList& send_counts, const CountList& recv_counts, int nblocks, int nslots,
-         size_t ll_max_bytes) {
+         size_t ll_max_bytes, bool lookahead) {
         const Collective c = collective_code(collective);
         const Algo a = algo_code(c, algorithm);
         if (a == Algo::Auto) throw InvalidArgument("plan: name an algorithm");
@@ -130,20 +130,19 @@ void bind_planning(py::module_& m) {
         const ScheduleParams p = plan_params(call, rank, size, slot_bytes, oneshot_max_bytes);
         if (p.piece == 0) throw InvalidArgument("plan: staging slot smaller than one element");
         if (nblocks < 1 || nslots < 2) throw InvalidArgument("plan: bad block or slot count");
-        // As plan_call builds it on a segment of this layout: the grid, and the messages in
-        // the LL format (flags kRecvLL, kSendLL) for a limit of ll_max_bytes (0: none).
+        // As a communicator builds it on a segment of this layout: with its grid, and the
+        // messages in the LL format (flags kRecvLL, kSendLL) for a limit of ll_max_bytes.
         const SegmentLayout L = make_layout(size, nslots, nblocks, slot_bytes, ll_max_bytes);
-        Plan plan = build_plan(a, c, p);
-        plan.grid = plan_grid(plan.steps, L);
-        mark_ll(plan, dtype_size(call.dtype), acc_size(call.dtype), L, ll_max_bytes);
-        return plan_dict(plan);
+        return plan_dict(plan_call(a, call, rank, size, L, slot_bytes, oneshot_max_bytes,
+                                   ll_max_bytes, lookahead));
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root"), py::arg("dtype"), py::arg("slot_bytes"),
       py::arg("oneshot_max_bytes") = CudaCommOptions{}.oneshot_max_bytes, py::kw_only(),
       py::arg("counts") = py::none(), py::arg("send_counts") = py::none(),
       py::arg("recv_counts") = py::none(), py::arg("nblocks") = CudaCommOptions{}.nblocks,
-      py::arg("nslots") = CudaCommOptions{}.nslots, py::arg("ll_max_bytes") = 0);
+      py::arg("nslots") = CudaCommOptions{}.nslots, py::arg("ll_max_bytes") = 0,
+      py::arg("lookahead") = false);
   m.def(
       "block_slice",
       [](size_t n, int nblocks, int block) {
@@ -276,7 +275,8 @@ void bind_comm(py::module_& m) {
       .def_readwrite("ll_max_bytes", &CudaCommOptions::ll_max_bytes)
       .def_readwrite("debug", &CudaCommOptions::debug)
       .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch)
-      .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot);
+      .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot)
+      .def_readwrite("lookahead", &CudaCommOptions::lookahead);
 
   py::class_<CudaWork, std::shared_ptr<CudaWork>>(m, "CudaWork")
       .def("is_completed", &CudaWork::is_completed)

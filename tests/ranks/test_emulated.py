@@ -221,3 +221,13 @@ def test_emulated_peer_fails_in_host_all_reduce_through_scratch(what):
 def test_emulated_call_on_another_stream_waits_for_the_call_before(late_ms):
     out = run_mpi(2, "emulated.py", "kernel", "previous_stream", str(late_ms))
     assert "previous_stream kernel ranks=2" in out, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("nranks,staging", [(2, "small"), (3, "small"), (4, "default")])
+def test_ring_lookahead(mode, nranks, staging):
+    # PYCOLL_CUDA_LOOKAHEAD=1: the ring all-reduce's next piece's first message goes out before
+    # this piece's last receive, two messages in flight per channel (small staging: 2 slots).
+    env = {"PYCOLL_CUDA_LOOKAHEAD": "1"}
+    out = run_mpi(nranks, "emulated.py", mode, "all_reduce", staging, "ring", env=env)
+    assert f"all_reduce ring {mode} ranks={nranks}" in out, out

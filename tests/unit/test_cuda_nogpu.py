@@ -15,6 +15,7 @@ import pytest
 from harness.launch import fake_tool
 
 import pycollectives
+from pycollectives import ops
 from pycollectives.backends import Call
 from pycollectives.backends.cuda import args as cuda_args
 from pycollectives.backends.cuda import (
@@ -445,3 +446,31 @@ def test_host_two_shot_switch_reaches_the_cuda_transport():
     assert host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "on"}) is True
     with pytest.raises(ValueError, match="PYCOLL_CUDA_HOST_TWOSHOT"):
         host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "maybe"})
+
+
+def test_lookahead_switch_and_the_plans_it_makes():
+    # PYCOLL_CUDA_LOOKAHEAD (off by default) reaches the transport; with it the ring
+    # all-reduce's plan sends the next piece's first message before this piece's last receive
+    # (two messages in flight per channel), and holds the same messages in another order.
+    cu = pytest.importorskip("pycollectives._cuda")
+
+    def lookahead(env):
+        return Options.resolve(timeout=30.0, environ=env).cuda_options(cu).lookahead
+
+    assert lookahead({}) is False and cu.CudaCommOptions().lookahead is False
+    assert lookahead({"PYCOLL_CUDA_LOOKAHEAD": "1"}) is True
+    with pytest.raises(ValueError, match="PYCOLL_CUDA_LOOKAHEAD"):
+        lookahead({"PYCOLL_CUDA_LOOKAHEAD": "yes please"})
+    # 2 ranks, float32 (dtype code 6), 4 KiB slots: a shard of 3072 elements in 3 pieces.
+    kw = dict(collective=0, algorithm=ops.algo_code("ring"), rank=0, size=2, count=6144,
+              root=0, dtype=6, slot_bytes=4096)  # fmt: skip
+    plain = cu.plan(**kw)["steps"]
+    ahead = cu.plan(**kw, lookahead=True)["steps"]
+    assert sorted(plain) == sorted(ahead) and plain != ahead
+    # Rank 0's shard goes in three pieces; a piece is a send, a receive that reduces and
+    # forwards, and a receive. Plain: each piece whole in turn. Lookahead: the first piece's
+    # send, then for each piece its reduce-and-forward, the next piece's send, its receive.
+    rrcs = "recv_reduce_copy_send"
+    assert [s[0] for s in plain] == ["send", rrcs, "recv"] * 3, plain
+    want = ["send", rrcs, "send", "recv", rrcs, "send", "recv", rrcs, "recv"]
+    assert [s[0] for s in ahead] == want, ahead

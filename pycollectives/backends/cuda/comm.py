@@ -166,7 +166,14 @@ class CudaComm:
             opts = options.cuda_options(cu, self.device, -(-node_size // max(1, ndev)))
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
-                (opts.slot_bytes, opts.nslots, opts.nblocks, opts.ll_max_bytes, opts.host_twoshot),
+                (
+                    opts.slot_bytes,
+                    opts.nslots,
+                    opts.nblocks,
+                    opts.ll_max_bytes,
+                    opts.host_twoshot,
+                    opts.lookahead,
+                ),
                 native.ipc_handle,
                 native.shm_name,
                 native.device_uuid,
@@ -180,7 +187,8 @@ class CudaComm:
             reports = gathered_or_raise(group, "cannot set up the CUDA transport", report, error)
             same_on_every_rank(
                 [rep[0] for rep in reports],
-                "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot)",
+                "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
+                "lookahead)",
             )
             uuids, mps, forced = ([rep[i] for rep in reports] for i in (3, 4, 5))
             self.sync_mode = choose_sync_mode(uuids, mps, forced)

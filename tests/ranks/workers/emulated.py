@@ -72,6 +72,7 @@ class EmulatedDevice:
         o.kernel_mode = mode == "kernel"
         o.timeout = timeout
         o.oneshot_max_bytes = int(os.environ.get("PYCOLL_ONESHOT_BYTES", o.oneshot_max_bytes))
+        o.lookahead = os.environ.get("PYCOLL_CUDA_LOOKAHEAD", "0") == "1"
         if fault is not None:  # (collective number, step, exit?) of a drill on this rank
             o.fault_seq, o.fault_step, o.fault_exit = fault
         for name, value in opts.items():  # e.g. ll_max_bytes, ll_flag_bits, nslots
