@@ -42,7 +42,7 @@ PYCOLL_CUDA_BLOCKS         16               thread blocks per launch; ``auto``: 
 PYCOLL_CUDA_LL_BYTES       32 KiB           GPU kernel mode: messages up to here in the LL
                                             format, data and flag in one store (0: off)
 PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
-PYCOLL_CUDA_HOST_TWOSHOT   1                GPU host mode: all-reduce, reduce, broadcast, even
+PYCOLL_CUDA_HOST_TWOSHOT   1                GPU host mode: all-reduce, reduce, broadcast,
                                             all-gather and reduce-scatter through scratch a
                                             chunk at a time (0: the steps)
 PYCOLL_CUDA_LOOKAHEAD      0                GPU ring all-reduce: the next piece's first

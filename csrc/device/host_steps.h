@@ -165,7 +165,8 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
 // between two meetings of the hosts per chunk the GPU copies and reduces over every rank's
 // scratch, no device wait in it: two waits for the GPU per chunk, not one per step. For host
 // mode's all-reduces that the two-shot would take (twoshot_eligible), and the automatic
-// choice's reduces, broadcasts, even all-gathers and even reduce-scatters; unless turned off.
+// choice's reduces, broadcasts, all-gathers and reduce-scatters (even or not); unless turned
+// off.
 inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode,
                                   bool on) {
   if (!on || kernel_mode || call.barrier || call.count == 0) return false;
@@ -174,7 +175,6 @@ inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool ke
       return twoshot_eligible(call, algo);
     case Collective::AllGather:
     case Collective::ReduceScatter:
-      return call.counts.empty() && call.algo == Algo::Auto;
     case Collective::Reduce:
     case Collective::Broadcast:
       return call.algo == Algo::Auto;
@@ -201,9 +201,11 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
 // may still read the slots the scratch is made of: the caller's meeting of the fingerprints
 // (`met`), else a meeting here. Per chunk:
 //   all-reduce: copy in, drain, meet, two-shot, drain, meet, copy the sums out (reduce: the
-//               root only; reduce-scatter: the chunk is a piece of every rank's block, and
-//               each rank copies out its own block's);
+//               root only; reduce-scatter: the chunk is the pieces at one offset of every
+//               rank's block, packed, and each rank copies out its own block's);
 //   all-gather: copy in, drain, meet, copy every rank's scratch out, drain, meet;
+// (the blocks of an all-gather or reduce-scatter may differ in length, `counts`: chunk k holds
+// what each block has from offset k * cap, nothing of a block that has ended);
 //   broadcast:  the root copies in and drains, meet, the others copy the root's scratch out
 //               and drain, meet.
 // The second meeting of a chunk: no rank writes its scratch again while a peer still reads it.
@@ -213,43 +215,67 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
   const size_t esize = dtype_size(call.dtype);
   const size_t n = static_cast<size_t>(L.size);
   const bool rs = call.collective == Collective::ReduceScatter;
-  // Elements of the call's count per chunk: reduce-scatter's chunk holds one piece of every
-  // rank's block (n of them).
+  const bool blocks = rs || call.collective == Collective::AllGather;
+  // Each rank's block (all-gather, reduce-scatter): its length and where it starts, in elements.
+  std::vector<size_t> len(n, call.count), at(n, 0);
+  size_t span = call.count;  // the chunks cover [0, span) of the message or of every block
+  if (blocks) {
+    span = 0;
+    for (size_t q = 0; q < n; ++q) {
+      if (!call.counts.empty()) len[q] = call.counts[q];
+      at[q] = q == 0 ? 0 : at[q - 1] + len[q - 1];
+      span = std::max(span, len[q]);
+    }
+  }
+  // Elements per chunk: of the message, or of each block (a reduce-scatter's chunk holds a
+  // piece of every rank's block: n of them).
   const size_t cap = scratch_elems(L, esize) / (rs ? n : 1);
   const std::vector<uint8_t*> scratch = scratch_of(L, segments);
   const uint8_t* in = static_cast<const uint8_t*>(call.in);
   uint8_t* out = static_cast<uint8_t*>(call.out);
   uint8_t* own = scratch[rank];
+  std::vector<size_t> piece(n), packed(n);  // this chunk's piece of each block, and where
   if (!met) ops.meet();
-  for (size_t off = 0; off < call.count; off += cap) {
-    const size_t len = std::min(cap, call.count - off), bytes = len * esize;
+  for (size_t off = 0; off < span; off += cap) {
+    const size_t chunk = std::min(cap, span - off), bytes = chunk * esize;
+    size_t total = 0;
+    for (size_t q = 0; q < n; ++q) {
+      piece[q] = len[q] > off ? std::min(cap, len[q] - off) : 0;
+      packed[q] = total;
+      total += piece[q];
+    }
     switch (call.collective) {
       case Collective::AllReduce:
       case Collective::Reduce:
-      case Collective::ReduceScatter:
-        if (rs) {  // piece `off` of every rank's block, one after another
-          for (size_t q = 0; q < n; ++q)
-            ops.copy(own + q * bytes, in + (q * call.count + off) * esize, bytes);
-        } else {
-          ops.copy(own, in + off * esize, bytes);
-        }
+        ops.copy(own, in + off * esize, bytes);
         ops.drain();
         ops.meet();  // every rank's chunk is in its scratch
-        ops.twoshot(rs ? n * len : len, scratch);
+        ops.twoshot(chunk, scratch);
         ops.drain();
         ops.chunk_done();
         ops.meet();  // every rank's shard is in every scratch
-        if (rs)
-          ops.copy(out + off * esize, own + static_cast<size_t>(rank) * bytes, bytes);
-        else if (call.collective == Collective::AllReduce || rank == call.root)
+        if (call.collective == Collective::AllReduce || rank == call.root)
           ops.copy(out + off * esize, own, bytes);
         break;
+      case Collective::ReduceScatter:  // the pieces at `off` of every rank's block, packed
+        for (size_t q = 0; q < n; ++q)
+          if (piece[q] != 0)
+            ops.copy(own + packed[q] * esize, in + (at[q] + off) * esize, piece[q] * esize);
+        ops.drain();
+        ops.meet();
+        ops.twoshot(total, scratch);
+        ops.drain();
+        ops.chunk_done();
+        ops.meet();
+        if (piece[rank] != 0)
+          ops.copy(out + off * esize, own + packed[rank] * esize, piece[rank] * esize);
+        break;
       case Collective::AllGather:
-        ops.copy(own, in + off * esize, bytes);
+        if (piece[rank] != 0) ops.copy(own, in + off * esize, piece[rank] * esize);
         ops.drain();
         ops.meet();
         for (size_t q = 0; q < n; ++q)
-          ops.copy(out + (q * call.count + off) * esize, scratch[q], bytes);
+          if (piece[q] != 0) ops.copy(out + (at[q] + off) * esize, scratch[q], piece[q] * esize);
         ops.drain();
         ops.chunk_done();
         ops.meet();  // every rank has read every scratch

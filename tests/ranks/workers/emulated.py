@@ -603,7 +603,8 @@ def host_scratch(mpi, mode):
     one element to five chunks, every dtype, sum, max and avg, in place and not, one rank late
     at random each call; against numpy, and bitwise alike on every rank. A call forced onto the
     ring still takes the steps. Then all-gathers and broadcasts (copies only) up to 3 chunks,
-    reduces from every root and reduce-scatters (a chunk holds a piece of every block)."""
+    reduces from every root and reduce-scatters (a chunk holds a piece of every block), and
+    uneven all-gathers and reduce-scatters (empty blocks, one block far longer than the rest)."""
     assert mode == "host", mode
     dev = EmulatedDevice(mpi, mode, "small", blocks=4)
     c, n, r = dev.dev, mpi.size, mpi.rank
@@ -681,6 +682,34 @@ def host_scratch(mpi, mode):
             assert c.scratch_runs == calls, c.scratch_runs
             rs_chunks = -(-count // (cap // n))
             assert c.scratch_chunks == before + -(-count // cap) + rs_chunks, c.scratch_chunks
+    # Uneven all-gather and reduce-scatter (counts): chunk k holds what each block has from
+    # offset k * cap; a block that has ended (or is empty) adds nothing to it.
+    for dt in (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.float16)):
+        cap = c.segment_data_bytes // dt.itemsize // 16 * 16
+        for counts in (
+            [(3, 0, 5, 1)[q % 4] for q in range(n)],
+            [cap + 1] + [16 * q + 1 for q in range(1, n)],
+            [0] * (n - 1) + [2 * cap + 3],
+        ):
+            counts = [int(k) for k in counts]
+            before = c.scratch_runs, c.scratch_chunks
+            if r == int(rng.integers(n)):
+                time.sleep(float(rng.uniform(0, 0.003)))
+            inputs = [make_input(q, counts[q], dt, "sum", salt=calls) for q in range(n)]
+            out = np.zeros(sum(counts), dt)
+            dev.all_gather(inputs[r], out, counts=counts)
+            same_bytes(out, np.concatenate(inputs), f"all_gather_v {dt.name} counts={counts}")
+            op = "avg" if is_float(dt) else "sum"
+            inputs = [make_input(q, sum(counts), dt, op, salt=calls + 1) for q in range(n)]
+            out = np.zeros(counts[r], dt)
+            dev.reduce_scatter(inputs[r], out, op=op, counts=counts)
+            lo = sum(counts[:r])
+            want = reference(inputs, op, dt)[lo : lo + counts[r]]
+            check_close(out, want, dt, n, f"reduce_scatter_v {dt.name} counts={counts}", op)
+            calls += 2
+            assert c.scratch_runs == before[0] + 2, c.scratch_runs
+            chunks = -(-max(counts) // cap) + -(-max(counts) // (cap // n))
+            assert c.scratch_chunks == before[1] + chunks, (counts, c.scratch_chunks)
     say(f"host_scratch ranks={n}: {calls} calls, {chunks} all-reduce chunks")
 
 
