@@ -70,8 +70,9 @@ struct CudaCommOptions {
   size_t ll_max_bytes = 32 * 1024;
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
-  // Host mode: all-reduces, reduces, broadcasts, all-gathers and reduce-scatters through
-  // scratch (run_scratch, host_scratch_eligible), two waits for the GPU per chunk, not per step.
+  // Host mode: all-reduces, reduces, broadcasts, all-gathers, reduce-scatters, gathers, scatters
+  // and even all-to-alls through scratch (run_scratch, host_scratch_eligible), two waits for
+  // the GPU per chunk, not per step.
   bool host_twoshot = true;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
   bool lookahead = false;

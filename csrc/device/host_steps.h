@@ -165,8 +165,9 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
 // between two meetings of the hosts per chunk the GPU copies and reduces over every rank's
 // scratch, no device wait in it: two waits for the GPU per chunk, not one per step. For host
 // mode's all-reduces that the two-shot would take (twoshot_eligible), and the automatic
-// choice's reduces, broadcasts, all-gathers and reduce-scatters (even or not); unless turned
-// off.
+// choice's reduces, broadcasts, all-gathers and reduce-scatters (even or not), gathers,
+// scatters and even all-to-alls; unless turned off. (An uneven all-to-all's chunks would need
+// every rank's splits, which a rank does not have: it takes the steps.)
 inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode,
                                   bool on) {
   if (!on || kernel_mode || call.barrier || call.count == 0) return false;
@@ -177,7 +178,11 @@ inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool ke
     case Collective::ReduceScatter:
     case Collective::Reduce:
     case Collective::Broadcast:
+    case Collective::Gather:
+    case Collective::Scatter:
       return call.algo == Algo::Auto;
+    case Collective::AllToAll:
+      return call.algo == Algo::Auto && call.send_counts.empty();
     default:
       return false;
   }
@@ -203,7 +208,13 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
 //   all-reduce: copy in, drain, meet, two-shot, drain, meet, copy the sums out (reduce: the
 //               root only; reduce-scatter: the chunk is the pieces at one offset of every
 //               rank's block, packed, and each rank copies out its own block's);
-//   all-gather: copy in, drain, meet, copy every rank's scratch out, drain, meet;
+//   all-gather: copy in, drain, meet, copy every rank's scratch out, drain, meet (gather: the
+//               root alone copies out);
+//   scatter:    the root copies a piece of every rank's block into its scratch (piece q at
+//               q * cap), drain, meet, each rank copies its own out of the root's, drain, meet;
+//   all-to-all: each rank copies a piece of every block it sends into its scratch (the piece
+//               for rank q at q * cap), drain, meet, each copies the pieces for it out of every
+//               rank's scratch, drain, meet;
 // (the blocks of an all-gather or reduce-scatter may differ in length, `counts`: chunk k holds
 // what each block has from offset k * cap, nothing of a block that has ended);
 //   broadcast:  the root copies in and drains, meet, the others copy the root's scratch out
@@ -214,8 +225,11 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
                  int rank, bool met, Ops& ops) {
   const size_t esize = dtype_size(call.dtype);
   const size_t n = static_cast<size_t>(L.size);
-  const bool rs = call.collective == Collective::ReduceScatter;
-  const bool blocks = rs || call.collective == Collective::AllGather;
+  const Collective c = call.collective;
+  const bool rs = c == Collective::ReduceScatter;
+  // A chunk holds a piece of every rank's block (a piece for every rank).
+  const bool per_rank = rs || c == Collective::Scatter || c == Collective::AllToAll;
+  const bool blocks = per_rank || c == Collective::AllGather || c == Collective::Gather;
   // Each rank's block (all-gather, reduce-scatter): its length and where it starts, in elements.
   std::vector<size_t> len(n, call.count), at(n, 0);
   size_t span = call.count;  // the chunks cover [0, span) of the message or of every block
@@ -227,9 +241,9 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
       span = std::max(span, len[q]);
     }
   }
-  // Elements per chunk: of the message, or of each block (a reduce-scatter's chunk holds a
-  // piece of every rank's block: n of them).
-  const size_t cap = scratch_elems(L, esize) / (rs ? n : 1);
+  // Elements per chunk: of the message, or of each block (n of them where a chunk holds a
+  // piece for every rank).
+  const size_t cap = scratch_elems(L, esize) / (per_rank ? n : 1);
   const std::vector<uint8_t*> scratch = scratch_of(L, segments);
   const uint8_t* in = static_cast<const uint8_t*>(call.in);
   uint8_t* out = static_cast<uint8_t*>(call.out);
@@ -271,15 +285,37 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
           ops.copy(out + off * esize, own + packed[rank] * esize, piece[rank] * esize);
         break;
       case Collective::AllGather:
+      case Collective::Gather:
         if (piece[rank] != 0) ops.copy(own, in + off * esize, piece[rank] * esize);
         ops.drain();
         ops.meet();
-        for (size_t q = 0; q < n; ++q)
-          if (piece[q] != 0) ops.copy(out + (at[q] + off) * esize, scratch[q], piece[q] * esize);
+        if (c == Collective::AllGather || rank == call.root)
+          for (size_t q = 0; q < n; ++q)
+            if (piece[q] != 0) ops.copy(out + (at[q] + off) * esize, scratch[q], piece[q] * esize);
         ops.drain();
         ops.chunk_done();
         ops.meet();  // every rank has read every scratch
         break;
+      case Collective::Scatter:
+      case Collective::AllToAll: {
+        const bool sends = c == Collective::AllToAll || rank == call.root;
+        for (size_t q = 0; sends && q < n; ++q)
+          if (piece[q] != 0)
+            ops.copy(own + q * cap * esize, in + (at[q] + off) * esize, piece[q] * esize);
+        ops.drain();
+        ops.meet();
+        for (size_t q = 0; q < n; ++q) {  // rank q's piece for this rank, at rank * cap
+          if (c == Collective::Scatter && q != static_cast<size_t>(call.root)) continue;
+          const uint8_t* mine = scratch[q] + static_cast<size_t>(rank) * cap * esize;
+          const size_t at_out = c == Collective::Scatter ? off : at[q] + off;
+          const size_t got = c == Collective::Scatter ? piece[rank] : piece[q];
+          if (got != 0) ops.copy(out + at_out * esize, mine, got * esize);
+        }
+        ops.drain();
+        ops.chunk_done();
+        ops.meet();
+        break;
+      }
       default:  // Broadcast, in place on `out`
         if (rank == call.root) {
           ops.copy(own, out + off * esize, bytes);

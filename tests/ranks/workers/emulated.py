@@ -603,8 +603,9 @@ def host_scratch(mpi, mode):
     one element to five chunks, every dtype, sum, max and avg, in place and not, one rank late
     at random each call; against numpy, and bitwise alike on every rank. A call forced onto the
     ring still takes the steps. Then all-gathers and broadcasts (copies only) up to 3 chunks,
-    reduces from every root and reduce-scatters (a chunk holds a piece of every block), and
-    uneven all-gathers and reduce-scatters (empty blocks, one block far longer than the rest)."""
+    reduces from every root and reduce-scatters (a chunk holds a piece of every block),
+    uneven all-gathers and reduce-scatters (empty blocks, one block far longer than the rest),
+    gathers, scatters and all-to-alls."""
     assert mode == "host", mode
     dev = EmulatedDevice(mpi, mode, "small", blocks=4)
     c, n, r = dev.dev, mpi.size, mpi.rank
@@ -710,6 +711,40 @@ def host_scratch(mpi, mode):
             assert c.scratch_runs == before[0] + 2, c.scratch_runs
             chunks = -(-max(counts) // cap) + -(-max(counts) // (cap // n))
             assert c.scratch_chunks == before[1] + chunks, (counts, c.scratch_chunks)
+    # Gathers (the root copies every scratch out), scatters (the root's scratch holds a piece
+    # for every rank) and even all-to-alls (every scratch a piece for every rank), from every
+    # root, up to several chunks; an uneven all-to-all still takes the steps.
+    for dt in (np.dtype(np.float32), np.dtype(np.int8)):
+        cap = c.segment_data_bytes // dt.itemsize // 16 * 16
+        for count in (1, 16 * n + 5, cap // n + 1, 2 * cap + 3):
+            before = c.scratch_runs, c.scratch_chunks
+            root = calls % n
+            what = f"{dt.name} count={count} root={root}"
+            if r == int(rng.integers(n)):
+                time.sleep(float(rng.uniform(0, 0.003)))
+            inputs = [make_input(q, count, dt, "sum", salt=calls) for q in range(n)]
+            out = np.zeros(n * count, dt) if r == root else None
+            dev.gather(inputs[r], out, root=root)
+            if r == root:
+                same_bytes(out, np.concatenate(inputs), f"gather {what}")
+            blocks = make_input(root, n * count, dt, "sum", salt=calls + 1)
+            out = np.zeros(count, dt)
+            dev.scatter(blocks.copy() if r == root else None, out, root=root)
+            same_bytes(out, blocks[r * count : (r + 1) * count], f"scatter {what}")
+            rows = [make_input(q, n * count, dt, "sum", salt=calls + 2) for q in range(n)]
+            out = np.zeros(n * count, dt)
+            dev.all_to_all(rows[r], out)
+            want = np.concatenate([rows[q][r * count : (r + 1) * count] for q in range(n)])
+            same_bytes(out, want, f"all_to_all {what}")
+            calls += 3
+            assert c.scratch_runs == before[0] + 3, c.scratch_runs
+            chunks_now = -(-count // cap) + 2 * -(-count // (cap // n))
+            assert c.scratch_chunks == before[1] + chunks_now, (what, c.scratch_chunks)
+    before = c.scratch_runs
+    out = np.zeros(n * (r + 1), np.float32)
+    dev.all_to_all(np.ones(n * (n + 1) // 2, np.float32), out,
+                   in_splits=[q + 1 for q in range(n)], out_splits=[r + 1] * n)  # fmt: skip
+    assert c.scratch_runs == before and (out == 1).all(), "an uneven all-to-all"
     say(f"host_scratch ranks={n}: {calls} calls, {chunks} all-reduce chunks")
 
 
