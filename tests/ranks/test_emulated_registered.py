@@ -24,18 +24,16 @@ def test_registered_back_to_back_with_late_ranks(mode, nranks):
     assert f"registered back_to_back {mode} ranks={nranks}" in out, out
 
 
-def _traffic(nranks, count):
-    """Every rank's counts per algorithm: {name: {rank: (read_own, read_peer, write_own,
-    write_peer)}} (emu Traffic, in bytes)."""
-    out = run_mpi(nranks, "emulated_registered.py", "kernel", "traffic", str(count))
+def _traffic(nranks, count, part="traffic", names=("twoshot", "ring", "direct")):
+    """Every rank's counts per algorithm (or collective) of the worker's `part`: {name: {rank:
+    (read_own, read_peer, write_own, write_peer)}} (emu Traffic, in bytes)."""
+    out = run_mpi(nranks, "emulated_registered.py", "kernel", part, str(count))
     rows = {}
     for line in out.splitlines():
         if line.startswith("TRAFFIC "):
             _, name, rank, *counts = line.split()
             rows.setdefault(name, {})[int(rank)] = tuple(int(v) for v in counts)
-    assert set(rows) == {"twoshot", "ring", "direct"} and all(
-        len(r) == nranks for r in rows.values()
-    ), out
+    assert set(rows) == set(names) and all(len(r) == nranks for r in rows.values()), out
     return rows
 
 
@@ -136,13 +134,8 @@ def test_registered_traffic_of_other_collectives(nranks, count):
     shards 352, 352 and 320 elements (1024/3 rounded up to 16): s = 1408, 1408, 1280 B.
     Nothing goes through a staging slot: each moves the least its result needs."""
     n, B = nranks, 4 * count
-    out = run_mpi(n, "emulated_registered.py", "kernel", "traffic_others", str(count))
-    rows = {}
-    for line in out.splitlines():
-        if line.startswith("TRAFFIC "):
-            _, name, rank, *counts = line.split()
-            rows.setdefault(name, {})[int(rank)] = tuple(int(v) for v in counts)
-    assert set(rows) == {"reduce_scatter", "all_gather", "broadcast", "reduce"}, out
+    names = ("reduce_scatter", "all_gather", "broadcast", "reduce")
+    rows = _traffic(n, count, "traffic_others", names)
     if (n, count) == (3, 1024):
         assert [4 * _shard(count, n, r) for r in range(n)] == [1408, 1408, 1280]
     for r in range(n):

@@ -219,7 +219,13 @@ def traffic_others(mpi, mode):
         call()
         assert c.twoshot_runs - before == 1, name
         rows[name] = mpi.allgather(dict(c.traffic))
-    if r == 0:
+    say_traffic(mpi, rows)
+
+
+def say_traffic(mpi, rows):
+    """Rank 0 prints each algorithm's traffic on every rank: TRAFFIC name rank read_own
+    read_peer write_own write_peer (the test parses these lines)."""
+    if mpi.rank == 0:
         for name, per_rank in rows.items():
             for q, t in enumerate(per_rank):
                 say(f"TRAFFIC {name} {q} {t['read_own']} {t['read_peer']} "
@@ -271,12 +277,7 @@ def traffic(mpi, mode):
         assert (c.twoshot_runs - before == 1) == (name == "twoshot"), name
         check_close(b, reference(inputs, "sum", F32), F32, n, name, "sum")
         rows[name] = mpi.allgather(dict(c.traffic))
-    if r == 0:
-        for name, per_rank in rows.items():
-            for q, t in enumerate(per_rank):
-                say(f"TRAFFIC {name} {q} {t['read_own']} {t['read_peer']} "
-                    f"{t['write_own']} {t['write_peer']}")  # fmt: skip
-    mpi.Barrier()
+    say_traffic(mpi, rows)
 
 
 def mismatch(mpi, mode):
