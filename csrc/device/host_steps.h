@@ -230,7 +230,7 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
   // A chunk holds a piece of every rank's block (a piece for every rank).
   const bool per_rank = rs || c == Collective::Scatter || c == Collective::AllToAll;
   const bool blocks = per_rank || c == Collective::AllGather || c == Collective::Gather;
-  // Each rank's block (all-gather, reduce-scatter): its length and where it starts, in elements.
+  // Each rank's block (all but all-reduce, reduce, broadcast): its length and where it starts.
   std::vector<size_t> len(n, call.count), at(n, 0);
   size_t span = call.count;  // the chunks cover [0, span) of the message or of every block
   if (blocks) {
