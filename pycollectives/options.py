@@ -44,8 +44,8 @@ PYCOLL_CUDA_LL_BYTES       32 KiB           GPU kernel mode: messages up to here
 PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
 PYCOLL_CUDA_HOST_TWOSHOT   1                GPU host mode: all-reduce, reduce, broadcast,
                                             all-gather, reduce-scatter, gather, scatter and
-                                            even all-to-all through scratch a chunk at a
-                                            time (0: the steps)
+                                            all-to-all through scratch a chunk at a time
+                                            (0: the steps)
 PYCOLL_CUDA_LOOKAHEAD      0                GPU ring all-reduce: the next piece's first
                                             message before this piece's last, two in flight
                                             per channel (1: on)

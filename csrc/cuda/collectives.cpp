@@ -104,8 +104,9 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
     const bool meet = meets_on_host(call, kernel, capturing, opts_.check_mismatch);
     w.fingerprints = &guard;
     guard.publish();
+    uint64_t widest = 0;  // the largest split of every rank's (host mode's scratch counts by it)
     if (!call.send_counts.empty())
-      check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
+      widest = check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
     if (meet) guard.finish(w);  // every peer runs this very call
     // Kernel mode, a blocking call outside a capture: one launch on the caller's stream, and
     // no event (the device reports its end in the done word). Otherwise the launch goes on our
@@ -125,8 +126,8 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
       if (kernel) run_kernel_mode(call, nullptr, mine, on, !capturing);
     } else if (registered.on) {
       run_on_registered(call, registered, mine, w, on, !capturing);
-    } else if (host_scratch_eligible(call, algo, kernel, opts_.host_twoshot)) {
-      run_host_scratch(call, w, meet);
+    } else if (host_scratch_eligible(call, algo, kernel, opts_.host_twoshot, widest != 0)) {
+      run_host_scratch(call, w, meet, widest);
     } else if (capturing) {
       // The graph reads the plan: never freed.
       run_kernel_mode(call, &plans_.pin(call, algo), mine, on, false);
@@ -216,7 +217,8 @@ void CudaComm::run_on_registered(const CollectiveCall& call, const RegisteredCal
 
 // Host mode through scratch (device/host_steps.h, run_scratch): the copies and the two-shot
 // on our stream, behind the caller's; the host waits for it between its meetings.
-void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met) {
+void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
+                                uint64_t widest) {
   struct Ops {
     CudaComm& c;
     const CollectiveCall& call;
@@ -236,7 +238,7 @@ void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w
     void chunk_done() {}
   } ops{*this, call, w};
   ++scratch_runs_;
-  run_scratch(call, layout_, segments_.data(), rank_, met, ops);
+  run_scratch(call, layout_, segments_.data(), rank_, met, ops, widest);
 }
 
 // One launch per step; between launches the host waits for the peers. A launch never waits

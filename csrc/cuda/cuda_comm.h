@@ -71,7 +71,7 @@ struct CudaCommOptions {
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
   // Host mode: all-reduces, reduces, broadcasts, all-gathers, reduce-scatters, gathers, scatters
-  // and even all-to-alls through scratch (run_scratch, host_scratch_eligible), two waits for
+  // and all-to-alls through scratch (run_scratch, host_scratch_eligible), two waits for
   // the GPU per chunk, not per step.
   bool host_twoshot = true;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
@@ -211,7 +211,9 @@ class CudaComm {
                          const WaitContext& w, cudaStream_t stream, bool eager);
   void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
   // `met`: the ranks have met on the host for this call already (its fingerprints).
-  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met);
+  // `widest`: an all-to-all's largest split of every rank's (check_split_matrix).
+  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
+                        uint64_t widest);
   void wait_device(const std::function<bool()>& reached, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);

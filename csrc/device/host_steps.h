@@ -166,11 +166,14 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
 // scratch, no device wait in it: two waits for the GPU per chunk, not one per step. For host
 // mode's all-reduces that the two-shot would take (twoshot_eligible), and the automatic
 // choice's reduces, broadcasts, all-gathers and reduce-scatters (even or not), gathers,
-// scatters and even all-to-alls; unless turned off. (An uneven all-to-all's chunks would need
-// every rank's splits, which a rank does not have: it takes the steps.)
-inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode,
-                                  bool on) {
-  if (!on || kernel_mode || call.barrier || call.count == 0) return false;
+// scatters and all-to-alls; unless turned off. An all-to-all with splits only where the host
+// has read every rank's (check_split_matrix: `splits_met`): every rank's chunks are counted
+// by the widest split of all.
+inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode, bool on,
+                                  bool splits_met = false) {
+  // (An all-to-all with splits has count 0: its splits say what moves.)
+  if (!on || kernel_mode || call.barrier || (call.count == 0 && call.send_counts.empty()))
+    return false;
   switch (call.collective) {
     case Collective::AllReduce:
       return twoshot_eligible(call, algo);
@@ -182,7 +185,7 @@ inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool ke
     case Collective::Scatter:
       return call.algo == Algo::Auto;
     case Collective::AllToAll:
-      return call.algo == Algo::Auto && call.send_counts.empty();
+      return call.algo == Algo::Auto && (call.send_counts.empty() || splits_met);
     default:
       return false;
   }
@@ -214,7 +217,8 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
 //               q * cap), drain, meet, each rank copies its own out of the root's, drain, meet;
 //   all-to-all: each rank copies a piece of every block it sends into its scratch (the piece
 //               for rank q at q * cap), drain, meet, each copies the pieces for it out of every
-//               rank's scratch, drain, meet;
+//               rank's scratch, drain, meet (with splits: chunks up to `widest`, the largest
+//               split of every rank's, what each block has from each chunk's offset);
 // (the blocks of an all-gather or reduce-scatter may differ in length, `counts`: chunk k holds
 // what each block has from offset k * cap, nothing of a block that has ended);
 //   broadcast:  the root copies in and drains, meet, the others copy the root's scratch out
@@ -222,7 +226,7 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
 // The second meeting of a chunk: no rank writes its scratch again while a peer still reads it.
 template <class Ops>
 void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* const* segments,
-                 int rank, bool met, Ops& ops) {
+                 int rank, bool met, Ops& ops, uint64_t widest = 0) {
   const size_t esize = dtype_size(call.dtype);
   const size_t n = static_cast<size_t>(L.size);
   const Collective c = call.collective;
@@ -230,16 +234,21 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
   // A chunk holds a piece of every rank's block (a piece for every rank).
   const bool per_rank = rs || c == Collective::Scatter || c == Collective::AllToAll;
   const bool blocks = per_rank || c == Collective::AllGather || c == Collective::Gather;
-  // Each rank's block (all but all-reduce, reduce, broadcast): its length and where it starts.
-  std::vector<size_t> len(n, call.count), at(n, 0);
+  // Each rank's block (all but all-reduce, reduce, broadcast): its length and where it starts;
+  // an all-to-all's blocks received apart (`r`), as its splits may differ from those sent.
+  std::vector<size_t> len(n, call.count), at(n, 0), rlen(n, call.count), rat(n, 0);
   size_t span = call.count;  // the chunks cover [0, span) of the message or of every block
   if (blocks) {
     span = 0;
+    const bool splits = !call.send_counts.empty();
     for (size_t q = 0; q < n; ++q) {
-      if (!call.counts.empty()) len[q] = call.counts[q];
+      if (!call.counts.empty()) len[q] = rlen[q] = call.counts[q];
+      if (splits) len[q] = call.send_counts[q], rlen[q] = call.recv_counts[q];
       at[q] = q == 0 ? 0 : at[q - 1] + len[q - 1];
+      rat[q] = q == 0 ? 0 : rat[q - 1] + rlen[q - 1];
       span = std::max(span, len[q]);
     }
+    if (splits) span = widest;  // every rank's chunks alike
   }
   // Elements per chunk: of the message, or of each block (n of them where a chunk holds a
   // piece for every rank).
@@ -248,13 +257,14 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
   const uint8_t* in = static_cast<const uint8_t*>(call.in);
   uint8_t* out = static_cast<uint8_t*>(call.out);
   uint8_t* own = scratch[rank];
-  std::vector<size_t> piece(n), packed(n);  // this chunk's piece of each block, and where
+  std::vector<size_t> piece(n), packed(n), rpiece(n);  // this chunk's piece of each block
   if (!met) ops.meet();
   for (size_t off = 0; off < span; off += cap) {
     const size_t chunk = std::min(cap, span - off), bytes = chunk * esize;
     size_t total = 0;
     for (size_t q = 0; q < n; ++q) {
       piece[q] = len[q] > off ? std::min(cap, len[q] - off) : 0;
+      rpiece[q] = rlen[q] > off ? std::min(cap, rlen[q] - off) : 0;
       packed[q] = total;
       total += piece[q];
     }
@@ -307,8 +317,8 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
         for (size_t q = 0; q < n; ++q) {  // rank q's piece for this rank, at rank * cap
           if (c == Collective::Scatter && q != static_cast<size_t>(call.root)) continue;
           const uint8_t* mine = scratch[q] + static_cast<size_t>(rank) * cap * esize;
-          const size_t at_out = c == Collective::Scatter ? off : at[q] + off;
-          const size_t got = c == Collective::Scatter ? piece[rank] : piece[q];
+          const size_t at_out = c == Collective::Scatter ? off : rat[q] + off;
+          const size_t got = c == Collective::Scatter ? piece[rank] : rpiece[q];
           if (got != 0) ops.copy(out + at_out * esize, mine, got * esize);
         }
         ops.drain();

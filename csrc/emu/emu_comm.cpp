@@ -265,7 +265,8 @@ void EmuComm::drill_fault() const {
 // Host mode through scratch (cuda::run_scratch), as CudaComm runs it: the copies are the
 // host's (a GPU's copy engines; not counted as the device code's traffic), the two-shot's blocks
 // run in turn, nothing is left queued to drain.
-void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met) {
+void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
+                               uint64_t widest) {
   const size_t cap = cuda::scratch_elems(layout_, dtype_size(call.dtype));
   Regions regions = launch_regions(call);
   const std::vector<uint8_t*> scratch = cuda::scratch_of(layout_, segments_.data());
@@ -292,7 +293,7 @@ void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w,
   } ops{*this, call, w, regions, drill};
   ++scratch_runs_;
   if (drill && opts_.fault_step == 0) drill_fault();
-  cuda::run_scratch(call, layout_, segments_.data(), rank_, met, ops);
+  cuda::run_scratch(call, layout_, segments_.data(), rank_, met, ops, widest);
 }
 
 // One launch for the whole collective: a thread per block, waiting on device flags. Block 0
@@ -429,14 +430,16 @@ void EmuComm::check_usable(const std::string& name) const {
 
 // As on the GPU (cuda_comm.cpp): every rank publishes its fingerprint; where the ranks meet on
 // the host (`meet`: cuda::meets_on_host) they compare them here before anything moves.
-void EmuComm::rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w,
-                         bool meet) {
+uint64_t EmuComm::rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w,
+                             bool meet) {
   w.fingerprints = &guard;
   guard.publish();
-  if (!meet) return;
+  if (!meet) return 0;
+  uint64_t widest = 0;
   if (!call.send_counts.empty())
-    check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
+    widest = check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
   guard.finish(w);
+  return widest;
 }
 
 // A mismatch found on the host: the failure word in our device segment stops the device waits
@@ -462,13 +465,13 @@ void EmuComm::run(const CollectiveCall& call) {
   WaitContext w = wait_context(name, seq);
   try {
     const bool meet = cuda::meets_on_host(call, opts_.kernel_mode, false, opts_.host_checks);
-    rendezvous(call, guard, w, meet);
+    const uint64_t widest = rendezvous(call, guard, w, meet);
     const bool empty = moves_nothing(call, rank_, size_);
     if (registered.on && !empty)
       run_on_registered(call, registered, w, mine);
-    else if (!empty &&
-             cuda::host_scratch_eligible(call, algo, opts_.kernel_mode, opts_.host_twoshot))
-      run_host_scratch(call, w, meet);
+    else if (!empty && cuda::host_scratch_eligible(call, algo, opts_.kernel_mode,
+                                                   opts_.host_twoshot, widest != 0))
+      run_host_scratch(call, w, meet, widest);
     else if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
       run_kernel_mode(call, empty ? kNoSteps : plan_for(call, algo), w, mine);
     else if (!empty)

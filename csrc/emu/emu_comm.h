@@ -154,7 +154,9 @@ class EmuComm {
                   const WaitContext& w, bool drill);
   Algo algo_of(const CollectiveCall& call) const;
   void check_usable(const std::string& name) const;
-  void rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w, bool meet);
+  // Returns an all-to-all's largest split of every rank's where it met them (0 otherwise).
+  uint64_t rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w,
+                      bool meet);
   void stop_peers_on_mismatch();
   void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
   Regions launch_regions(const CollectiveCall& call) const;
@@ -162,7 +164,8 @@ class EmuComm {
   // run_registered (the two-shot for an all-reduce); the fingerprint says so and where
   // (cuda::registered_fingerprint).
   cuda::RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
-  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met);
+  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
+                        uint64_t widest);
   void run_on_registered(const CollectiveCall& call, const cuda::RegisteredCall& t,
                          const WaitContext& w, const Fingerprint& f);
   cuda::LaunchSetup launch_setup(bool use_flags);

@@ -1,5 +1,6 @@
 #include "runtime/splits.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/errors.h"
@@ -9,9 +10,9 @@
 
 namespace pycoll {
 
-void check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const WaitContext& w,
-                        const std::vector<uint64_t>& send_counts,
-                        const std::vector<uint64_t>& recv_counts) {
+uint64_t check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const WaitContext& w,
+                            const std::vector<uint64_t>& send_counts,
+                            const std::vector<uint64_t>& recv_counts) {
   const int n = t.size(), me = t.rank();
   const uint64_t seq = w.seq;
   const size_t row_bytes = static_cast<size_t>(n) * sizeof(uint64_t);
@@ -52,13 +53,17 @@ void check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const Wa
 
   auto sends = [&](int q, int p) { return matrix[static_cast<size_t>(q) * 2 * n + p]; };
   auto expects = [&](int p, int q) { return matrix[static_cast<size_t>(p) * 2 * n + n + q]; };
+  uint64_t widest = 0;
   for (int q = 0; q < n; ++q)
     for (int p = 0; p < n; ++p)
-      if (sends(q, p) != expects(p, q))
+      if (sends(q, p) == expects(p, q))
+        widest = std::max(widest, sends(q, p));
+      else
         throw CollectiveMismatch(str_cat(
             "all_to_all #", seq, ": ranks disagree on the splits: rank ", q, " sends ", sends(q, p),
             " elements to rank ", p, ", but rank ", p, " expects ", expects(p, q), " from rank ", q,
             " (in_splits of each rank must match out_splits of its peers)"));
+  return widest;
 }
 
 }  // namespace pycoll

@@ -21,8 +21,9 @@ class ShmTransport;
 class FingerprintGuard;
 struct WaitContext;
 
-void check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const WaitContext& w,
-                        const std::vector<uint64_t>& send_counts,
-                        const std::vector<uint64_t>& recv_counts);
+// Returns the matrix's largest entry (the same on every rank).
+uint64_t check_split_matrix(const ShmTransport& t, FingerprintGuard& guard, const WaitContext& w,
+                            const std::vector<uint64_t>& send_counts,
+                            const std::vector<uint64_t>& recv_counts);
 
 }  // namespace pycoll

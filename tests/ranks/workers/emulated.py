@@ -605,7 +605,7 @@ def host_scratch(mpi, mode):
     ring still takes the steps. Then all-gathers and broadcasts (copies only) up to 3 chunks,
     reduces from every root and reduce-scatters (a chunk holds a piece of every block),
     uneven all-gathers and reduce-scatters (empty blocks, one block far longer than the rest),
-    gathers, scatters and all-to-alls."""
+    gathers, scatters and all-to-alls (with splits too)."""
     assert mode == "host", mode
     dev = EmulatedDevice(mpi, mode, "small", blocks=4)
     c, n, r = dev.dev, mpi.size, mpi.rank
@@ -740,11 +740,25 @@ def host_scratch(mpi, mode):
             assert c.scratch_runs == before[0] + 3, c.scratch_runs
             chunks_now = -(-count // cap) + 2 * -(-count // (cap // n))
             assert c.scratch_chunks == before[1] + chunks_now, (what, c.scratch_chunks)
-    before = c.scratch_runs
-    out = np.zeros(n * (r + 1), np.float32)
-    dev.all_to_all(np.ones(n * (n + 1) // 2, np.float32), out,
-                   in_splits=[q + 1 for q in range(n)], out_splits=[r + 1] * n)  # fmt: skip
-    assert c.scratch_runs == before and (out == 1).all(), "an uneven all-to-all"
+    # All-to-alls with splits: chunks counted by the widest split of every rank's (the host has
+    # read them all, checking the matrix), each block adding what it has from each offset;
+    # blocks of nothing, and one several chunks long.
+    cap = c.segment_data_bytes // 4 // 16 * 16
+    for k in range(3):
+        split = [[(7 * p + 3 * q + k) % 5 * (q + 1) for q in range(n)] for p in range(n)]
+        split[(k + 1) % n][k % n] = (k + 1) * cap // n + 5  # several chunks of a block
+        split[k % n][(k + 2) % n] = 0
+        sends, gets = split[r], [split[p][r] for p in range(n)]
+        rows = [make_input(p, sum(split[p]), np.dtype(np.float32), "sum", salt=k) for p in range(n)]
+        at = [np.cumsum([0] + split[p]) for p in range(n)]
+        want = np.concatenate([rows[p][at[p][r] : at[p][r + 1]] for p in range(n)])
+        before = c.scratch_runs, c.scratch_chunks
+        out = np.zeros(sum(gets), np.float32)
+        dev.all_to_all(rows[r], out, in_splits=sends, out_splits=gets)
+        same_bytes(out, want, f"all_to_all with splits {split}")
+        widest = max(max(row) for row in split)
+        assert c.scratch_runs == before[0] + 1, c.scratch_runs
+        assert c.scratch_chunks == before[1] + -(-widest // (cap // n)), c.scratch_chunks
     say(f"host_scratch ranks={n}: {calls} calls, {chunks} all-reduce chunks")
 
 
