@@ -6,6 +6,7 @@ import contextlib
 import math
 import platform
 import sys
+import time
 import traceback
 
 from pycollectives.bench import formulas as F
@@ -114,6 +115,9 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         traceback.print_exc()
         sys.stderr.flush()
+        # The launcher forwards a rank's output from a pipe; an abort handled before it has
+        # read that pipe loses the traceback (seen once, on a loaded machine). A moment for it.
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
         return 1
 
