@@ -65,17 +65,11 @@ inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool cap
   return capturing || call.collective == Collective::AllToAll || (!kernel_mode && host_checks);
 }
 
-// Whether `call` (its algorithm resolved to `algo`) runs the two-shot over registered buffers
-// (device/twoshot_kernel.h) when its input and output are both registered: an all-reduce of
-// at least one element (an empty array's pointer may be null on one rank and not on another),
-// its algorithm automatic or direct.
-inline bool twoshot_eligible(const CollectiveCall& call, Algo algo) {
-  return call.collective == Collective::AllReduce && !call.barrier && call.count > 0 &&
-         (call.algo == Algo::Auto || algo == Algo::Direct);
-}
-// Whether `call` runs over registered buffers where every rank's input and output are
-// registered (run_registered): the two-shot's all-reduces, and the even reduce-scatters and
-// all-gathers, the reduces and broadcasts whose algorithm is automatic or direct.
+// Whether `call` (its algorithm resolved to `algo`) runs over registered buffers where they
+// are registered (run_registered; an all-reduce: the two-shot): all-reduces, reduces,
+// broadcasts and even reduce-scatters and all-gathers of at least one element (an empty
+// array's pointer may be null on one rank and not on another), the algorithm automatic or
+// direct.
 inline bool registered_eligible(const CollectiveCall& call, Algo algo) {
   if (call.barrier || call.count == 0 || !(call.algo == Algo::Auto || algo == Algo::Direct))
     return false;
@@ -164,7 +158,7 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
 // as one flat buffer that every peer maps already) holds a chunk of the message at a time, and
 // between two meetings of the hosts per chunk the GPU copies and reduces over every rank's
 // scratch, no device wait in it: two waits for the GPU per chunk, not one per step. For host
-// mode's all-reduces that the two-shot would take (twoshot_eligible), and the automatic
+// mode's all-reduces that the two-shot would take (registered_eligible), and the automatic
 // choice's reduces, broadcasts, all-gathers and reduce-scatters (even or not), gathers,
 // scatters and all-to-alls; unless turned off. An all-to-all with splits only where the host
 // has read every rank's (check_split_matrix: `splits_met`): every rank's chunks are counted
@@ -176,7 +170,7 @@ inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool ke
     return false;
   switch (call.collective) {
     case Collective::AllReduce:
-      return twoshot_eligible(call, algo);
+      return registered_eligible(call, algo);
     case Collective::AllGather:
     case Collective::ReduceScatter:
     case Collective::Reduce:
@@ -218,11 +212,11 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
 //   all-to-all: each rank copies a piece of every block it sends into its scratch (the piece
 //               for rank q at q * cap), drain, meet, each copies the pieces for it out of every
 //               rank's scratch, drain, meet (with splits: chunks up to `widest`, the largest
-//               split of every rank's, what each block has from each chunk's offset);
-// (the blocks of an all-gather or reduce-scatter may differ in length, `counts`: chunk k holds
-// what each block has from offset k * cap, nothing of a block that has ended);
+//               split of every rank's);
 //   broadcast:  the root copies in and drains, meet, the others copy the root's scratch out
 //               and drain, meet.
+// Where blocks differ in length (all-gather's and reduce-scatter's `counts`, all-to-all's
+// splits), chunk k holds what each block has from offset k * cap, nothing of one that ended.
 // The second meeting of a chunk: no rank writes its scratch again while a peer still reads it.
 template <class Ops>
 void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* const* segments,

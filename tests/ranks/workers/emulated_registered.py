@@ -24,13 +24,12 @@ from checks import (
     check_close,
     digest,
     expect,
-    hard_exit,
     make_input,
     reference,
     run_main,
     same_bytes,
 )
-from emulated import DRILL_TIMEOUT, EmulatedDevice, say
+from emulated import DRILL_TIMEOUT, EmulatedDevice, leave_with, say
 from mpi4py import MPI
 
 import pycollectives as pc
@@ -323,10 +322,7 @@ def faults(mpi, mode, what):
         dev.all_reduce(x)
     except pc.CollectiveError as e:
         say(f"RAISED {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}")
-        done, end = survivors.Ibarrier(), time.monotonic() + 10
-        while not done.Test() and time.monotonic() < end:
-            time.sleep(0.005)
-        hard_exit(0)
+        leave_with(survivors)
     raise AssertionError(f"{what}: no error on rank {mpi.rank} (pid {os.getpid()})")
 
 
