@@ -49,6 +49,10 @@ PYCOLL_CUDA_HOST_TWOSHOT   1                GPU host mode: all-reduce, reduce, b
 PYCOLL_CUDA_LOOKAHEAD      0                GPU ring all-reduce: the next piece's first
                                             message before this piece's last, two in flight
                                             per channel (1: on)
+PYCOLL_CUDA_HOST_EVENTS    1                GPU host mode: registered calls and scratch
+                                            fence on interprocess events, the host never
+                                            waiting for the GPU (0: the host waits, then
+                                            meets the peers)
 =========================  ===============  ==================================================
 """
 
@@ -163,6 +167,7 @@ class Options:
     cuda_blocks: int = 16
     cuda_host_twoshot: bool = True
     cuda_lookahead: bool = False
+    cuda_host_events: bool = True
     cuda_ll_bytes: int = 32 << 10
     cuda_sync: str | None = None
 
@@ -209,6 +214,10 @@ class Options:
             == "1",
             cuda_lookahead=env_choice(
                 "PYCOLL_CUDA_LOOKAHEAD", "0", ("0", "1"), env, {"off": "0", "on": "1"}
+            )
+            == "1",
+            cuda_host_events=env_choice(
+                "PYCOLL_CUDA_HOST_EVENTS", "1", ("0", "1"), env, {"off": "0", "on": "1"}
             )
             == "1",
         )
@@ -277,6 +286,7 @@ class Options:
         o.ll_max_bytes = self.cuda_ll_bytes
         o.host_twoshot = self.cuda_host_twoshot
         o.lookahead = self.cuda_lookahead
+        o.host_events = self.cuda_host_events
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug

@@ -192,9 +192,9 @@ RegisteredCall CudaComm::registered_of(const CollectiveCall& call, Algo algo) co
 // The collective over every rank's registered buffers (run_registered; the two-shot for an
 // all-reduce). Kernel mode: one launch on `stream` that compares the call with every peer's
 // first (its other blocks gated on that: launches_of), its entry synchronisation. Host mode
-// (the call compared on the host already): the host waits for the caller's stream to reach
-// the call (our input is ready), meets every peer, launches it (no device wait in it), waits
-// for it and meets every peer again.
+// (the call compared on the host already): a fence (every rank's input is ready: our stream
+// follows the caller's), the launch on our stream (no device wait in it), a fence (no rank
+// touches its buffers again before every launch has ended).
 void CudaComm::run_on_registered(const CollectiveCall& call, const RegisteredCall& t,
                                  const Fingerprint& f, const WaitContext& w, cudaStream_t stream,
                                  bool eager) {
@@ -207,16 +207,28 @@ void CudaComm::run_on_registered(const CollectiveCall& call, const RegisteredCal
     launch_kernel_mode(call.dtype, a, f.seq, stream, eager);
     return;
   }
-  wait_event(ready_, w);
-  host_meet(shm_, ++barrier_epoch_, w);
+  fence(w);
   PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
-  PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-  wait_event(step_done_, w);
-  host_meet(shm_, ++barrier_epoch_, w);
+  fence(w);
+}
+
+void CudaComm::fence(const WaitContext& w) {
+  if (!opts_.host_events) {
+    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
+    wait_event(step_done_, w);
+    host_meet(shm_, ++barrier_epoch_, w);
+    return;
+  }
+  event_fence(
+      shm_, ++barrier_epoch_, w,
+      [&](int k) { PYCOLL_CUDA_CHECK(cudaEventRecord(fence_events_[k], stream_)); },
+      [&](int q, int k) {
+        PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, peer_fence_events_[q][k], 0));
+      });
 }
 
 // Host mode through scratch (device/host_steps.h, run_scratch): the copies and the two-shot
-// on our stream, behind the caller's; the host waits for it between its meetings.
+// on our stream, behind the caller's, and the fences between them.
 void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
                                 uint64_t widest) {
   struct Ops {
@@ -230,10 +242,7 @@ void CudaComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w
       PYCOLL_CUDA_CHECK(
           launch_steps(call.dtype, c.twoshot_args(call, len, scratch, scratch), c.stream_));
     }
-    void drain() {
-      PYCOLL_CUDA_CHECK(cudaEventRecord(c.step_done_, c.stream_));
-      c.wait_event(c.step_done_, w);
-    }
+    void fence() { c.fence(w); }
     void meet() { host_meet(c.shm_, ++c.barrier_epoch_, w); }
     void chunk_done() {}
   } ops{*this, call, w};

@@ -64,6 +64,10 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
+    if (opts_.host_events)
+      for (cudaEvent_t& e : fence_events_)
+        PYCOLL_CUDA_CHECK(
+            cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess));
     PYCOLL_CUDA_CHECK(cudaDeviceSynchronize());  // the zeroed flags are in place before export
   } catch (...) {
     release();
@@ -79,10 +83,25 @@ CudaComm::~CudaComm() {
   }
 }
 
+namespace {
+
+size_t handle_bytes(const CudaCommOptions& o) {
+  return sizeof(cudaIpcMemHandle_t) + (o.host_events ? 2 * sizeof(cudaIpcEventHandle_t) : 0);
+}
+
+}  // namespace
+
 std::string CudaComm::ipc_handle() const {
   cudaIpcMemHandle_t h;
   PYCOLL_CUDA_CHECK(cudaIpcGetMemHandle(&h, segment_));
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+  std::string s(reinterpret_cast<const char*>(&h), sizeof(h));
+  if (opts_.host_events)
+    for (cudaEvent_t e : fence_events_) {
+      cudaIpcEventHandle_t eh;
+      PYCOLL_CUDA_CHECK(cudaIpcGetEventHandle(&eh, e));
+      s.append(reinterpret_cast<const char*>(&eh), sizeof(eh));
+    }
+  return s;
 }
 
 std::string CudaComm::device_uuid() const {
@@ -103,7 +122,7 @@ void CudaComm::attach(const std::vector<std::string>& handles,
       segments_[r] = segment_;
       continue;
     }
-    if (handles[r].size() != sizeof(cudaIpcMemHandle_t))
+    if (handles[r].size() != handle_bytes(opts_))
       throw InvalidArgument(str_cat("attach: IPC handle of rank ", r, " has the wrong size"));
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handles[r].data(), sizeof(h));
@@ -114,6 +133,20 @@ void CudaComm::attach(const std::vector<std::string>& handles,
                                     device_, ": ", cudaGetErrorString(e),
                                     " (the GPUs need peer access to each other)"));
     segments_[r] = static_cast<uint8_t*>(p);
+  }
+  // Host mode's fences wait on the peers' events (event_fence).
+  peer_fence_events_.assign(size_, {nullptr, nullptr});
+  for (int r = 0; mode_ == SyncMode::Host && opts_.host_events && r < size_; ++r) {
+    if (r == rank_) continue;
+    for (int k = 0; k < 2; ++k) {
+      cudaIpcEventHandle_t eh;
+      std::memcpy(&eh, handles[r].data() + sizeof(cudaIpcMemHandle_t) + k * sizeof(eh), sizeof(eh));
+      const cudaError_t e = cudaIpcOpenEventHandle(&peer_fence_events_[r][k], eh);
+      if (e != cudaSuccess)
+        throw CollectiveError(str_cat("cannot open the interprocess events of rank ", r, ": ",
+                                      cudaGetErrorString(e),
+                                      " (PYCOLL_CUDA_HOST_EVENTS=0 fences without them)"));
+    }
   }
   shm_.attach(shm_names);
   if (mode_ == SyncMode::Kernel) watchdog_ = std::thread([this] { watchdog_loop(); });
@@ -171,6 +204,14 @@ void CudaComm::release() {
   status_dev_ = nullptr;
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (step_done_ != nullptr) cudaEventDestroy(step_done_);
+  for (auto& pair : peer_fence_events_)
+    for (cudaEvent_t e : pair)
+      if (e != nullptr) cudaEventDestroy(e);
+  peer_fence_events_.clear();
+  for (cudaEvent_t& e : fence_events_) {
+    if (e != nullptr) cudaEventDestroy(e);
+    e = nullptr;
+  }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (side_ != nullptr) cudaStreamDestroy(side_);
   ready_ = step_done_ = nullptr;

@@ -30,6 +30,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -76,6 +77,10 @@ struct CudaCommOptions {
   bool host_twoshot = true;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
   bool lookahead = false;
+  // Host mode's registered calls and scratch fence on interprocess events (event_fence): the
+  // host queues a whole call without waiting for the GPU. Off: the host waits for the GPU and
+  // meets the peers at every fence.
+  bool host_events = true;
 };
 
 // Events for CudaWork, reused: creating one per collective costs a driver call each time.
@@ -138,7 +143,8 @@ class CudaComm {
   double timeout() const { return timeout_s_.load(); }
   void set_timeout(double s) { timeout_s_.store(s); }
 
-  // What the rendezvous exchanges: the segment's IPC handle, the host flags' name, the GPU.
+  // What the rendezvous exchanges: the segment's IPC handle (and host mode's fence events':
+  // host_events), the host flags' name, the GPU.
   std::string ipc_handle() const;
   std::string device_uuid() const;
   const std::string& shm_name() const { return shm_.name(); }
@@ -214,6 +220,10 @@ class CudaComm {
   // `widest`: an all-to-all's largest split of every rank's (check_split_matrix).
   void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
                         uint64_t widest);
+  // Host mode: what is queued on our stream after this runs once what every rank queued
+  // before it has run (host_steps.h, event_fence; without host_events the host waits for our
+  // stream, then meets every peer).
+  void fence(const WaitContext& w);
   void wait_device(const std::function<bool()>& reached, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
   void check_device_status(const char* name);
@@ -240,6 +250,9 @@ class CudaComm {
   cudaStream_t side_ = nullptr;  // writes the failure word while stream_ may be stuck
   cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue
   cudaEvent_t step_done_ = nullptr;
+  // host_events: ours (interprocess), and every peer's as opened here (ours: null).
+  cudaEvent_t fence_events_[2] = {nullptr, nullptr};
+  std::vector<std::array<cudaEvent_t, 2>> peer_fence_events_;
   ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers
   ChannelCounters counters_;
   PlanCache<CachedPlan> plans_;

@@ -196,28 +196,31 @@ std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segment
 //   twoshot(len, scratch)   queues the two-shot all-reduce of `len` elements in place over
 //                           every rank's scratch (device/twoshot_kernel.h): rank r reads and
 //                           writes shard r only, so no rank reads what another has written
-//   drain()                 waits, bounded, until everything queued has run
+//   fence()                 what is queued after it runs once what every rank queued before
+//                           it has run (event_fence: the stream waits on the peers'
+//                           interprocess events; without them the host waits for the GPU,
+//                           then meets every peer)
 //   meet()                  meets every peer on the host (host_meet), bounded
-//   chunk_done()            after each chunk's work, before its last meeting (drills, counts)
+//   chunk_done()            after each chunk's work, before its last fence (drills, counts)
 // Before the first copy every rank must have finished its call before, whose last receiver
 // may still read the slots the scratch is made of: the caller's meeting of the fingerprints
-// (`met`), else a meeting here. Per chunk:
-//   all-reduce: copy in, drain, meet, two-shot, drain, meet, copy the sums out (reduce: the
-//               root only; reduce-scatter: the chunk is the pieces at one offset of every
-//               rank's block, packed, and each rank copies out its own block's);
-//   all-gather: copy in, drain, meet, copy every rank's scratch out, drain, meet (gather: the
-//               root alone copies out);
+// (`met`), else a meeting here (a call before that ended in a fence is ordered by it). Per
+// chunk:
+//   all-reduce: copy in, fence, two-shot, fence, copy the sums out (reduce: the root only;
+//               reduce-scatter: the chunk is the pieces at one offset of every rank's block,
+//               packed, and each rank copies out its own block's);
+//   all-gather: copy in, fence, copy every rank's scratch out, fence (gather: the root alone
+//               copies out);
 //   scatter:    the root copies a piece of every rank's block into its scratch (piece q at
-//               q * cap), drain, meet, each rank copies its own out of the root's, drain, meet;
+//               q * cap), fence, each rank copies its own out of the root's, fence;
 //   all-to-all: each rank copies a piece of every block it sends into its scratch (the piece
-//               for rank q at q * cap), drain, meet, each copies the pieces for it out of every
-//               rank's scratch, drain, meet (with splits: chunks up to `widest`, the largest
-//               split of every rank's);
-//   broadcast:  the root copies in and drains, meet, the others copy the root's scratch out
-//               and drain, meet.
+//               for rank q at q * cap), fence, each copies the pieces for it out of every
+//               rank's scratch, fence (with splits: chunks up to `widest`, the largest split of
+//               every rank's);
+//   broadcast:  the root copies in, fence, the others copy the root's scratch out, fence.
 // Where blocks differ in length (all-gather's and reduce-scatter's `counts`, all-to-all's
 // splits), chunk k holds what each block has from offset k * cap, nothing of one that ended.
-// The second meeting of a chunk: no rank writes its scratch again while a peer still reads it.
+// The second fence of a chunk: no rank writes its scratch again while a peer still reads it.
 template <class Ops>
 void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* const* segments,
                  int rank, bool met, Ops& ops, uint64_t widest = 0) {
@@ -266,12 +269,10 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
       case Collective::AllReduce:
       case Collective::Reduce:
         ops.copy(own, in + off * esize, bytes);
-        ops.drain();
-        ops.meet();  // every rank's chunk is in its scratch
+        ops.fence();  // every rank's chunk is in its scratch
         ops.twoshot(chunk, scratch);
-        ops.drain();
         ops.chunk_done();
-        ops.meet();  // every rank's shard is in every scratch
+        ops.fence();  // every rank's shard is in every scratch
         if (call.collective == Collective::AllReduce || rank == call.root)
           ops.copy(out + off * esize, own, bytes);
         break;
@@ -279,26 +280,22 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
         for (size_t q = 0; q < n; ++q)
           if (piece[q] != 0)
             ops.copy(own + packed[q] * esize, in + (at[q] + off) * esize, piece[q] * esize);
-        ops.drain();
-        ops.meet();
+        ops.fence();
         ops.twoshot(total, scratch);
-        ops.drain();
         ops.chunk_done();
-        ops.meet();
+        ops.fence();
         if (piece[rank] != 0)
           ops.copy(out + off * esize, own + packed[rank] * esize, piece[rank] * esize);
         break;
       case Collective::AllGather:
       case Collective::Gather:
         if (piece[rank] != 0) ops.copy(own, in + off * esize, piece[rank] * esize);
-        ops.drain();
-        ops.meet();
+        ops.fence();
         if (c == Collective::AllGather || rank == call.root)
           for (size_t q = 0; q < n; ++q)
             if (piece[q] != 0) ops.copy(out + (at[q] + off) * esize, scratch[q], piece[q] * esize);
-        ops.drain();
         ops.chunk_done();
-        ops.meet();  // every rank has read every scratch
+        ops.fence();  // every rank has read every scratch
         break;
       case Collective::Scatter:
       case Collective::AllToAll: {
@@ -306,8 +303,7 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
         for (size_t q = 0; sends && q < n; ++q)
           if (piece[q] != 0)
             ops.copy(own + q * cap * esize, in + (at[q] + off) * esize, piece[q] * esize);
-        ops.drain();
-        ops.meet();
+        ops.fence();
         for (size_t q = 0; q < n; ++q) {  // rank q's piece for this rank, at rank * cap
           if (c == Collective::Scatter && q != static_cast<size_t>(call.root)) continue;
           const uint8_t* mine = scratch[q] + static_cast<size_t>(rank) * cap * esize;
@@ -315,32 +311,44 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
           const size_t got = c == Collective::Scatter ? piece[rank] : rpiece[q];
           if (got != 0) ops.copy(out + at_out * esize, mine, got * esize);
         }
-        ops.drain();
         ops.chunk_done();
-        ops.meet();
+        ops.fence();
         break;
       }
       default:  // Broadcast, in place on `out`
-        if (rank == call.root) {
-          ops.copy(own, out + off * esize, bytes);
-          ops.drain();
-        }
-        ops.meet();
-        if (rank != call.root) {
-          ops.copy(out + off * esize, scratch[call.root], bytes);
-          ops.drain();
-        }
+        if (rank == call.root) ops.copy(own, out + off * esize, bytes);
+        ops.fence();
+        if (rank != call.root) ops.copy(out + off * esize, scratch[call.root], bytes);
         ops.chunk_done();
-        ops.meet();
+        ops.fence();
         break;
     }
   }
 }
 // Host mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
 // `epoch` (one more than this rank's last), then waits, bounded, until every peer has posted
-// it. Host mode's two-shot meets the peers so before its launch (every rank's input is ready)
-// and after it (every rank's launch has ended): its launch waits for no one.
+// it. Host mode's registered calls and scratch fence with it (a fence: the host waits for the
+// GPU, then meets; or event_fence): no launch of host mode waits for another process.
 void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w);
+// Host mode's fence on interprocess events (CudaCommOptions::host_events), the host never
+// waiting for the GPU: every rank has two events that every peer has opened. The fence records
+// this rank's event fence_event(epoch) on its stream (`record(k)`), meets every peer on the host
+// at `epoch`, then queues on its stream a wait on every peer's event of that number
+// (`wait_peer(q, k)`): what it queues next runs once every rank's work queued before the fence
+// has run. A queued wait is for the event's last record before it; the meeting makes that this
+// fence's record, never an earlier one (the peer records before it posts) nor a later one (the
+// peer records that event again at epoch + 2 at the earliest, after meeting at epoch + 1, which
+// this rank posts only once its waits are queued).
+inline int fence_event(uint64_t epoch) { return static_cast<int>(epoch & 1); }
+template <class Record, class WaitPeer>
+void event_fence(const ShmTransport& shm, uint64_t epoch, const WaitContext& w, Record&& record,
+                 WaitPeer&& wait_peer) {
+  const int k = fence_event(epoch);
+  record(k);
+  host_meet(shm, epoch, w);
+  for (int q = 0; q < shm.size(); ++q)
+    if (q != shm.rank()) wait_peer(q, k);
+}
 // Makes `a` the launch of the two-shot over every rank's `in` and `out` (as mapped here): one
 // step, twoshot_grid's blocks. The caller then compares the call on the device
 // (check_on_device): that is the two-shot's entry synchronisation.

@@ -77,6 +77,13 @@ class BlockThreads {
   const std::function<void(int)>* body_ = nullptr;
 };
 
+namespace {
+
+// Where a segment's EmuEvents lie: after the layout, aligned.
+size_t events_at(const cuda::SegmentLayout& L) { return (L.total_bytes() + 63) / 64 * 64; }
+
+}  // namespace
+
 EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
     : rank_(rank),
       size_(size),
@@ -91,10 +98,11 @@ EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
     throw InvalidArgument("emulated device: bad blocks, threads or slot count");
   layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes,
                               opts.ll_flag_bits);
-  segment_ = ShmSegment::create("pycoll-emu", layout_.total_bytes());
+  segment_ = ShmSegment::create("pycoll-emu", events_at(layout_) + sizeof(EmuEvents));
   // The flags, and the LL area: a word that was never written holds no message's flag.
   std::memset(segment_.data(), 0, layout_.flags_bytes);
-  std::memset(segment_.data() + layout_.ll_offset, 0, layout_.total_bytes() - layout_.ll_offset);
+  std::memset(segment_.data() + layout_.ll_offset, 0,
+              events_at(layout_) + sizeof(EmuEvents) - layout_.ll_offset);
   segments_.assign(size, nullptr);
   segments_[rank] = segment_.data();
   status_.abort = 0;
@@ -113,10 +121,11 @@ void EmuComm::attach(const std::vector<std::string>& segments,
   peers_.resize(size_);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    peers_[r] = ShmSegment::open(segments[r], layout_.total_bytes());
+    peers_[r] = ShmSegment::open(segments[r], events_at(layout_) + sizeof(EmuEvents));
     segments_[r] = peers_[r].data();
   }
   shm_.attach(flags);
+  if (!opts_.kernel_mode && opts_.host_events) queue_ = std::make_unique<OpQueue>();
 }
 
 void EmuComm::unlink() {
@@ -174,12 +183,33 @@ cuda::RegisteredCall EmuComm::registered_of(const CollectiveCall& call, Algo alg
   });
 }
 
+// The host's end of a call that queued work reading its locals: the queue has run before they
+// go, also when the host gives up (the communicator then aborted, so that queued waits end).
+class EmuComm::QueueScope {
+ public:
+  explicit QueueScope(EmuComm& c) : c_(c), unwinding_(std::uncaught_exceptions()) {}
+  ~QueueScope() noexcept(false) {
+    if (std::uncaught_exceptions() == unwinding_) {
+      c_.drain_queue();
+      return;
+    }
+    c_.aborted_.store(true);
+    try {
+      c_.drain_queue();
+    } catch (...) {  // the error on its way out says what went wrong
+    }
+  }
+
+ private:
+  EmuComm& c_;
+  int unwinding_;
+};
+
 // The collective over every rank's registered input and output (run_registered; the
 // two-shot for an all-reduce), every peer's buffers regions of the launch (exactly the call's
 // bytes of each; peers' inputs read-only). Kernel mode: one launch (two with several blocks:
 // launches_of) that compares the call first. Host mode (the call compared on the host
-// already): the host meets every peer, runs the blocks (no device wait), and meets them
-// again, as CudaComm does.
+// already): a fence, the blocks queued (no device wait in them), a fence, as CudaComm does.
 void EmuComm::run_on_registered(const CollectiveCall& call, const cuda::RegisteredCall& t,
                                 const WaitContext& w, const Fingerprint& f) {
   cuda::KernelArgs a =
@@ -202,10 +232,48 @@ void EmuComm::run_on_registered(const CollectiveCall& call, const cuda::Register
     return;
   }
   if (drill && opts_.fault_step == 0) drill_fault();
-  cuda::host_meet(shm_, ++barrier_epoch_, w);
-  run_in_turn(call.dtype, a, regions);
+  const QueueScope scope(*this);
+  fence(w);
+  enqueue([&] { run_in_turn(call.dtype, a, regions); });
   if (drill) drill_fault();
-  cuda::host_meet(shm_, ++barrier_epoch_, w);
+  fence(w);
+}
+
+EmuEvents* EmuComm::events_of(int rank) const {
+  return reinterpret_cast<EmuEvents*>(segments_[rank] + events_at(layout_));
+}
+
+void EmuComm::enqueue(std::function<void()> op) {
+  if (!queue_) return op();
+  const bool late = ((static_cast<uint64_t>(rank_) + seq_) & 1) != 0;
+  queue_->push(std::move(op), late ? opts_.queue_delay_ms : 0);
+}
+
+void EmuComm::drain_queue() {
+  if (queue_) queue_->drain();
+}
+
+void EmuComm::fence(const WaitContext& w) {
+  if (!queue_) {  // everything ran as it was queued
+    cuda::host_meet(shm_, ++barrier_epoch_, w);
+    return;
+  }
+  cuda::event_fence(
+      shm_, ++barrier_epoch_, w,
+      [&](int k) {
+        EmuEvents* mine = events_of(rank_);
+        const uint64_t v = __atomic_add_fetch(&mine->recorded[k], 1, __ATOMIC_ACQ_REL);
+        enqueue([mine, k, v] { __atomic_store_n(&mine->completed[k], v, __ATOMIC_RELEASE); });
+      },
+      [&](int q, int k) {
+        EmuEvents* theirs = events_of(q);
+        const uint64_t target = __atomic_load_n(&theirs->recorded[k], __ATOMIC_ACQUIRE);
+        enqueue([theirs, k, target, q, w] {
+          wait_until(
+              [&] { return __atomic_load_n(&theirs->completed[k], __ATOMIC_ACQUIRE) >= target; }, w,
+              q, WaitFor::Barrier);
+        });
+      });
 }
 
 cuda::KernelArgs EmuComm::twoshot_args(const CollectiveCall& call, size_t len,
@@ -263,8 +331,8 @@ void EmuComm::drill_fault() const {
 }
 
 // Host mode through scratch (cuda::run_scratch), as CudaComm runs it: the copies are the
-// host's (a GPU's copy engines; not counted as the device code's traffic), the two-shot's blocks
-// run in turn, nothing is left queued to drain.
+// queue's (a GPU's copy engines; not counted as the device code's traffic), the two-shot's
+// blocks run in turn on it, the fences between them.
 void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
                                uint64_t widest) {
   const size_t cap = cuda::scratch_elems(layout_, dtype_size(call.dtype));
@@ -280,11 +348,15 @@ void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w,
     const WaitContext& w;
     const Regions& regions;
     bool drill;
-    void copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-    void twoshot(size_t len, const std::vector<uint8_t*>& scratch) {
-      c.run_in_turn(call.dtype, c.twoshot_args(call, len, scratch, scratch, false), regions);
+    void copy(void* dst, const void* src, size_t bytes) {
+      c.enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
     }
-    void drain() {}
+    void twoshot(size_t len, const std::vector<uint8_t*>& scratch) {
+      c.enqueue([this, a = c.twoshot_args(call, len, scratch, scratch, false)] {
+        c.run_in_turn(call.dtype, a, regions);
+      });
+    }
+    void fence() { c.fence(w); }
     void meet() { cuda::host_meet(c.shm_, ++c.barrier_epoch_, w); }
     void chunk_done() {
       ++c.scratch_chunks_;
@@ -293,6 +365,7 @@ void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w,
   } ops{*this, call, w, regions, drill};
   ++scratch_runs_;
   if (drill && opts_.fault_step == 0) drill_fault();
+  const QueueScope scope(*this);
   cuda::run_scratch(call, layout_, segments_.data(), rank_, met, ops, widest);
 }
 

@@ -7,12 +7,17 @@
 //                watches the peers meanwhile and aborts the blocks' waits when one has died.
 //   Host mode:   one launch per step, blocks run in turn; between launches the host waits on
 //                the counters in the host flags segment (device/host_steps.h), as CudaComm does.
+//                Registered calls and calls through scratch go on a queue (op_queue.h) that
+//                runs them as a stream would, ordered across ranks by fences on emulated
+//                interprocess events (EmuEvents), as CudaComm's with host_events; the call
+//                waits for its queue before it returns.
 // Every access the device code makes is bounds-checked (emu/emu_checks.h): a wrong staging
 // address fails here as a CollectiveError naming the access, instead of corrupting a GPU.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +30,7 @@
 #include "device/plan.h"
 #include "emu/emu_checks.h"
 #include "emu/emu_registry.h"
+#include "emu/op_queue.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
@@ -35,6 +41,15 @@ namespace emu {
 
 class BlockThreads;
 class EmuComm;
+
+// A rank's two fence events (cuda::event_fence), in its device segment after the layout's end,
+// where its peers read them: how many records the host has queued, and up to which the queue
+// has run. A wait queued on a peer's event waits for the record the host saw last when it
+// queued the wait, as cudaStreamWaitEvent does.
+struct EmuEvents {
+  uint64_t recorded[2];
+  uint64_t completed[2];
+};
 
 // A collective captured for replay, as a CUDA graph captures a kernel-mode launch: the launch's
 // arguments, built once at capture, launched again by EmuComm::replay with no host rendezvous
@@ -76,6 +91,11 @@ struct EmuOptions {
   int previous_late_ms = 0;
   bool host_twoshot = true;  // cuda::CudaCommOptions::host_twoshot
   bool lookahead = false;    // cuda::CudaCommOptions::lookahead
+  bool host_events = true;   // cuda::CudaCommOptions::host_events
+  // Host mode's queue (tests): in calls of odd number on even ranks and of even number on odd
+  // ranks, every queued op starts this much late, so that a rank whose queue does not wait
+  // for a peer's reads what that peer has not written yet.
+  int queue_delay_ms = 0;
   // Host mode (tests): the host pauses this long between a step's inputs arriving and its
   // launch, so that its peers run ahead of it.
   int step_delay_ms = 0;
@@ -176,6 +196,13 @@ class EmuComm {
   // Host mode's launch: its blocks one after another on this thread, within `regions`.
   void run_in_turn(DType dtype, const cuda::KernelArgs& a, const Regions& regions);
   void check_status(const char* name, uint64_t seq);
+  // Host mode's queue: `op` on it (with host_events; else run now), and the fence between ops
+  // (cuda::event_fence on the emulated events; else a meeting), and the wait for the queue.
+  void enqueue(std::function<void()> op);
+  void fence(const WaitContext& w);
+  void drain_queue();
+  EmuEvents* events_of(int rank) const;
+  class QueueScope;
   [[noreturn]] void drill_fault() const;
   void report_late(uint64_t seq);
   WaitContext wait_context(const char* name, uint64_t seq) const;
@@ -210,6 +237,7 @@ class EmuComm {
   std::string poison_reason_;
   std::mutex run_mu_;
   std::unique_ptr<BlockThreads> blocks_;  // kernel mode's block threads, from the first launch
+  std::unique_ptr<OpQueue> queue_;        // host mode with host_events; last: it stops first
 };
 
 }  // namespace emu

@@ -6,17 +6,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <cstdint>
-#include <deque>
 #include <exception>
 #include <memory>
-#include <mutex>
-#include <thread>
-#include <utility>
 
 #include "algo/call.h"
 #include "emu/emu_comm.h"
+#include "emu/op_queue.h"
 
 namespace pycoll {
 namespace emu {
@@ -32,7 +27,7 @@ class EmuStream {
   // `delay_ms` (tests): each call starts this much after the one before it has ended, so that
   // a host that reads results without waiting for the call sees them unfinished.
   EmuStream(EmuComm& comm, int delay_ms);
-  ~EmuStream();  // runs what is queued, then stops
+  ~EmuStream() = default;  // runs what is queued, then stops
   EmuStream(const EmuStream&) = delete;
   EmuStream& operator=(const EmuStream&) = delete;
 
@@ -42,15 +37,9 @@ class EmuStream {
   std::shared_ptr<StreamWork> queue(const CollectiveCall& call);
 
  private:
-  void loop();
-
   EmuComm& comm_;
   int delay_ms_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<CollectiveCall, std::shared_ptr<StreamWork>>> queued_;
-  bool stopping_ = false;
-  std::thread thread_;
+  OpQueue ops_;  // last: its thread stops first
 };
 
 }  // namespace emu

@@ -276,7 +276,8 @@ void bind_comm(py::module_& m) {
       .def_readwrite("debug", &CudaCommOptions::debug)
       .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch)
       .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot)
-      .def_readwrite("lookahead", &CudaCommOptions::lookahead);
+      .def_readwrite("lookahead", &CudaCommOptions::lookahead)
+      .def_readwrite("host_events", &CudaCommOptions::host_events);
 
   py::class_<CudaWork, std::shared_ptr<CudaWork>>(m, "CudaWork")
       .def("is_completed", &CudaWork::is_completed)

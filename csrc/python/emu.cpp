@@ -69,6 +69,8 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("previous_late_ms", &emu::EmuOptions::previous_late_ms)
       .def_readwrite("host_twoshot", &emu::EmuOptions::host_twoshot)
       .def_readwrite("lookahead", &emu::EmuOptions::lookahead)
+      .def_readwrite("host_events", &emu::EmuOptions::host_events)
+      .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)
       .def_readwrite("step_delay_ms", &emu::EmuOptions::step_delay_ms)
       .def_readwrite("host_checks", &emu::EmuOptions::host_checks);
   py::class_<emu::EmuComm>(m, "EmuComm")

@@ -209,9 +209,12 @@ def test_gpu_streams_and_async(what):
     run_mpi(2, "gpu_extras.py", what)
 
 
-def test_gpu_registered_buffers_in_host_mode():
-    # Host mode: the two-shot launch between two host meetings (no kernel waits for a peer).
-    out = run_mpi(2, "gpu_extras.py", "registered", env={"PYCOLL_CUDA_SYNC": "host"})
+@pytest.mark.parametrize("events", ["1", "0"])
+def test_gpu_registered_buffers_in_host_mode(events):
+    # Host mode: the launch between two fences (no kernel waits for a peer), on interprocess
+    # events or with the host waiting for the GPU (PYCOLL_CUDA_HOST_EVENTS=0).
+    env = {"PYCOLL_CUDA_SYNC": "host", "PYCOLL_CUDA_HOST_EVENTS": events}
+    out = run_mpi(2, "gpu_extras.py", "registered", env=env)
     assert out.count("sync=host cases=") == 2, out
 
 

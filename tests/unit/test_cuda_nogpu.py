@@ -433,34 +433,34 @@ def test_auto_block_count_reaches_the_cuda_transport():
             nblocks({"PYCOLL_CUDA_BLOCKS": bad})
 
 
-def test_host_two_shot_switch_reaches_the_cuda_transport():
-    # PYCOLL_CUDA_HOST_TWOSHOT: host mode's all-reduces through scratch (on by default); a bad
-    # value names the variable and its choices.
+@pytest.mark.parametrize(
+    "variable, field, default",
+    [
+        ("PYCOLL_CUDA_HOST_TWOSHOT", "host_twoshot", True),  # host mode through scratch
+        ("PYCOLL_CUDA_HOST_EVENTS", "host_events", True),  # host mode's fences on events
+        ("PYCOLL_CUDA_LOOKAHEAD", "lookahead", False),  # two ring messages in flight
+    ],
+)
+def test_switches_reach_the_cuda_transport(variable, field, default):
+    # Each switch's default is the transport's own; 0/1 and off/on set it; a bad value names
+    # the variable and its choices.
     cu = pytest.importorskip("pycollectives._cuda")
 
-    def host_twoshot(env):
-        return Options.resolve(timeout=30.0, environ=env).cuda_options(cu).host_twoshot
+    def switch(env):
+        return getattr(Options.resolve(timeout=30.0, environ=env).cuda_options(cu), field)
 
-    assert host_twoshot({}) is True and cu.CudaCommOptions().host_twoshot is True
-    assert host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "0"}) is False
-    assert host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "on"}) is True
-    with pytest.raises(ValueError, match="PYCOLL_CUDA_HOST_TWOSHOT"):
-        host_twoshot({"PYCOLL_CUDA_HOST_TWOSHOT": "maybe"})
+    assert switch({}) is default and getattr(cu.CudaCommOptions(), field) is default
+    assert switch({variable: "0"}) is False and switch({variable: "off"}) is False
+    assert switch({variable: "1"}) is True and switch({variable: "on"}) is True
+    with pytest.raises(ValueError, match=variable):
+        switch({variable: "maybe"})
 
 
-def test_lookahead_switch_and_the_plans_it_makes():
-    # PYCOLL_CUDA_LOOKAHEAD (off by default) reaches the transport; with it the ring
-    # all-reduce's plan sends the next piece's first message before this piece's last receive
-    # (two messages in flight per channel), and holds the same messages in another order.
+def test_lookahead_plans():
+    # With PYCOLL_CUDA_LOOKAHEAD the ring all-reduce's plan sends the next piece's first
+    # message before this piece's last receive (two messages in flight per channel), and holds
+    # the same messages in another order.
     cu = pytest.importorskip("pycollectives._cuda")
-
-    def lookahead(env):
-        return Options.resolve(timeout=30.0, environ=env).cuda_options(cu).lookahead
-
-    assert lookahead({}) is False and cu.CudaCommOptions().lookahead is False
-    assert lookahead({"PYCOLL_CUDA_LOOKAHEAD": "1"}) is True
-    with pytest.raises(ValueError, match="PYCOLL_CUDA_LOOKAHEAD"):
-        lookahead({"PYCOLL_CUDA_LOOKAHEAD": "yes please"})
     # 2 ranks, float32 (dtype code 6), 4 KiB slots: a shard of 3072 elements in 3 pieces.
     kw = dict(collective=0, algorithm=ops.algo_code("ring"), rank=0, size=2, count=6144,
               root=0, dtype=6, slot_bytes=4096)  # fmt: skip

@@ -10,8 +10,10 @@
 #   env       nvidia-smi, driver, CUDA runtime, torch/cupy/NCCL versions
 #   build     a venv (.venv-gpu) on top of the machine's packages, the carried wheels, and
 #             `pip install -e .` with the CUDA transport required
-#   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode), and
-#             its all-reduces up to 1 MiB again by the steps (PYCOLL_CUDA_HOST_TWOSHOT=0)
+#   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode), its
+#             all-reduces up to 1 MiB again by the steps (PYCOLL_CUDA_HOST_TWOSHOT=0), on
+#             registered buffers, and from 1 MiB with the host waiting for the GPU at every
+#             fence (PYCOLL_CUDA_HOST_EVENTS=0)
 #   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, its small all-reduces again
 #             on 2 ranks without the LL format (PYCOLL_CUDA_LL_BYTES=0), and the host's cost of
 #             one small call layer by layer (gpu_call_cost.py), all-reduces on registered
@@ -55,9 +57,9 @@ STAGES=${STAGES:-env build bench-2 bench-mps train gpu}
 # command. Raise them when running by hand.
 T_ENV=${T_ENV:-15}
 T_BUILD=${T_BUILD:-95}
-T_GPU=${T_GPU:-160}
+T_GPU=${T_GPU:-130}
 T_EMULATED=${T_EMULATED:-120}
-T_BENCH2=${T_BENCH2:-60}
+T_BENCH2=${T_BENCH2:-90}
 T_BENCH4=${T_BENCH4:-60}
 T_BENCH_MPS=${T_BENCH_MPS:-185}
 T_TRAIN=${T_TRAIN:-25}
@@ -208,13 +210,23 @@ bench_mps() {
   return $rc
 }
 # Host mode on 2 ranks: the benchmark, then its all-reduces up to 1 MiB again by the steps
-# (PYCOLL_CUDA_HOST_TWOSHOT=0), to set beside the first run's all-reduces through scratch.
+# (PYCOLL_CUDA_HOST_TWOSHOT=0), to set beside the first run's all-reduces through scratch; the
+# registered collectives (one launch between two fences); and all-reduces from 1 MiB, through
+# scratch and registered, with the fences of PYCOLL_CUDA_HOST_EVENTS=0 (the host waits for the
+# GPU, then meets the peers) beside the first runs' on interprocess events.
 bench_host() {
-  local rc=0
+  local rc=0 h="--collectives all_reduce --iters 5 --calls 10"
   PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
     --max-bytes "$BENCH_MAX_BYTES" || rc=1
   PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_HOST_TWOSHOT=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
-    --max-bytes 1M --collectives all_reduce --iters 10 --calls 10 || rc=1
+    --max-bytes 1M $h || rc=1
+  PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py --registered \
+    --max-bytes "$BENCH_MAX_BYTES" --collectives all_reduce,all_gather,reduce_scatter \
+    --iters 5 --calls 10 || rc=1
+  for reg in "" --registered; do
+    PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_HOST_EVENTS=0 "$MPIEXEC" -n 2 "$PY" \
+      benchmarks/gpu_bench.py $reg --min-bytes 1M --max-bytes "$BENCH_MAX_BYTES" $h || rc=1
+  done
   return $rc
 }
 export -f show_env build_package bench_mps bench_host

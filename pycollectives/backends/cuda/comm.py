@@ -173,6 +173,7 @@ class CudaComm:
                     opts.ll_max_bytes,
                     opts.host_twoshot,
                     opts.lookahead,
+                    opts.host_events,
                 ),
                 native.ipc_handle,
                 native.shm_name,
@@ -188,7 +189,7 @@ class CudaComm:
             same_on_every_rank(
                 [rep[0] for rep in reports],
                 "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
-                "lookahead)",
+                "lookahead, host events)",
             )
             uuids, mps, forced = ([rep[i] for rep in reports] for i in (3, 4, 5))
             self.sync_mode = choose_sync_mode(uuids, mps, forced)

@@ -16,7 +16,8 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   back, ranks delayed at random), ll_wrap (LL flags of 4 bits, wrapping every 16 messages),
   gate (a mismatched call of several blocks moves nothing), host_scratch (host mode's
   all-reduces through scratch, in chunks), host_scratch_after_steps (each right after a call
-  of steps that one rank finishes late), launch_end (each call's end
+  of steps that one rank finishes late), host_events on|off (host mode's fences, every
+  rank's queue late in turn), launch_end (each call's end
   reported once every block has ended), previous_stream LATE_MS
   (every call queued as if on another stream than the call before, whose end is reported
   LATE_MS late), the fault drills dead_peer, timeout,
@@ -788,6 +789,60 @@ def host_scratch_after_steps(mpi, mode):
     say(f"host_scratch_after_steps ranks={n}")
 
 
+def host_events(mpi, mode, events):
+    """Host mode's fences (cuda::event_fence): registered calls and calls through scratch go
+    on each rank's queue, and in every call the queues of the even or of the odd ranks start
+    each op 3 ms late, so that a queue that did not wait for a peer's fence would read a
+    scratch before the peer copied into it, or copy into its own while a peer still reads it,
+    or a host would return before a peer had written its output. All-reduces of three chunks,
+    all-gathers, reduce-scatters and broadcasts through scratch, registered all-reduces,
+    all-gathers and reduce-scatters, back to back and with new data each time; against numpy,
+    bitwise alike on every rank. `events` "off": the fences without events (the host meets)."""
+    assert mode == "host", mode
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, host_events=events == "on", queue_delay_ms=3)
+    c, n, r = dev.dev, mpi.size, mpi.rank
+    f64, i32 = np.dtype(np.float64), np.dtype(np.int32)
+    cap = c.segment_data_bytes // f64.itemsize // 16 * 16
+    for i in range(4):  # both parities of late ranks, twice
+        what = f"#{i}"
+        inputs = [make_input(q, 3 * cap - 5, f64, "sum", salt=i) for q in range(n)]
+        got = dev.all_reduce(inputs[r].copy())
+        check_close(got, reference(inputs, "sum", f64), f64, n, f"all_reduce {what}", "sum")
+        assert len({d for d in mpi.allgather(got.tobytes())}) == 1, what
+        blocks = [make_input(q, 2 * cap + 3, i32, "sum", salt=i) for q in range(n)]
+        out = np.zeros(n * blocks[0].size, i32)
+        dev.all_gather(blocks[r], out)
+        same_bytes(out, np.concatenate(blocks), f"all_gather {what}")
+        whole = [make_input(q, n * (cap // n + 7), i32, "sum", salt=i) for q in range(n)]
+        piece = np.zeros(cap // n + 7, i32)
+        dev.reduce_scatter(whole[r], piece)
+        want = np.split(np.sum(whole, axis=0, dtype=i32), n)[r]
+        same_bytes(piece, want, f"reduce_scatter {what}")
+        root = i % n
+        x = blocks[root].copy() if r == root else np.zeros(blocks[0].size, i32)
+        same_bytes(dev.broadcast(x, root), blocks[root], f"broadcast {what}")
+    assert c.scratch_runs == 16, c.scratch_runs
+    # Registered buffers: one launch between two fences.
+    count = 4000
+    x, y = dev.empty(count, f64), dev.empty(count, f64)
+    g_in, g_out = dev.empty(count, i32), np.zeros(n * count, i32)
+    for i in range(4):
+        inputs = [make_input(q, count, f64, "sum", salt=10 + i) for q in range(n)]
+        x[...] = inputs[r]
+        dev.all_reduce(x, y)
+        check_close(y, reference(inputs, "sum", f64), f64, n, f"registered all_reduce #{i}", "sum")
+        blocks = [make_input(q, count, i32, "sum", salt=10 + i) for q in range(n)]
+        g_in[...] = blocks[r]
+        dev.all_gather(g_in, g_out)
+        same_bytes(g_out, np.concatenate(blocks), f"registered all_gather #{i}")
+        piece = np.zeros(count // n, i32)
+        dev.reduce_scatter(g_in[: count // n * n], piece)
+        whole = np.sum([b[: count // n * n] for b in blocks], axis=0, dtype=i32)
+        same_bytes(piece, np.split(whole, n)[r], f"registered reduce_scatter #{i}")
+    assert c.twoshot_runs == 12, c.twoshot_runs
+    say(f"host_events {events} ranks={n}")
+
+
 def launch_end(mpi, mode):
     """Kernel mode reports each call's end in the done word (step_kernel.h, finish_launch):
     the last of its blocks to end writes the call's number there, once every block has ended.
@@ -845,6 +900,7 @@ SPECIAL = {
     "host_scratch": lambda mpi, mode, _c, _s: host_scratch(mpi, mode),
     "host_scratch_after_steps": lambda mpi, mode, _c, _s: host_scratch_after_steps(mpi, mode),
     "launch_end": lambda mpi, mode, _c, _s: launch_end(mpi, mode),
+    "host_events": lambda mpi, mode, _c, events: host_events(mpi, mode, events),
     "previous_stream": lambda mpi, mode, _c, staging: previous_stream(mpi, mode, int(staging)),
     **{c: (lambda mpi, mode, c, _s: new_collectives(mpi, mode, c)) for c in NEW_COLLECTIVES},
     **{c: faults for c in ("dead_peer", "timeout", "mismatch", "dies_mid", "stalls_mid")},
