@@ -5,8 +5,9 @@
 The default process group is pycollectives (``pycollectives.torch.init_process_group``), and
 a gloo group and a second pycollectives group on its Python backend alone
 (``PYCOLL_TORCH_NATIVE=0``) span the same ranks. For each size (bytes of float32), µs per call
-of ``dist.all_reduce``, ``dist.all_gather_into_tensor`` and ``dist.reduce_scatter_tensor`` (best
-of --rounds batches, slowest rank) on each, the same call on the communicator itself (numpy
+of ``dist.all_reduce``, ``dist.all_gather_into_tensor``, ``dist.reduce_scatter_tensor`` and the
+list forms ``dist.all_gather`` and ``dist.reduce_scatter`` (best of --rounds batches, slowest
+rank) on each, the same call on the communicator itself (numpy
 arrays, no torch: what the torch layers add is the difference), and gloo's time over ours
 (>1: ours is faster). First, where the time of one 8-byte all_reduce goes, layer by layer:
 torch's Python ``dist.all_reduce``, the ProcessGroup binding and torch's dispatcher, our
@@ -74,13 +75,14 @@ def main():
             print(f"# 8 B all_reduce, {name:<48}{us:8.2f} us")
     if r == 0:
         head = "".join(f"{k:>10}" for k in ("ours", "python", "comm", "gloo"))
-        print(f"# {'op':<16}{'bytes':>10}{head}{'gloo/ours':>11}")
+        print(f"# {'op':<20}{'bytes':>10}{head}{'gloo/ours':>11}")
     for nbytes in (int(s) for s in args.sizes.split(",")):
         count = max(1, nbytes // 4)
         iters = int(min(2000, max(5, (64 << 20) // max(nbytes, 1) // 4)))
         x = torch.ones(count)
         big = torch.ones(count * n)
         xa, biga = x.numpy(), big.numpy()
+        outs, parts = [torch.empty(count) for _ in range(n)], list(big.chunk(n))
         cases = {
             "all_reduce": (
                 lambda g, x=x: dist.all_reduce(x, group=g),
@@ -94,6 +96,14 @@ def main():
                 lambda g, x=x, big=big: dist.reduce_scatter_tensor(x, big, group=g),
                 lambda x=xa, big=biga: comm.reduce_scatter(big, x),
             ),
+            "all_gather list": (
+                lambda g, x=x, outs=outs: dist.all_gather(outs, x, group=g),
+                lambda x=xa, big=biga: comm.all_gather(x, big),
+            ),
+            "reduce_scatter list": (
+                lambda g, x=x, parts=parts: dist.reduce_scatter(x, parts, group=g),
+                lambda x=xa, big=biga: comm.reduce_scatter(big, x),
+            ),
         }
         for name, (fn, direct) in cases.items():
             t = {k: timed(lambda fn=fn, g=g: fn(g), iters, args.rounds)
@@ -102,7 +112,7 @@ def main():
             t["gloo"] = timed(lambda fn=fn: fn(gloo), iters, args.rounds)
             if r == 0:
                 cols = "".join(f"{v:>10.1f}" for v in t.values())
-                print(f"  {name:<16}{nbytes:>10}{cols}{t['gloo'] / t['ours']:>10.2f}x")
+                print(f"  {name:<20}{nbytes:>10}{cols}{t['gloo'] / t['ours']:>10.2f}x")
     dist.destroy_process_group()
 
 

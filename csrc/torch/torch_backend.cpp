@@ -4,9 +4,10 @@
 // reduce_scatter into one tensor, their coalesced forms, barrier) go from torch's dispatcher
 // straight to a communicator without Python, the GIL or a copy: on CPU tensors the host
 // communicator, through _C's C interface (host/host_capi.h); on CUDA tensors the CUDA
-// transport, through _cuda's (device/device_capi.h). Everything else (lists of separate
-// tensors, all-to-all, gather, scatter, send/recv, communicators over several nodes) goes to
-// the Python backend (pycollectives.torch.backend.ProcessGroup), which this object wraps.
+// transport, through _cuda's (device/device_capi.h). all_gather and reduce_scatter on lists of
+// one tensor per rank go the same way through a flat tensor (one copy). Everything else (other
+// lists, all-to-all, gather, scatter, send/recv, communicators over several nodes) goes to the
+// Python backend (pycollectives.torch.backend.ProcessGroup), which this object wraps.
 //
 // Host: as there, calls on fewer than `async_bytes` run on the calling thread; larger ones are
 // queued on the communicator's progress thread. Device: every call is queued on the device
@@ -28,6 +29,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -197,13 +199,19 @@ struct Pending {
   std::vector<at::Tensor> keep;
   std::vector<at::Tensor> outputs;
   c10::intrusive_ptr<c10::ivalue::Future> future;
+  // What runs on the host once every call has ended, before anyone is told the operation is
+  // complete (the copies out of a list-form all-gather's flat output, which only it holds): by
+  // whoever sees the end first (a wait, a completion test, the completion thread), once, and
+  // then let go.
+  mutable std::function<void()> finish;
 
   // Waits on the host for every call, up to `timeout_s` each (< 0: until it completes): the
-  // first status that is not OK, else OK.
+  // first status that is not OK, else OK (the finishing step run).
   pycoll_status wait(double timeout_s) const {
     pycoll_status st{PYCOLL_OK, {0}};
     for (void* h : handles)
       if (ending->wait(h, timeout_s, &st) != PYCOLL_OK) break;
+    if (st.code == PYCOLL_OK) finished();
     return st;
   }
   // Device calls on GPU tensors: later work on the current stream waits for every call (the
@@ -219,8 +227,18 @@ struct Pending {
   bool done() const {
     for (void* h : handles)
       if (!ending->done(h)) return false;
+    wait(-1.0);  // every call has ended: the finishing step runs here if it has not yet
     return true;
   }
+
+ private:
+  void finished() const {
+    std::call_once(finish_once_, [&] {
+      if (finish) finish();
+      finish = nullptr;
+    });
+  }
+  mutable std::once_flag finish_once_;
 };
 
 // The Work of a natively run operation: complete at once (run on the calling thread) or
@@ -323,6 +341,7 @@ class Backend : public c10d::Backend {
   py::object fallback() const { return fallback_; }
   bool native() const { return comm_ != nullptr; }
   uint64_t device_calls() const { return device_calls_.load(); }
+  uint64_t host_calls() const { return host_calls_.load(); }
 
   // -- natively run ---------------------------------------------------------------------------
 
@@ -406,13 +425,45 @@ class Backend : public c10d::Backend {
     return start(Route::Host, c10d::OpType::BARRIER, {b}, none, none);
   }
 
-  // -- through the Python backend -------------------------------------------------------------
-
+  // The list forms, natively where the list holds one tensor per rank of as many elements as
+  // the other side (dense, contiguous, of its type and device): through a flat tensor.
+  // all_gather: into a flat output, then copied into the list (on the host once the call has
+  // ended; on a GPU queued on the current stream, which then waits for the call).
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outs,
                                            std::vector<at::Tensor>& ins,
                                            const c10d::AllgatherOptions& opts) override {
-    return fallback_call("allgather", outs, ins, opts);
+    const Route r = outs.size() == 1 && ins.size() == 1 && one_per_rank(outs[0], ins[0])
+                        ? route(outs[0], ins)
+                        : Route::Python;
+    if (r == Route::Python) return fallback_call("allgather", outs, ins, opts);
+    const int64_t n = ins[0].numel();
+    const at::Tensor flat = flat_tensor(size_ * n, ins[0]);
+    std::vector<pycoll_call> calls{call(Collective::AllGather, ins[0], flat)};
+    auto copy_out = [all = flat, list = outs[0], n] {
+      for (size_t q = 0; q < list.size(); ++q)
+        list[q].copy_(all.narrow(0, static_cast<int64_t>(q) * n, n).view(list[q].sizes()));
+    };
+    return start(r, c10d::OpType::ALLGATHER, calls, outs[0], ins, std::move(copy_out));
   }
+  // reduce_scatter: the list concatenated (on a GPU, on the current stream, ahead of the call).
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outs,
+                                                std::vector<std::vector<at::Tensor>>& ins,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    const Route r = outs.size() == 1 && ins.size() == 1 && one_per_rank(ins[0], outs[0])
+                        ? route(outs, ins[0])
+                        : Route::Python;
+    if (r == Route::Python) return fallback_call("reduce_scatter", outs, ins, opts);
+    std::vector<at::Tensor> pieces;
+    for (const auto& t : ins[0]) pieces.push_back(t.reshape({-1}));
+    std::vector<at::Tensor> flat{flat_tensor(size_ * outs[0].numel(), outs[0])};
+    at::cat_out(flat[0], pieces);
+    std::vector<pycoll_call> calls{
+        call(Collective::ReduceScatter, flat[0], outs[0], op_code(opts.reduceOp, outs[0]))};
+    return start(r, c10d::OpType::REDUCE_SCATTER, calls, outs, flat);
+  }
+
+  // -- through the Python backend -------------------------------------------------------------
+
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outs,
                                                      std::vector<at::Tensor>& ins,
                                                      const c10d::AllgatherOptions& opts) override {
@@ -427,11 +478,6 @@ class Backend : public c10d::Backend {
                                          std::vector<std::vector<at::Tensor>>& ins,
                                          const c10d::ScatterOptions& opts) override {
     return fallback_call("scatter", outs, ins, opts);
-  }
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outs,
-                                                std::vector<std::vector<at::Tensor>>& ins,
-                                                const c10d::ReduceScatterOptions& opts) override {
-    return fallback_call("reduce_scatter", outs, ins, opts);
   }
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
                                                std::vector<int64_t>& out_splits,
@@ -461,6 +507,10 @@ class Backend : public c10d::Backend {
     host_ = py::object();
     make_device_ = device_ = py::object();
     device_comm_.store(nullptr);
+    {
+      std::lock_guard<std::mutex> g(flat_mu_);
+      flat_ = at::Tensor();
+    }
     fallback_.attr("shutdown")();
   }
 
@@ -481,6 +531,26 @@ class Backend : public c10d::Backend {
           return Route::Python;
     if (device.type() == device_type_ && make_device_ && device_ready(device)) return Route::Device;
     return device.is_cpu() ? Route::Host : Route::Python;
+  }
+
+  // A flat tensor of `numel` elements of `like`'s type and device for a list form. On the CPU,
+  // the one the last list form used where nothing holds it any more (a pending call keeps its
+  // own; a new one of megabytes is faulted in page by page at every call): else a new one.
+  at::Tensor flat_tensor(int64_t numel, const at::Tensor& like) {
+    if (!like.device().is_cpu()) return at::empty({numel}, like.options());
+    std::lock_guard<std::mutex> g(flat_mu_);
+    if (!flat_.defined() || flat_.numel() != numel || flat_.scalar_type() != like.scalar_type() ||
+        flat_.use_count() != 1 || flat_.storage().use_count() != 1)  // handles, views
+      flat_ = at::empty({numel}, like.options());
+    return flat_;
+  }
+
+  // Whether `list` holds one tensor per rank, each of `t`'s element count.
+  bool one_per_rank(const std::vector<at::Tensor>& list, const at::Tensor& t) const {
+    if (static_cast<int>(list.size()) != size_) return false;
+    for (const auto& x : list)
+      if (x.numel() != t.numel()) return false;
+    return true;
   }
 
   // Whether the device path's transport is there, making it on the first call (collective:
@@ -526,19 +596,26 @@ class Backend : public c10d::Backend {
   }
 
   // Runs `calls` on the host (small: here and now; else queued on the progress thread) or
-  // queues them on the device (see the top of this file).
+  // queues them on the device (see the top of this file). `then`: what must follow the calls
+  // before the operation is complete (copies out of a flat output, which it holds while the
+  // calls use it): on the host once they have ended, on a GPU queued on the current stream
+  // after them.
   c10::intrusive_ptr<c10d::Work> start(Route r, c10d::OpType type,
                                        const std::vector<pycoll_call>& calls,
                                        std::vector<at::Tensor>& outputs,
-                                       std::vector<at::Tensor>& inputs) {
+                                       std::vector<at::Tensor>& inputs,
+                                       std::function<void()> then = {}) {
     size_t bytes = 0;
     for (const auto& t : outputs) bytes += t.nbytes();
     for (const auto& t : inputs) bytes = std::max<size_t>(bytes, t.nbytes());
     const bool async_op = bytes >= async_bytes_;
     pycoll_status st;
     if (r == Route::Host && !async_op) {
-      for (const auto& k : calls)
+      for (const auto& k : calls) {
         if (g_api->run(comm_, &k, &st) != PYCOLL_OK) raise(st);
+        host_calls_.fetch_add(1);
+      }
+      if (then) then();
       return c10::make_intrusive<NativeWork>(rank_, type, outputs, nullptr);
     }
     const bool on_device = r == Route::Device;
@@ -554,7 +631,7 @@ class Backend : public c10d::Backend {
       const int code = on_device
                            ? device_api_->run(device_comm_.load(), &k, stream, async_op, &h, &st)
                            : g_api->submit(comm_, &k, &h, &st);
-      if (code == PYCOLL_OK && on_device) device_calls_.fetch_add(1);
+      if (code == PYCOLL_OK) (on_device ? device_calls_ : host_calls_).fetch_add(1);
       if (code != PYCOLL_OK) {
         if (p->handles.empty()) raise(st);  // nothing started: a plain error, as for a run
         // Later calls refused after earlier ones started (only a failing communicator does
@@ -563,6 +640,14 @@ class Backend : public c10d::Backend {
         break;
       }
       p->handles.push_back(h);
+    }
+    if (then && on_device && !device.is_cpu()) {  // a GPU: behind the calls on the stream
+      if (p->future->completed()) raise(st);      // a call refused: nothing to follow
+      const pycoll_status w = p->wait_for_use(-1.0);
+      if (w.code != PYCOLL_OK) raise(w);
+      then();
+    } else {
+      p->finish = std::move(then);
     }
     track(p);
     return c10::make_intrusive<NativeWork>(rank_, type, outputs, std::move(p));
@@ -635,6 +720,9 @@ class Backend : public c10d::Backend {
   const pycoll_device_api* device_api_ = nullptr;
   Ending device_ending_{};
   std::atomic<uint64_t> device_calls_{0};
+  std::atomic<uint64_t> host_calls_{0};  // run on the host communicator, the barrier too
+  std::mutex flat_mu_;
+  at::Tensor flat_;  // flat_tensor's, on the CPU
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -673,6 +761,7 @@ PYBIND11_MODULE(_torch, m) {
            py::arg("async_bytes"), py::arg("device") = py::none(), py::arg("device_type") = "cuda")
       .def_property_readonly("fallback", &Backend::fallback)
       .def_property_readonly("native", &Backend::native)
-      // Calls queued on the device path so far.
-      .def_property_readonly("device_calls", &Backend::device_calls);
+      // Calls queued on the device path so far, and run natively on the host.
+      .def_property_readonly("device_calls", &Backend::device_calls)
+      .def_property_readonly("host_calls", &Backend::host_calls);
 }

@@ -56,6 +56,22 @@ def same(a, b, what):
     assert a.dtype == b.dtype and torch.equal(a, b), f"{what}: {a} != {b}"
 
 
+def native_calls():
+    """Calls the C++ backend has run natively so far (on the host and the device path), or
+    None where the Python backend answers (PYCOLL_TORCH_NATIVE=0, several nodes)."""
+    if os.environ.get("PYCOLL_TORCH_NATIVE", "1") == "0":
+        return None
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    if not backend.native:
+        return None
+    return backend.host_calls + backend.device_calls
+
+
+def natively(what, before):
+    """Asserts that one call ran natively since `before` (native_calls())."""
+    assert before is None or native_calls() == before + 1, f"{what}: not run natively"
+
+
 def check_ops(gloo):
     r, n = dist.get_rank(), dist.get_world_size()
     for dtype in DTYPES:
@@ -76,7 +92,9 @@ def check_ops(gloo):
             if r == 0:
                 same(a, b, f"reduce {dtype}")
             outs = [torch.empty_like(x) for _ in range(n)]
+            before = native_calls()
             dist.all_gather(outs, x)
+            natively("all_gather", before)
             for q in range(n):
                 same(outs[q], value(q, count, dtype), f"all_gather {dtype}")
             flat = torch.empty(n * count, dtype=dtype)
@@ -87,7 +105,9 @@ def check_ops(gloo):
             dist.reduce_scatter_tensor(a, big)
             want = sum(value(q, n * count, dtype, salt=1) for q in range(n))
             same(a, want[r * count : (r + 1) * count].to(dtype), f"reduce_scatter {dtype}")
+            before = native_calls()
             dist.reduce_scatter(b, list(big.chunk(n)))
+            natively("reduce_scatter", before)
             same(b, a, f"reduce_scatter list {dtype}")
             a = torch.empty_like(big)
             dist.all_to_all_single(a, big)
@@ -495,6 +515,21 @@ def check_async(gloo):
         dist.reduce_scatter_tensor(part, x)
         want = sum(value(q, count, dtype, salt=2) for q in range(n)).to(dtype)
         same(part, want.chunk(n)[r], f"async reduce_scatter {dtype}")
+        # The list forms: filled before the Work, its future or a completion test says done.
+        outs = [torch.empty(count, dtype=dtype) for _ in range(n)]
+        work = dist.all_gather(outs, x, async_op=True)
+        if dtype is torch.float32:
+            work.get_future().wait()
+        elif dtype is torch.int64:
+            while not work.is_completed():
+                time.sleep(0.0005)
+        else:
+            work.wait()
+        for q in range(n):
+            same(outs[q], value(q, count, dtype, salt=2), f"async all_gather list {dtype}")
+        part2 = torch.empty(count // n, dtype=dtype)
+        dist.reduce_scatter(part2, list(x.chunk(n)))
+        same(part2, part, f"async reduce_scatter list {dtype}")
     # Several in flight, one dropped unwaited (its tensors stay alive until it is done), and
     # a future whose callback issues collectives itself.
     ts = [torch.full((count,), float(k + r)) for k in range(3)]
@@ -512,6 +547,14 @@ def check_async(gloo):
         w.wait()
         assert w.is_completed() and w.is_success()
         same(t, torch.full((count,), float(n * k + n * (n - 1) / 2)), f"in flight {k}")
+    # List all_gathers in flight together: each through a flat tensor of its own.
+    lists = [[torch.empty(count) for _ in range(n)] for _ in range(3)]
+    works = [dist.all_gather(outs, torch.full((count,), float(10 * k + r)), async_op=True)
+             for k, outs in enumerate(lists)]  # fmt: skip
+    for k, (w, outs) in enumerate(zip(works, lists)):
+        w.wait()
+        for q in range(n):
+            same(outs[q], torch.full((count,), float(10 * k + q)), f"list all_gather {k} in flight")
     coal = [torch.full((count,), 1.0), torch.full((7,), 2.0)]
     dist.all_reduce_coalesced(coal)
     same(coal[0], torch.full((count,), float(n)), "async all_reduce_coalesced")
@@ -579,7 +622,14 @@ def check_device(gloo):
             dist.reduce_scatter_tensor(a, on(big))
             dist.reduce_scatter_tensor(b, big, group=gloo)
             same(a.cpu(), b, f"device reduce_scatter_tensor {dtype} {count}")
-            issued += 6
+            # The list forms, through a flat tensor.
+            outs = [torch.empty(count, dtype=dtype, device=dev) for _ in range(n)]
+            dist.all_gather(outs, on(x))
+            same(torch.cat([o.cpu() for o in outs]), want, f"device all_gather {dtype} {count}")
+            a = torch.empty_like(x, device=dev)
+            dist.reduce_scatter(a, [on(t) for t in big.chunk(n)])
+            same(a.cpu(), b, f"device reduce_scatter {dtype} {count}")
+            issued += 8
     ts = [value(r, 10, torch.float32), value(r, 3, torch.float32)]
     ds = [on(t) for t in ts]
     dist.all_reduce_coalesced(ds)
