@@ -22,6 +22,7 @@
 // Python backend's first CUDA call): `device(index)` returns its device_api capsule and its
 // native communicator. The tests run the same path on the emulated device, whose "device
 // tensors" are CPU tensors (pycollectives.torch.backend, PYCOLL_TORCH_DEVICE=emulated).
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -32,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -204,6 +206,8 @@ struct Pending {
   // whoever sees the end first (a wait, a completion test, the completion thread), once, and
   // then let go.
   mutable std::function<void()> finish;
+  // Work queued on a GPU stream after the calls (a list all-gather's copies): that stream.
+  std::optional<c10::Stream> mark_on;
 
   // Waits on the host for every call, up to `timeout_s` each (< 0: until it completes): the
   // first status that is not OK, else OK (the finishing step run).
@@ -642,7 +646,8 @@ class Backend : public c10d::Backend {
       p->handles.push_back(h);
     }
     if (then && on_device && !device.is_cpu()) {  // a GPU: behind the calls on the stream
-      if (p->future->completed()) raise(st);      // a call refused: nothing to follow
+      p->mark_on = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+      if (p->future->completed()) raise(st);  // a call refused: nothing to follow
       const pycoll_status w = p->wait_for_use(-1.0);
       if (w.code != PYCOLL_OK) raise(w);
       then();
@@ -674,6 +679,9 @@ class Backend : public c10d::Backend {
       }
       const pycoll_status st = p->wait(-1.0);
       if (!p->future->completed()) {
+        // A GPU future records its events on this thread's current stream: where the operation
+        // queued work after its calls (a list all-gather's copies), on that stream, after it.
+        const c10::OptionalStreamGuard on(p->mark_on);
         if (st.code == PYCOLL_OK)
           p->future->markCompleted(c10::IValue(p->outputs));
         else
