@@ -204,7 +204,8 @@ struct Pending {
   // What runs on the host once every call has ended, before anyone is told the operation is
   // complete (the copies out of a list-form all-gather's flat output, which only it holds): by
   // whoever sees the end first (a wait, a completion test, the completion thread), once, and
-  // then let go.
+  // then let go. Not `keep`: letting the caller's tensors go may take the GIL, which a caller
+  // that polls is_completed() holds while it waits here for the completion thread.
   mutable std::function<void()> finish;
   // Work queued on a GPU stream after the calls (a list all-gather's copies): that stream.
   std::optional<c10::Stream> mark_on;
