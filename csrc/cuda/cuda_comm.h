@@ -72,8 +72,8 @@ struct CudaCommOptions {
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
   // Host mode: all-reduces, reduces, broadcasts, all-gathers, reduce-scatters, gathers, scatters
-  // and all-to-alls through scratch (run_scratch, host_scratch_eligible), two waits for
-  // the GPU per chunk, not per step.
+  // and all-to-alls through scratch (run_scratch, host_scratch_eligible), two fences per
+  // chunk, not a host round trip per step.
   bool host_twoshot = true;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
   bool lookahead = false;
@@ -160,10 +160,10 @@ class CudaComm {
   // of the graph runs the collective again, the flags advancing on the device.
   std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
   size_t plans_pinned() const { return plans_.pinned(); }
-  // Registered buffers (cuda/registry.h). An all-reduce whose input and output are both
-  // registered, with the algorithm automatic or direct, runs the two-shot over them
-  // (device/twoshot_kernel.h; in host mode between two host meetings); the fingerprint says
-  // so, and where they lie.
+  // Registered buffers (cuda/registry.h). A call whose buffers are registered as
+  // registered_call needs them, with the algorithm automatic or direct, runs over them
+  // (device/twoshot_kernel.h, run_registered; an all-reduce: the two-shot; in host mode
+  // between two fences); the fingerprint says so, and where they lie.
   IpcRegistry& registry() { return registry_; }
   uint64_t twoshot_runs() const { return twoshot_runs_; }
   uint64_t scratch_runs() const { return scratch_runs_; }

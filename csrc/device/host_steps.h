@@ -156,8 +156,8 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
 }
 // Host mode through scratch (run_scratch): every rank's segment data area (its staging slots,
 // as one flat buffer that every peer maps already) holds a chunk of the message at a time, and
-// between two meetings of the hosts per chunk the GPU copies and reduces over every rank's
-// scratch, no device wait in it: two waits for the GPU per chunk, not one per step. For host
+// between two fences per chunk the GPU copies and reduces over every rank's scratch, no
+// device wait in it: two fences per chunk, not a host round trip per step. For host
 // mode's all-reduces that the two-shot would take (registered_eligible), and the automatic
 // choice's reduces, broadcasts, all-gathers and reduce-scatters (even or not), gathers,
 // scatters and all-to-alls; unless turned off. An all-to-all with splits only where the host

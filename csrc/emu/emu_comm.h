@@ -149,9 +149,9 @@ class EmuComm {
 
   // Registered buffers (emu_registry.h): memory of the emulated device, and the registration of
   // a range of it (collective; the rendezvous trades the handles between handle and add).
-  // An all-reduce whose input and output are both registered, with the algorithm automatic or
-  // direct, runs the two-shot (device/twoshot_kernel.h; in host mode between two host
-  // meetings, as CudaComm does).
+  // A call whose buffers are registered as cuda::registered_call needs them, with the
+  // algorithm automatic or direct, runs over them (device/twoshot_kernel.h; in host mode
+  // between two fences, as CudaComm does).
   Registry& registry() { return registry_; }
   // Data the device code has moved since the last reset (emu_checks.h, Traffic).
   const Traffic& traffic() const { return traffic_; }
