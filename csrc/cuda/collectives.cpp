@@ -214,8 +214,7 @@ void CudaComm::run_on_registered(const CollectiveCall& call, const RegisteredCal
 
 void CudaComm::fence(const WaitContext& w) {
   if (!opts_.host_events) {
-    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-    wait_event(step_done_, w);
+    wait_stream(w);
     host_meet(shm_, ++barrier_epoch_, w);
     return;
   }
@@ -262,8 +261,7 @@ void CudaComm::run_host_mode(const CollectiveCall& call, const CachedPlan& cp,
     a.end_step = i + 1;
     a.grid = active_channels(steps[i].count, layout_);  // this step's message alone
     PYCOLL_CUDA_CHECK(launch_steps(call.dtype, a, stream_));
-    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-    wait_event(step_done_, w);
+    wait_stream(w);
     host_publish_step(shm_, counters_, steps[i]);
   }
 }
@@ -297,8 +295,7 @@ void CudaComm::barrier() {
       check_device_status("barrier");
       return;
     }
-    PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
-    wait_event(step_done_, w);
+    wait_stream(w);
     check_device_status("barrier");
     host_meet(shm_, ++barrier_epoch_, w);
     if (opts_.check_mismatch) guard.finish(w);

@@ -226,6 +226,8 @@ class CudaComm {
   void fence(const WaitContext& w);
   void wait_device(const std::function<bool()>& reached, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
+  // Waits (bounded) until what is queued on our stream now has run.
+  void wait_stream(const WaitContext& w);
   void check_device_status(const char* name);
   void check_usable(const char* name) const;
   WaitContext wait_context(const char* name, uint64_t seq) const;

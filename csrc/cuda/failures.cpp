@@ -88,9 +88,13 @@ void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
       w);
 }
 
-void CudaComm::wait_queued(const WaitContext& w) {
+void CudaComm::wait_stream(const WaitContext& w) {
   PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
   wait_event(step_done_, w);
+}
+
+void CudaComm::wait_queued(const WaitContext& w) {
+  wait_stream(w);
   // The device reports every eager launch's end, in issue order: the last covers them all.
   if (last_launch_ != 0 && status_host_ != nullptr)
     wait_device(
