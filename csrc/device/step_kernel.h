@@ -584,6 +584,17 @@ PYCOLL_DEVICE bool move(const KernelArgs& a, const StepPtrs& p, const DevStep& d
   return true;
 }
 
+// Elements [lo, lo + len) shared among the block's threads: `f(E, i, vec)` for each group of E
+// elements from i (16-byte words where `vec`), then single elements.
+template <class T, class F>
+PYCOLL_DEVICE void for_groups(size_t lo, size_t len, bool vec, int tid, int nt, F&& f) {
+  constexpr int E = kElemsPerThread<T>;
+  const size_t groups = vec ? len / E : 0;
+  for (size_t g = tid; g < groups; g += nt) f(std::integral_constant<int, E>{}, lo + g * E, true);
+  for (size_t j = groups * E + tid; j < len; j += nt)
+    f(std::integral_constant<int, 1>{}, lo + j, false);
+}
+
 // Thread `tid` of `nt`: its share of the block's slice of step `step`, whole groups first, then
 // the tail; in a step with LL messages, groups of kLLElems (the last one shorter), and then
 // its share of the swept LL sub-slots' words. A failed LL receive sets s.p.failed: the
@@ -596,10 +607,9 @@ PYCOLL_DEVICE void move_step(const KernelArgs& a, BlockState& s, const DevStep& 
   const bool skip = static_cast<StepKind>(d.kind) == StepKind::Copy && p.src == p.dst;
   const size_t n = skip ? 0 : p.n;  // in place: nothing moves
   if ((d.flags & (kRecvLL | kSendLL)) == 0) {
-    constexpr int E = kElemsPerThread<T>;
-    const size_t groups = p.vec ? n / E : 0;
-    for (size_t g = tid; g < groups; g += nt) move<T, E>(a, p, d, g * E, PlainIo{true});
-    for (size_t j = groups * E + tid; j < n; j += nt) move<T, 1>(a, p, d, j, PlainIo{false});
+    for_groups<T>(0, n, p.vec, tid, nt, [&](auto e, size_t i, bool vec) {
+      move<T, decltype(e)::value>(a, p, d, i, PlainIo{vec});
+    });
   } else {
     constexpr int E = kLLElems<T>;
     const bool ll_in = (d.flags & kRecvLL) != 0, ll_out = (d.flags & kSendLL) != 0;

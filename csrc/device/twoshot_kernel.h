@@ -34,7 +34,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "device/kernel_args.h"
 #include "device/plan.h"
@@ -88,17 +87,6 @@ PYCOLL_DEVICE void copy_group(const uint8_t* src, uint8_t* dst, size_t i, bool v
   T v[E];
   load(v, src, i, vec);
   store(dst, i, v, vec);
-}
-
-// Elements [lo, lo + len) shared among the block's threads: `f(E, i, vec)` for each group of E
-// elements from i (16-byte words where `vec`), then single elements.
-template <class T, class F>
-PYCOLL_DEVICE void for_groups(size_t lo, size_t len, bool vec, int tid, int nt, F&& f) {
-  constexpr int E = kElemsPerThread<T>;
-  const size_t groups = vec ? len / E : 0;
-  for (size_t g = tid; g < groups; g += nt) f(std::integral_constant<int, E>{}, lo + g * E, true);
-  for (size_t j = groups * E + tid; j < len; j += nt)
-    f(std::integral_constant<int, 1>{}, lo + j, false);
 }
 
 // Block b's part of a collective over registered buffers, once the call is compared (see
