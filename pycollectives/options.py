@@ -181,6 +181,10 @@ class Options:
         def pick(arg, name, default, kind):
             return kind(arg) if arg is not None else env_number(name, default, kind, env)
 
+        def switch(name, default):  # 0 or 1, off or on
+            on = env_choice(name, "1" if default else "0", ("0", "1"), env, {"off": "0", "on": "1"})
+            return on == "1"
+
         sync = env_choice("PYCOLL_CUDA_SYNC", "auto", (*SYNC_MODES, "auto"), env, {"": "auto"})
         cma = env_choice(
             "PYCOLL_P2P_CMA", "on", ("on", "off", "fail"), env, {"0": "off", "1": "on"}
@@ -208,18 +212,9 @@ class Options:
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, _blocks),
             cuda_ll_bytes=pick(None, "PYCOLL_CUDA_LL_BYTES", d.cuda_ll_bytes, int),
             cuda_sync=None if sync == "auto" else sync,
-            cuda_host_twoshot=env_choice(
-                "PYCOLL_CUDA_HOST_TWOSHOT", "1", ("0", "1"), env, {"off": "0", "on": "1"}
-            )
-            == "1",
-            cuda_lookahead=env_choice(
-                "PYCOLL_CUDA_LOOKAHEAD", "0", ("0", "1"), env, {"off": "0", "on": "1"}
-            )
-            == "1",
-            cuda_host_events=env_choice(
-                "PYCOLL_CUDA_HOST_EVENTS", "1", ("0", "1"), env, {"off": "0", "on": "1"}
-            )
-            == "1",
+            cuda_host_twoshot=switch("PYCOLL_CUDA_HOST_TWOSHOT", d.cuda_host_twoshot),
+            cuda_lookahead=switch("PYCOLL_CUDA_LOOKAHEAD", d.cuda_lookahead),
+            cuda_host_events=switch("PYCOLL_CUDA_HOST_EVENTS", d.cuda_host_events),
         )
         opts.check()
         return opts
