@@ -97,7 +97,7 @@ class HostComm:
         blocking call on numpy arrays (op a ReduceOp or its name, root an int, algorithm None or
         a name) in one step and returns True; returns False, having done nothing, for any other
         call."""
-    def run_call(self, call: Any) -> Work | None:
+    def run_call(self, call: Any, outer: CallRecord | None = None) -> Work | None:
         """Any collective: a pycollectives.backends.Call, or a plain tuple of its fields in
         order (collective, x, out, op, root, algorithm, async_op, stream, counts, in_splits,
         out_splits), with native codes for op and algorithm. counts: per-rank block sizes of
@@ -105,8 +105,14 @@ class HostComm:
         reduce_scatter (the reverse). all_to_all: block j of x goes to rank j, out is
         rank-major; splits None for equal blocks, else both, the elements sent to / received
         from each rank. gather's out and scatter's x (size * the other's size, rank-major) on
-        the root; None elsewhere."""
-    def barrier(self, async_op: bool = False) -> Work | None: ...
+        the root; None elsewhere. `outer`: the record of the call across nodes this is a
+        node-local phase of (call_record), compared by the ranks along with the call's own."""
+    def barrier(self, async_op: bool = False, outer: CallRecord | None = None) -> Work | None: ...
+    def set_rank_names(self, names: list[int]) -> None:
+        """Messages name rank r as names[r] (its rank in the communicator over nodes)."""
+    def outer_records(self, seq: int) -> list[CallRecord]:
+        """Every rank's `outer` record of collective #seq, in rank order (waits, bounded, for
+        ranks yet to publish theirs); works on a poisoned communicator."""
     def p2p(
         self, ops: list[tuple[str, np.ndarray, int, int]], async_op: bool = False
     ) -> Work | None:
@@ -140,3 +146,18 @@ def check_p2p(
 
 def check_args(call: tuple, rank: int, size: int) -> tuple[int, int]:
     """A pycollectives.backends.Call's checks (as run_call's); (count, dtype code)."""
+
+CallRecord = tuple[int, int, int, int]
+
+def call_record(call: tuple, rank: int, size: int, seq: int) -> tuple[int, int, CallRecord]:
+    """check_args's checks; (count, dtype code, the record of the call as collective #seq:
+    sequence number, count, packed fields, per-rank counts' hash), as ranks compare them."""
+
+def barrier_record(seq: int) -> CallRecord:
+    """The record of a barrier as collective #seq."""
+
+def describe_record(record: CallRecord) -> str:
+    """ "all_reduce count=6 dtype=float32 op=sum algorithm=auto"."""
+
+def record_differences(a: CallRecord, b: CallRecord) -> str:
+    """The fields in which two records differ ("sequence number, count, dtype")."""

@@ -24,6 +24,34 @@ class NetComm:
         seq: int,
     ) -> None: ...
 
+class NetCheck:
+    """The check across nodes' exchange among a column's ranks (``csrc/net/net_check.h``).
+    Collective to make: duplicates `comm`."""
+
+    def __init__(self, comm: Any, timeout: float) -> None: ...
+    timeout: float
+    def close(self) -> None: ...
+    def exchange(self, group: list[int], what: str, status: bytes) -> list[bytes]:
+        """Every member's status, in `group` order (ours at our place)."""
+    def exchange_into(
+        self, group: list[int], what: str, status: bytes, x: np.ndarray, out: np.ndarray
+    ) -> tuple[list[bytes], bool]:
+        """exchange, `x` riding along; member k's x lands in out's k-th block. (statuses,
+        whether every member's had x's size)."""
+    def exchange_reduce(
+        self,
+        group: list[int],
+        what: str,
+        status: bytes,
+        x: np.ndarray,
+        out: np.ndarray,
+        dtype: int,
+        op: int,
+        divisor: int,
+    ) -> tuple[list[bytes], bool]:
+        """exchange, `x` riding along; when every status equals ours, `out` = op over every
+        member's x in group order. (statuses, whether it reduced)."""
+
 class NetP2PWork:
     """A batch of point-to-point operations in flight (``NetP2P.start``)."""
 

@@ -2,6 +2,7 @@
 // memory, CUDA) executes once the arguments have been checked.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -26,6 +27,9 @@ struct CollectiveCall {
   std::vector<uint64_t> counts;       // all-gather / reduce-scatter: each rank's block
   std::vector<uint64_t> send_counts;  // all-to-all: this rank's row of the split matrix
   std::vector<uint64_t> recv_counts;  // all-to-all: this rank's column
+  // A node-local phase of a call across nodes: that call's record (runtime/fingerprint.h,
+  // Fingerprint::record), compared with the peers' along with this call's own fingerprint.
+  std::array<uint64_t, 4> outer{};
 
   bool uneven() const { return !counts.empty() || !send_counts.empty(); }
   // Points `p` at this call's uneven counts (they must outlive the schedule).

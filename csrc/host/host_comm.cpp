@@ -125,11 +125,18 @@ WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
 }
 
 void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
-  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
-  check_usable(name);
+  const char* own_name = call.barrier ? "barrier" : collective_name(call.collective);
+  check_usable(own_name);
+  // A phase of a call across nodes is named in errors as that call, which the user made.
+  const std::string phase_of = call.outer == CallRecord{}
+                                   ? std::string()
+                                   : str_cat(Fingerprint::from_record(call.outer).name(), " #",
+                                             call.outer[0], ", in its node-local ", own_name);
+  const char* name = phase_of.empty() ? own_name : phase_of.c_str();
   settle_deferred(call.barrier ? 0 : kMaxDeferred - 1);
   Fingerprint mine;
   mine.seq = seq;
+  mine.outer = call.outer;
   if (call.barrier) {
     mine.kind = kBarrierKind;
     FingerprintGuard guard(transport_, mine);
@@ -193,6 +200,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
       direct_min_count(call, algo, std::min(kBlockP2PBytes, opts_.p2p_cma_min_bytes));
 
   mine = Fingerprint::of_call(seq, call, algo);
+  mine.outer = call.outer;
   // Descriptors first (host/shared_buffers.h): automatic choice only, so that an algorithm
   // asked for is the one that runs.
   mine.shared = shared_enabled_.load() && forced_ == Algo::Auto && shared_.eligible(call);
@@ -227,8 +235,10 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
       // peer's data, so it need not wait here for its peers to arrive: what is still
       // unchecked is checked later (deferred_), and always before data from that peer is
       // used. So its loop of small calls runs ahead instead of in step with the receivers.
+      // Not a phase of a call across nodes: what it found of its peers is its node's status
+      // there (backends/call_check.py), so it has checked every one of them.
       guard.check_arrived();
-      if (!guard.done() && !exec.received_any() && direct.empty())
+      if (!guard.done() && !exec.received_any() && direct.empty() && call.outer == CallRecord{})
         deferred_.push_back(std::move(guard));
       else
         guard.finish(w);
@@ -299,6 +309,18 @@ void HostComm::progress_loop() {
     }
     item.second->complete(error);
   }
+}
+
+std::vector<CallRecord> HostComm::outer_records(uint64_t seq) const {
+  Fingerprint at;
+  at.seq = seq;
+  const FingerprintGuard entries(transport_, at);
+  // No abort flag: the communicator is poisoned by then.
+  const WaitContext w =
+      WaitContext::start("the check across nodes", seq, timeout_s_.load(), &transport_, nullptr);
+  std::vector<CallRecord> out;
+  for (int p = 0; p < size(); ++p) out.push_back(entries.outer_of(p, w));
+  return out;
 }
 
 void HostComm::settle_deferred(size_t keep) {

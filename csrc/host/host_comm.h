@@ -141,6 +141,14 @@ class HostComm {
     return board_.exchange(value, payload, timeout_s_.load());
   }
 
+  // Messages name rank r as names[r] (the node-local part of a communicator over nodes).
+  void set_rank_names(std::vector<int> names) { transport_.set_names(std::move(names)); }
+  // Every rank's record of the call across nodes that collective #seq of this communicator
+  // was a phase of (CollectiveCall::outer), in rank order; waits, bounded by the timeout, for
+  // ranks that have not yet published theirs. Works on a poisoned communicator: it is how the
+  // ranks of a node agree on what each of them called after a mismatch.
+  std::vector<CallRecord> outer_records(uint64_t seq) const;
+
   // Runs `call` now (after any pending asynchronous work).
   void run(const CollectiveCall& call);
   // Queues `call` on the progress thread.

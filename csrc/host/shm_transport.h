@@ -80,6 +80,10 @@ class ShmTransport {
   int nslots() const { return nslots_; }
   size_t slot_bytes() const { return slot_bytes_; }
   int64_t pid_of(int r) const { return pids_[r]; }
+  // The number that messages give rank r: its rank in the communicator this transport is the
+  // node-local part of (set_names), or r itself.
+  int name_of(int r) const { return names_.empty() ? r : names_[static_cast<size_t>(r)]; }
+  void set_names(std::vector<int> names) { names_ = std::move(names); }
   // False once rank r's process has exited (zombies included).
   bool peer_alive(int r) const;
   // Writes `bytes` from our `local` into rank r's memory at `remote` (process_vm_writev,
@@ -154,6 +158,7 @@ class ShmTransport {
   std::vector<uint8_t*> base_;     // every rank's mapping, ours included
   std::vector<int64_t> pids_;
   std::vector<int> pidfds_;  // -1 where the kernel has no pidfd_open
+  std::vector<int> names_;   // empty: ranks are their own names
 };
 
 }  // namespace pycoll

@@ -291,12 +291,21 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("run_now", [](py::object self) { return run_now_function(self); })
       .def(
           "run_call",
-          [](HostComm& c, const py::tuple& call) {
+          [](HostComm& c, const py::tuple& call, const std::optional<CallRecord>& outer) {
             bool async_op = false;
-            const CollectiveCall cc = parse_call(call, c.rank(), c.size(), &async_op);
+            CollectiveCall cc = parse_call(call, c.rank(), c.size(), &async_op);
+            if (outer) cc.outer = *outer;
             return dispatch(c, cc, async_op);
           },
-          py::arg("call"))
+          py::arg("call"), py::arg("outer") = py::none())
+      .def("set_rank_names", &HostComm::set_rank_names, py::arg("names"))
+      .def(
+          "outer_records",
+          [](const HostComm& c, uint64_t seq) {
+            py::gil_scoped_release nogil;
+            return c.outer_records(seq);
+          },
+          py::arg("seq"))
       .def(
           "p2p",
           [](HostComm& c, py::handle ops_obj, bool async_op) -> py::object {
@@ -316,12 +325,13 @@ void bind_host_comm(py::module_& m) {
           py::arg("ops"), py::arg("async_op") = false)
       .def(
           "barrier",
-          [](HostComm& c, bool async_op) {
+          [](HostComm& c, bool async_op, const std::optional<CallRecord>& outer) {
             CollectiveCall call;
             call.barrier = true;
+            if (outer) call.outer = *outer;
             return dispatch(c, call, async_op);
           },
-          py::arg("async_op") = false);
+          py::arg("async_op") = false, py::arg("outer") = py::none());
 }
 
 // Schedules as plain tuples, for tests that check them without processes.
@@ -486,4 +496,35 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("ops"), py::arg("rank"), py::arg("size"));
   m.def("check_args", &check_args, py::arg("call"), py::arg("rank"), py::arg("size"));
+  m.def(
+      "call_record",
+      [](const py::tuple& call, int rank, int size, uint64_t seq) {
+        const CollectiveCall c = parse_call(call, rank, size);
+        return py::make_tuple(c.count, static_cast<int>(c.dtype),
+                              Fingerprint::of_call(seq, c, c.algo).record());
+      },
+      py::arg("call"), py::arg("rank"), py::arg("size"), py::arg("seq"));
+  m.def(
+      "barrier_record",
+      [](uint64_t seq) {
+        Fingerprint f;
+        f.seq = seq;
+        f.kind = kBarrierKind;
+        return f.record();
+      },
+      py::arg("seq"));
+  m.def(
+      "describe_record", [](const CallRecord& r) { return Fingerprint::from_record(r).describe(); },
+      py::arg("record"));
+  m.def(
+      "record_differences",
+      [](const CallRecord& a, const CallRecord& b) {
+        const Fingerprint fa = Fingerprint::from_record(a), fb = Fingerprint::from_record(b);
+        // Calls of different collectives differ in what each of them is; their sizes and ops
+        // need no comparing.
+        std::string d = fa.kind != fb.kind ? "collective" : fa.differences(fb);
+        if (a[0] != b[0]) d = d.empty() ? "sequence number" : "sequence number, " + d;
+        return d;
+      },
+      py::arg("a"), py::arg("b"));
 }

@@ -19,6 +19,8 @@
 
 #include "common/coverage.h"
 #include "common/errors.h"
+#include "common/reduce.h"
+#include "net/net_check.h"
 #include "net/net_comm.h"
 #include "net/net_p2p.h"
 #include "python/core_errors.h"
@@ -51,6 +53,11 @@ uint8_t* array_data(const py::array& a) {
 struct PyNetComm {
   py::object keep;
   std::unique_ptr<NetComm> comm;
+};
+
+struct PyNetCheck {
+  py::object keep;
+  std::unique_ptr<NetCheck> check;
 };
 
 struct PyNetP2P {
@@ -151,6 +158,95 @@ PYBIND11_MODULE(_net, m) {
           py::arg("divisor"), py::arg("seq"), py::arg("counts") = std::vector<uint64_t>{},
           py::arg("send_counts") = std::vector<uint64_t>{},
           py::arg("recv_counts") = std::vector<uint64_t>{});
+
+  py::class_<PyNetCheck>(m, "NetCheck")
+      .def(py::init([](py::object comm, double timeout) {
+             return PyNetCheck{comm, std::make_unique<NetCheck>(mpi_comm_of(comm), timeout)};
+           }),
+           py::arg("comm"), py::arg("timeout"))
+      .def_property(
+          "timeout", [](const PyNetCheck& c) { return c.check->timeout(); },
+          [](PyNetCheck& c, double s) { c.check->set_timeout(s); })
+      .def("close", [](PyNetCheck& c) { c.check->close(); })
+      .def(
+          "exchange",
+          [](PyNetCheck& c, const std::vector<int>& group, const std::string& what,
+             const py::bytes& status) {
+            const std::string mine = status;
+            std::vector<std::string> got;
+            {
+              py::gil_scoped_release nogil;
+              got = c.check->exchange(group, what, mine, nullptr, 0, nullptr, nullptr);
+            }
+            py::list out;
+            for (const std::string& s : got) out.append(py::bytes(s));
+            return out;
+          },
+          py::arg("group"), py::arg("what"), py::arg("status"),
+          "Every member's status (bytes), in `group` order: see net/net_check.h.")
+      .def(
+          "exchange_into",
+          [](PyNetCheck& c, const std::vector<int>& group, const std::string& what,
+             const py::bytes& status, py::array x, py::array out) {
+            const size_t bytes = static_cast<size_t>(x.nbytes());
+            if (static_cast<size_t>(out.nbytes()) != bytes * group.size())
+              throw InvalidArgument("exchange_into: out must hold every member's x");
+            const std::string mine = status;
+            std::vector<std::string> got;
+            bool sizes_ok = false;
+            {
+              py::gil_scoped_release nogil;
+              got =
+                  c.check->exchange(group, what, mine, x.data(), bytes, array_data(out), &sizes_ok);
+            }
+            py::list statuses;
+            for (const std::string& s : got) statuses.append(py::bytes(s));
+            return py::make_tuple(statuses, sizes_ok);
+          },
+          py::arg("group"), py::arg("what"), py::arg("status"), py::arg("x"), py::arg("out"),
+          "exchange, with `x` riding along to every member; member k's lands in `out`'s k-th "
+          "block where it has x's size. Returns (statuses, whether every one had).")
+      .def(
+          "exchange_reduce",
+          [](PyNetCheck& c, const std::vector<int>& group, const std::string& what,
+             const py::bytes& status, py::array x, py::array out, int dtype, int op, int divisor) {
+            if (!valid_dtype(dtype) || !valid_redop(op))
+              throw InvalidArgument("exchange_reduce: bad dtype or op code");
+            const auto t = static_cast<DType>(dtype);
+            const size_t count = static_cast<size_t>(x.size());
+            const size_t bytes = count * dtype_size(t);
+            if (static_cast<size_t>(x.nbytes()) != bytes || out.nbytes() != x.nbytes())
+              throw InvalidArgument("exchange_reduce: buffers do not fit the call");
+            const std::string mine = status;
+            std::vector<std::string> got;
+            bool reduced = false;
+            {
+              py::gil_scoped_release nogil;
+              const size_t n = group.size();
+              std::vector<uint8_t> from(n * bytes);
+              bool sizes_ok = false;
+              got = c.check->exchange(group, what, mine, x.data(), bytes, from.data(), &sizes_ok);
+              reduced = sizes_ok && std::all_of(got.begin(), got.end(),
+                                                [&](const std::string& s) { return s == mine; });
+              if (reduced) {
+                // In node order, the same on every member: results bitwise identical.
+                const ReduceKernels& k = reduce_kernels(t, static_cast<RedOp>(op));
+                std::vector<uint8_t> acc(count * acc_size(t));
+                k.load(acc.data(), from.data(), count);
+                for (size_t q = 1; q < n; ++q)
+                  k.reduce(acc.data(), acc.data(), from.data() + q * bytes, count);
+                k.finalize(array_data(out), nullptr, acc.data(), count, divisor);
+              }
+            }
+            py::list statuses;
+            for (const std::string& s : got) statuses.append(py::bytes(s));
+            return py::make_tuple(statuses, reduced);
+          },
+          py::arg("group"), py::arg("what"), py::arg("status"), py::arg("x"), py::arg("out"),
+          py::arg("dtype"), py::arg("op"), py::arg("divisor"),
+          "exchange, with `x` riding along to every member; when every status equals ours, "
+          "`out` = op over every member's x in group order (avg: divided by divisor). Returns "
+          "(statuses, whether it reduced).");
 
   py::class_<PyNetP2PWork>(m, "NetP2PWork")
       .def(

@@ -96,6 +96,7 @@ std::string Fingerprint::differences(const Fingerprint& o) const {
                                                                          : "counts");
   add(algo != o.algo, "algorithm");
   add(shared != o.shared, "shared buffers (Communicator.empty, register)");
+  add(outer != o.outer, "the call across nodes");
   return d;
 }
 
@@ -111,20 +112,35 @@ void FingerprintGuard::publish() {
   e.count.store(mine_.count, std::memory_order_relaxed);
   e.packed.store(mine_.packed(), std::memory_order_relaxed);
   e.splits.store(mine_.splits, std::memory_order_relaxed);
+  for (int i = 0; i < 4; ++i) e.outer[i].store(mine_.outer[i], std::memory_order_relaxed);
   e.seq.store(mine_.seq, std::memory_order_release);
 }
 
-FingerprintGuard::Seen FingerprintGuard::read(int peer, Fingerprint* out) const {
-  const FingerprintSlot& e = t_->fingerprint(peer, mine_.seq);
+namespace {
+
+// The entry `e` as of collective #want: its sequence number (0 while being written, or torn),
+// and, when that is `want`, the fingerprint in `out`.
+uint64_t read_slot(const FingerprintSlot& e, uint64_t want, Fingerprint* out) {
   const uint64_t s1 = e.seq.load(std::memory_order_acquire);
-  if (s1 == 0 || s1 < mine_.seq) return Seen::NotYet;
-  if (s1 > mine_.seq) return Seen::Gone;  // already reused for a later collective
+  if (s1 != want) return s1;
   const uint64_t count = e.count.load(std::memory_order_relaxed);
   const uint64_t packed = e.packed.load(std::memory_order_relaxed);
   const uint64_t splits = e.splits.load(std::memory_order_relaxed);
+  CallRecord outer;
+  for (int i = 0; i < 4; ++i) outer[i] = e.outer[i].load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (e.seq.load(std::memory_order_relaxed) != s1) return Seen::NotYet;  // torn: look again
+  if (e.seq.load(std::memory_order_relaxed) != s1) return 0;  // torn: look again
   *out = Fingerprint::unpack(s1, count, packed, splits);
+  out->outer = outer;
+  return s1;
+}
+
+}  // namespace
+
+FingerprintGuard::Seen FingerprintGuard::read(int peer, Fingerprint* out) const {
+  const uint64_t s = read_slot(t_->fingerprint(peer, mine_.seq), mine_.seq, out);
+  if (s == 0 || s < mine_.seq) return Seen::NotYet;
+  if (s > mine_.seq) return Seen::Gone;  // already reused for a later collective
   return out->same_call(mine_) ? Seen::Match : Seen::Mismatch;
 }
 
@@ -161,21 +177,53 @@ std::vector<int> FingerprintGuard::missing() const {
   return m;
 }
 
-const char* FingerprintGuard::name() const {
-  return mine_.kind == kBarrierKind ? "barrier"
-                                    : collective_name(static_cast<Collective>(mine_.kind));
+std::vector<int> FingerprintGuard::in_earlier_phase() const {
+  std::vector<int> m;
+  if (mine_.outer == CallRecord{} || mine_.seq < 2) return m;
+  for (int p : missing()) {
+    Fingerprint f;
+    if (read_slot(t_->fingerprint(p, mine_.seq - 1), mine_.seq - 1, &f) == mine_.seq - 1 &&
+        f.outer == mine_.outer)
+      m.push_back(p);
+  }
+  return m;
 }
+
+CallRecord FingerprintGuard::outer_of(int peer, const WaitContext& w) const {
+  Fingerprint f;
+  uint64_t s = 0;
+  wait_until(
+      [&] {
+        s = read_slot(t_->fingerprint(peer, mine_.seq), mine_.seq, &f);
+        return s >= mine_.seq;
+      },
+      w, peer, WaitFor::Arrival);
+  if (s != mine_.seq)
+    throw CollectiveError(str_cat(name(), " #", mine_.seq, ": rank ", t_->name_of(peer),
+                                  " has gone on to later collectives"));
+  return f.outer;
+}
+
+const char* Fingerprint::name() const {
+  if (kind == kBarrierKind) return "barrier";
+  if (kind < 0 || kind >= kNumCollectives) return "an unknown collective";
+  return collective_name(static_cast<Collective>(kind));
+}
+
+const char* FingerprintGuard::name() const { return mine_.name(); }
 
 void FingerprintGuard::raise_mismatch(int first_peer, const Fingerprint& theirs) const {
   const char* name = this->name();
-  std::string msg = str_cat(name, " #", mine_.seq, ": ranks disagree on the collective (",
-                            theirs.differences(mine_), "): rank ", t_->rank(), " runs ",
-                            mine_.describe(), "; rank ", first_peer, " runs ", theirs.describe());
+  std::string msg =
+      str_cat(name, " #", mine_.seq, ": ranks disagree on the collective (",
+              theirs.differences(mine_), "): rank ", t_->name_of(t_->rank()), " runs ",
+              mine_.describe(), "; rank ", t_->name_of(first_peer), " runs ", theirs.describe());
   // Name every other rank that has published something different too.
   for (int p = 0; p < t_->size(); ++p) {
     if (p == t_->rank() || p == first_peer) continue;
     Fingerprint f;
-    if (read(p, &f) == Seen::Mismatch) msg += str_cat("; rank ", p, " runs ", f.describe());
+    if (read(p, &f) == Seen::Mismatch)
+      msg += str_cat("; rank ", t_->name_of(p), " runs ", f.describe());
   }
   throw CollectiveMismatch(msg);
 }

@@ -2,12 +2,16 @@
 //
 // Before any data moves, a rank writes the fingerprint of collective #seq (collective,
 // algorithm, count, dtype, op, root, and a hash of per-rank counts) into its segment, in a ring of
-// recent entries guarded seqlock-style. A rank checks a peer's entry the first time data arrives
+// recent entries guarded seqlock-style. A node-local phase of a collective over several nodes
+// carries the record of the whole call too (`outer`), so that ranks whose calls differ only
+// in what the local phase does not see (an all-reduce of 5 and of 6 elements both reduce-scatter
+// 3 per rank) still disagree here. A rank checks a peer's entry the first time data arrives
 // from that peer, whenever a wait drags on, and, for peers it never heard from, at the end of the
 // collective. So a disagreement raises CollectiveMismatch on every rank instead of a silent wrong
 // answer or a hang.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -21,6 +25,8 @@ namespace pycoll {
 class ShmTransport;
 struct WaitContext;
 struct CollectiveCall;
+
+using CallRecord = std::array<uint64_t, 4>;
 
 struct Fingerprint {
   uint64_t seq = 0;
@@ -38,6 +44,9 @@ struct Fingerprint {
   // the device transports, whether it runs over registered buffers (then `splits` says where:
   // device/host_steps.h, registered_fingerprint).
   bool shared = false;
+  // The record of the call across nodes this is a node-local phase of (its packed form, see
+  // record()); all zeros for a call of this communicator's own.
+  CallRecord outer{};
 
   // The fingerprint of collective #seq as every rank must call it (op and root only where
   // they matter).
@@ -48,11 +57,17 @@ struct Fingerprint {
   uint64_t packed() const;
   static Fingerprint unpack(uint64_t seq, uint64_t count, uint64_t packed, uint64_t splits);
   std::string describe() const;
+  // The collective's name ("barrier" for a barrier).
+  const char* name() const;
   // Names of the fields that differ from `o` ("count, dtype").
   std::string differences(const Fingerprint& o) const;
   bool same_call(const Fingerprint& o) const {
-    return packed() == o.packed() && count == o.count && splits == o.splits;
+    return packed() == o.packed() && count == o.count && splits == o.splits && outer == o.outer;
   }
+  // The whole fingerprint as four words (seq, count, packed, splits), as records of calls
+  // across nodes travel; from_record reads them back.
+  CallRecord record() const { return {seq, count, packed(), splits}; }
+  static Fingerprint from_record(const CallRecord& r) { return unpack(r[0], r[1], r[2], r[3]); }
 };
 
 constexpr uint64_t kSplitsTag = ~uint64_t{0};
@@ -61,11 +76,12 @@ constexpr int kBarrierKind = kNumCollectives;
 constexpr int kFingerprintHistory = 8;
 
 // One entry of a segment's fingerprint ring (written only by the segment's owner).
-struct alignas(32) FingerprintSlot {
+struct alignas(64) FingerprintSlot {
   std::atomic<uint64_t> seq;  // 0 while being written
   std::atomic<uint64_t> count;
   std::atomic<uint64_t> packed;
   std::atomic<uint64_t> splits;
+  std::atomic<uint64_t> outer[4];  // Fingerprint::outer
 };
 
 class FingerprintGuard {
@@ -82,6 +98,12 @@ class FingerprintGuard {
   void finish(const WaitContext& w);
   // Ranks that have not yet started this collective.
   std::vector<int> missing() const;
+  // Of those, the ranks whose latest entry is an earlier node-local phase of the same call
+  // across nodes (they started the call, and are in another phase of it).
+  std::vector<int> in_earlier_phase() const;
+  // `peer`'s record of the call across nodes in its entry for this collective (ours too),
+  // whatever the rest of that entry says; waits for it, bounded by `w`.
+  CallRecord outer_of(int peer, const WaitContext& w) const;
   // Whether every peer has been checked.
   bool done() const { return unchecked_ == 0; }
   const Fingerprint& mine() const { return mine_; }

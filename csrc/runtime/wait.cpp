@@ -46,7 +46,8 @@ void check_wait(const WaitContext& ctx, int peer) {
   }
   if (ctx.transport != nullptr && peer >= 0) {
     if (!ctx.transport->peer_alive(peer))
-      throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ", peer, " (pid ",
+      throw CollectiveError(str_cat(ctx.collective, " #", ctx.seq, ": rank ",
+                                    ctx.transport->name_of(peer), " (pid ",
                                     ctx.transport->pid_of(peer), ") is no longer running"));
   }
 }
@@ -56,14 +57,25 @@ void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
                     : what == WaitFor::Space   ? "waiting for it to drain a staging slot"
                     : what == WaitFor::Arrival ? "waiting for it to start the collective"
                                                : "waiting for it at the barrier";
-  auto listed = [](const std::vector<int>& ranks) {
+  auto name = [&](int r) { return ctx.transport != nullptr ? ctx.transport->name_of(r) : r; };
+  auto listed = [&](const std::vector<int>& ranks, const std::vector<int>& except = {}) {
     std::string s;
-    for (int r : ranks) s += str_cat(s.empty() ? "" : ", ", r);
+    for (int r : ranks)
+      if (std::find(except.begin(), except.end(), r) == except.end())
+        s += str_cat(s.empty() ? "" : ", ", name(r));
     return s;
   };
   std::string missing;
-  if (ctx.fingerprints != nullptr) missing = listed(ctx.fingerprints->missing());
-  if (!missing.empty()) missing = "; ranks that never started it: " + missing;
+  if (ctx.fingerprints != nullptr) {
+    // A node-local phase of a call across nodes: a peer still in an earlier phase of the same
+    // call has started it (it waits on another node), and is not said to have not.
+    const std::vector<int> earlier = ctx.fingerprints->in_earlier_phase();
+    missing = listed(ctx.fingerprints->missing(), earlier);
+    if (!missing.empty()) missing = "; ranks that never started it: " + missing;
+    if (!earlier.empty())
+      missing +=
+          "; ranks still in an earlier phase of it (waiting on another node): " + listed(earlier);
+  }
   // Earlier calls that did not wait for their peers (HostComm::deferred_).
   if (ctx.deferred != nullptr)
     for (const FingerprintGuard& g : *ctx.deferred) {
@@ -72,7 +84,7 @@ void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
         missing += str_cat("; ranks that never started ", g.name(), " #", g.mine().seq, ": ", m);
     }
   throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s,
-                                  " s: rank ", peer, " did not arrive (", why, ")", missing));
+                                  " s: rank ", name(peer), " did not arrive (", why, ")", missing));
 }
 
 }  // namespace pycoll
