@@ -8,12 +8,11 @@ other nodes) and one over the ranks with this rank's local rank (the inter-node 
 its own algorithms for each phase; what the hierarchy adds is the same as over MPI: shared memory
 inside each node, each byte across the network once per node.
 
-Over MPI the engine (``_net``) checks what every rank asked for as part of its messages; gloo's
-messages carry none of that, so every call first exchanges a fingerprint (sequence number,
-collective, sizes, dtype, op, root) among its ranks and raises ``CollectiveMismatch`` on every
-one of them when they differ, before any data moves. Every wait is bounded by the
-communicator's timeout; a gloo failure (a peer gone, a timeout) makes the engine, and with it
-the communicator, unusable.
+Gloo's messages carry nothing of what each rank asked for: every call is checked before its
+data moves by the check across nodes (``pycollectives.backends.call_check``), whose exchange
+between nodes is here an all-gather of the statuses over the column's gloo group
+(``GlooCheck``). Every wait is bounded by the communicator's timeout; a gloo failure (a peer
+gone, a timeout) makes the engine, and with it the communicator, unusable.
 """
 
 from __future__ import annotations
@@ -29,8 +28,6 @@ import numpy as np
 from pycollectives import ops
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.runtime import arrays
-
-_FINGERPRINT = ("sequence number", "collective", "count", "dtype", "op", "root", "counts")
 
 
 def _torch():
@@ -125,16 +122,12 @@ class GlooNet:
 
     def run(self, collective, algorithm, members, x, out, count, dtype, op, root, divisor, seq,
             counts=(), send_counts=(), recv_counts=()):  # fmt: skip
-        """One collective among `members`; `algorithm` is gloo's to choose."""
+        """One collective among `members`, which the check across nodes has found every one
+        of them to call alike; `algorithm` is gloo's to choose."""
         self.check_usable()
         what = f"{collective} #{seq}"
         pg = self.process_group(members)
         me, n = members.index(self.rank), len(members)
-        # Uneven counts are every rank's to agree on; an all-to-all's splits differ by rank
-        # (they are checked against each other before: hierarchy_blocks._check_splits).
-        lists = zlib.crc32(np.asarray(counts, np.int64).tobytes()) if counts else 0
-        self._agree(pg, n, what, [seq, ops.collective_code(collective), count, dtype, op, root,
-                                  lists])  # fmt: skip
         try:
             work, then = self._start(pg, collective, me, n, x, out, op, root, counts,
                                      send_counts, recv_counts)  # fmt: skip
@@ -146,26 +139,6 @@ class GlooNet:
         if op == int(ops.AVG) and collective in ("all_reduce", "reduce_scatter", "reduce"):
             if collective != "reduce" or me == root:
                 _finish_avg(out, divisor)
-
-    def _agree(self, pg, n, what, fields):
-        """Every rank's fingerprint of this call, compared on every rank before data moves."""
-        torch, _ = _torch()
-        mine = torch.tensor(fields, dtype=torch.int64)
-        every = torch.empty(n * len(fields), dtype=torch.int64)
-        try:
-            work = pg._allgather_base(every, mine)
-        except RuntimeError as e:
-            self.fail(e, what)
-        self.wait(work, what)
-        rows = every.view(n, len(fields)).tolist()
-        for i, name in enumerate(_FINGERPRINT):
-            seen = {row[i] for row in rows}
-            if len(seen) > 1:
-                by_rank = ", ".join(f"rank {r}: {row[i]}" for r, row in enumerate(rows))
-                raise CollectiveMismatch(
-                    f"{what} between nodes: ranks disagree on the {name} ({by_rank}; ranks "
-                    "of the inter-node group)"
-                )
 
     def _start(self, pg, c, me, n, x, out, op, root, counts, send_counts, recv_counts):
         """The gloo work of one collective, and what to do once it is done (or None)."""
@@ -246,6 +219,37 @@ class GlooNet:
             out.reshape(-1)[:] = mine[: counts[me]]
 
         return pg._reduce_scatter_base(_tensor(mine), _tensor(blocks), o), unpack
+
+
+class GlooCheck:
+    """The check across nodes' exchange (``call_check``) over gloo: an all-gather of the column
+    members' statuses, each padded to `width` bytes behind its length, over the column's gloo
+    group."""
+
+    def __init__(self, net: GlooNet, width: int):
+        self._net, self._width = net, width
+
+    timeout = property(lambda self: self._net.timeout,
+                       lambda self, seconds: setattr(self._net, "timeout", seconds))  # fmt: skip
+
+    def exchange(self, group, what: str, status: bytes) -> list:
+        self._net.check_usable()
+        pg = self._net.process_group(group)
+        row = 4 + self._width
+        mine = np.zeros(row, np.uint8)
+        mine[:4] = np.frombuffer(np.uint32(len(status)).tobytes(), np.uint8)
+        mine[4 : 4 + len(status)] = np.frombuffer(status, np.uint8)
+        every = np.empty(len(group) * row, np.uint8)
+        try:
+            work = pg._allgather_base(_tensor(every), _tensor(mine))
+        except RuntimeError as e:
+            self._net.fail(e, f"{what}: the check across nodes")
+        self._net.wait(work, f"{what}: the check across nodes")
+        rows = every.reshape(len(group), row)
+        return [r[4 : 4 + int(r[:4].view(np.uint32)[0])].tobytes() for r in rows]
+
+    def close(self):
+        pass
 
 
 # A message to another node is three gloo messages on tags derived from the user's: a header

@@ -16,6 +16,10 @@ hierarchical, as in Horovod and NCCL:
 Each byte crosses the network once per node rather than once per rank. ``algorithm="ring"``
 (or tree, direct) instead runs that schedule flat over all ranks, every link through MPI.
 
+Before any byte of the user's arrays is written, every rank holds every rank's call and reaches
+the same verdict on it (``pycollectives.backends.call_check``): a disagreement raises the same
+``CollectiveMismatch`` on every rank, never a wrong answer or a wait.
+
 ``PYCOLL_RANKS_PER_NODE=k`` splits each machine into nodes of k consecutive ranks, so that this
 code runs, and is tested, on one machine; ``k:cyclic`` deals the ranks out round-robin instead
 (rank r on node r mod (ranks / k)), as a launcher that places ranks cyclically would.
@@ -29,12 +33,15 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 
 from pycollectives import _C
-from pycollectives.backends import Call
+from pycollectives.backends import Call, call_check
 from pycollectives.backends.hierarchical_flat import BlocksAndMessages
-from pycollectives.errors import CollectiveError, CollectiveTimeout
+from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.ops import ALGORITHMS_FOR, AVG
 from pycollectives.runtime.bootstrap import StoreGroup
 from pycollectives.runtime.topology import Topology
+
+# All-reduce shards of at most this many bytes travel with the check across nodes.
+_RIDE_MAX_BYTES = 64 << 10
 
 
 class _FutureWork:
@@ -114,6 +121,7 @@ class Hierarchical(BlocksAndMessages):
         host, error = None, None
         try:
             host = rendezvous(node_group, opts)
+            host.set_rank_names(topology.nodes[topology.node_of[rank]])  # messages: our ranks
         except (CollectiveError, ValueError) as e:
             error = str(e)
         # One node's failure is every rank's error, not a hang on the other nodes.
@@ -123,31 +131,33 @@ class Hierarchical(BlocksAndMessages):
             node_group.free()
             raise
         try:
-            net, p2p = cls._engines(group, opts, topology)
+            net, p2p, check = cls._engines(group, opts, topology)
         except CollectiveError:
             node_group.free()
             raise
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
         hier._node_group, hier._p2p, hier._group = node_group, p2p, group
+        hier.check, hier.checking = check, opts.check_mismatch
         return hier
 
     @staticmethod
     def _engines(group, opts, topology):
-        """(collectives, messages) between nodes: ``_net`` over MPI, or gloo over the store.
-        Collective over `group`."""
+        """(collectives, messages, the check across nodes) between nodes: ``_net`` over MPI, or
+        gloo over the store. Collective over `group`."""
         if group.mpi is None:
-            from pycollectives.backends.gloo_net import GlooNet, GlooP2P
+            from pycollectives.backends.gloo_net import GlooCheck, GlooNet, GlooP2P
 
             net = GlooNet(group, opts.timeout)
             p2p = GlooP2P(net)  # collective: the gloo group of every rank, and the inter-node
             # group of this rank's local rank, made by all of them now
             net.process_group(topology.group(topology.local_of[group.rank]))
-            return net, p2p
+            return net, p2p, GlooCheck(net, call_check.status_width(topology.ranks_per_node))
         _net = load_net_transport()
         mpi = group.mpi
         net = _net.NetComm(mpi, piece_bytes=opts.net_piece_bytes, window=8, timeout=opts.timeout)
-        return net, _net.NetP2P(mpi, opts.timeout)  # collective: duplicates `mpi`
+        # collective: each duplicates `mpi`
+        return net, _net.NetP2P(mpi, opts.timeout), _net.NetCheck(mpi, opts.timeout)
 
     def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
         self._node_group = None
@@ -169,17 +179,20 @@ class Hierarchical(BlocksAndMessages):
             [self.topo.nodes[i][j] for j in range(self.local_size) for i in range(self.nodes)]
         )
         self.seq = 0
+        self.check = None  # the check across nodes (call_check)
+        self.checking = True  # off only to measure its cost (PYCOLL_CHECK_MISMATCH=0)
         self._pool = None
         self._error = None
 
     # -- running ------------------------------------------------------------------------------
 
     def submit(self, fn, async_op, collective=True):
-        """Runs fn() after every collective issued before it; returns a Work's native handle
-        (async_op) or None. Only collectives count in `seq` (every rank runs them)."""
+        """Runs fn(seq) after every collective issued before it; returns a Work's native handle
+        (async_op) or None. Only collectives count in `seq` (every rank runs them); the first
+        is #1, as on one node."""
         self._check_usable()
-        seq = self.seq
         self.seq += int(collective)
+        seq = self.seq
 
         def guarded():
             self._check_usable()
@@ -212,6 +225,8 @@ class Hierarchical(BlocksAndMessages):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self.check is not None:
+            self.check.close()
         if self._p2p is not None:
             self._p2p.close()
             self._p2p = None
@@ -229,34 +244,39 @@ class Hierarchical(BlocksAndMessages):
     def timeout(self, seconds: float):
         self.host.timeout = seconds
         self.net.timeout = seconds
+        if self.check is not None:
+            self.check.timeout = seconds
         if self._p2p is not None:
             self._p2p.timeout = seconds
 
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return "hierarchical"
 
-    def _local(self, collective, x, out=None, op=0, root=0):
+    def _local(self, collective, x, out=None, op=0, root=0, outer=None):
         """`collective` among this node's ranks over shared memory, blocking (the node-local
-        step of a hierarchical collective), through the host's one way in."""
-        self.host.run_call(Call(collective, x, out, op, root))
+        step of a hierarchical collective), through the host's one way in; `outer` is the
+        record of the call it is a phase of (compared by the node's ranks with its own)."""
+        self.host.run_call(Call(collective, x, out, op, root), outer)
 
     def run(self, call):
         """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
         a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
         c = call.collective
-        count, dtype = _C.check_args(call, self.rank, self.size)  # the caller's error, or these
+        # The caller's error, or these (the record: this call as every rank must make it).
+        count, dtype, record = _C.call_record(call, self.rank, self.size, self.seq + 1)
+        record = record if self.checking else None
         if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
-            return self.flat(call, a, count, dtype)
+            return self.flat(call, a, count, dtype, record)
         if c == "all_reduce":
-            return self.all_reduce(call, a, count, dtype)
+            return self.all_reduce(call, a, count, dtype, record)
         if c == "reduce_scatter":
-            return self.reduce_scatter(call, a, count, dtype)
+            return self.reduce_scatter(call, a, count, dtype, record)
         if c == "all_gather":
-            return self.all_gather(call, a, count, dtype)
+            return self.all_gather(call, a, count, dtype, record)
         if c == "broadcast":
-            return self.broadcast(call, a, count, dtype)
+            return self.broadcast(call, a, count, dtype, record)
         if c == "reduce":
-            return self.reduce(call, a, count, dtype)
+            return self.reduce(call, a, count, dtype, record)
         raise CollectiveError(f"{c}: unknown collective")
 
     def _check_usable(self):
@@ -275,16 +295,49 @@ class Hierarchical(BlocksAndMessages):
         divisor = len(group) if op == int(AVG) else 1
         self.net.run(collective, algo, group, x, out, count, dtype, op, root, divisor, seq)
 
-    # -- collectives ------------------------------------------------------------------------
-    # Each takes a checked Call (its count and dtype code); algorithm None means hierarchical, a
-    # name a flat schedule.
+    # -- the check across nodes (call_check) ---------------------------------------------------
 
-    def all_reduce(self, call, algorithm, count, dtype):
+    def node_status(self, record, first_phase=None):
+        """This node's status for the call `record` (None: not checked): from its first
+        node-local phase, `first_phase(record)`, or a barrier of the node's ranks. A
+        disagreement there is not raised yet: the status says who called what."""
+        if record is None:
+            if first_phase is not None:
+                first_phase(None)
+            return None
+        try:
+            if first_phase is None:
+                self.host.barrier(False, record)
+            else:
+                first_phase(record)
+        except CollectiveMismatch:
+            return call_check.each_status(self.host.outer_records(self.host.seq))
+        return call_check.same_status(record)
+
+    def column_check(self, status, seq):
+        """Every node's status, from the members of this rank's column; raises the verdict."""
+        if status is None:
+            return
+        column = self.topo.group(self.local)
+        statuses = self.check.exchange(column, f"collective #{seq}", status)
+        call_check.verdict(statuses, self.topo.nodes)
+
+    def checked(self, record, seq):
+        """The whole check, for a call whose first step is not node-local."""
+        self.column_check(self.node_status(record), seq)
+
+    # -- collectives ------------------------------------------------------------------------
+    # Each takes a checked Call (its count and dtype code, and its record: None when unchecked);
+    # algorithm None means hierarchical, a name a flat schedule. No byte of the user's arrays is
+    # written before the check across nodes has passed.
+
+    def all_reduce(self, call, algorithm, count, dtype, record):
         x, out, op, async_op = call.x, call.out, call.op, call.async_op
         res = x if out is None else out
 
         def run(seq):
             if algorithm is not None:
+                self.checked(record, seq)
                 self._net("all_reduce", algorithm, self._all, x, res, count, dtype, op, 0, seq)
                 return
             L = self.local_size
@@ -297,87 +350,132 @@ class Hierarchical(BlocksAndMessages):
             else:
                 src = flat_x
             part = np.empty(shard, x.dtype)
-            self._local("reduce_scatter", src, part, op)
-            if self.nodes > 1:
-                nbytes = shard * x.itemsize
+            status = self.node_status(
+                record, lambda outer: self._local("reduce_scatter", src, part, op, outer=outer)
+            )
+            column = self.topo.group(self.local)
+            nbytes = shard * x.itemsize
+            if self._rides(nbytes):
+                # The shards ride with the statuses: each member reduces all of them in node
+                # order, so the check costs no message of its own.
+                divisor = len(column) if op == int(AVG) else 1
+                statuses, reduced = self.check.exchange_reduce(
+                    column, f"all_reduce #{seq}", status or b"", part, part, dtype, op, divisor
+                )
+                if not reduced:
+                    call_check.verdict(statuses, self.topo.nodes)
+                    raise CollectiveMismatch(f"all_reduce #{seq}: shards between nodes differ")
+            else:
+                self.column_check(status, seq)
                 algo = self._inter("all_reduce", nbytes)
-                self._net("all_reduce", algo, self.topo.group(self.local), part, part, shard,
-                          dtype, op, 0, seq)  # fmt: skip
+                self._net("all_reduce", algo, column, part, part, shard, dtype, op, 0, seq)
             if padded:
                 full = np.empty(shard * L, x.dtype)
-                self._local("all_gather", part, full)
+                self._local("all_gather", part, full, outer=record)
                 flat_res[:] = full[:count]
             else:
-                self._local("all_gather", part, flat_res)
+                self._local("all_gather", part, flat_res, outer=record)
 
         return self.submit(run, async_op)
 
-    def reduce_scatter(self, call, algorithm, m, dtype):
+    def _rides(self, nbytes):
+        """Whether `nbytes` per rank go with the check (over MPI, the inter-node algorithm not
+        forced): one message to every other node, fewer hops than a ring's."""
+        return (
+            self.inter_algo is None
+            and nbytes <= _RIDE_MAX_BYTES
+            and hasattr(self.check, "exchange_reduce")
+        )
+
+    def reduce_scatter(self, call, algorithm, m, dtype, record):
         x, out, op, async_op = call.x, call.out, call.op, call.async_op
 
         def run(seq):
             if algorithm is not None:
+                self.checked(record, seq)
                 self._net("reduce_scatter", algorithm, self._all, x, out, m, dtype, op, 0, seq)
                 return
             # Blocks regrouped by local rank: local rank j reduces the blocks of every rank
             # with local rank j, then those ranks reduce them across nodes.
             y = x.reshape(self.size, m)[self.perm]
             z = np.empty(self.nodes * m, x.dtype)
-            self._local("reduce_scatter", y.reshape(-1), z, op)
+            status = self.node_status(
+                record,
+                lambda outer: self._local("reduce_scatter", y.reshape(-1), z, op, outer=outer),
+            )
+            self.column_check(status, seq)
             algo = self._inter("reduce_scatter", m * x.itemsize)
             self._net("reduce_scatter", algo, self.topo.group(self.local), z, out.reshape(-1),
                       m, dtype, op, 0, seq)  # fmt: skip
 
         return self.submit(run, async_op)
 
-    def all_gather(self, call, algorithm, m, dtype):
+    def all_gather(self, call, algorithm, m, dtype, record):
         x, out, async_op = call.x, call.out, call.async_op
 
         def run(seq):
             flat_out = out.reshape(-1)
             if algorithm is not None:
+                self.checked(record, seq)
                 self._net("all_gather", algorithm, self._all, x, flat_out, m, dtype, 0, 0, seq)
                 return
             z = np.empty(self.nodes * m, x.dtype)
-            algo = self._inter("all_gather", m * x.itemsize)
-            self._net("all_gather", algo, self.topo.group(self.local), x.reshape(-1), z, m,
-                      dtype, 0, 0, seq)  # fmt: skip
+            column = self.topo.group(self.local)
+            status = self.node_status(record)
+            if status is not None and self._rides(m * x.itemsize):
+                # The blocks ride with the statuses: what lands is the all-gather between nodes.
+                statuses, sizes_ok = self.check.exchange_into(
+                    column, f"all_gather #{seq}", status, x.reshape(-1), z
+                )
+                call_check.verdict(statuses, self.topo.nodes)
+                if not sizes_ok:
+                    raise CollectiveMismatch(f"all_gather #{seq}: blocks between nodes differ")
+            else:
+                self.column_check(status, seq)
+                algo = self._inter("all_gather", m * x.itemsize)
+                self._net("all_gather", algo, column, x.reshape(-1), z, m, dtype, 0, 0, seq)
             y = np.empty(self.size * m, x.dtype)
-            self._local("all_gather", z, y)
+            self._local("all_gather", z, y, outer=record)
             flat_out.reshape(self.size, m)[self.perm] = y.reshape(self.size, m)
 
         return self.submit(run, async_op)
 
-    def broadcast(self, call, algorithm, count, dtype):
+    def broadcast(self, call, algorithm, count, dtype, record):
         x, root, async_op = call.x, call.root, call.async_op
 
         def run(seq):
             flat = x.reshape(-1)
             if algorithm is not None:
+                self.checked(record, seq)
                 self._net("broadcast", algorithm, self._all, flat, flat, count, dtype, 0, root, seq)
                 return
+            self.checked(record, seq)
             root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
             if self.local == root_local:
                 algo = self._inter("broadcast", count * x.itemsize)
                 self._net("broadcast", algo, self.topo.group(root_local), flat, flat, count,
                           dtype, 0, root_node, seq)  # fmt: skip
-            self._local("broadcast", flat, root=root_local)
+            self._local("broadcast", flat, root=root_local, outer=record)
 
         return self.submit(run, async_op)
 
-    def reduce(self, call, algorithm, count, dtype):
+    def reduce(self, call, algorithm, count, dtype, record):
         x, out, root, op, async_op = call.x, call.out, call.root, call.op, call.async_op
         res = x if out is None else out
 
         def run(seq):
             flat_x, flat_res = x.reshape(-1), res.reshape(-1)
             if algorithm is not None:
+                self.checked(record, seq)
                 self._net("reduce", algorithm, self._all, flat_x, flat_res, count, dtype, op,
                           root, seq)  # fmt: skip
                 return
             root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
             part = np.empty(count, x.dtype)
-            self._local("reduce", flat_x, part, op, root_local)
+            status = self.node_status(
+                record, lambda outer: self._local("reduce", flat_x, part, op, root_local, outer)
+            )
+            self.column_check(status, seq)
             if self.local == root_local:
                 algo = self._inter("reduce", count * x.itemsize)
                 self._net("reduce", algo, self.topo.group(root_local), part, flat_res, count,
@@ -386,7 +484,15 @@ class Hierarchical(BlocksAndMessages):
         return self.submit(run, async_op)
 
     def barrier(self, async_op):
+        """Every rank's arrival, in the check across nodes itself: this node's ranks meet in
+        its first step, every node's status reaches every rank in its second."""
+        checking = self.checking
+
         def run(seq):
+            record = _C.barrier_record(seq) if checking else None
+            if record is not None:
+                self.checked(record, seq)
+                return
             self.host.barrier(False)
             if self.local == 0 and self.nodes > 1:
                 token = np.zeros(1, np.int8)

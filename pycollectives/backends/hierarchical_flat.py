@@ -19,11 +19,12 @@ from pycollectives.ops import AVG
 
 
 class BlocksAndMessages:
-    def flat(self, call, algorithm, count, dtype):
+    def flat(self, call, algorithm, count, dtype, record):
         """Collectives that move blocks between ranks (all-to-all, gather, scatter, uneven
         all-gather and reduce-scatter), flat over all ranks through MPI: no phase of them
-        would cross the network less. `call` is checked (its `count` and `dtype` code); splits
-        are compared across ranks before data moves."""
+        would cross the network less. `call` is checked (its `count` and `dtype` code, and its
+        `record`, compared across nodes first); splits are compared across ranks before data
+        moves."""
         c = call.collective
         algo = algorithm or ("ring" if c in ("all_gather", "reduce_scatter") else "direct")
         like = call.x if call.x is not None else call.out
@@ -34,6 +35,7 @@ class BlocksAndMessages:
         lists["recv_counts"] = call.out_splits or []
 
         def run(seq):
+            self.checked(record, seq)
             if c == "all_to_all":
                 _check_splits(self._group.allgather((call.in_splits, call.out_splits)), seq)
             self.net.run(c, algo, self._all, x.reshape(-1), out.reshape(-1), count, dtype,

@@ -65,11 +65,7 @@ def test_uneven_nodes_refused():
     run_mpi(3, "hierarchy.py", "uneven", env={"PYCOLL_RANKS_PER_NODE": "2"})
 
 
-def test_mismatch_across_nodes():
-    run_mpi(4, "hierarchy.py", "mismatch", env={"PYCOLL_RANKS_PER_NODE": "2"})
-
-
-def test_node_that_never_arrives_times_out():
+def test_timeouts_tell_the_truth():
     run_mpi(4, "hierarchy.py", "skip", env={"PYCOLL_RANKS_PER_NODE": "2"})
 
 

@@ -1,6 +1,6 @@
 """Communicators over several (emulated) nodes: topology, errors, asynchronous calls.
 
-Usage: PYCOLL_RANKS_PER_NODE=k mpiexec -n N python hierarchy.py topology|uneven|mismatch|skip|async
+Usage: PYCOLL_RANKS_PER_NODE=k mpiexec -n N python hierarchy.py topology|uneven|skip|async
 """
 
 from __future__ import annotations
@@ -37,64 +37,66 @@ def uneven():
         raise AssertionError("nodes of 2 and 1 ranks were accepted")
 
 
-def mismatch():
-    """Node 1 runs the all-reduce with a different count, then (a fresh communicator) with a
-    different dtype of the same size in bytes: ranks get CollectiveMismatch (those that
-    receive a mismatched message) or another CollectiveError (their peers), never a hang or a
-    wrong result."""
-    seen = []
-    for differs in ("count", "dtype"):
-        comm = pc.Communicator(timeout=5.0)
-        node = comm.topology.node_of[comm.rank]
-        if differs == "count":
-            x = np.ones(1000 if node == 0 else 1002, np.float32)
-        else:  # as many bytes, read as another type: only the fingerprint tells them apart
-            x = np.ones(1000, np.float32 if node == 0 else np.int32)
-        t0 = time.monotonic()
-        kind = "none"
-        try:
-            comm.all_reduce(x)
-        except pc.CollectiveMismatch as e:
-            kind = "mismatch"
-            assert "different collective" in str(e), str(e)
-        except pc.CollectiveError:
-            kind = "error"
-        assert time.monotonic() - t0 < 15
-        kinds = MPI.COMM_WORLD.allgather(kind)
-        assert "none" not in kinds, (differs, kinds)
-        assert "mismatch" in kinds, (differs, kinds)
-        try:
-            comm.all_reduce(x)
-        except pc.CollectiveError as e:
-            assert "earlier error" in str(e), str(e)
-        else:
-            raise AssertionError("poisoned communicator accepted a call")
-        comm.close()
-        seen.append(f"{differs}: {kinds}")
-    if MPI.COMM_WORLD.rank == 0:
-        print(f"mismatch {'; '.join(seen)}")
-
-
 def skip():
-    """The last node never calls the second all-reduce: every other rank times out in bounded
-    time, naming a rank of that node or the collective."""
-    comm = pc.Communicator(timeout=2.0)
+    """Timeouts that tell the truth. The last rank never calls the second all-reduce: its node's
+    other ranks are told it never started it; the ranks of other nodes, that it (or its node's
+    rank of their column) did not reach the check across nodes. Then rank 1 stalls inside the
+    check of the next all-reduce (after its node-local phase): rank 0, in the node-local phase
+    after the check, is told rank 1 is still in an earlier phase of the call, not that it never
+    started it. Every rank names ranks by their rank in the communicator."""
+    comm = pc.Communicator(timeout=1.5)
     x = np.ones(4096, np.float64)
     comm.all_reduce(x)
-    last = comm.topology.num_nodes - 1
-    if comm.topology.node_of[comm.rank] != last:
+    last, r = comm.size - 1, comm.rank
+    node_of = comm.topology.node_of
+    if r != last:
         t0 = time.monotonic()
         try:
             comm.all_reduce(x)
-        except pc.CollectiveError as e:
-            took = time.monotonic() - t0
-            assert "all_reduce" in str(e), str(e)
-            assert took < 10, took
+        except pc.CollectiveTimeout as e:
+            msg, took = str(e), time.monotonic() - t0
+            assert "all_reduce #2" in msg and took < 10, (msg, took)
+            if node_of[r] == node_of[last]:  # its own node: it never started
+                assert f"rank {last} did not arrive" in msg, msg
+                assert f"never started it: {last}" in msg, msg
+            else:
+                assert "the check across nodes" in msg and "did not reach it" in msg, msg
+                assert "never started" not in msg, msg
         else:
             raise AssertionError("no timeout")
     MPI.COMM_WORLD.Barrier()
-    if comm.rank == 0:
+
+    comm = pc.Communicator(timeout=1.5)
+    comm.all_reduce(x)
+    if r == 1:  # its node-local phase done, it stalls in the check across nodes
+        comm._host.check = _Stalled(comm._host.check)
+    try:  # rank 1, late, may yet find what the others left for it, and finish
+        comm.all_reduce(x[:8])
+    except pc.CollectiveError as e:
+        msg = str(e)
+        if r == 0:  # waits in its node's all-gather for rank 1, still in the check
+            assert "all_reduce #2, in its node-local all_gather" in msg, msg
+            assert "still in an earlier phase of it (waiting on another node): 1" in msg, msg
+            assert "never started" not in msg, msg
+    else:
+        assert r == 1, f"rank {r}: no timeout"
+    MPI.COMM_WORLD.Barrier()
+    if r == 0:
         print("skip")
+
+
+class _Stalled:
+    """The check across nodes, later than the timeout."""
+
+    def __init__(self, check):
+        self.check = check
+
+    def __getattr__(self, name):
+        return getattr(self.check, name)
+
+    def exchange_reduce(self, *args):
+        time.sleep(2.0)
+        return self.check.exchange_reduce(*args)
 
 
 def asynchronous():
@@ -119,7 +121,6 @@ def main():
     {
         "topology": topology,
         "uneven": uneven,
-        "mismatch": mismatch,
         "skip": skip,
         "async": asynchronous,
     }[sys.argv[1]]()
