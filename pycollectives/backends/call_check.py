@@ -30,6 +30,7 @@ from pycollectives.errors import CollectiveMismatch
 _SAME, _EACH = 1, 2  # a node's status: one record for all its ranks, or each rank's
 _RECORD = struct.Struct("<4Q")
 _KIND = struct.Struct("<I")
+_SAME_KIND = _KIND.pack(_SAME)
 
 
 def same_status(record) -> bytes:
@@ -40,6 +41,11 @@ def same_status(record) -> bytes:
 def each_status(records) -> bytes:
     """The status of a node whose ranks' calls differ: each one's record, in local-rank order."""
     return _KIND.pack(_EACH) + b"".join(_RECORD.pack(*r) for r in records)
+
+
+def is_same(status: bytes) -> bool:
+    """Whether a node's status says all its ranks made one call."""
+    return status[: _KIND.size] == _SAME_KIND
 
 
 def status_width(ranks_per_node: int) -> int:
@@ -65,7 +71,7 @@ def verdict(statuses: list, nodes: list) -> None:
     ranks made one call, the same on every node; else raises ``CollectiveMismatch`` naming the
     ranks and the fields that differ: the same text on every rank, which holds the same
     statuses."""
-    if all(s == statuses[0] for s in statuses) and statuses[0][: _KIND.size] == _KIND.pack(_SAME):
+    if statuses.count(statuses[0]) == len(statuses) and is_same(statuses[0]):
         return
     raise CollectiveMismatch(mismatch_message(statuses, nodes))
 

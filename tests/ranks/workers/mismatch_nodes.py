@@ -6,12 +6,13 @@ Usage: PYCOLL_RANKS_PER_NODE=k mpiexec -n N python mismatch_nodes.py [torch]
 
 For every collective and every field it has (count, dtype, op, root, per-rank counts,
 algorithm, the collective itself), the odd rank takes every position in turn (each node, its
-leader or not), with a smaller and a larger value where the field has an order. Each case runs
-on a fresh communicator split from the world (a mismatch leaves it unusable) and asserts, on
-every rank: CollectiveMismatch within a second, the same message on every rank naming the odd
-rank and the field, the arrays untouched, and the communicator unusable after. With "torch",
-the same through torch.distributed's calls on the "pycollectives" backend (a subset). With
-PYCOLL_TEST_ROTATE set, each case puts the odd rank in one position, the next case in the next.
+leader or not), then one rank of every node at once, with a smaller and a larger value where
+the field has an order. Each case runs on a fresh communicator split from the world (a mismatch
+leaves it unusable) and asserts, on every rank: CollectiveMismatch within a second, the same
+message on every rank naming the odd ranks and the field, the arrays untouched, and the
+communicator unusable after. With "torch", the same through torch.distributed's calls on the
+"pycollectives" backend (a subset). With PYCOLL_TEST_ROTATE set, each case puts the odd rank in
+one position, the next case in the next.
 Prints "mismatch_nodes cases=N" from rank 0.
 """
 
@@ -215,18 +216,24 @@ def _judge(world, case, odd_rank, result):
             return f"{where}: the arrays were written"
         if msg != every[0][1]:
             return f"{where}: message differs from rank 0's: {msg!r} vs {every[0][1]!r}"
-        if case.field not in msg or f"rank {odd_rank} " not in msg + " ":
-            return f"{where}: the message names neither the field nor the rank: {msg}"
+        odd = sorted(odd_rank)
+        who = f"rank {odd[0]} " if len(odd) == 1 else "ranks " + ", ".join(map(str, odd)) + " "
+        if case.field not in msg or who not in msg:
+            return f"{where}: the message names neither the field nor {who.strip()}: {msg}"
     return None
 
 
 def _positions(world, index):
-    """The odd rank's positions for case #`index`: every rank in turn; with PYCOLL_TEST_ROTATE
-    set (over gloo, where a communicator costs 50-100 ms to make and close), one per case, the
-    cases taking every position in turn."""
+    """The odd ranks for case #`index`: every rank alone in turn, then every column (the ranks
+    with one local rank, one per node: every node then has the same disagreement, and the same
+    status); with PYCOLL_TEST_ROTATE set (over gloo, where a communicator costs 50-100 ms to
+    make and close), one per case, the cases taking every position in turn."""
+    nodes = world.topology.nodes
+    every = [(r,) for r in range(world.size)]
+    every += [tuple(node[j] for node in nodes) for j in range(len(nodes[0]))]
     if os.environ.get("PYCOLL_TEST_ROTATE"):
-        return [index % world.size]
-    return range(world.size)
+        return [every[index % len(every)]]
+    return every
 
 
 def run_numpy(world):
@@ -235,7 +242,7 @@ def run_numpy(world):
         usual, odd_call = case.call
         for odd_rank in _positions(world, index):
             comm = world.split(0, timeout=10)
-            fn, arrays = (odd_call if comm.rank == odd_rank else usual)(comm, odd_rank)
+            fn, arrays = (odd_call if comm.rank in odd_rank else usual)(comm, odd_rank)
             result = _outcome(fn, arrays, 10)
             unusable = False
             try:
@@ -262,7 +269,7 @@ def run_torch(world):
             usual, odd_call = case.call
             for odd_rank in _positions(world, index):
                 group = dist.new_group(backend="pycollectives")
-                fn, arrays = (odd_call if world.rank == odd_rank else usual)(group, odd_rank)
+                fn, arrays = (odd_call if world.rank in odd_rank else usual)(group, odd_rank)
                 result = _outcome(fn, arrays, 10)
                 failure = _judge(world, case, odd_rank, result)
                 dist.destroy_process_group(group)
