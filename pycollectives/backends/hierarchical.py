@@ -329,6 +329,30 @@ class Hierarchical(BlocksAndMessages):
         """The whole check, for a call whose first step is not node-local."""
         self.column_check(self.node_status(record), seq)
 
+    def ride_reduce(self, status, what, part, dtype, op):
+        """The check across nodes with `part` riding along: every member of this rank's column
+        reduces every member's, in node order, into `part`, so the check costs no message of
+        its own; raises the verdict. `status` None: unchecked (the shards still ride)."""
+        column = self.topo.group(self.local)
+        divisor = len(column) if op == int(AVG) else 1
+        statuses, reduced = self.check.exchange_reduce(
+            column, what, status or b"", part, part, dtype, op, divisor
+        )
+        # Reduced: every node's status is ours; only its kind is left to look at.
+        if status is not None and not (reduced and call_check.is_same(status)):
+            call_check.verdict(statuses, self.topo.nodes)
+        if not reduced:
+            raise CollectiveMismatch(f"{what}: shards between nodes differ")
+
+    def ride_gather(self, status, what, block, out):
+        """The check across nodes with `block` riding along: member k of this rank's column's
+        lands in `out`'s k-th block; raises the verdict."""
+        column = self.topo.group(self.local)
+        statuses, sizes_ok = self.check.exchange_into(column, what, status, block, out)
+        call_check.verdict(statuses, self.topo.nodes)
+        if not sizes_ok:
+            raise CollectiveMismatch(f"{what}: blocks between nodes differ")
+
     # -- collectives ------------------------------------------------------------------------
     # Each takes a checked Call (its count and dtype code, and its record: None when unchecked);
     # algorithm None means hierarchical, a name a flat schedule. No byte of the user's arrays is
@@ -359,17 +383,7 @@ class Hierarchical(BlocksAndMessages):
             column = self.topo.group(self.local)
             nbytes = shard * x.itemsize
             if self._rides(nbytes):
-                # The shards ride with the statuses: each member reduces all of them in node
-                # order, so the check costs no message of its own.
-                divisor = len(column) if op == int(AVG) else 1
-                statuses, reduced = self.check.exchange_reduce(
-                    column, f"all_reduce #{seq}", status or b"", part, part, dtype, op, divisor
-                )
-                # Reduced: every node's status is ours; only its kind is left to look at.
-                if status is not None and not (reduced and call_check.is_same(status)):
-                    call_check.verdict(statuses, self.topo.nodes)
-                if not reduced:
-                    raise CollectiveMismatch(f"all_reduce #{seq}: shards between nodes differ")
+                self.ride_reduce(status, f"all_reduce #{seq}", part, dtype, op)
             else:
                 self.column_check(status, seq)
                 algo = self._inter("all_reduce", nbytes)
@@ -428,13 +442,8 @@ class Hierarchical(BlocksAndMessages):
             column = self.topo.group(self.local)
             status = self.node_status(record)
             if status is not None and self._rides(m * x.itemsize):
-                # The blocks ride with the statuses: what lands is the all-gather between nodes.
-                statuses, sizes_ok = self.check.exchange_into(
-                    column, f"all_gather #{seq}", status, x.reshape(-1), z
-                )
-                call_check.verdict(statuses, self.topo.nodes)
-                if not sizes_ok:
-                    raise CollectiveMismatch(f"all_gather #{seq}: blocks between nodes differ")
+                # What lands is the all-gather between nodes.
+                self.ride_gather(status, f"all_gather #{seq}", x.reshape(-1), z)
             else:
                 self.column_check(status, seq)
                 algo = self._inter("all_gather", m * x.itemsize)
@@ -454,12 +463,22 @@ class Hierarchical(BlocksAndMessages):
                 self.checked(record, seq)
                 self._net("broadcast", algorithm, self._all, flat, flat, count, dtype, 0, root, seq)
                 return
-            self.checked(record, seq)
+            status = self.node_status(record)
             root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
-            if self.local == root_local:
-                algo = self._inter("broadcast", count * x.itemsize)
-                self._net("broadcast", algo, self.topo.group(root_local), flat, flat, count,
-                          dtype, 0, root_node, seq)  # fmt: skip
+            nbytes = count * x.itemsize
+            if status is not None and self.local == root_local and self._rides(nbytes):
+                # The root's column: every member's vector rides with the statuses (one
+                # message to every other node instead of the check's and the broadcast's).
+                z = np.empty(self.nodes * count, x.dtype)
+                self.ride_gather(status, f"broadcast #{seq}", flat, z)
+                if self.topo.node_of[self.rank] != root_node:
+                    flat[:] = z[root_node * count : (root_node + 1) * count]
+            else:
+                self.column_check(status, seq)
+                if self.local == root_local:
+                    algo = self._inter("broadcast", nbytes)
+                    self._net("broadcast", algo, self.topo.group(root_local), flat, flat, count,
+                              dtype, 0, root_node, seq)  # fmt: skip
             self._local("broadcast", flat, root=root_local, outer=record)
 
         return self.submit(run, async_op)
@@ -480,9 +499,16 @@ class Hierarchical(BlocksAndMessages):
             status = self.node_status(
                 record, lambda outer: self._local("reduce", flat_x, part, op, root_local, outer)
             )
+            nbytes = count * x.itemsize
+            if status is not None and self.local == root_local and self._rides(nbytes):
+                # The root's column: the partial sums ride with the statuses, reduced by each.
+                self.ride_reduce(status, f"reduce #{seq}", part, dtype, op)
+                if self.rank == root:
+                    flat_res[:] = part
+                return
             self.column_check(status, seq)
             if self.local == root_local:
-                algo = self._inter("reduce", count * x.itemsize)
+                algo = self._inter("reduce", nbytes)
                 self._net("reduce", algo, self.topo.group(root_local), part, flat_res, count,
                           dtype, op, root_node, seq)  # fmt: skip
 
