@@ -121,9 +121,11 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
       PYCOLL_CUDA_CHECK(cudaEventRecord(ready_, stream));
       PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     }
-    // In kernel mode a call that moves nothing launches too: it compares the call.
+    // In kernel mode a call that moves nothing launches too: it compares the call (unless
+    // there is no peer to compare it with: runs_anything).
+    bool launched = true;
     if (moves_nothing(call, rank_, size_)) {
-      if (kernel) run_kernel_mode(call, nullptr, mine, on, !capturing);
+      if (kernel) launched = run_kernel_mode(call, nullptr, mine, on, !capturing);
     } else if (registered.on) {
       run_on_registered(call, registered, mine, w, on, !capturing);
     } else if (host_scratch_eligible(call, algo, kernel, opts_.host_twoshot, widest != 0)) {
@@ -132,10 +134,11 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
       // The graph reads the plan: never freed.
       run_kernel_mode(call, &plans_.pin(call, algo), mine, on, false);
     } else if (kernel) {
-      run_kernel_mode(call, &plan_for(call, algo, on), mine, on, true);
+      launched = run_kernel_mode(call, &plan_for(call, algo, on), mine, on, true);
     } else {
       run_host_mode(call, plan_for(call, algo, stream_), w);
     }
+    if (direct && !launched) work->not_launched(last_launch_);
     if (!direct) {
       PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
       if (!async_op || capturing) PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, work->event(), 0));
@@ -152,17 +155,20 @@ std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t
   }
 }
 
-void CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
+bool CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
                                const Fingerprint& f, cudaStream_t stream, bool eager) {
   // Each block counts its messages on its own flags (step_kernel.h): no host counts to keep.
   static const CachedPlan no_steps{};
   KernelArgs a = kernel_args(call, cp != nullptr ? *cp : no_steps);
   check_on_device(a, f);
-  launch_kernel_mode(call.dtype, a, f.seq, stream, eager);
+  return launch_kernel_mode(call.dtype, a, f.seq, stream, eager);
 }
 
-void CudaComm::launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
+bool CudaComm::launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
                                   bool eager) {
+  // Not launched, it never reports an end: neither close(), nor this call's Work, nor a later
+  // launch on another stream (wait_previous) may wait for one.
+  if (!runs_anything(a)) return false;
   if (eager) {
     a.finished = finished_;
     a.done_seq = seq;
@@ -173,6 +179,7 @@ void CudaComm::launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cuda
     last_stream_ = stream;
     last_launch_ = seq;
   }
+  return true;
 }
 
 KernelArgs CudaComm::twoshot_args(const CollectiveCall& call, size_t len,
@@ -285,7 +292,11 @@ void CudaComm::barrier() {
     if (mode_ == SyncMode::Kernel) {
       CollectiveCall none;
       none.barrier = true;
-      run_kernel_mode(none, nullptr, mine, stream_, true);
+      if (!run_kernel_mode(none, nullptr, mine, stream_, true)) {
+        wait_queued(w);  // one rank: nobody to meet, only this rank's queued work to wait for
+        check_device_status("barrier");
+        return;
+      }
       // The watchdog looks after this launch as after a collective's: its device waits cannot
       // see a peer that died, and the host waits on it alone.
       auto work = std::make_shared<CudaWork>(events_, device_, seq);

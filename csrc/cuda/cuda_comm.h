@@ -112,6 +112,9 @@ class CudaWork {
   CudaWork& operator=(const CudaWork&) = delete;
   cudaEvent_t event() const { return event_; }
   uint64_t seq() const { return seq_; }
+  // A call with no event whose launch was skipped (runs_anything: nothing to run): complete
+  // once `previous`, the launch before it on the device (0: none), has reported its end.
+  void not_launched(uint64_t previous) { done_at_ = previous; }
   bool captured() const { return captured_; }
   bool is_completed() const;
   // Makes work queued later on `stream` wait for this collective.
@@ -122,6 +125,7 @@ class CudaWork {
   int device_;
   cudaEvent_t event_ = nullptr;
   uint64_t seq_;
+  uint64_t done_at_;  // with no event: the done word's value that completes it
   bool captured_;
   std::shared_ptr<const DeviceStatus> status_;  // with no event: its done word
   cudaStream_t stream_ = nullptr;               // ... and the stream it was launched on
@@ -196,12 +200,14 @@ class CudaComm {
   // Kernel mode: one launch (two for several blocks: launches_of) on `stream` that compares
   // call `f` with every peer's on the device and runs `cp`'s steps (none when null: it only
   // compares). `eager` (not captured): it reports its end in the done word, and waits on the
-  // device for the call before when that was launched on another stream.
-  void run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f,
+  // device for the call before when that was launched on another stream. Returns whether
+  // anything was launched (runs_anything).
+  bool run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f,
                        cudaStream_t stream, bool eager);
   // Launches `a` on `stream`; `eager`: as call number `seq`, reporting its end in the done word
-  // and ordered after this rank's call before on the device (wait_previous).
-  void launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
+  // and ordered after this rank's call before on the device (wait_previous). Returns false,
+  // launching nothing and leaving the last launch as it was, when `a` runs nothing.
+  bool launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
                           bool eager);
   // Waits (bounded) for everything this rank has queued: our stream, and the launches on
   // callers' streams (the done word).

@@ -35,6 +35,7 @@ CudaWork::CudaWork(std::shared_ptr<EventPool> pool, int device, uint64_t seq, bo
       device_(device),
       event_(pool_->take()),
       seq_(seq),
+      done_at_(seq),
       captured_(captured) {}
 
 CudaWork::CudaWork(std::shared_ptr<const DeviceStatus> status, std::shared_ptr<EventPool> pool,
@@ -42,6 +43,7 @@ CudaWork::CudaWork(std::shared_ptr<const DeviceStatus> status, std::shared_ptr<E
     : pool_(std::move(pool)),
       device_(device),
       seq_(seq),
+      done_at_(seq),
       captured_(false),
       status_(std::move(status)),
       stream_(stream) {}
@@ -54,7 +56,7 @@ CudaWork::~CudaWork() {
 
 bool CudaWork::is_completed() const {
   if (captured_) return true;  // an event recorded in a capture cannot be queried
-  if (status_ != nullptr) return __atomic_load_n(&status_->done, __ATOMIC_ACQUIRE) >= seq_;
+  if (status_ != nullptr) return __atomic_load_n(&status_->done, __ATOMIC_ACQUIRE) >= done_at_;
   // A query is one of the calls a capture in the default (global) mode forbids to every thread,
   // and would invalidate it: the capturing thread's own pruning of finished work, or the
   // watchdog's. This event was recorded outside any capture, so the query is safe: it runs in

@@ -204,13 +204,23 @@ struct KernelArgs {
 // Passed by value to the kernel: CUDA's limit on a kernel's parameters is 4 KiB.
 static_assert(sizeof(KernelArgs) <= 4096, "KernelArgs exceeds CUDA's kernel-parameter limit");
 
-// The launches that run `a`, in order (returns how many): no block moves data, or waits for a
-// peer's, before every peer's call has been compared. One launch, unless it checks the call
-// and runs several blocks: then an eager launch gates its other blocks on block 0's check
-// (gate), and a captured one (no call number to gate on: the same arguments are replayed) is
-// a one-block launch that only checks, then the steps unchecked.
+// Whether launching `a` does anything: steps to run, or the call to compare with its peers'.
+// A call that moves nothing on a one-rank communicator (a barrier, a broadcast, any count-0
+// call) does neither: it is not launched, so no end of it is ever reported (DeviceStatus::done)
+// and nothing may wait for one. The GPU's launcher and the emulated device's both decide by it.
+inline bool runs_anything(const KernelArgs& a) {
+  return a.first_step < a.end_step || a.check_calls;
+}
+
+// The launches that run `a`, in order (returns how many, 0 when it runs nothing): no block
+// moves data, or waits for a peer's, before every peer's call has been compared. One launch,
+// unless it checks the call and runs several blocks: then an eager launch gates its other
+// blocks on block 0's check (gate), and a captured one (no call number to gate on: the same
+// arguments are replayed) is a one-block launch that only checks, then the steps unchecked
+// (where there are steps).
 inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
   out[0] = a;
+  if (!runs_anything(a)) return 0;
   if (!a.check_calls || a.grid <= 1) return 1;
   if (a.done_seq != 0) {
     out[0].gate = true;
@@ -222,7 +232,7 @@ inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
   out[1] = a;
   out[1].check_calls = false;
   out[1].after_seq = 0;  // the check launch, on the same stream, waited for it
-  return 2;
+  return runs_anything(out[1]) ? 2 : 1;
 }
 
 }  // namespace cuda

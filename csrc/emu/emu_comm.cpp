@@ -387,6 +387,9 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
 // its end reported in the done word, and (previous_late_ms) queued as if on another stream.
 void EmuComm::launch_eager(DType dtype, cuda::KernelArgs& a, const Regions& regions,
                            const WaitContext& w, bool drill) {
+  // Not launched (cuda::runs_anything): no end is reported, and the next launch waits for the
+  // one before, as CudaComm::launch_kernel_mode leaves it.
+  if (!cuda::runs_anything(a)) return;
   a.finished = &finished_;
   a.done_seq = w.seq;
   a.after_seq = opts_.previous_late_ms > 0 ? late_seq_ : 0;

@@ -226,6 +226,12 @@ def test_emulated_peer_fails_in_host_all_reduce_through_scratch(what):
         assert kind in line and "rank 1" in line, line
 
 
+# A one-rank job: calls that move nothing are not launched, and nothing waits for their end.
+def test_emulated_one_rank_skips_launches_and_waits_for_none():
+    out = run_mpi(1, "emulated.py", "kernel", "one_rank")
+    assert "one_rank kernel: 7 calls" in out, out
+
+
 @pytest.mark.parametrize("late_ms", [20, 2500])
 def test_emulated_call_on_another_stream_waits_for_the_call_before(late_ms):
     out = run_mpi(2, "emulated.py", "kernel", "previous_stream", str(late_ms))

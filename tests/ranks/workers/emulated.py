@@ -860,6 +860,29 @@ def launch_end(mpi, mode):
     say(f"launch_end {mode} ranks={mpi.size}: calls up to #{c.completed} reported")
 
 
+def one_rank(mpi, mode):
+    """A one-rank communicator in kernel mode: a call that moves nothing (a broadcast, a count-0
+    call) has nothing to run and no peer to compare with, so it is not launched
+    (cuda::runs_anything) and no end of it is ever reported. Every call is queued as if on
+    another stream than the one before (its end reported 20 ms late): the call after a skipped
+    one must wait for the launch before that, not for the skipped call's end, which would never
+    come (the timeout, 1.5 s)."""
+    assert mpi.size == 1, mpi.size
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3, previous_late_ms=20, timeout=1.5)
+    c = dev.dev
+    calls = [("all_gather", 5), ("broadcast", 7), ("all_gather", 0), ("reduce_scatter", 4),
+             ("broadcast", 3), ("all_gather", 9), ("broadcast", 1)]  # fmt: skip
+    start = time.perf_counter()
+    for i, (collective, count) in enumerate(calls):
+        run_checked(dev, mpi, collective, np.dtype(np.float32), count, None, i)
+    took = time.perf_counter() - start
+    time.sleep(0.1)  # the last launch's late report
+    # The last call (a broadcast) was not launched: the done word holds the call before it.
+    assert c.completed == c.seq - 1, (c.completed, c.seq)
+    assert took < 1.0, took
+    say(f"one_rank {mode}: {len(calls)} calls in {took:.3f} s, the last launch #{c.completed}")
+
+
 def previous_stream(mpi, mode, late_ms):
     """A call queued on another stream than the call before waits on the device until that
     call has reported its end (step_kernel.h, wait_previous). Here every call is queued so, and
@@ -890,6 +913,7 @@ def previous_stream(mpi, mode, late_ms):
 
 # The special COLLECTIVE values: each runs as fn(mpi, mode, collective, staging).
 SPECIAL = {
+    "one_rank": lambda mpi, mode, _c, _s: one_rank(mpi, mode),
     "shapes": lambda mpi, mode, _c, _s: shapes(mpi, mode),
     "replay": lambda mpi, mode, _c, _s: replay(mpi, mode),
     "grid": lambda mpi, mode, _c, _s: grid(mpi, mode),
