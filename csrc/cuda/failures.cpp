@@ -136,7 +136,9 @@ void CudaComm::watchdog_loop() {
 
 void CudaComm::stop_peers_on_mismatch() {
   if (mode_ != SyncMode::Kernel || segment_ == nullptr || side_ == nullptr) return;
-  static const uint64_t word = fail_word(rank_, rank_);
+  // This communicator's rank (a static would keep the first communicator's in the process);
+  // the copy from pageable memory is synchronised below, before `word` goes out of scope.
+  const uint64_t word = fail_word(rank_, rank_);
   // Not part of any graph a thread may be capturing (relaxed mode), on a stream of its own:
   // stream_ may hold a launch that waits for a peer that waits for this word.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
