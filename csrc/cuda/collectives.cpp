@@ -21,7 +21,7 @@ Algo CudaComm::choose(Collective c, size_t bytes) const {
 // The steps are uploaded on the stream of the launch that first reads them, so it reads them
 // only once they are in place (a synchronous copy on the legacy stream is not ordered with a
 // non-blocking stream's kernels, and may return before its DMA ends). Later launches follow
-// that one: on its stream, or on the device after its end (wait_previous).
+// that one: on its stream, or on another stream that waits for its end (launch_kernel_mode).
 const CudaComm::CachedPlan& CudaComm::plan_for(const CollectiveCall& call, Algo algo,
                                                cudaStream_t stream) {
   return plans_.get(
@@ -167,15 +167,23 @@ bool CudaComm::run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp,
 bool CudaComm::launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
                                   bool eager) {
   // Not launched, it never reports an end: neither close(), nor this call's Work, nor a later
-  // launch on another stream (wait_previous) may wait for one.
+  // launch on another stream may wait for one.
   if (!runs_anything(a)) return false;
   if (eager) {
     a.finished = finished_;
     a.done_seq = seq;
-    a.after_seq = last_launch_ != 0 && stream != last_stream_ ? last_launch_ : 0;
+    // This rank's launch before, on another stream, ends before this one starts: the stream
+    // waits for it (launch_end_, recorded right after it), so this launch's blocks take no SM
+    // while it runs, and read the counts it left. (A block spinning on the device for that end
+    // would hold an SM that the launch it waits for may need: residency, cuda/residency.h.)
+    if (last_launch_ != 0 && stream != last_stream_)
+      PYCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, launch_end_, 0));
   }
   PYCOLL_CUDA_CHECK(launch_steps(dtype, a, stream));
   if (eager) {
+    // Recorded after every eager launch, not when the next call turns out to use another
+    // stream: by then this stream may have been destroyed.
+    PYCOLL_CUDA_CHECK(cudaEventRecord(launch_end_, stream));
     last_stream_ = stream;
     last_launch_ = seq;
   }

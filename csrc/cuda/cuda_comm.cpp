@@ -64,6 +64,7 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     PYCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
+    PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&launch_end_, cudaEventDisableTiming));
     if (opts_.host_events)
       for (cudaEvent_t& e : fence_events_)
         PYCOLL_CUDA_CHECK(
@@ -204,6 +205,7 @@ void CudaComm::release() {
   status_dev_ = nullptr;
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (step_done_ != nullptr) cudaEventDestroy(step_done_);
+  if (launch_end_ != nullptr) cudaEventDestroy(launch_end_);
   for (auto& pair : peer_fence_events_)
     for (cudaEvent_t e : pair)
       if (e != nullptr) cudaEventDestroy(e);
@@ -214,7 +216,7 @@ void CudaComm::release() {
   }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (side_ != nullptr) cudaStreamDestroy(side_);
-  ready_ = step_done_ = nullptr;
+  ready_ = step_done_ = launch_end_ = nullptr;
   stream_ = side_ = nullptr;
   if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }

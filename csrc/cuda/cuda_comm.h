@@ -22,8 +22,8 @@
 // A blocking collective in kernel mode is one launch on the caller's stream, no event: the
 // last block to end writes the call's number into the host-mapped status (DeviceStatus::done),
 // which the host reads instead of querying an event; a launch on another stream than the call
-// before first waits on the device for that number, so a rank's collectives still run one at
-// a time, in issue order. Other calls (async, captured, host mode, the barrier) are queued on
+// before is queued behind an event recorded after that call's launch, so a rank's collectives
+// still run one at a time, in issue order, and never hold SMs while waiting for each other. Other calls (async, captured, host mode, the barrier) are queued on
 // the communicator's own stream, behind the caller's, which then waits for them (or, for async
 // work, when asked).
 #pragma once
@@ -199,13 +199,13 @@ class CudaComm {
                           const std::vector<uint8_t*>& out) const;
   // Kernel mode: one launch (two for several blocks: launches_of) on `stream` that compares
   // call `f` with every peer's on the device and runs `cp`'s steps (none when null: it only
-  // compares). `eager` (not captured): it reports its end in the done word, and waits on the
-  // device for the call before when that was launched on another stream. Returns whether
+  // compares). `eager` (not captured): it reports its end in the done word, and its stream
+  // waits for the call before when that was launched on another stream. Returns whether
   // anything was launched (runs_anything).
   bool run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f,
                        cudaStream_t stream, bool eager);
   // Launches `a` on `stream`; `eager`: as call number `seq`, reporting its end in the done word
-  // and ordered after this rank's call before on the device (wait_previous). Returns false,
+  // and ordered after this rank's call before (launch_end_). Returns false,
   // launching nothing and leaving the last launch as it was, when `a` runs nothing.
   bool launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
                           bool eager);
@@ -251,9 +251,11 @@ class CudaComm {
   std::shared_ptr<const DeviceStatus> status_keep_;  // owns status_host_
   uint32_t* error_claim_ = nullptr;                  // device memory, see DeviceStatus
   uint32_t* finished_ = nullptr;                     // device memory, see KernelArgs::finished
-  // The last eager kernel-mode launch: its stream and call number (after_seq for the next).
+  // The last eager kernel-mode launch: its stream, call number, and an event recorded on that
+  // stream right after it, which a launch on another stream waits for.
   cudaStream_t last_stream_ = nullptr;
   uint64_t last_launch_ = 0;
+  cudaEvent_t launch_end_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // writes the failure word while stream_ may be stuck
   cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue

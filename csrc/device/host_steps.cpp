@@ -163,11 +163,6 @@ std::string device_mismatch_message(const char* name, const DeviceStatus& st, in
 std::string device_wait_target(const DeviceStatus& st, int rank) {
   if (st.peer == rank && st.step == -2)
     return str_cat("this rank's comparison of the call with its peers (block ", st.block, ")");
-  if (st.peer == rank)
-    return str_cat(
-        "this rank's previous collective to end (it was queued on another stream; "
-        "block ",
-        st.block, ")");
   return str_cat("rank ", st.peer, " (step ", st.step, ", block ", st.block, ")");
 }
 

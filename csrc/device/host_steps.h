@@ -375,7 +375,7 @@ inline Fingerprint registered_fingerprint(Fingerprint f, const RegisteredCall& t
 // two calls and the fields that differ where this rank found it, else which rank stopped on one.
 std::string device_mismatch_message(const char* name, const DeviceStatus& st, int rank);
 // What a device wait that gave up (kTimeout, kAborted) waited for: "rank 2 (step 3, block 0)",
-// or this rank's previous call (wait_previous: a launch queued on another stream).
+// or this rank's comparison of the call (the gate).
 std::string device_wait_target(const DeviceStatus& st, int rank);
 
 }  // namespace cuda

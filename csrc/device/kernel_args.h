@@ -145,8 +145,7 @@ struct DeviceStatus {
   uint64_t theirs[3];
   uint64_t fail;
   // Kernel mode: the number of this rank's last eager call whose launch has ended, every block
-  // of it (finish_launch, step_kernel.h). The host reads it instead of querying an event, and a
-  // launch on another stream than the call before waits for it on the device (after_seq).
+  // of it (finish_launch, step_kernel.h). The host reads it instead of querying an event.
   uint64_t done;
 };
 enum DeviceError : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2, kMismatch = 3 };
@@ -187,12 +186,11 @@ struct KernelArgs {
   uint64_t fingerprint[3];  // CallHeader::words of this call
   // Kernel mode, eager launches (0 in a capture and in host mode): the last block of the
   // launch to end writes done_seq into status->done; `finished` (device memory) counts the
-  // blocks that have ended, back to 0 once the last has. A launch queued on another stream
-  // than this rank's call before waits, before anything else, until status->done reaches
-  // after_seq (0: no wait; the stream orders them).
+  // blocks that have ended, back to 0 once the last has. No block waits for this rank's call
+  // before: a launch on another stream than that call's is ordered after it by the host (an
+  // event on that call's stream), so that a rank never has two launches resident at once.
   uint32_t* finished;
   uint64_t done_seq;
-  uint64_t after_seq;
   // An eager launch of several blocks that checks the call (launches_of): block 0 opens the
   // gate (writes done_seq there) once it has compared the call with every peer's, and the
   // other blocks wait for it before anything else, so no block moves data, or waits for a
@@ -231,7 +229,6 @@ inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
   out[0].done_seq = 0;  // the call has not ended with its check
   out[1] = a;
   out[1].check_calls = false;
-  out[1].after_seq = 0;  // the check launch, on the same stream, waited for it
   return runs_anything(out[1]) ? 2 : 1;
 }
 

@@ -631,24 +631,10 @@ PYCOLL_DEVICE void move_step(const KernelArgs& a, BlockState& s, const DevStep& 
   }
 }
 
-// A launch queued on another stream than this rank's call before (after_seq != 0): the
-// leader waits until that call's launch has ended, so that this rank's calls still run one at
-// a time, in the order they were issued, and each block reads the counts the call before left.
-// Bounded as every wait; a timeout names this rank itself.
-PYCOLL_DEVICE bool wait_previous(const KernelArgs& a, const BlockState& s, int b) {
-  const uint64_t* done = &a.status->done;
-  return poll_until(a, s, b, a.segments[a.rank], a.rank, -1,
-                    [&](const uint64_t*& at, uint64_t& seen) {
-                      at = done;
-                      seen = ld_acquire_sys(done);
-                      return seen >= a.after_seq;
-                    });
-}
-
 // Kernel mode, an eager launch (done_seq != 0), once every thread of the block is done: the
 // block is counted, and the last block of the launch to be counted writes the call's number
 // into status->done (host-mapped), after every block's writes: the host learns that the call
-// has ended with no event, and a later launch on another stream waits for it (wait_previous).
+// has ended with no event.
 // Every block ends here, failed or not, so the count always reaches the grid.
 template <class Threads>
 PYCOLL_DEVICE void finish_launch(const KernelArgs& a, const Threads& th) {
@@ -663,9 +649,8 @@ PYCOLL_DEVICE void finish_launch(const KernelArgs& a, const Threads& th) {
   st_release_sys(&a.status->done, a.done_seq);
 }
 
-// The start of block `b` of a launch, before it moves anything: the wait for this rank's call
-// before (on another stream), its own counts, and the call's comparison with every peer's
-// (block 0; the other blocks wait at the gate). False when a wait gave up. `Threads` is how
+// The start of block `b` of a launch, before it moves anything: its own counts, and the call's
+// comparison with every peer's (block 0; the other blocks wait at the gate). False when a wait gave up. `Threads` is how
 // the block's threads are spelled: CUDA threads on the GPU, a loop over emulated threads on
 // the host. It provides leader(), sync(), each(f) (f(tid, nt) for every thread of the block
 // this caller runs), and ending() (the leader, as its block ends: a probe for the emulated
@@ -674,9 +659,9 @@ template <class Threads>
 PYCOLL_DEVICE bool start_block(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
   if (th.leader()) {
     s.start_ns = global_timer_ns();
-    s.p.failed = a.after_seq != 0 && !wait_previous(a, s, b);
+    s.p.failed = false;
     s.c = a.counters;
-    if (a.use_flags && !s.p.failed) load_own_counts(a, s.c, b);
+    if (a.use_flags) load_own_counts(a, s.c, b);
   }
   th.sync();
   if (s.p.failed) return false;

@@ -384,7 +384,10 @@ void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan
 }
 
 // An eager kernel-mode launch, as CudaComm makes it (launch_kernel_mode): call number w.seq,
-// its end reported in the done word, and (previous_late_ms) queued as if on another stream.
+// its end reported in the done word, and (previous_late_ms) queued as if on another stream
+// than the call before: then it waits for that call's end before any block starts, as the
+// GPU's stream waits for the event on the call before's stream (the host queued that wait, and
+// no block of it is resident meanwhile). Here the host waits, bounded.
 void EmuComm::launch_eager(DType dtype, cuda::KernelArgs& a, const Regions& regions,
                            const WaitContext& w, bool drill) {
   // Not launched (cuda::runs_anything): no end is reported, and the next launch waits for the
@@ -392,14 +395,28 @@ void EmuComm::launch_eager(DType dtype, cuda::KernelArgs& a, const Regions& regi
   if (!cuda::runs_anything(a)) return;
   a.finished = &finished_;
   a.done_seq = w.seq;
-  a.after_seq = opts_.previous_late_ms > 0 ? late_seq_ : 0;
+  if (opts_.previous_late_ms > 0) wait_previous(w);
   launch(dtype, a, regions, w, drill);
   if (opts_.previous_late_ms > 0) report_late(w.seq);
 }
 
+void EmuComm::wait_previous(const WaitContext& w) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(opts_.timeout_s));
+  for (uint64_t seen; (seen = completed()) < late_seq_;) {
+    if (aborted_.load()) check_usable(w.collective);
+    if (std::chrono::steady_clock::now() > until)
+      throw CollectiveTimeout(str_cat(w.collective, " #", w.seq,
+                                      ": timed out waiting for this rank's previous collective "
+                                      "to end (it was queued on another stream)"));
+    wait_change(&status_.done, seen, 64);
+  }
+}
+
 // previous_late_ms: call `seq` has ended, but its end is taken back and reported later from
 // another thread, as a launch still running on another stream would report it: the next
-// launch must wait for it on the device (cuda::wait_previous).
+// launch must wait for it (wait_previous).
 void EmuComm::report_late(uint64_t seq) {
   if (late_writer_.joinable()) late_writer_.join();
   __atomic_store_n(&status_.done, late_seq_, __ATOMIC_RELEASE);
@@ -429,7 +446,7 @@ void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& 
   LaunchProbe probe;
   probe.stagger_ms = opts_.finish_stagger_ms;
   probe.done = &status_.done;
-  probe.after = a.after_seq;
+  probe.after = opts_.previous_late_ms > 0 && a.done_seq != 0 ? late_seq_ : 0;
   blocks_->run(
       [&](int b) {
         if (b >= a.grid) return;  // not launched on the GPU either (plan_grid)

@@ -86,7 +86,8 @@ struct EmuOptions {
   bool fault_exit = true;
   // Drills of the launch's end (tests): block b reaches its end b * finish_stagger_ms later;
   // with previous_late_ms, every kernel-mode launch is queued as if on another stream than the
-  // call before (cuda::KernelArgs::after_seq), and that call's end is reported this much later.
+  // call before (ordered after that call's end: CudaComm::launch_kernel_mode), and that call's
+  // end is reported this much later.
   int finish_stagger_ms = 0;
   int previous_late_ms = 0;
   bool host_twoshot = true;  // cuda::CudaCommOptions::host_twoshot
@@ -205,6 +206,8 @@ class EmuComm {
   class QueueScope;
   [[noreturn]] void drill_fault() const;
   void report_late(uint64_t seq);
+  // previous_late_ms: waits (bounded) for the end of the launch before (late_seq_).
+  void wait_previous(const WaitContext& w);
   WaitContext wait_context(const char* name, uint64_t seq) const;
 
   int rank_, size_;

@@ -179,8 +179,9 @@ def test_emulated_ll_mismatch(mode):
     assert all("CollectiveMismatch" in line and "count" in line for line in raised), raised
 
 
-# Kernel mode's launch end (step_kernel.h, finish_launch) and its order across streams
-# (wait_previous): a blocking call is one launch on the caller's stream, no event.
+# Kernel mode's launch end (step_kernel.h, finish_launch) and its order across streams (the
+# host's: an event after the launch before): a blocking call is one launch on the caller's
+# stream.
 @pytest.mark.parametrize("mode", ["kernel"])  # host mode launches on the communicator's stream
 def test_emulated_launch_end_is_reported_after_every_block(mode):
     out = run_mpi(3, "emulated.py", mode, "launch_end")

@@ -884,9 +884,10 @@ def one_rank(mpi, mode):
 
 
 def previous_stream(mpi, mode, late_ms):
-    """A call queued on another stream than the call before waits on the device until that
-    call has reported its end (step_kernel.h, wait_previous). Here every call is queued so, and
-    the call before reports its end `late_ms` after it has run: a block that ran before that
+    """A call queued on another stream than the call before starts only once that call has
+    ended: its stream waits for an event recorded after that launch (CudaComm::
+    launch_kernel_mode), so no block of it holds an SM meanwhile. Here every call is queued so,
+    and the call before reports its end `late_ms` after it has run: a block that ran before that
     report is seen by the emulated device. With a report later than the timeout, the wait
     gives up and names this rank's previous collective, on every rank."""
     timeout = 1.0 if late_ms > 1000 else 60.0
