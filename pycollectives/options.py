@@ -38,7 +38,9 @@ PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicat
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch; ``auto``: the GPU's
-                                            SMs over the ranks that share it, at most 64
+                                            SMs over the ranks that share it, at most 64;
+                                            kernel mode takes fewer (or host mode) where
+                                            not every rank's can be resident at once
 PYCOLL_CUDA_LL_BYTES       32 KiB           GPU kernel mode: messages up to here in the LL
                                             format, data and flag in one store (0: off)
 PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
@@ -270,14 +272,15 @@ class Options:
         o.shared_min_bytes = self.shared_bytes
         return o
 
-    def cuda_options(self, native, device=0, sharing=1):
+    def cuda_options(self, native, device=0, blocks=None):
         """The native options of the CUDA transport (`native`: the ``_cuda`` module) on
-        `device`, which `sharing` ranks share (for ``PYCOLL_CUDA_BLOCKS=auto``)."""
+        `device`, with `blocks` per launch where the residency check chose them
+        (backends/cuda/residency.py), else ``PYCOLL_CUDA_BLOCKS`` (``auto``: a block per SM)."""
         o = native.CudaCommOptions()
         o.timeout = self.timeout
         o.slot_bytes = self.cuda_staging_bytes
         o.nslots = self.cuda_staging_slots
-        o.nblocks = self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), sharing)
+        o.nblocks = blocks or self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), 1)
         o.ll_max_bytes = self.cuda_ll_bytes
         o.host_twoshot = self.cuda_host_twoshot
         o.lookahead = self.cuda_lookahead

@@ -23,9 +23,9 @@
 // last block to end writes the call's number into the host-mapped status (DeviceStatus::done),
 // which the host reads instead of querying an event; a launch on another stream than the call
 // before is queued behind an event recorded after that call's launch, so a rank's collectives
-// still run one at a time, in issue order, and never hold SMs while waiting for each other. Other calls (async, captured, host mode, the barrier) are queued on
-// the communicator's own stream, behind the caller's, which then waits for them (or, for async
-// work, when asked).
+// still run one at a time, in issue order, and never hold SMs while waiting for each other. Other
+// calls (async, captured, host mode, the barrier) are queued on the communicator's own stream,
+// behind the caller's, which then waits for them (or, for async work, when asked).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -59,7 +59,27 @@ cudaError_t launch_one(DType dtype, const KernelArgs& args, cudaStream_t stream)
   return cudaErrorInvalidValue;
 }
 
+template <class T>
+int resident_of() {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, steps_kernel<T>, kThreadsPerBlock, 0) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace
+
+int resident_blocks_per_sm() {
+  const int each[] = {resident_of<int8_t>(),    resident_of<uint8_t>(), resident_of<int32_t>(),
+                      resident_of<long long>(), resident_of<DevHalf>(), resident_of<DevBFloat16>(),
+                      resident_of<float>(),     resident_of<double>()};
+  int fewest = each[0];
+  for (const int n : each) fewest = n < fewest ? n : fewest;
+  return fewest;
+}
 
 cudaError_t launch_steps(DType dtype, const KernelArgs& args, cudaStream_t stream) {
   KernelArgs parts[2];

@@ -15,5 +15,10 @@ constexpr int kThreadsPerBlock = 512;
 // steps use (args.grid of args.layout.nblocks), on `stream`. Returns the launch error, if any.
 cudaError_t launch_steps(DType dtype, const KernelArgs& args, cudaStream_t stream);
 
+// How many blocks of the step kernel one SM of the current device holds at once, for the
+// element type that holds fewest (its registers and shared memory decide): the residency
+// check's unit (backends/cuda/residency.py). 0 when the kernel cannot run there at all.
+int resident_blocks_per_sm();
+
 }  // namespace cuda
 }  // namespace pycoll

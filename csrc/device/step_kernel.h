@@ -650,11 +650,11 @@ PYCOLL_DEVICE void finish_launch(const KernelArgs& a, const Threads& th) {
 }
 
 // The start of block `b` of a launch, before it moves anything: its own counts, and the call's
-// comparison with every peer's (block 0; the other blocks wait at the gate). False when a wait gave up. `Threads` is how
-// the block's threads are spelled: CUDA threads on the GPU, a loop over emulated threads on
-// the host. It provides leader(), sync(), each(f) (f(tid, nt) for every thread of the block
-// this caller runs), and ending() (the leader, as its block ends: a probe for the emulated
-// device's checks).
+// comparison with every peer's (block 0; the other blocks wait at the gate). False when a wait gave
+// up. `Threads` is how the block's threads are spelled: CUDA threads on the GPU, a loop over
+// emulated threads on the host. It provides leader(), sync(), each(f) (f(tid, nt) for every thread
+// of the block this caller runs), and ending() (the leader, as its block ends: a probe for the
+// emulated device's checks).
 template <class Threads>
 PYCOLL_DEVICE bool start_block(const KernelArgs& a, BlockState& s, int b, const Threads& th) {
   if (th.leader()) {

@@ -81,6 +81,10 @@ namespace {
 
 // Where a segment's EmuEvents lie: after the layout, aligned.
 size_t events_at(const cuda::SegmentLayout& L) { return (L.total_bytes() + 63) / 64 * 64; }
+// ... and the SMs of the GPU (EmuSms), after the events; the segment ends there.
+size_t sms_at(const cuda::SegmentLayout& L) { return events_at(L) + 64; }
+size_t segment_bytes_of(const cuda::SegmentLayout& L) { return sms_at(L) + sizeof(EmuSms); }
+static_assert(sizeof(EmuEvents) <= 64, "the events fit their line");
 
 }  // namespace
 
@@ -98,11 +102,14 @@ EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
     throw InvalidArgument("emulated device: bad blocks, threads or slot count");
   layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes,
                               opts.ll_flag_bits);
-  segment_ = ShmSegment::create("pycoll-emu", events_at(layout_) + sizeof(EmuEvents));
+  if (opts.sms < 0) throw InvalidArgument("emulated device: negative SM count");
+  segment_ = ShmSegment::create("pycoll-emu", segment_bytes_of(layout_));
   // The flags, and the LL area: a word that was never written holds no message's flag.
   std::memset(segment_.data(), 0, layout_.flags_bytes);
   std::memset(segment_.data() + layout_.ll_offset, 0,
-              events_at(layout_) + sizeof(EmuEvents) - layout_.ll_offset);
+              segment_bytes_of(layout_) - layout_.ll_offset);
+  reinterpret_cast<EmuSms*>(segment_.data() + sms_at(layout_))->free =
+      static_cast<uint32_t>(opts.sms);
   segments_.assign(size, nullptr);
   segments_[rank] = segment_.data();
   status_.abort = 0;
@@ -114,15 +121,26 @@ EmuComm::~EmuComm() {
 }
 
 void EmuComm::attach(const std::vector<std::string>& segments,
-                     const std::vector<std::string>& flags) {
+                     const std::vector<std::string>& flags, const std::vector<int>& gpus) {
   if (static_cast<int>(segments.size()) != size_ || static_cast<int>(flags.size()) != size_)
     throw InvalidArgument("attach: one device segment and one flag segment per rank expected");
+  if (!gpus.empty() && static_cast<int>(gpus.size()) != size_)
+    throw InvalidArgument("attach: one GPU per rank expected");
   peers_.clear();
   peers_.resize(size_);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    peers_[r] = ShmSegment::open(segments[r], events_at(layout_) + sizeof(EmuEvents));
+    peers_[r] = ShmSegment::open(segments[r], segment_bytes_of(layout_));
     segments_[r] = peers_[r].data();
+  }
+  if (opts_.sms > 0 && opts_.kernel_mode) {
+    int first = rank_;  // the lowest rank on our GPU holds its SMs
+    for (int r = 0; r < size_ && !gpus.empty(); ++r)
+      if (gpus[r] == gpus[rank_]) {
+        first = r;
+        break;
+      }
+    sms_ = reinterpret_cast<EmuSms*>(segments_[first] + sms_at(layout_));
   }
   shm_.attach(flags);
   if (!opts_.kernel_mode && opts_.host_events) queue_ = std::make_unique<OpQueue>();
@@ -438,6 +456,72 @@ void EmuComm::launch(DType dtype, const cuda::KernelArgs& args, const Regions& r
   for (int i = 0; i < n; ++i) launch_one(dtype, parts[i], regions, w, drill && i == n - 1);
 }
 
+struct EmuComm::Dispatch {
+  uint64_t ticket = 0;
+  std::atomic<int> admitted{0};  // blocks [0, admitted) hold an SM, or the dispatch gave up
+  std::atomic<bool> failed{false};
+};
+
+bool EmuComm::take_sm(Dispatch& d, int b, int grid, const WaitContext& w) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(opts_.timeout_s));
+  enum Waited { kDone, kAborted, kTimedOut };
+  auto wait_while = [&](auto&& blocked) {
+    for (int spins = 0; blocked(); ++spins) {
+      if (__atomic_load_n(&status_.abort, __ATOMIC_ACQUIRE) != 0 || d.failed.load())
+        return kAborted;
+      if (spins < 64) continue;
+      if (std::chrono::steady_clock::now() > until) return kTimedOut;
+      std::this_thread::sleep_for(std::chrono::microseconds(spins < 1000 ? 20 : 200));
+    }
+    return kDone;
+  };
+  // The dispatch stops: the next launch on the GPU may go on (bounded errors, not a pile-up),
+  // and this launch's later blocks go by.
+  auto stop = [&] {
+    if (!d.failed.exchange(true) && __atomic_load_n(&sms_->serving, __ATOMIC_ACQUIRE) == d.ticket)
+      __atomic_fetch_add(&sms_->serving, 1, __ATOMIC_ACQ_REL);
+    d.admitted.store(grid);
+  };
+  // Where the launch was stopped (a failing block, a peer's failure), the block runs without
+  // an SM: it sees the stop at once and ends, counted, as a GPU's block that becomes resident
+  // once the others have ended would. Where the wait for an SM timed out, it says so.
+  auto gave_up = [&](Waited why, const std::string& what) {
+    stop();
+    if (why == kTimedOut)
+      throw CollectiveTimeout(str_cat(w.collective, " #", w.seq, ": emulated device: block ", b,
+                                      " of rank ", rank_, "'s launch ", what));
+    return false;
+  };
+  if (Waited x = wait_while([&] { return d.admitted.load() < b; }); x != kDone)
+    return gave_up(x, "was not dispatched: a block before it never became resident");
+  if (b == 0) {
+    d.ticket = __atomic_fetch_add(&sms_->tickets, 1, __ATOMIC_ACQ_REL);
+    if (Waited x = wait_while(
+            [&] { return __atomic_load_n(&sms_->serving, __ATOMIC_ACQUIRE) != d.ticket; });
+        x != kDone)
+      return gave_up(x, str_cat("could not become resident in ", opts_.timeout_s,
+                                " s: a launch dispatched before it on its GPU never had every "
+                                "block resident"));
+  }
+  if (Waited x = wait_while([&] {
+        uint32_t n = __atomic_load_n(&sms_->free, __ATOMIC_ACQUIRE);
+        return n == 0 || !__atomic_compare_exchange_n(&sms_->free, &n, n - 1, false,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+      });
+      x != kDone)
+    return gave_up(x, str_cat("could not become resident in ", opts_.timeout_s,
+                              " s: every one of its GPU's ", opts_.sms,
+                              " SMs is held by a block that waits (more blocks must be resident "
+                              "at once than the GPU holds)"));
+  if (b == grid - 1) __atomic_fetch_add(&sms_->serving, 1, __ATOMIC_ACQ_REL);
+  d.admitted.store(b + 1);
+  return true;
+}
+
+void EmuComm::give_sm() { __atomic_fetch_add(&sms_->free, 1, __ATOMIC_ACQ_REL); }
+
 void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
                          const WaitContext& w, bool drill) {
   std::vector<std::exception_ptr> errors(opts_.nblocks);
@@ -447,12 +531,20 @@ void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& 
   probe.stagger_ms = opts_.finish_stagger_ms;
   probe.done = &status_.done;
   probe.after = opts_.previous_late_ms > 0 && a.done_seq != 0 ? late_seq_ : 0;
+  Dispatch dispatch;
   blocks_->run(
       [&](int b) {
         if (b >= a.grid) return;  // not launched on the GPU either (plan_grid)
         const RegionsScope scope(&regions);
         const ProbeScope probing(&probe);
         try {
+          const bool holds = sms_ != nullptr && take_sm(dispatch, b, a.grid, w);
+          struct Held {  // the SM, until the block ends
+            EmuComm* c;
+            ~Held() {
+              if (c != nullptr) c->give_sm();
+            }
+          } held{holds ? this : nullptr};
           run_block(dtype, a, b, opts_.threads);
           // cuda::finish_launch: the call's number is written by the last block to end, so a
           // block that has ended and finds it there comes after every block's end.

@@ -51,6 +51,20 @@ struct EmuEvents {
   uint64_t completed[2];
 };
 
+// The SMs of an emulated GPU, shared by every rank on it (EmuOptions::sms): in the device
+// segment of the lowest rank on that GPU, after its events. A kernel-mode block runs only once
+// it holds an SM, and keeps it until it ends, as on a GPU; launches are dispatched in the
+// order they reach the GPU, a launch's blocks in block order, and a launch's first block only
+// after every block of the launch before is resident (the GPU's work distributor: a grid's
+// blocks before the next grid's). So a protocol that needs more blocks resident at once than
+// the SMs hold deadlocks here as on a GPU; here the wait for an SM is bounded and says so.
+struct EmuSms {
+  uint32_t free;  // SMs no block holds
+  uint32_t pad;
+  uint64_t tickets;  // launches that have reached the GPU
+  uint64_t serving;  // launches whose every block is resident (or given up)
+};
+
 // A collective captured for replay, as a CUDA graph captures a kernel-mode launch: the launch's
 // arguments, built once at capture, launched again by EmuComm::replay with no host rendezvous
 // and no plan lookup. Replays stay right only because kernel mode's blocks read their message
@@ -103,6 +117,9 @@ struct EmuOptions {
   // Host mode: every call's fingerprints compared on the host before anything moves
   // (cuda::meets_on_host; PYCOLL_CHECK_MISMATCH=0 turns that off on the GPU).
   bool host_checks = true;
+  // Kernel mode: the SMs of each emulated GPU (EmuSms; the ranks on each GPU: attach's
+  // `gpus`), one block per SM; 0: as many as the blocks ask.
+  int sms = 0;
 };
 
 class EmuComm {
@@ -125,7 +142,10 @@ class EmuComm {
   // What the rendezvous exchanges: the device segment's and the host flags' names.
   const std::string& segment_name() const { return segment_.name(); }
   const std::string& flags_name() const { return shm_.name(); }
-  void attach(const std::vector<std::string>& segments, const std::vector<std::string>& flags);
+  // `gpus`: the emulated GPU of each rank (empty: a GPU of its own each), whose SMs the ranks
+  // on it share (EmuOptions::sms).
+  void attach(const std::vector<std::string>& segments, const std::vector<std::string>& flags,
+              const std::vector<int>& gpus = {});
   void unlink();
 
   Algo choose(Collective c, size_t bytes) const;
@@ -203,6 +223,12 @@ class EmuComm {
   void fence(const WaitContext& w);
   void drain_queue();
   EmuEvents* events_of(int rank) const;
+  // Kernel mode with sms: block `b` of a launch of `grid` blocks takes an SM of our GPU
+  // (bounded; in block order, after the launch before on the GPU: EmuSms), and gives it back.
+  // False: the launch was stopped meanwhile, and the block runs without one (to its end).
+  struct Dispatch;
+  bool take_sm(Dispatch& d, int b, int grid, const WaitContext& w);
+  void give_sm();
   class QueueScope;
   [[noreturn]] void drill_fault() const;
   void report_late(uint64_t seq);
@@ -239,6 +265,7 @@ class EmuComm {
   std::atomic<bool> aborted_{false};
   std::string poison_reason_;
   std::mutex run_mu_;
+  EmuSms* sms_ = nullptr;                 // our GPU's SMs (sms > 0), in a segment on it
   std::unique_ptr<BlockThreads> blocks_;  // kernel mode's block threads, from the first launch
   std::unique_ptr<OpQueue> queue_;        // host mode with host_events; last: it stops first
 };

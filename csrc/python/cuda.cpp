@@ -19,6 +19,7 @@
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
+#include "cuda/launch.h"
 #include "cuda/staging.h"
 #include "device/device_capi_impl.h"
 #include "device/plan.h"
@@ -228,6 +229,17 @@ void bind_runtime(py::module_& m) {
     int n = 0;
     PYCOLL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
     return n;
+  });
+  // The device's UUID (16 bytes): which ranks share a GPU, whatever their device numbers.
+  m.def("device_uuid", [](int device) {
+    cudaDeviceProp prop;
+    PYCOLL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return py::bytes(reinterpret_cast<const char*>(prop.uuid.bytes), sizeof(prop.uuid.bytes));
+  });
+  // Blocks of the step kernel one SM of `device` holds at once (cuda/launch.h).
+  m.def("resident_blocks_per_sm", [](int device) {
+    DeviceGuard g(device);
+    return resident_blocks_per_sm();
   });
   // The CUDA runtime this module links (e.g. 13000), and the newest CUDA the driver supports
   // (0: no driver). Never raise: they explain why CUDA cannot be used.

@@ -72,7 +72,8 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("host_events", &emu::EmuOptions::host_events)
       .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)
       .def_readwrite("step_delay_ms", &emu::EmuOptions::step_delay_ms)
-      .def_readwrite("host_checks", &emu::EmuOptions::host_checks);
+      .def_readwrite("host_checks", &emu::EmuOptions::host_checks)
+      .def_readwrite("sms", &emu::EmuOptions::sms);
   py::class_<emu::EmuComm>(m, "EmuComm")
       .def(py::init<int, int, const emu::EmuOptions&>(), py::arg("rank"), py::arg("size"),
            py::arg("options"))
@@ -86,7 +87,8 @@ PYBIND11_MODULE(_emu, m) {
       .def_property_readonly("segment_bytes", &emu::EmuComm::segment_bytes)
       .def_property_readonly("segment_data_bytes", &emu::EmuComm::segment_data_bytes)
       .def_property_readonly("poisoned", &emu::EmuComm::poisoned)
-      .def("attach", &emu::EmuComm::attach, py::arg("segments"), py::arg("flags"))
+      .def("attach", &emu::EmuComm::attach, py::arg("segments"), py::arg("flags"),
+           py::arg("gpus") = std::vector<int>{})
       .def("unlink", &emu::EmuComm::unlink)
       .def("abort", &emu::EmuComm::abort, py::arg("reason"))
       // A backends.Call on numpy arrays, as the host backend takes one (its stream and

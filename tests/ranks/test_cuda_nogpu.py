@@ -63,6 +63,15 @@ def test_cuda_comm_device_is_decided_collectively(case):
 
 
 @needs_cuda_module
+def test_cuda_comm_blocks_fit_every_launch_on_a_gpu():
+    # Every rank's GPU (its UUID and SMs) decides the blocks per launch and the mode, the same
+    # on every rank: fewer blocks where the request would not be resident beside the other
+    # ranks' launches on the GPU, host mode where not even one block of each would.
+    env = {"PYCOLL_DEVICE": "", "PYCOLL_CUDA_SYNC": "kernel"}
+    run_mpi(3, "cuda_nogpu_fake_native.py", "residency", env=env, timeout=120)
+
+
+@needs_cuda_module
 def test_cuda_comm_register_trades_handles_collectively():
     # CudaComm.register over the fake native module: handles in rank order on every rank, a
     # failure on one rank raised on all, the registration released with its array.

@@ -239,6 +239,16 @@ def test_emulated_call_on_another_stream_waits_for_the_call_before(late_ms):
     assert "previous_stream kernel ranks=2" in out, out
 
 
+# Kernel mode on ranks that share a GPU: the emulated GPU has 8 SMs, a block runs only while
+# it holds one (EmuOptions::sms). The residency check's blocks run right, with calls queued on
+# alternating streams and a late rank; 4 blocks each, unchecked, hang a GPU: here every rank
+# raises, bounded, and the emulated device names the block that could not become resident.
+@pytest.mark.parametrize("checked", ["checked", "unchecked"])
+def test_emulated_blocks_of_ranks_sharing_a_gpu_fit_its_sms(checked):
+    out = run_mpi(4, "emulated.py", "kernel", "residency", checked)
+    assert f"residency {checked} ranks=4" in out, out
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("nranks,staging", [(2, "small"), (3, "small"), (4, "default")])
 def test_ring_lookahead(mode, nranks, staging):

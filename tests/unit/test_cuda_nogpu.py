@@ -406,8 +406,8 @@ def test_auto_block_count_splits_the_gpu_among_its_ranks():
 
 
 def test_auto_block_count_reaches_the_cuda_transport():
-    # "auto" asks the device for its SM count (here a stand-in module that has one), and the
-    # sharing the communicator passes; a bad value names the variable before anything is made.
+    # "auto" asks the device for its SM count (here a stand-in module that has one) unless the
+    # residency check chose the blocks; a bad value names the variable before anything is made.
     cu = pytest.importorskip("pycollectives._cuda")
 
     class FakeNative:
@@ -415,22 +415,67 @@ def test_auto_block_count_reaches_the_cuda_transport():
 
         @staticmethod
         def sm_count(device):
-            return {0: 132, 1: 108}[device]
+            return {0: 132, 1: 40}[device]
 
-    def nblocks(env, device=0, sharing=1):
+    def nblocks(env, device=0, blocks=None):
         return (
             Options.resolve(timeout=30.0, environ=env)
-            .cuda_options(FakeNative, device, sharing)
+            .cuda_options(FakeNative, device, blocks)
             .nblocks
         )
 
-    assert nblocks({"PYCOLL_CUDA_BLOCKS": "auto"}, 0, 4) == 33
-    assert nblocks({"PYCOLL_CUDA_BLOCKS": "AUTO"}, 1, 2) == 54
-    assert nblocks({"PYCOLL_CUDA_BLOCKS": "5"}, 1, 2) == 5
-    assert nblocks({}, 0, 2) == cu.CudaCommOptions().nblocks == 16
+    assert nblocks({"PYCOLL_CUDA_BLOCKS": "auto"}, 0) == 64
+    assert nblocks({"PYCOLL_CUDA_BLOCKS": "AUTO"}, 1) == 40
+    assert nblocks({"PYCOLL_CUDA_BLOCKS": "auto"}, 0, blocks=33) == 33
+    assert nblocks({"PYCOLL_CUDA_BLOCKS": "5"}, 1) == 5
+    assert nblocks({}, 0) == cu.CudaCommOptions().nblocks == 16
     for bad in ("0", "129", "many"):
         with pytest.raises(ValueError, match="PYCOLL_CUDA_BLOCKS"):
             nblocks({"PYCOLL_CUDA_BLOCKS": bad})
+
+
+def test_residency_fits_every_ranks_launch_on_its_gpu():
+    # Worked by hand. An H100 SXM: 132 SMs, one block of the step kernel per SM.
+    from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_residency
+
+    def gpus(*ranks_per_gpu, sms=132, per_sm=1, limit=None):
+        return [
+            GpuShare(bytes([g]) * 16, sms, per_sm, limit or sms)
+            for g, n in enumerate(ranks_per_gpu)
+            for _ in range(n)
+        ]
+
+    # One rank per GPU: 16 fit (132 >= 16); auto takes 64 (the cap), not 132.
+    r = plan_residency(gpus(1, 1), 16, "kernel")
+    assert (r.mode, r.blocks, r.why) == ("kernel", 16, "")
+    assert plan_residency(gpus(1, 1), 0, "kernel").blocks == 64
+    # 8 ranks under MPS on one GPU: 132 // 8 = 16 each, so the README's 16 fit and 17 do not.
+    assert plan_residency(gpus(8), 16, "kernel").blocks == 16
+    r = plan_residency(gpus(8), 17, "kernel")
+    assert (r.mode, r.blocks) == ("kernel", 16)
+    assert "16 blocks per launch instead of PYCOLL_CUDA_BLOCKS=17" in r.why
+    assert "8 ranks share GPU-" in r.why and "132 SMs" in r.why, r.why
+    # auto counts the ranks on each GPU from their UUIDs, not node size / GPUs: 4 ranks on GPU
+    # 0 and 1 on GPU 1 get 132 // 4 = 33, where 5 ranks over 2 GPUs would have said 66 -> 64.
+    assert plan_residency(gpus(4, 1), 0, "kernel").blocks == 33
+    # 128 requested on a 108-SM GPU with a rank of its own: 108.
+    assert plan_residency(gpus(1, sms=108), 128, "kernel").blocks == 108
+    # Two blocks per SM double the room: 8 ranks on 132 SMs, 264 // 8 = 33.
+    assert plan_residency(gpus(8, per_sm=2), 0, "kernel").blocks == 33
+    # MPS at 25%: each process may use 33 of the 132 SMs, whatever the others do.
+    assert mps_sm_limit(132, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}) == 33
+    assert mps_sm_limit(132, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "x"}) == 132
+    r = plan_residency(gpus(2, limit=33), 64, "kernel")
+    assert (r.blocks, "33 SMs per process under MPS" in r.why) == (33, True), r
+    # More ranks than SMs: not one block of each fits: host mode, and it says so.
+    r = plan_residency(gpus(140), 4, "kernel")
+    assert (r.mode, r.blocks) == ("host", 4) and "host mode instead of kernel mode" in r.why
+    # A kernel that no SM can hold.
+    assert plan_residency(gpus(1, per_sm=0), 0, "kernel").mode == "host"
+    # Host mode keeps any request: its launches never wait for another process.
+    r = plan_residency(gpus(8), 128, "host")
+    assert (r.mode, r.blocks, r.why) == ("host", 128, "")
+    assert plan_residency(gpus(8), 0, "host").blocks == 16
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ Example (``mpiexec -n 2 python example.py``)::
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 from pycollectives.backends import Call, gathered_or_raise, same_on_every_rank
@@ -39,6 +40,7 @@ from pycollectives.backends.cuda.env import (
     cuda_available,
     mps_active,
 )
+from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_residency
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS_FOR, algo_code, op_code
 from pycollectives.options import Options
@@ -146,7 +148,7 @@ class CudaComm:
         self._inflight = InFlight()
         local_rank, node_size = group.local()
         self._forced = options.algorithm
-        opts, native, error, forced_sync, report = None, None, None, None, None
+        native, error, probe = None, None, None
         try:
             if node_size != size:
                 raise CollectiveError(
@@ -156,14 +158,35 @@ class CudaComm:
             ok, why = cuda_available()
             if not ok:
                 raise CollectiveError(f"CUDA is not available: {why}")
-            forced_sync = options.cuda_sync
             cu = _native()
             on = None if arrays is None else arrays_device(arrays)
             ndev = cu.device_count()[0]
             self.device = choose_device(device, local_rank, ndev, arrays_device=on)
-            # The machine's ranks spread over its GPUs: as many share each (the same on every
-            # rank, so every rank chooses the same block count where the GPUs are alike).
-            opts = options.cuda_options(cu, self.device, -(-node_size // max(1, ndev)))
+            sms = cu.sm_count(self.device)
+            share = (
+                bytes(cu.device_uuid(self.device)),
+                sms,
+                cu.resident_blocks_per_sm(self.device),
+                mps_sm_limit(sms),
+            )
+            probe = (share, mps_active(), options.cuda_sync, options.cuda_blocks)
+        except Exception as e:  # whatever it is, every rank hears of it: no rank waits alone
+            error = f"{type(e).__name__}: {e}"
+        # Two exchanges, each of which turns a failure on any rank into an error on every rank,
+        # never a hang. The first: every rank's GPU, from which every rank makes the same choice
+        # of mode and blocks (the blocks shape the segment, so before it is made).
+        probes = gathered_or_raise(group, "cannot set up the CUDA transport", probe, error)
+        same_on_every_rank([p[3] or "auto" for p in probes], "PYCOLL_CUDA_BLOCKS")
+        shares = [GpuShare(*p[0]) for p in probes]
+        mode = choose_sync_mode([g.uuid for g in shares], [p[1] for p in probes],
+                                [p[2] for p in probes])  # fmt: skip
+        self.residency = plan_residency(shares, probes[0][3] or 0, mode)
+        self.sync_mode = self.residency.mode
+        if self.residency.why and rank == 0:
+            warnings.warn(f"pycollectives: {self.residency.why}", RuntimeWarning, stacklevel=3)
+        report = None
+        try:
+            opts = options.cuda_options(cu, self.device, blocks=self.residency.blocks)
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (
@@ -177,13 +200,9 @@ class CudaComm:
                 ),
                 native.ipc_handle,
                 native.shm_name,
-                native.device_uuid,
-                mps_active(),
-                forced_sync,
             )
-        except Exception as e:  # whatever it is, every rank hears of it: no rank waits alone
+        except Exception as e:
             error = f"{type(e).__name__}: {e}"
-        # One exchange: a failure on any rank is an error on every rank, never a hang.
         try:
             reports = gathered_or_raise(group, "cannot set up the CUDA transport", report, error)
             same_on_every_rank(
@@ -191,8 +210,6 @@ class CudaComm:
                 "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
                 "lookahead, host events)",
             )
-            uuids, mps, forced = ([rep[i] for rep in reports] for i in (3, 4, 5))
-            self.sync_mode = choose_sync_mode(uuids, mps, forced)
         except (CollectiveError, ValueError):
             if native is not None:
                 native.close()

@@ -19,6 +19,8 @@ Usage: mpiexec -n 3 python cuda_nogpu_fake_native.py CASE
                 registration is released when its array goes
   communicator_register pc.Communicator.register: makes the CUDA communicator on the array's
                 device (its first GPU operation) and registers through it
+  residency     the blocks per launch and the mode every rank takes from every rank's GPU
+                (PYCOLL_CUDA_SYNC=kernel, set by the test): the fake GPUs have 8 and 2 SMs
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mpi4py import MPI
 import pycollectives
 
 NDEV = 2
+SMS = {0: 8, 1: 2}  # the fake GPUs' multiprocessors
 
 
 class FakeNativeComm:
@@ -124,6 +127,9 @@ def install_fake_native():
     fake.check_call = REAL_CHECK
     fake.device_count = lambda: (NDEV, "")
     fake.pointer_device = lambda ptr: -1
+    fake.sm_count = lambda device: SMS[device]
+    fake.device_uuid = lambda device: bytes([device]) * 16
+    fake.resident_blocks_per_sm = lambda device: 1
     fake.CudaComm = FakeNativeComm
     fake.CudaCommOptions = FakeOptions
     fake.MAX_RANKS = 32
@@ -222,6 +228,53 @@ def register(mpi, CudaComm):
     comm.close()
 
 
+def residency(mpi, CudaComm):
+    """Kernel mode forced: the blocks every rank's launch may have so that all of them on one
+    GPU are resident at once (backends/cuda/residency.py), the same on every rank."""
+    import os
+    import warnings
+
+    from pycollectives.options import Options
+
+    r, n = mpi.rank, mpi.size
+
+    def made(device, blocks):
+        env = {**os.environ, "PYCOLL_CUDA_BLOCKS": blocks}
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            comm = CudaComm(
+                mpi, r, n, device=device, options=Options.resolve(timeout=20, environ=env)
+            )
+        mine = FakeNativeComm.made[-1]
+        comm.close()
+        told = [str(w.message) for w in said if issubclass(w.category, RuntimeWarning)]
+        return comm.sync_mode, mine.opts.nblocks, told
+
+    # auto, each rank on local_rank % 2: ranks 0 and 2 share GPU 0 (8 SMs): 4 blocks each fit;
+    # rank 1 alone on GPU 1 (2 SMs) fits 2: every rank takes 2, and auto says nothing.
+    mode, blocks, told = made(None, "auto")
+    assert (mode, blocks, told) == ("kernel", 2, []), (mode, blocks, told)
+    # 4 asked, all 3 on GPU 0: 8 // 3 = 2 each; rank 0 says why.
+    mode, blocks, told = made(0, "4")
+    assert (mode, blocks) == ("kernel", 2), (mode, blocks)
+    if r == 0:
+        assert len(told) == 1 and "2 blocks per launch instead of PYCOLL_CUDA_BLOCKS=4" in told[0]
+        assert "3 ranks share GPU-00000000 (8 SMs, 1 block of the kernel per SM)" in told[0]
+    else:
+        assert told == [], told
+    # All 3 on GPU 1 (2 SMs): not one block of each fits: host mode, every rank.
+    mode, blocks, told = made(1, "4")
+    assert (mode, blocks) == ("host", 4), (mode, blocks)
+    assert r != 0 or "host mode instead of kernel mode" in told[0], told
+    # Ranks that ask for different counts hear of it before anything is made.
+    env = {**os.environ, "PYCOLL_CUDA_BLOCKS": "3" if r == 1 else "4"}
+    expect(
+        ValueError,
+        lambda: CudaComm(mpi, r, n, device=0, options=Options.resolve(timeout=20, environ=env)),
+        "PYCOLL_CUDA_BLOCKS",
+    )
+
+
 def main():
     case = sys.argv[1]
     install_fake_native()
@@ -285,6 +338,8 @@ def main():
             ((got_ptr, got_bytes, handles),) = comm._cuda._c.registered.values()
             assert (got_ptr, got_bytes, len(handles)) == (ptr(x), 32, n), (got_ptr, got_bytes)
             expect(ValueError, lambda: comm.empty(4, device=1 - other), "device")
+    elif case == "residency":
+        residency(mpi, CudaComm)
     else:
         raise SystemExit(f"unknown case {case}")
     print(f"{case} rank={r}", flush=True)

@@ -20,7 +20,8 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   rank's queue late in turn), launch_end (each call's end
   reported once every block has ended), previous_stream LATE_MS
   (every call queued as if on another stream than the call before, whose end is reported
-  LATE_MS late), the fault drills dead_peer, timeout,
+  LATE_MS late), residency checked|unchecked (ranks sharing an emulated GPU's SMs, their
+  blocks per launch from the residency check or not), the fault drills dead_peer, timeout,
   mismatch (between calls), dies_mid and stalls_mid (in the middle of a collective; a third
   argument `ll` runs the drills' calls on messages small enough for the LL format), and
   all_to_all, gather_scatter, all_gather_v, reduce_scatter_v (the test bodies of
@@ -76,13 +77,18 @@ class EmulatedDevice:
         o.lookahead = os.environ.get("PYCOLL_CUDA_LOOKAHEAD", "0") == "1"
         if fault is not None:  # (collective number, step, exit?) of a drill on this rank
             o.fault_seq, o.fault_step, o.fault_exit = fault
-        for name, value in opts.items():  # e.g. ll_max_bytes, ll_flag_bits, nslots
+        # Kernel mode: every rank on one emulated GPU (as under MPS) whose SMs hold exactly one
+        # launch of every rank's, unless the test says otherwise: a protocol that needs more
+        # blocks resident at once fails here (EmuOptions::sms).
+        gpus = opts.pop("gpus", [0] * mpi.size if mode == "kernel" else [])
+        o.sms = mpi.size * blocks if mode == "kernel" else 0
+        for name, value in opts.items():  # e.g. ll_max_bytes, ll_flag_bits, nslots, sms
             setattr(o, name, value)
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.dev = _emu.EmuComm(self.rank, self.size, o)
         names = mpi.allgather((self.dev.segment_name, self.dev.flags_name))
-        self.dev.attach([s for s, _ in names], [f for _, f in names])
+        self.dev.attach([s for s, _ in names], [f for _, f in names], gpus)
         mpi.Barrier()
         self.dev.unlink()
 
@@ -912,6 +918,50 @@ def previous_stream(mpi, mode, late_ms):
     say(f"previous_stream {mode} ranks={mpi.size}: {len(calls)} calls in {took:.3f} s")
 
 
+def residency(mpi, mode, checked):
+    """Every rank shares one emulated GPU of 8 SMs (one block per SM: EmuOptions::sms) and asks
+    for 4 blocks per launch. `checked` ("checked"): the blocks come from the residency check
+    (backends/cuda/residency.py: 8 // ranks each), and calls of every kind run right, with a
+    rank late in turn and every call queued as if on another stream than the one before.
+    "unchecked": 4 blocks each, more than the GPU holds at once beside the other ranks'
+    launches: on a GPU every rank hangs; here every rank raises within the (short) timeout, a
+    block that could not become resident saying so."""
+    from pycollectives.backends.cuda.residency import GpuShare, plan_residency
+
+    n, r = mpi.size, mpi.rank
+    chosen = plan_residency([GpuShare(bytes(16), 8, 1, 8)] * n, 4, "kernel")
+    assert (chosen.mode, chosen.blocks) == ("kernel", 8 // n), chosen
+    blocks = chosen.blocks if checked == "checked" else 4
+    timeout = 30.0 if checked == "checked" else 1.5
+    dev = EmulatedDevice(
+        mpi, mode, "small", blocks=blocks, timeout=timeout, sms=8, gpus=[0] * n, previous_late_ms=2
+    )
+    calls = [("all_reduce", 5000), ("all_gather", 900), ("all_reduce", 3), ("broadcast", 4000),
+             ("reduce_scatter", 1200), ("all_reduce", 700)] * 3  # fmt: skip
+    if checked != "checked":
+        start = time.perf_counter()
+        try:
+            run_checked(dev, mpi, "all_reduce", np.dtype(np.float32), 5000, None, 0)
+            said = None
+        except pc.CollectiveError as e:
+            said = f"{type(e).__name__}: {e}"
+        took = time.perf_counter() - start
+        everyone = mpi.allgather((said, took))
+        if r == 0:
+            assert all(s is not None for s, _ in everyone), everyone
+            assert any("could not become resident" in s for s, _ in everyone), everyone
+            assert max(t for _, t in everyone) < 4 * timeout, everyone
+            say(f"residency unchecked ranks={n}: every rank raised, the last after "
+                f"{max(t for _, t in everyone):.1f} s")  # fmt: skip
+        return
+    for i, (collective, count) in enumerate(calls):
+        if i % n == r:
+            time.sleep(0.005)  # this rank late
+        run_checked(dev, mpi, collective, np.dtype(np.float32), count, None, i)
+    if r == 0:
+        say(f"residency checked ranks={n}: {len(calls)} calls, {blocks} blocks each")
+
+
 # The special COLLECTIVE values: each runs as fn(mpi, mode, collective, staging).
 SPECIAL = {
     "one_rank": lambda mpi, mode, _c, _s: one_rank(mpi, mode),
@@ -927,6 +977,7 @@ SPECIAL = {
     "launch_end": lambda mpi, mode, _c, _s: launch_end(mpi, mode),
     "host_events": lambda mpi, mode, _c, events: host_events(mpi, mode, events),
     "previous_stream": lambda mpi, mode, _c, staging: previous_stream(mpi, mode, int(staging)),
+    "residency": lambda mpi, mode, _c, checked: residency(mpi, mode, checked),
     **{c: (lambda mpi, mode, c, _s: new_collectives(mpi, mode, c)) for c in NEW_COLLECTIVES},
     **{c: faults for c in ("dead_peer", "timeout", "mismatch", "dies_mid", "stalls_mid")},
     **{c: (lambda mpi, mode, c, _s: LL_TESTS[c](mpi, mode)) for c in LL_TESTS},
