@@ -78,6 +78,9 @@ def install_stand_ins():
     native.check_call = check_call or (lambda *args, **kw: 0)
     native.device_count = lambda: (1, "")
     native.pointer_device = lambda ptr: 0
+    native.sm_count = lambda device: 132  # the residency check's report of the GPU
+    native.device_uuid = lambda device: bytes(16)
+    native.resident_blocks_per_sm = lambda device: 1
     native.CudaComm, native.CudaCommOptions, native.MAX_RANKS = _NativeComm, _Options, 32
     sys.modules["pycollectives._cuda"] = native
     if check_call is not None:  # the package is imported: its attribute is the stand-in too
