@@ -232,6 +232,19 @@ PYCOLL_DEVICE void load_own_counts(const KernelArgs& a, LaunchCounters& c, int b
   c.bcast_sent = own(L.bcast_posted());
 }
 
+// Whether the block has failed (s.p.failed), as every thread of it sees it: read between two
+// barriers, so that no thread writes the flag again (a failing wait in the next phase) before
+// every thread has read it. Read with one barrier only, a fast thread's failure in the next
+// phase could reach a slow thread still reading it: the two would take different branches and
+// wait at different __syncthreads, which hangs or corrupts the block on a GPU.
+template <class Threads>
+PYCOLL_DEVICE bool block_failed(BlockState& s, const Threads& th) {
+  th.sync();
+  const bool failed = *static_cast<volatile bool*>(&s.p.failed);
+  th.sync();
+  return failed;
+}
+
 // Kernel mode, block 0, before its first step: the call's header goes to every peer, and each
 // peer's header for us is compared with ours (thread t looks after peers t, t + nt, ...), so
 // every pair of ranks compares its calls, as the host's fingerprint rendezvous did, with no
@@ -241,10 +254,10 @@ PYCOLL_DEVICE void load_own_counts(const KernelArgs& a, LaunchCounters& c, int b
 // run one after another: the emulated device's do). Own words (written by this rank's earlier
 // launches) and the header's words are read and written relaxed, all in flight at once; the
 // header's count (release, read with acquire) and its acknowledgement (likewise) order them.
-// On a mismatch, a timeout or an abort the status and our failure word are written and
-// `s.p.failed` is set.
+// On a mismatch, a timeout or an abort the status and our failure word are written, and it
+// returns false (on every thread of the block alike: block_failed).
 template <class Threads>
-PYCOLL_DEVICE void check_call(const KernelArgs& a, BlockState& s, const Threads& th) {
+PYCOLL_DEVICE bool check_call(const KernelArgs& a, BlockState& s, const Threads& th) {
   const SegmentLayout& L = a.layout;
   const int me = a.rank;
   uint8_t* own = a.segments[me];
@@ -253,9 +266,9 @@ PYCOLL_DEVICE void check_call(const KernelArgs& a, BlockState& s, const Threads&
       for (int q = tid; q < L.size; q += nt)
         if (q != me && !s.p.failed && !f(q)) s.p.failed = true;
     });
-    th.sync();
+    return !block_failed(s, th);
   };
-  peers([&](int q) {
+  const bool sent = peers([&](int q) {
     CallHeader* h = reinterpret_cast<CallHeader*>(own + L.header_offset(q));
     const uint64_t written = ld_relaxed_sys(&h->n);
     if (!wait_flag(a, s, 0, a.segments[q], L.ack_offset(me), written, q, -1)) return false;
@@ -263,8 +276,8 @@ PYCOLL_DEVICE void check_call(const KernelArgs& a, BlockState& s, const Threads&
     st_release_sys(&h->n, written + 1);
     return true;
   });
-  if (s.p.failed) return;
-  peers([&](int q) {
+  if (!sent) return false;
+  return peers([&](int q) {
     uint64_t* ack = reinterpret_cast<uint64_t*>(own + L.ack_offset(q));
     const uint64_t want = ld_relaxed_sys(ack) + 1;
     const size_t at = L.header_offset(me);
@@ -664,10 +677,8 @@ PYCOLL_DEVICE bool start_block(const KernelArgs& a, BlockState& s, int b, const 
     if (a.use_flags) load_own_counts(a, s.c, b);
   }
   th.sync();
-  if (s.p.failed) return false;
   if (b == 0 && a.check_calls) {
-    check_call(a, s, th);  // ends with every thread past it
-    if (s.p.failed) return false;
+    if (!check_call(a, s, th)) return false;  // every thread returns the same
     if (a.gate && th.leader()) post_flag(a, a.layout.gate_offset(), a.done_seq);
   } else if (a.gate) {
     // Block 0's waits give up at the timeout, naming the rank they waited for, and then stop
@@ -675,8 +686,7 @@ PYCOLL_DEVICE bool start_block(const KernelArgs& a, BlockState& s, int b, const 
     if (th.leader())
       s.p.failed = !wait_flag(a, s, b, a.segments[a.rank], a.layout.gate_offset(), a.done_seq,
                               a.rank, -2, a.timeout_ns);
-    th.sync();
-    if (s.p.failed) return false;
+    if (block_failed(s, th)) return false;
   }
   return true;
 }
@@ -687,8 +697,8 @@ PYCOLL_DEVICE void run_steps(const KernelArgs& a, BlockState& s, int b, const Th
   for (uint32_t i = a.first_step; i < a.end_step; ++i) {
     const DevStep d = a.steps[i];
     if (th.leader()) prepare<T>(a, s, d, static_cast<int>(i), b);
-    th.sync();
-    if (s.p.failed) return;
+    // Between two barriers: a thread's failed LL receive in move_step writes the flag.
+    if (block_failed(s, th)) return;
     th.each([&](int tid, int nt) { move_step<T>(a, s, d, b, static_cast<int>(i), tid, nt); });
     th.sync();
     if (s.p.failed) return;  // an LL receive gave up
