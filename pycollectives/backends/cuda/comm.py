@@ -187,6 +187,10 @@ class CudaComm:
         report = None
         try:
             opts = options.cuda_options(cu, self.device, blocks=self.residency.blocks)
+            # Interprocess events are host mode's fences only: kernel mode neither creates nor
+            # exports them, so a machine that cannot export them (MPS, some containers) still
+            # runs it.
+            opts.host_events = opts.host_events and self.sync_mode == "host"
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (

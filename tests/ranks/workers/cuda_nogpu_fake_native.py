@@ -113,6 +113,7 @@ class FakeOptions:
         self.slot_bytes, self.nslots, self.nblocks, self.timeout = 1 << 20, 4, 8, 60.0
         self.debug, self.check_mismatch = False, True
         self.oneshot_max_bytes, self.direct_max_bytes = 64 * 1024, 256 * 1024
+        self.ll_max_bytes, self.host_twoshot, self.lookahead, self.host_events = 0, 1, 0, True
 
 
 REAL_CHECK = None
@@ -254,6 +255,8 @@ def residency(mpi, CudaComm):
     # rank 1 alone on GPU 1 (2 SMs) fits 2: every rank takes 2, and auto says nothing.
     mode, blocks, told = made(None, "auto")
     assert (mode, blocks, told) == ("kernel", 2, []), (mode, blocks, told)
+    # Kernel mode makes no interprocess events (host mode's fences); host mode does.
+    assert FakeNativeComm.made[-1].opts.host_events is False
     # 4 asked, all 3 on GPU 0: 8 // 3 = 2 each; rank 0 says why.
     mode, blocks, told = made(0, "4")
     assert (mode, blocks) == ("kernel", 2), (mode, blocks)
@@ -265,6 +268,7 @@ def residency(mpi, CudaComm):
     # All 3 on GPU 1 (2 SMs): not one block of each fits: host mode, every rank.
     mode, blocks, told = made(1, "4")
     assert (mode, blocks) == ("host", 4), (mode, blocks)
+    assert FakeNativeComm.made[-1].opts.host_events is True
     assert r != 0 or "host mode instead of kernel mode" in told[0], told
     # Ranks that ask for different counts hear of it before anything is made.
     env = {**os.environ, "PYCOLL_CUDA_BLOCKS": "3" if r == 1 else "4"}
