@@ -218,6 +218,12 @@ def test_gpu_registered_buffers_in_host_mode(events):
     assert out.count("sync=host cases=") == 2, out
 
 
+def test_gpu_one_rank_closes_at_once():
+    # One rank, kernel mode: calls with nothing to launch never hold up close() (< 1 s).
+    out = run_mpi(1, "gpu_extras.py", "one_rank", timeout=60)
+    assert "one_rank sync=kernel closed in" in out, out
+
+
 def test_gpu_graph_capture_refused_in_host_mode():
     out = run_mpi(2, "gpu_extras.py", "graph", env={"PYCOLL_CUDA_SYNC": "host"})
     assert out.count("sync=host refused") == 2, out
@@ -341,6 +347,15 @@ class TestKernelMode:
         # Blocking calls launched on their callers' streams, in turn: ordered on the device.
         out = run_mpi(2, "gpu_extras.py", "streams", env=kernel_mode_env)
         assert out.count("sync=kernel") == 2, out
+
+    def test_gpu_four_ranks_auto_blocks_late_rank_two_streams(self, kernel_mode_env):
+        # 4 ranks on one GPU under MPS with a block per SM of each one's share (auto, the
+        # residency check's), one rank late in turn, calls alternating between streams: 200
+        # calls, no hang, every result right.
+        env = {**kernel_mode_env, "PYCOLL_CUDA_BLOCKS": "auto", "PYCOLL_TEST_CALLS": "200",
+               "PYCOLL_TEST_LATE_MS": "1"}  # fmt: skip
+        out = run_mpi(4, "gpu_extras.py", "streams", env=env, timeout=120)
+        assert out.count("sync=kernel calls=200") == 4, out
 
     def test_gpu_registered_two_shot(self, kernel_mode_env):
         # comm.empty / register and the two-shot all-reduce over them (device/twoshot_kernel.h).

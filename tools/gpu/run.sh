@@ -3,13 +3,27 @@
 # whose Python 3.12 already has torch, cupy, mpi4py, pytest and the build tools. Run from the
 # repository root, with tools/gpu/wheels/ filled by tools/gpu/fetch_wheels.sh:
 #
-#     bash tools/gpu/run.sh OUTDIR             # see tools/gpu/README.md
-#     bash tools/gpu/run.sh --dry-run OUTDIR   # print the stages and their limits, run nothing
+#     bash tools/gpu/run.sh OUTDIR                  # the first call (see tools/gpu/README.md)
+#     bash tools/gpu/run.sh --call second OUTDIR    # the sweeps and the rest of the GPU suite
+#     bash tools/gpu/run.sh --dry-run [--call C] OUTDIR   # the stages and their limits
 #
+# A GPU comes with 15 minutes of machine time in all, so the work is cut into calls of at
+# most 5 minutes each (limits plus grace), every one useful on its own:
+#   first   env, build (for this GPU's architecture only), paths (every path of the GPU suite
+#           once, each with a check of its result: one rank, host mode, kernel mode under MPS
+#           with auto blocks, a late rank and calls on alternating streams, registered two-shot,
+#           LL, graph replay, torch's CUDA tensors, mismatches), figures (the residency the
+#           GPU allows, then 8 B and 128 MiB all-reduces on 2 and 4 ranks in kernel mode,
+#           synchronised, back to back and in a graph, registered and not)
+#   second  env, build (incremental where the first call's build is still there), bench-2,
+#           bench-mps (the sweeps), gpu (the collective matrices, faults, training job)
+#   all     env build bench-2 bench-mps train gpu under the old 10-minute limits (by hand)
 # Stages, each under its own time limit, each logging into OUTDIR/<stage>.log:
 #   env       nvidia-smi, driver, CUDA runtime, torch/cupy/NCCL versions
 #   build     a venv (.venv-gpu) on top of the machine's packages, the carried wheels, and
 #             `pip install -e .` with the CUDA transport required
+#   paths     pytest -m gpu, the tests of one path or protocol each (not the matrices)
+#   figures   the key figures under an MPS daemon the stage starts and stops
 #   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode), its
 #             all-reduces up to 1 MiB again by the steps (PYCOLL_CUDA_HOST_TWOSHOT=0), on
 #             registered buffers, and from 1 MiB with the host waiting for the GPU at every
@@ -21,51 +35,84 @@
 #             with PYCOLL_CUDA_BLOCKS=auto on 1 MiB and 4 MiB slots, under an MPS daemon it
 #             starts and stops
 #   train     the training job on the GPU, 4 ranks
-#   gpu       the GPU test suite, last: it takes what time is left
+#   gpu       the GPU test suite (second call: what paths did not run), last
 #   emulated  the emulated-device suite (CI runs it on every change; only when asked)
 #   bench-4   the benchmark on 4 ranks in host mode (only when asked)
+# Every stage runs in a session of its own, killed whole at its limit, and is followed by a
+# clean-up (stages.sh): MPS daemons it left are asked to quit (then killed), segments removed.
 # OUTDIR/summary.txt gets one line per stage: status, exit code, seconds, limit. A failed stage
 # does not stop the next; the exit status is 1 if any failed, 2 on bad usage.
 #
-# Environment: PYTHON (python3), STAGES (all of the above), T_ENV, T_BUILD, T_GPU, T_EMULATED,
-# T_BENCH2, T_BENCH4, T_BENCH_MPS, T_TRAIN (limits in seconds), BENCH_MAX_BYTES (128M), TRAIN_EPOCHS (3),
-# CUDAARCHS (the GPU's compute capability).
+# Environment: PYTHON (python3), CALL (first), STAGES (the call's), T_ENV, T_BUILD, T_PATHS,
+# T_FIGURES, T_GPU, T_EMULATED, T_BENCH2, T_BENCH4, T_BENCH_MPS, T_TRAIN (limits in seconds),
+# BENCH_MAX_BYTES (128M), TRAIN_EPOCHS (3), CUDAARCHS (the GPU's compute capability).
 set -u # and no -e: a failed stage must not stop the stages after it
 
 usage() {
-  echo "usage: $0 [--dry-run] OUTDIR" >&2
+  echo "usage: $0 [--dry-run] [--call first|second|all] OUTDIR" >&2
   exit 2
 }
 DRY_RUN=0
-if [ "${1:-}" = --dry-run ]; then
-  DRY_RUN=1
+CALL=${CALL:-first}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) DRY_RUN=1 ;;
+    --call)
+      [ $# -ge 2 ] || usage
+      CALL=$2
+      shift
+      ;;
+    -*) usage ;;
+    *) break ;;
+  esac
   shift
-fi
-[ $# -eq 1 ] && [ -n "$1" ] && [ "${1#-}" = "$1" ] || usage
+done
+[ $# -eq 1 ] && [ -n "$1" ] || usage
+case $CALL in first | second | all) ;; *) usage ;; esac
 OUTDIR=$1
 if [ "$DRY_RUN" = 0 ]; then
   mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd) || exit 2 # before the cd below
 fi
 cd "$(dirname "$0")/../.." || exit 2
+. tools/gpu/stages.sh
 
 # The emulated-device suite runs in every CI run, and host mode on 4 ranks adds little to
 # host mode on 2; here they are stages to ask for (STAGES=...). The benchmarks run before the
-# GPU suite, so that a suite that runs long never costs the figures.
-STAGES=${STAGES:-env build bench-2 bench-mps train gpu}
-# Limits add up to 540 s (emulated or bench-4, when asked for, take what another stage gives
-# up); with 5 s of grace per stage that stays under the 10 minutes a remote runner gives one
-# command. Raise them when running by hand.
-T_ENV=${T_ENV:-15}
-T_BUILD=${T_BUILD:-95}
-T_GPU=${T_GPU:-130}
+# GPU suite, so that a suite that runs long never costs the figures. Each call's limits plus
+# 5 s of grace per stage add up to at most 300 s (all: 570 s, under the 10 minutes a remote
+# runner gives one command).
+case $CALL in
+  first)
+    STAGES=${STAGES:-env build paths figures}
+    D_ENV=10 D_BUILD=110 D_PATHS=110 D_FIGURES=50 D_GPU=0 D_BENCH2=0 D_BENCH_MPS=0 D_TRAIN=0
+    ;;
+  second)
+    STAGES=${STAGES:-env build bench-2 bench-mps gpu}
+    D_ENV=10 D_BUILD=100 D_PATHS=0 D_FIGURES=0 D_GPU=45 D_BENCH2=45 D_BENCH_MPS=75 D_TRAIN=0
+    ;;
+  all)
+    STAGES=${STAGES:-env build bench-2 bench-mps train gpu}
+    D_ENV=15 D_BUILD=95 D_PATHS=110 D_FIGURES=50 D_GPU=130 D_BENCH2=90 D_BENCH_MPS=185 D_TRAIN=25
+    ;;
+esac
+T_ENV=${T_ENV:-$D_ENV}
+T_BUILD=${T_BUILD:-$D_BUILD}
+T_PATHS=${T_PATHS:-$D_PATHS}
+T_FIGURES=${T_FIGURES:-$D_FIGURES}
+T_GPU=${T_GPU:-$D_GPU}
 T_EMULATED=${T_EMULATED:-120}
-T_BENCH2=${T_BENCH2:-90}
+T_BENCH2=${T_BENCH2:-$D_BENCH2}
 T_BENCH4=${T_BENCH4:-60}
-T_BENCH_MPS=${T_BENCH_MPS:-185}
-T_TRAIN=${T_TRAIN:-25}
+T_BENCH_MPS=${T_BENCH_MPS:-$D_BENCH_MPS}
+T_TRAIN=${T_TRAIN:-$D_TRAIN}
 GRACE=5 # seconds between SIGTERM and SIGKILL when a stage runs over
 BENCH_MAX_BYTES=${BENCH_MAX_BYTES:-128M}
 TRAIN_EPOCHS=${TRAIN_EPOCHS:-3}
+# The GPU suite's tests of one path or protocol each (the first call), and the rest (the
+# second call's gpu stage); tests/gpu/conftest.py runs the path tests first in a whole suite.
+PATHS_K="not collective_matrix and not new_collectives and not training_job and not faults \
+and not bench_ and not call_cost"
+if [ "$CALL" = second ]; then GPU_K="not ($PATHS_K)"; else GPU_K=""; fi
 
 # Resolved before the venv's bin goes first on PATH (it has a python3 of its own).
 BASE_PYTHON=$(command -v "${PYTHON:-python3}") || {
@@ -209,6 +256,39 @@ bench_mps() {
   echo quit | nvidia-cuda-mps-control
   return $rc
 }
+# The first call's figures, under an MPS daemon of its own (kernel mode on a shared GPU): what
+# the residency check finds on this GPU, then 8 B and 128 MiB all-reduces on 2 and 4 ranks,
+# synchronised, back to back and in a graph (gpu_bench.py), staged and registered.
+figures() {
+  local dir rc=0 one="--collectives all_reduce --iters 5 --calls 10"
+  "$PY" - <<'EOF' || rc=1
+from pycollectives import _cuda
+from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_residency
+
+sms = _cuda.sm_count(0)
+share = GpuShare(bytes(_cuda.device_uuid(0)), sms, _cuda.resident_blocks_per_sm(0), mps_sm_limit(sms))
+print(f"residency: {sms} SMs, {share.per_sm} blocks of the step kernel per SM")
+for n in (1, 2, 4, 8):
+    for asked in (0, 16):
+        got = plan_residency([share] * n, asked, "kernel")
+        print(f"  {n} ranks, PYCOLL_CUDA_BLOCKS={asked or 'auto'}: {got.mode} mode, "
+              f"{got.blocks} blocks{'; ' + got.why if got.why else ''}")
+EOF
+  dir=$(mktemp -d /tmp/pycoll-mps-XXXXXX) || return 1
+  export CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || return 1
+  for n in 2 4; do
+    PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n "$PY" benchmarks/gpu_bench.py --max-bytes 8 \
+      $one || rc=1
+    for reg in "" --registered; do
+      PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n "$PY" benchmarks/gpu_bench.py $reg \
+        --min-bytes 128M --max-bytes 128M $one || rc=1
+    done
+  done
+  echo quit | nvidia-cuda-mps-control # and clean_up_stage, should the stage not get here
+  return $rc
+}
 # Host mode on 2 ranks: the benchmark, then its all-reduces up to 1 MiB again by the steps
 # (PYCOLL_CUDA_HOST_TWOSHOT=0), to set beside the first run's all-reduces through scratch; the
 # registered collectives (one launch between two fences); and all-reduces from 1 MiB, through
@@ -229,7 +309,7 @@ bench_host() {
   done
   return $rc
 }
-export -f show_env build_package bench_mps bench_host
+export -f show_env build_package bench_mps bench_host figures
 
 SUMMARY=$OUTDIR/summary.txt
 FAILED=() # stages that failed, timed out or were skipped
@@ -264,8 +344,13 @@ stage() {
   local log=$OUTDIR/$name.log start=$SECONDS rc status
   echo "== $name (at most ${limit}s): $log"
   printf '$ %s\n' "$*" >"$log"
-  timeout -k "$GRACE" "$limit" "$@" >>"$log" 2>&1 </dev/null
+  run_limited "$limit" "$GRACE" "$@" >>"$log" 2>&1 </dev/null
   rc=$?
+  # Whatever the stage left (an MPS daemon whose quit it never reached, segments of ranks
+  # killed at the limit) goes before the next stage; the log says what there was.
+  local cleaned
+  cleaned=$(clean_up_stage 2>&1)
+  [ -n "$cleaned" ] && echo "$cleaned" | tee -a "$log"
   case $rc in
     0) status=ok ;;
     5) [ $none_ok = 1 ] && status="none (no tests with the marker)" || status=failed ;;
@@ -286,7 +371,7 @@ if [ "$DRY_RUN" = 0 ]; then
     # A runner may copy the working tree beside an older .git: say when the files differ.
     commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     git diff --quiet HEAD -- 2>/dev/null || commit="$commit plus changes (git diff HEAD is not empty)"
-    echo "# commit $commit, CUDAARCHS=$CUDAARCHS, stages: $STAGES"
+    echo "# commit $commit, CUDAARCHS=$CUDAARCHS, call: $CALL, stages: $STAGES"
     printf '%-9s %-34s %5s %7s %6s\n' stage status exit seconds limit
   } >"$SUMMARY"
 fi
@@ -297,13 +382,15 @@ stage build "$T_BUILD" bash -c build_package || BLOCKED="build failed"
 if [ "$DRY_RUN" = 0 ] && [ -z "$BLOCKED" ] && [ ! -x "$PY" ]; then
   BLOCKED="no .venv-gpu: run the build stage"
 fi
+stage paths "$T_PATHS" "$PY" -m pytest -m gpu tests -v -ra --durations=10 -k "$PATHS_K"
+stage figures "$T_FIGURES" bash -c figures
 stage bench-2 "$T_BENCH2" bash -c bench_host
 stage bench-4 "$T_BENCH4" env PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 4 "$PY" \
   benchmarks/gpu_bench.py --max-bytes "$BENCH_MAX_BYTES"
 stage bench-mps "$T_BENCH_MPS" bash -c bench_mps
 stage train "$T_TRAIN" "$MPIEXEC" -n 4 "$PY" -m pycollectives.examples.train --device gpu \
   --epochs "$TRAIN_EPOCHS"
-stage gpu "$T_GPU" "$PY" -m pytest -m gpu tests -q -ra --durations=10
+stage gpu "$T_GPU" "$PY" -m pytest -m gpu tests -q -ra --durations=10 ${GPU_K:+-k "$GPU_K"}
 stage --none-ok emulated "$T_EMULATED" "$PY" -m pytest -m emulated tests -q -ra
 
 if [ "$DRY_RUN" = 1 ]; then

@@ -1,10 +1,14 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
-Usage: mpiexec -n N python gpu_extras.py stream|streams|async|torch|mismatch|graph|ll|registered
+Usage: mpiexec -n N python gpu_extras.py
+    stream|streams|async|torch|mismatch|graph|ll|registered|one_rank
+streams reads PYCOLL_TEST_CALLS (30: calls) and PYCOLL_TEST_LATE_MS (0: rank k % N sleeps this
+long before call k).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -46,17 +50,21 @@ def check_stream(comm: CudaComm):
 def check_streams(comm: CudaComm):
     """Blocking calls on three streams in turn, and now and then an async one: in kernel mode
     a blocking call is one launch on its caller's stream, and one queued on another stream
-    than the call before first waits on the device for that call's end, so the calls still
-    run one at a time, in issue order. Sizes of one block and of several; every result checked
+    than the call before waits for that call's end (an event the host queued), so the calls
+    still run one at a time, in issue order. Sizes of one block and of several; every result checked
     after the streams are synchronised."""
     r, n = comm.rank, comm.size
+    calls = int(os.environ.get("PYCOLL_TEST_CALLS", "30"))
+    late = float(os.environ.get("PYCOLL_TEST_LATE_MS", "0")) / 1000
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(3)]
     pending = []
-    for k in range(30):
+    for k in range(calls):
         s = streams[(k * 7 + k // 3) % 3]
         count = (1, 5000, 1 << 20)[k % 3]
         with s:
             x = cp.full(count, r + k, cp.float32)
+        if late and k % n == r:
+            time.sleep(late)
         if k % 5 == 4:
             comm.all_reduce(x, None, SUM, None, s, True).wait()
         else:
@@ -67,7 +75,8 @@ def check_streams(comm: CudaComm):
     for k, x in pending:
         want = sum(q + k for q in range(n))
         assert float(x.min()) == want == float(x.max()), (k, x.size, float(x.min()), want)
-    print(f"streams rank={r} sync={comm.sync_mode}")
+    blocks = comm.residency.blocks
+    print(f"streams rank={r} sync={comm.sync_mode} calls={calls} blocks={blocks}")
 
 
 def check_async(comm: CudaComm):
@@ -338,6 +347,29 @@ def check_registered(comm: CudaComm):
     print(f"registered rank={r} sync={comm.sync_mode} cases={cases} twoshot={c.twoshot_runs}")
 
 
+def check_one_rank(comm: CudaComm):
+    """One rank in kernel mode: calls with nothing to launch (a broadcast, a count-0 call, the
+    barrier) between calls that launch, on two streams; then close() at once, not after the
+    timeout waiting for an end that a skipped launch never reports."""
+    assert comm.size == 1, comm.size
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    x = cp.arange(5, dtype=cp.float32)
+    for k, s in enumerate((s1, s2, s1, s2)):
+        comm.broadcast(x, 0, None, s, False)
+        comm.all_reduce(x[:0], None, SUM, None, s, False)
+        comm.all_reduce(x, None, SUM, None, s, False)
+        if k % 2:
+            comm.barrier()
+    s1.synchronize()
+    s2.synchronize()
+    assert (x.get() == np.arange(5)).all(), x
+    start = time.perf_counter()
+    comm.close()
+    took = time.perf_counter() - start
+    assert took < 1.0, took
+    print(f"one_rank sync={comm.sync_mode} closed in {took:.3f} s")
+
+
 def main():
     what = sys.argv[1]
     use_local_device()
@@ -345,7 +377,7 @@ def main():
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
     checks["streams"] = check_streams
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
-    checks["registered"] = check_registered
+    checks["registered"], checks["one_rank"] = check_registered, check_one_rank
     try:
         checks[what](comm)
     finally:
