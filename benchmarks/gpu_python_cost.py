@@ -81,6 +81,7 @@ def install_stand_ins():
     native.sm_count = lambda device: 132  # the residency check's report of the GPU
     native.device_uuid = lambda device: bytes(16)
     native.resident_blocks_per_sm = lambda device: 1
+    native.has_stream_value_ops = lambda device: True
     native.CudaComm, native.CudaCommOptions, native.MAX_RANKS = _NativeComm, _Options, 32
     sys.modules["pycollectives._cuda"] = native
     if check_call is not None:  # the package is imported: its attribute is the stand-in too

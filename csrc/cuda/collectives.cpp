@@ -233,6 +233,26 @@ void CudaComm::fence(const WaitContext& w) {
     host_meet(shm_, ++barrier_epoch_, w);
     return;
   }
+  if (opts_.fence_counters) {
+    const size_t at = layout_.fence_offset();
+    auto address = [&](int r) { return reinterpret_cast<CUdeviceptr>(segments_[r] + at); };
+    counter_fence(
+        shm_, ++barrier_epoch_, w,
+        [&](uint64_t epoch) {
+          // The default flags: a memory barrier orders the stream's earlier writes before it.
+          if (value_ops_.write(stream_, address(rank_), epoch, CU_STREAM_WRITE_VALUE_DEFAULT) !=
+              CUDA_SUCCESS)
+            throw CollectiveError(str_cat(w.collective, " #", w.seq,
+                                          ": cuStreamWriteValue64 failed on the fence counter"));
+        },
+        [&](int q, uint64_t epoch) {
+          if (value_ops_.wait(stream_, address(q), epoch, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+            throw CollectiveError(str_cat(w.collective, " #", w.seq,
+                                          ": cuStreamWaitValue64 on rank ", q,
+                                          "'s fence counter failed"));
+        });
+    return;
+  }
   event_fence(
       shm_, ++barrier_epoch_, w,
       [&](int k) { PYCOLL_CUDA_CHECK(cudaEventRecord(fence_events_[k], stream_)); },

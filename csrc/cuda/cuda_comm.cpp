@@ -65,7 +65,14 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&launch_end_, cudaEventDisableTiming));
-    if (opts_.host_events)
+    if (opts_.host_events && opts_.fence_counters) {
+      value_ops_ = stream_value_ops(device_);
+      if (!value_ops_)
+        throw CollectiveError(str_cat("device ", device_,
+                                      " has no 64-bit stream memory operations for host mode's "
+                                      "fence counters"));
+    }
+    if (uses_events(opts_))
       for (cudaEvent_t& e : fence_events_)
         PYCOLL_CUDA_CHECK(
             cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess));
@@ -87,16 +94,49 @@ CudaComm::~CudaComm() {
 namespace {
 
 size_t handle_bytes(const CudaCommOptions& o) {
-  return sizeof(cudaIpcMemHandle_t) + (o.host_events ? 2 * sizeof(cudaIpcEventHandle_t) : 0);
+  return sizeof(cudaIpcMemHandle_t) + (uses_events(o) ? 2 * sizeof(cudaIpcEventHandle_t) : 0);
 }
 
 }  // namespace
+
+StreamValueOps stream_value_ops(int device) {
+  StreamValueOps ops;
+  void* get_attribute = nullptr;
+  void* get_device = nullptr;
+  void* write = nullptr;
+  void* wait = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  auto entry = [&](const char* name, void** fn) {
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      *fn = nullptr;
+    }
+    return *fn != nullptr;
+  };
+  if (!entry("cuDeviceGet", &get_device) || !entry("cuDeviceGetAttribute", &get_attribute) ||
+      !entry("cuStreamWriteValue64", &write) || !entry("cuStreamWaitValue64", &wait))
+    return ops;
+  int can = 0;
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using GetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  CUdevice dev = 0;
+  if (reinterpret_cast<DeviceGet>(get_device)(&dev, device) != CUDA_SUCCESS ||
+      reinterpret_cast<GetAttribute>(get_attribute)(
+          &can, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev) != CUDA_SUCCESS ||
+      can == 0)
+    return ops;
+  ops.write = reinterpret_cast<StreamValueOps::Fn>(write);
+  ops.wait = reinterpret_cast<StreamValueOps::Fn>(wait);
+  return ops;
+}
 
 std::string CudaComm::ipc_handle() const {
   cudaIpcMemHandle_t h;
   PYCOLL_CUDA_CHECK(cudaIpcGetMemHandle(&h, segment_));
   std::string s(reinterpret_cast<const char*>(&h), sizeof(h));
-  if (opts_.host_events)
+  if (uses_events(opts_))
     for (cudaEvent_t e : fence_events_) {
       cudaIpcEventHandle_t eh;
       PYCOLL_CUDA_CHECK(cudaIpcGetEventHandle(&eh, e));
@@ -137,7 +177,7 @@ void CudaComm::attach(const std::vector<std::string>& handles,
   }
   // Host mode's fences wait on the peers' events (event_fence).
   peer_fence_events_.assign(size_, {nullptr, nullptr});
-  for (int r = 0; mode_ == SyncMode::Host && opts_.host_events && r < size_; ++r) {
+  for (int r = 0; mode_ == SyncMode::Host && uses_events(opts_) && r < size_; ++r) {
     if (r == rank_) continue;
     for (int k = 0; k < 2; ++k) {
       cudaIpcEventHandle_t eh;

@@ -28,6 +28,7 @@
 // behind the caller's, which then waits for them (or, for async work, when asked).
 #pragma once
 
+#include <cuda.h>  // the types of the driver's stream memory operations (no link to libcuda)
 #include <cuda_runtime_api.h>
 
 #include <array>
@@ -81,7 +82,24 @@ struct CudaCommOptions {
   // host queues a whole call without waiting for the GPU. Off: the host waits for the GPU and
   // meets the peers at every fence.
   bool host_events = true;
+  // ... on fence counters (counter_fence: cuStreamWriteValue64 / cuStreamWaitValue64) instead
+  // of interprocess events; set where every rank's GPU offers 64-bit stream memory operations
+  // (stream_value_ops), the same on every rank.
+  bool fence_counters = false;
 };
+// Host mode's fences on interprocess events: host_events without fence_counters.
+inline bool uses_events(const CudaCommOptions& o) { return o.host_events && !o.fence_counters; }
+
+// The driver's 64-bit stream memory operations (cuStreamWriteValue64, cuStreamWaitValue64),
+// reached through the runtime (no link to libcuda). Null where `device` lacks them or the
+// driver does not offer them.
+struct StreamValueOps {
+  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  Fn write = nullptr;
+  Fn wait = nullptr;
+  explicit operator bool() const { return write != nullptr && wait != nullptr; }
+};
+StreamValueOps stream_value_ops(int device);
 
 // Events for CudaWork, reused: creating one per collective costs a driver call each time.
 class EventPool {
@@ -262,6 +280,7 @@ class CudaComm {
   cudaEvent_t step_done_ = nullptr;
   // host_events: ours (interprocess), and every peer's as opened here (ours: null).
   cudaEvent_t fence_events_[2] = {nullptr, nullptr};
+  StreamValueOps value_ops_;  // fence_counters
   std::vector<std::array<cudaEvent_t, 2>> peer_fence_events_;
   ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers
   ChannelCounters counters_;

@@ -328,12 +328,37 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
 // Host mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
 // `epoch` (one more than this rank's last), then waits, bounded, until every peer has posted
 // it. Host mode's registered calls and scratch fence with it (a fence: the host waits for the
-// GPU, then meets; or event_fence): no launch of host mode waits for another process.
+// GPU, then meets; or counter_fence, event_fence): no launch of host mode waits for another
+// process.
 void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w);
-// Host mode's fence on interprocess events (CudaCommOptions::host_events), the host never
-// waiting for the GPU: every rank has two events that every peer has opened. The fence records
-// this rank's event fence_event(epoch) on its stream (`record(k)`), meets every peer on the host
-// at `epoch`, then queues on its stream a wait on every peer's event of that number
+// Host mode's fence on counters (CudaCommOptions::host_events, where the GPU offers 64-bit
+// stream memory operations), the host never waiting for the GPU: every rank has a fence
+// counter in its device segment (SegmentLayout::fence_offset), which every peer maps. The fence
+// queues on this rank's stream a write of `epoch` into its counter, after everything queued
+// before it (`write(epoch)`: cuStreamWriteValue64, whose default fence orders the stream's
+// earlier writes before it), meets every peer on the host at `epoch` (bounded: a peer that
+// never comes is found here, not by a stream that would wait for it forever), then queues on
+// its stream a wait until every peer's counter is at least `epoch` (`wait_peer(q, epoch)`:
+// cuStreamWaitValue64, GEQ). Counters only grow, and a peer writes one greater than `epoch`
+// only after this fence's work too, so the wait is right however late the GPU reaches it, and
+// whenever it binds: nothing is recorded again under it, as an event is (event_fence).
+template <class Write, class WaitPeer>
+void counter_fence(const ShmTransport& shm, uint64_t epoch, const WaitContext& w, Write&& write,
+                   WaitPeer&& wait_peer) {
+  write(epoch);
+  host_meet(shm, epoch, w);
+  for (int q = 0; q < shm.size(); ++q)
+    if (q != shm.rank()) wait_peer(q, epoch);
+}
+// Host mode's fence on interprocess events (CudaCommOptions::host_events, where the GPU has no
+// 64-bit stream memory operations), the host never waiting for the GPU: every rank has two
+// events that every peer has opened. It assumes that a queued wait on a peer's event waits for
+// the record current when it was queued, as cudaStreamWaitEvent documents within a process;
+// were a GPU to bind it when it reaches the wait, a wait queued long before could take a
+// record made two fences later, and the streams would wait for each other in a cycle (the
+// emulated device's events bind so, and this fence hangs there: counter_fence does not). The fence
+// records this rank's event fence_event(epoch) on its stream (`record(k)`), meets every peer on the
+// host at `epoch`, then queues on its stream a wait on every peer's event of that number
 // (`wait_peer(q, k)`): what it queues next runs once every rank's work queued before the fence
 // has run. A queued wait is for the event's last record before it; the meeting makes that this
 // fence's record, never an earlier one (the peer records before it posts) nor a later one (the

@@ -77,13 +77,17 @@ struct SegmentLayout {
   // Call headers (kernel mode; step_kernel.h, check_call): after every block's flags, one line
   // per peer for the header the segment's owner writes for that peer (CallHeader), one line
   // per peer for the number of that peer's headers the owner has read (its acknowledgement),
-  // the owner's failure word (kFailMismatch...), and its gate: the number of the last eager
-  // call whose block 0 has compared it with every peer (KernelArgs::gate).
+  // the owner's failure word (kFailMismatch...), its gate: the number of the last eager
+  // call whose block 0 has compared it with every peer (KernelArgs::gate), and host mode's
+  // fence counter.
   PYCOLL_HD size_t header_offset(int peer) const { return flag_offset(nblocks, peer); }
   PYCOLL_HD size_t ack_offset(int peer) const { return flag_offset(nblocks, size + peer); }
   PYCOLL_HD size_t fail_offset() const { return flag_offset(nblocks, 2 * size); }
   PYCOLL_HD size_t gate_offset() const { return flag_offset(nblocks, 2 * size + 1); }
-  PYCOLL_HD size_t headers_end() const { return flag_offset(nblocks, 2 * size + 2); }
+  // Host mode's fence counter (host_steps.h, counter_fence): the last fence whose work before
+  // it the owner's stream has run.
+  PYCOLL_HD size_t fence_offset() const { return flag_offset(nblocks, 2 * size + 2); }
+  PYCOLL_HD size_t headers_end() const { return flag_offset(nblocks, 2 * size + 3); }
   // Block `block`'s sub-slot of the slot of message m (1-based) that the segment's owner
   // sends to `to` (to == size: its broadcast channel). It holds the block's slice of the
   // message from its first byte.

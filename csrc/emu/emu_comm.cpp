@@ -276,6 +276,25 @@ void EmuComm::fence(const WaitContext& w) {
     cuda::host_meet(shm_, ++barrier_epoch_, w);
     return;
   }
+  if (opts_.fence_counters) {
+    const size_t at = layout_.fence_offset();
+    cuda::counter_fence(
+        shm_, ++barrier_epoch_, w,
+        [&](uint64_t epoch) {
+          uint64_t* mine = reinterpret_cast<uint64_t*>(segments_[rank_] + at);
+          enqueue([mine, epoch] { __atomic_store_n(mine, epoch, __ATOMIC_RELEASE); });
+        },
+        [&](int q, uint64_t epoch) {
+          const uint64_t* theirs = reinterpret_cast<const uint64_t*>(segments_[q] + at);
+          enqueue([theirs, epoch, q, w] {
+            wait_until([&] { return __atomic_load_n(theirs, __ATOMIC_ACQUIRE) >= epoch; }, w, q,
+                       WaitFor::Barrier);
+          });
+        });
+    return;
+  }
+  // The events bind the weakest way CUDA leaves open: a queued wait waits for the event's
+  // record current when the queue reaches it, not when the host queued it.
   cuda::event_fence(
       shm_, ++barrier_epoch_, w,
       [&](int k) {
@@ -285,8 +304,8 @@ void EmuComm::fence(const WaitContext& w) {
       },
       [&](int q, int k) {
         EmuEvents* theirs = events_of(q);
-        const uint64_t target = __atomic_load_n(&theirs->recorded[k], __ATOMIC_ACQUIRE);
-        enqueue([theirs, k, target, q, w] {
+        enqueue([theirs, k, q, w] {
+          const uint64_t target = __atomic_load_n(&theirs->recorded[k], __ATOMIC_ACQUIRE);
           wait_until(
               [&] { return __atomic_load_n(&theirs->completed[k], __ATOMIC_ACQUIRE) >= target; }, w,
               q, WaitFor::Barrier);

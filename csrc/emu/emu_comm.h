@@ -44,8 +44,9 @@ class EmuComm;
 
 // A rank's two fence events (cuda::event_fence), in its device segment after the layout's end,
 // where its peers read them: how many records the host has queued, and up to which the queue
-// has run. A wait queued on a peer's event waits for the record the host saw last when it
-// queued the wait, as cudaStreamWaitEvent does.
+// has run. A wait queued on a peer's event waits for the record the peer's host made last
+// before this queue reached the wait: the weakest reading of an interprocess event (within a
+// process, cudaStreamWaitEvent binds to the record current when it is called).
 struct EmuEvents {
   uint64_t recorded[2];
   uint64_t completed[2];
@@ -107,6 +108,10 @@ struct EmuOptions {
   bool host_twoshot = true;  // cuda::CudaCommOptions::host_twoshot
   bool lookahead = false;    // cuda::CudaCommOptions::lookahead
   bool host_events = true;   // cuda::CudaCommOptions::host_events
+  // host_events: the fences on counters (cuda::counter_fence), as CudaComm's where the GPU has
+  // 64-bit stream memory operations; false: on emulated interprocess events (event_fence),
+  // whose queued waits bind when the queue reaches them, the weakest reading CUDA allows.
+  bool fence_counters = true;
   // Host mode's queue (tests): in calls of odd number on even ranks and of even number on odd
   // ranks, every queued op starts this much late, so that a rank whose queue does not wait
   // for a peer's reads what that peer has not written yet.

@@ -236,6 +236,9 @@ void bind_runtime(py::module_& m) {
     PYCOLL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     return py::bytes(reinterpret_cast<const char*>(prop.uuid.bytes), sizeof(prop.uuid.bytes));
   });
+  // Whether `device` offers the 64-bit stream memory operations of host mode's fence counters.
+  m.def("has_stream_value_ops",
+        [](int device) { return static_cast<bool>(stream_value_ops(device)); });
   // Blocks of the step kernel one SM of `device` holds at once (cuda/launch.h).
   m.def("resident_blocks_per_sm", [](int device) {
     DeviceGuard g(device);
@@ -289,7 +292,8 @@ void bind_comm(py::module_& m) {
       .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch)
       .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot)
       .def_readwrite("lookahead", &CudaCommOptions::lookahead)
-      .def_readwrite("host_events", &CudaCommOptions::host_events);
+      .def_readwrite("host_events", &CudaCommOptions::host_events)
+      .def_readwrite("fence_counters", &CudaCommOptions::fence_counters);
 
   py::class_<CudaWork, std::shared_ptr<CudaWork>>(m, "CudaWork")
       .def("is_completed", &CudaWork::is_completed)

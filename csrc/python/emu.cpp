@@ -70,6 +70,7 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("host_twoshot", &emu::EmuOptions::host_twoshot)
       .def_readwrite("lookahead", &emu::EmuOptions::lookahead)
       .def_readwrite("host_events", &emu::EmuOptions::host_events)
+      .def_readwrite("fence_counters", &emu::EmuOptions::fence_counters)
       .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)
       .def_readwrite("step_delay_ms", &emu::EmuOptions::step_delay_ms)
       .def_readwrite("host_checks", &emu::EmuOptions::host_checks)

@@ -209,10 +209,12 @@ def test_emulated_host_all_reduce_through_scratch_after_a_late_call_of_steps():
     assert "host_scratch_after_steps ranks=2" in out, out
 
 
-# Host mode's fences (device/host_steps.h, event_fence): the work of a call goes on each
-# rank's queue, ordered across ranks by waits on their emulated interprocess events, every
-# rank's queue late in turn; and the same calls with the fences of PYCOLL_CUDA_HOST_EVENTS=0.
-@pytest.mark.parametrize("events", ["on", "off"])
+# Host mode's fences (device/host_steps.h, counter_fence): the work of a call goes on each
+# rank's queue, ordered across ranks by waits on their fence counters, every rank's queue late
+# in turn; the same calls with the fences of PYCOLL_CUDA_HOST_EVENTS=0; and the fences on
+# interprocess events whose waits bind when the queue reaches them (weak_events): a cycle,
+# every rank raising within the timeout.
+@pytest.mark.parametrize("events", ["on", "off", "weak_events"])
 def test_emulated_host_fences_order_every_ranks_queue(events):
     out = run_mpi(3, "emulated.py", "host", "host_events", events)
     assert f"host_events {events} ranks=3" in out, out

@@ -169,7 +169,13 @@ class CudaComm:
                 cu.resident_blocks_per_sm(self.device),
                 mps_sm_limit(sms),
             )
-            probe = (share, mps_active(), options.cuda_sync, options.cuda_blocks)
+            probe = (
+                share,
+                mps_active(),
+                options.cuda_sync,
+                options.cuda_blocks,
+                bool(cu.has_stream_value_ops(self.device)),
+            )
         except Exception as e:  # whatever it is, every rank hears of it: no rank waits alone
             error = f"{type(e).__name__}: {e}"
         # Two exchanges, each of which turns a failure on any rank into an error on every rank,
@@ -191,6 +197,9 @@ class CudaComm:
             # exports them, so a machine that cannot export them (MPS, some containers) still
             # runs it.
             opts.host_events = opts.host_events and self.sync_mode == "host"
+            # ... on fence counters where every rank's GPU has the stream memory operations
+            # (safe however a GPU binds a wait), else on interprocess events.
+            opts.fence_counters = opts.host_events and all(p[4] for p in probes)
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (
@@ -201,6 +210,7 @@ class CudaComm:
                     opts.host_twoshot,
                     opts.lookahead,
                     opts.host_events,
+                    opts.fence_counters,
                 ),
                 native.ipc_handle,
                 native.shm_name,
@@ -212,7 +222,7 @@ class CudaComm:
             same_on_every_rank(
                 [rep[0] for rep in reports],
                 "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
-                "lookahead, host events)",
+                "lookahead, host events, fence counters)",
             )
         except (CollectiveError, ValueError):
             if native is not None:

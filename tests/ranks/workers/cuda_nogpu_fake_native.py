@@ -131,6 +131,7 @@ def install_fake_native():
     fake.sm_count = lambda device: SMS[device]
     fake.device_uuid = lambda device: bytes([device]) * 16
     fake.resident_blocks_per_sm = lambda device: 1
+    fake.has_stream_value_ops = lambda device: device == 1  # GPU 1 has them, GPU 0 not
     fake.CudaComm = FakeNativeComm
     fake.CudaCommOptions = FakeOptions
     fake.MAX_RANKS = 32
@@ -239,8 +240,8 @@ def residency(mpi, CudaComm):
 
     r, n = mpi.rank, mpi.size
 
-    def made(device, blocks):
-        env = {**os.environ, "PYCOLL_CUDA_BLOCKS": blocks}
+    def made(device, blocks, sync="kernel"):
+        env = {**os.environ, "PYCOLL_CUDA_BLOCKS": blocks, "PYCOLL_CUDA_SYNC": sync}
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             comm = CudaComm(
@@ -268,7 +269,13 @@ def residency(mpi, CudaComm):
     # All 3 on GPU 1 (2 SMs): not one block of each fits: host mode, every rank.
     mode, blocks, told = made(1, "4")
     assert (mode, blocks) == ("host", 4), (mode, blocks)
-    assert FakeNativeComm.made[-1].opts.host_events is True
+    # Host mode's fences: on counters where every rank's GPU has stream memory operations
+    # (all on GPU 1 here), else on interprocess events.
+    opts = FakeNativeComm.made[-1].opts
+    assert (opts.host_events, opts.fence_counters) == (True, True), vars(opts)
+    made(None, "4", sync="host")  # ranks 0 and 2 on GPU 0, which has none: events everywhere
+    opts = FakeNativeComm.made[-1].opts
+    assert (opts.host_events, opts.fence_counters) == (True, False), vars(opts)
     assert r != 0 or "host mode instead of kernel mode" in told[0], told
     # Ranks that ask for different counts hear of it before anything is made.
     env = {**os.environ, "PYCOLL_CUDA_BLOCKS": "3" if r == 1 else "4"}

@@ -803,8 +803,11 @@ def host_events(mpi, mode, events):
     or a host would return before a peer had written its output. All-reduces of three chunks,
     all-gathers, reduce-scatters and broadcasts through scratch, registered all-reduces,
     all-gathers and reduce-scatters, back to back and with new data each time; against numpy,
-    bitwise alike on every rank. `events` "off": the fences without events (the host meets)."""
+    bitwise alike on every rank. `events` "on": the fences on counters (cuda::counter_fence);
+    "off": without (the host waits for its queue, then meets); "weak_events": see weak_events."""
     assert mode == "host", mode
+    if events == "weak_events":
+        return weak_events(mpi)
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, host_events=events == "on", queue_delay_ms=3)
     c, n, r = dev.dev, mpi.size, mpi.rank
     f64, i32 = np.dtype(np.float64), np.dtype(np.int32)
@@ -916,6 +919,35 @@ def previous_stream(mpi, mode, late_ms):
     # Every call after the first waited for the report of the one before.
     assert took >= (len(calls) - 1) * late_ms / 1000, took
     say(f"previous_stream {mode} ranks={mpi.size}: {len(calls)} calls in {took:.3f} s")
+
+
+def weak_events(mpi):
+    """Host mode's fences on interprocess events (cuda::event_fence) where a queued wait binds
+    to the peer's record current when the queue reaches it, the weakest reading CUDA leaves
+    open: a queue that lags its host by two fences waits for a record its peer makes only
+    after waiting for this queue, and the queues wait for each other in a cycle. Every rank
+    raises within the timeout (on a GPU nothing would end it); the fences on counters run the
+    same calls right (host_events on)."""
+    n, r = mpi.size, mpi.rank
+    dev = EmulatedDevice(mpi, "host", "small", blocks=2, queue_delay_ms=3, fence_counters=False,
+                         timeout=2.0)  # fmt: skip
+    f64 = np.dtype(np.float64)
+    cap = dev.dev.segment_data_bytes // f64.itemsize // 16 * 16
+    start, said = time.perf_counter(), None
+    try:
+        for i in range(4):
+            inputs = [make_input(q, 3 * cap - 5, f64, "sum", salt=i) for q in range(n)]
+            got = dev.all_reduce(inputs[r].copy())
+            check_close(got, reference(inputs, "sum", f64), f64, n, f"all_reduce #{i}", "sum")
+    except pc.CollectiveError as e:
+        said = f"{type(e).__name__}: {e}"
+    took = time.perf_counter() - start
+    everyone = mpi.allgather((said, took))
+    if r == 0:
+        assert all(s is not None and "CollectiveTimeout" in s for s, _ in everyone), everyone
+        assert max(t for _, t in everyone) < 8, everyone
+        say(f"host_events weak_events ranks={n}: every rank timed out, the last after "
+            f"{max(t for _, t in everyone):.1f} s")  # fmt: skip
 
 
 def residency(mpi, mode, checked):
