@@ -14,9 +14,10 @@
 // after the work on torch's current stream of the tensors' device, without the host waiting;
 // calls of `async_bytes` and more go on the transport's own stream (later work on the current
 // stream does not wait for them: Work.wait() makes it), smaller ones on the current stream
-// itself. Either way a completion thread of this backend marks the futures once the calls have
-// ended (so a future's callbacks never run on the progress thread, and may issue collectives)
-// and releases their tensors.
+// itself. On a GPU the future is marked at once, its CUDA events behind the calls (no host
+// waits for the GPU); on the host (and the emulated device) a completion thread of this backend
+// marks the futures once the calls have ended (so a future's callbacks never run on the
+// progress thread, and may issue collectives). The completion thread releases the tensors.
 //
 // The device path's transport is made by the first call on device tensors (collective, as the
 // Python backend's first CUDA call): `device(index)` returns its device_api capsule and its
@@ -646,12 +647,32 @@ class Backend : public c10d::Backend {
       }
       p->handles.push_back(h);
     }
-    if (then && on_device && !device.is_cpu()) {  // a GPU: behind the calls on the stream
-      p->mark_on = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+    if (on_device && !device.is_cpu()) {
+      // A GPU: the future is marked now, as ProcessGroupNCCL's is, under a stream that follows
+      // the calls, so that its CUDA events carry the dependency and whoever waits on it (DDP,
+      // at the end of backward, for every bucket) queues a wait on the GPU instead of the host
+      // waiting for the calls to end. Blocking calls are on the current stream, and so are the
+      // copies that follow a list all-gather; async ones on the transport's stream, which a
+      // stream of the pool follows for the marking (the current stream must not wait for them
+      // before Work.wait()). An error the calls find later reaches Work.wait() and the next
+      // call, no longer the future. The completion thread still lets the tensors go.
       if (p->future->completed()) raise(st);  // a call refused: nothing to follow
-      const pycoll_status w = p->wait_for_use(-1.0);
-      if (w.code != PYCOLL_OK) raise(w);
-      then();
+      const c10::impl::VirtualGuardImpl impl(device.type());
+      c10::Stream mark = impl.getStream(device);
+      if (then) {
+        const pycoll_status w = p->wait_for_use(-1.0);
+        if (w.code != PYCOLL_OK) raise(w);
+        then();
+      } else if (async_op) {
+        mark = impl.getStreamFromGlobalPool(device);
+        for (void* h : p->handles) {
+          const uintptr_t on = reinterpret_cast<uintptr_t>(mark.native_handle());
+          if (device_api_->wait_on(h, on, &st) != PYCOLL_OK) raise(st);
+        }
+      }
+      p->mark_on = mark;
+      const c10::StreamGuard guard(mark);
+      p->future->markCompleted(c10::IValue(p->outputs));
     } else {
       p->finish = std::move(then);
     }

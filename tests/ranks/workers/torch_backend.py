@@ -644,6 +644,21 @@ def check_device(gloo):
     work.wait()
     assert work.is_completed() and work.is_success()
     issued += 1
+    if dev.type == "cuda":
+        # A CUDA future is marked when the calls are queued, its events behind them (on the
+        # transport's stream for the large call, the current one for the small): with the GPU
+        # busy for a while (a sleep kernel queued first), the host waits for none of it.
+        big, small = torch.ones(300_000, device=dev), torch.ones(3, device=dev)
+        torch.cuda._sleep(200_000_000)
+        start = time.perf_counter()
+        futs = [dist.all_reduce(x, async_op=True).get_future() for x in (big, small)]
+        dist.all_reduce(torch.ones(7, device=dev))
+        queued = time.perf_counter() - start
+        assert all(f.done() for f in futs), "a CUDA future waited for the GPU"
+        assert queued < 0.05, f"queueing three calls behind a busy GPU took {queued:.3f} s"
+        same(futs[0].wait()[0].cpu(), torch.full((300_000,), float(n)), "device future, async")
+        same(futs[1].wait()[0].cpu(), torch.full((3,), float(n)), "device future, blocking")
+        issued += 3
     assert backend.device_calls - calls == issued, (backend.device_calls - calls, issued)
     assert host_seq(comm) == host_calls, "the host communicator ran a device call"
     ran = device_transport_seq(backend.fallback, dev)
