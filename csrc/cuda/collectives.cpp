@@ -62,6 +62,7 @@ KernelArgs CudaComm::kernel_args(const CollectiveCall& call, const CachedPlan& c
 
 std::shared_ptr<CudaWork> CudaComm::run(const CollectiveCall& call, cudaStream_t stream,
                                         bool async_op) {
+  free_deferred();  // frees put off while a collective was in flight (registry.h)
   std::lock_guard<std::mutex> g(run_mu_);
   const char* name = collective_name(call.collective);
   check_device_call(call, size_);
@@ -305,6 +306,7 @@ void CudaComm::run_host_mode(const CollectiveCall& call, const CachedPlan& cp,
 // it runs once this rank's queued work has, and ends once every peer's has reached it. Host
 // mode meets on the host flags.
 void CudaComm::barrier() {
+  free_deferred();
   std::lock_guard<std::mutex> g(run_mu_);
   check_usable("barrier");
   DeviceGuard dg(device_);

@@ -81,6 +81,27 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     release();
     throw;
   }
+  add_quiet_hook(this, [](const void* c) {
+    return const_cast<CudaComm*>(static_cast<const CudaComm*>(c))->quiet();
+  });
+}
+
+bool CudaComm::quiet() {
+  // A call being launched now (it holds run_mu_) is not quiet; nor is one on its way there
+  // after this answer, which frees nothing: the frees run under the registry's lock, taken
+  // before run() takes run_mu_ (free_deferred).
+  std::unique_lock<std::mutex> g(run_mu_, std::try_to_lock);
+  if (!g.owns_lock()) return false;
+  if (stream_ == nullptr) return true;
+  const uint64_t last = last_launch_.load();
+  if (last != 0 && status_host_ != nullptr &&
+      __atomic_load_n(&status_host_->done, __ATOMIC_ACQUIRE) < last)
+    return false;
+  DeviceGuard dg(device_);
+  const cudaError_t e = cudaStreamQuery(stream_);
+  if (e == cudaSuccess) return true;
+  cudaGetLastError();  // not ready (or failed: the frees wait for the close)
+  return false;
 }
 
 CudaComm::~CudaComm() {
@@ -89,6 +110,8 @@ CudaComm::~CudaComm() {
   } catch (...) {
     release();
   }
+  remove_quiet_hook(this);
+  free_deferred();  // what waited for this communicator's collectives
 }
 
 namespace {
@@ -195,30 +218,34 @@ void CudaComm::attach(const std::vector<std::string>& handles,
 
 void CudaComm::close() {
   if (closed_) return;
+  remove_quiet_hook(this);
   stopping_.store(true);
   if (watchdog_.joinable()) watchdog_.join();
-  std::lock_guard<std::mutex> g(run_mu_);
-  closed_ = true;
-  if (stream_ != nullptr) {
-    DeviceGuard dg(device_);
-    WaitContext w = wait_context("close", seq_);
-    try {
-      wait_queued(w);
-    } catch (const CollectiveError&) {
-      // Stop the device waits, then give the launches a moment to notice.
-      abort("communicator closed with collectives in flight");
-      w.set_deadline(Clock::now() + std::chrono::seconds(10));
+  {
+    std::lock_guard<std::mutex> g(run_mu_);
+    closed_ = true;
+    if (stream_ != nullptr) {
+      DeviceGuard dg(device_);
+      WaitContext w = wait_context("close", seq_);
       try {
         wait_queued(w);
       } catch (const CollectiveError&) {
+        // Stop the device waits, then give the launches a moment to notice.
+        abort("communicator closed with collectives in flight");
+        w.set_deadline(Clock::now() + std::chrono::seconds(10));
+        try {
+          wait_queued(w);
+        } catch (const CollectiveError&) {
+        }
       }
     }
+    {
+      std::lock_guard<std::mutex> w(watch_mu_);
+      last_work_.reset();
+    }
+    release();
   }
-  {
-    std::lock_guard<std::mutex> w(watch_mu_);
-    last_work_.reset();
-  }
-  release();
+  free_deferred();  // what waited for this communicator's collectives
 }
 
 void CudaComm::release() {

@@ -254,6 +254,9 @@ class CudaComm {
   void wait_stream(const WaitContext& w);
   void check_device_status(const char* name);
   void check_usable(const char* name) const;
+  // Nothing of ours in flight on the device: every eager launch has reported its end and our
+  // stream is idle (registry.h, the quiet hook of deferred frees). Any thread.
+  bool quiet();
   WaitContext wait_context(const char* name, uint64_t seq) const;
   void watchdog_loop();
   void release();
@@ -272,7 +275,7 @@ class CudaComm {
   // The last eager kernel-mode launch: its stream, call number, and an event recorded on that
   // stream right after it, which a launch on another stream waits for.
   cudaStream_t last_stream_ = nullptr;
-  uint64_t last_launch_ = 0;
+  std::atomic<uint64_t> last_launch_{0};
   cudaEvent_t launch_end_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // writes the failure word while stream_ may be stuck

@@ -3,6 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
@@ -36,13 +39,76 @@ CudaAllocation::CudaAllocation(int device, size_t bytes) : device_(device), byte
   PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), std::max<size_t>(bytes, 1)));
 }
 
-CudaAllocation::~CudaAllocation() {
-  if (data_ == nullptr) return;
+namespace {
+
+struct Deferred {
+  std::mutex mu;
+  std::vector<std::pair<int, void*>> frees;              // (device, pointer)
+  std::vector<std::pair<const void*, QuietHook>> hooks;  // live communicators
+};
+
+Deferred& deferred() {
+  static Deferred* d = new Deferred;  // never destroyed: frees may come at exit
+  return *d;
+}
+
+bool all_quiet(Deferred& d) {
+  for (const auto& [comm, quiet] : d.hooks)
+    if (!quiet(comm)) return false;
+  return true;
+}
+
+void free_on(int device, void* p) {
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-  cudaSetDevice(device_);
-  cudaFree(data_);
-  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  cudaSetDevice(device);
+  cudaFree(p);
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
+}
+
+}  // namespace
+
+void add_quiet_hook(const void* comm, QuietHook hook) {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> g(d.mu);
+  d.hooks.emplace_back(comm, hook);
+}
+
+void remove_quiet_hook(const void* comm) {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> g(d.mu);
+  d.hooks.erase(std::remove_if(d.hooks.begin(), d.hooks.end(),
+                               [&](const auto& h) { return h.first == comm; }),
+                d.hooks.end());
+}
+
+void defer_free(int device, void* p) {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> g(d.mu);
+  d.frees.emplace_back(device, p);
+  if (!all_quiet(d)) return;
+  for (const auto& [dev, q] : d.frees) free_on(dev, q);
+  d.frees.clear();
+}
+
+size_t free_deferred(bool force) {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> g(d.mu);
+  if (d.frees.empty() || (!force && !all_quiet(d))) return 0;
+  for (const auto& [dev, q] : d.frees) free_on(dev, q);
+  const size_t n = d.frees.size();
+  d.frees.clear();
+  return n;
+}
+
+size_t frees_deferred() {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> g(d.mu);
+  return d.frees.size();
+}
+
+CudaAllocation::~CudaAllocation() {
+  if (data_ != nullptr) defer_free(device_, data_);
 }
 
 std::shared_ptr<CudaAllocation> IpcRegistry::alloc(size_t bytes) {

@@ -28,6 +28,22 @@
 namespace pycoll {
 namespace cuda {
 
+// Frees put off (CudaAllocation's, when its last reference goes): cudaFree waits for every
+// kernel of the process on the device, and a collective of ours may be waiting on the device
+// for a peer that waits for this host, which would then never come. A free is made at once
+// where every communicator of the process is quiet on its device (quiet_hook: no launch in
+// flight, its stream idle), else put off until one is: at a call's start, a barrier's end, a
+// close (free_deferred).
+void defer_free(int device, void* p);
+// Frees what was put off where the quiet hook says every communicator is quiet (or `force`);
+// returns how many it freed.
+size_t free_deferred(bool force = false);
+size_t frees_deferred();  // how many wait
+// Registered by each CudaComm while it lives: whether it has nothing in flight on the device.
+using QuietHook = bool (*)(const void* comm);
+void add_quiet_hook(const void* comm, QuietHook hook);
+void remove_quiet_hook(const void* comm);
+
 class CudaAllocation {
  public:
   CudaAllocation(int device, size_t bytes);

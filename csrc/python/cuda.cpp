@@ -236,6 +236,8 @@ void bind_runtime(py::module_& m) {
     PYCOLL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     return py::bytes(reinterpret_cast<const char*>(prop.uuid.bytes), sizeof(prop.uuid.bytes));
   });
+  // Frees of registered arrays put off while a collective was in flight (cuda/registry.h).
+  m.def("frees_deferred", []() { return frees_deferred(); });
   // Whether `device` offers the 64-bit stream memory operations of host mode's fence counters.
   m.def("has_stream_value_ops",
         [](int device) { return static_cast<bool>(stream_value_ops(device)); });

@@ -357,6 +357,12 @@ class TestKernelMode:
         out = run_mpi(4, "gpu_extras.py", "streams", env=env, timeout=120)
         assert out.count("sync=kernel calls=200") == 4, out
 
+    def test_gpu_free_while_a_collective_waits(self, kernel_mode_env):
+        # cudaFree of a registered array behind a launch that waits for a peer who waits for
+        # this host: put off, not a hang until the timeout.
+        out = run_mpi(2, "gpu_extras.py", "free_while_waiting", env=kernel_mode_env, timeout=120)
+        assert out.count("free_while_waiting rank=") == 2, out
+
     def test_gpu_registered_two_shot(self, kernel_mode_env):
         # comm.empty / register and the two-shot all-reduce over them (device/twoshot_kernel.h).
         out = run_mpi(2, "gpu_extras.py", "registered", env=kernel_mode_env)

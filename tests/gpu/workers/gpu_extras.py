@@ -1,7 +1,7 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
 Usage: mpiexec -n N python gpu_extras.py
-    stream|streams|async|torch|mismatch|graph|ll|registered|one_rank
+    stream|streams|async|torch|mismatch|graph|ll|registered|one_rank|free_while_waiting
 streams reads PYCOLL_TEST_CALLS (30: calls) and PYCOLL_TEST_LATE_MS (0: rank k % N sleeps this
 long before call k).
 """
@@ -347,6 +347,42 @@ def check_registered(comm: CudaComm):
     print(f"registered rank={r} sync={comm.sync_mode} cases={cases} twoshot={c.twoshot_runs}")
 
 
+def check_free_while_waiting(comm: CudaComm):
+    """A registered array freed while a collective of this rank waits on the device for a peer
+    that waits for this host: the free is put off (cudaFree would wait for that collective, and
+    it for the peer: until the timeout), made once nothing is in flight."""
+    import gc
+
+    from pycollectives import _cuda
+
+    r, mpi = comm.rank, MPI.COMM_WORLD
+    x = comm.empty(1 << 20, "float32")
+    x.fill(1)
+    comm.all_reduce(x, None, SUM, None, None, False)
+    cp.cuda.get_current_stream().synchronize()
+    y = cp.ones(4, cp.float32)
+    took = 0.0
+    if r == 0:
+        comm.all_reduce(y, None, SUM, None, None, False)  # waits on the device for rank 1
+        start = time.perf_counter()
+        del x
+        gc.collect()
+        took = time.perf_counter() - start
+        put_off = _cuda.frees_deferred()
+        mpi.Barrier()  # rank 1 calls only after this
+    else:
+        del x
+        mpi.Barrier()
+        comm.all_reduce(y, None, SUM, None, None, False)
+    cp.cuda.get_current_stream().synchronize()
+    assert float(y[0]) == comm.size, float(y[0])
+    assert took < 1.0, f"freeing a registered array took {took:.1f} s"
+    assert r != 0 or put_off >= 1, put_off
+    comm.barrier()
+    assert _cuda.frees_deferred() == 0, _cuda.frees_deferred()
+    print(f"free_while_waiting rank={r} sync={comm.sync_mode} took={took:.3f}")
+
+
 def check_one_rank(comm: CudaComm):
     """One rank in kernel mode: calls with nothing to launch (a broadcast, a count-0 call, the
     barrier) between calls that launch, on two streams; then close() at once, not after the
@@ -378,6 +414,7 @@ def main():
     checks["streams"] = check_streams
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
     checks["registered"], checks["one_rank"] = check_registered, check_one_rank
+    checks["free_while_waiting"] = check_free_while_waiting
     try:
         checks[what](comm)
     finally:
