@@ -129,6 +129,7 @@ inline uint64_t ld_acquire_sys(const uint64_t* p) {
 }
 inline void st_release_sys(uint64_t* p, uint64_t v) {
   emu::check_access(p, sizeof(*p), true);
+  emu::flush_stores();  // the release orders this thread's stores before it (weak visibility)
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
   emu::wake(p);  // blocks asleep in poll_pause on this flag
 }
@@ -151,8 +152,14 @@ inline bool claim(uint32_t* p) {
   uint32_t expected = 0;
   return __atomic_compare_exchange_n(p, &expected, 1u, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
-inline void fence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void fence_device() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void fence_system() {
+  emu::flush_stores();
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+inline void fence_device() {
+  emu::flush_stores();
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
 inline uint32_t count_one(uint32_t* p) { return __atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL); }
 inline void poll_pause(const uint64_t* flag, uint64_t seen, uint64_t spins) {
   emu::wait_change(flag, seen, spins);
@@ -162,24 +169,26 @@ inline Vec16 load16(const void* p) {
   emu::check_aligned16(p);
   Vec16 v;
   std::memcpy(&v, p, 16);
+  emu::forward_load(p, &v, 16);
   return v;
 }
 inline void store16(void* p, Vec16 v) {
   emu::check_data(p, 16, true);
   emu::check_aligned16(p);
-  std::memcpy(p, &v, 16);
+  if (!emu::buffer_store(p, &v, 16)) std::memcpy(p, &v, 16);
 }
 template <class B>
 inline B load_bits(const B* p) {
   emu::check_data(p, sizeof(B), false);
   B v;
   std::memcpy(&v, p, sizeof(B));
+  emu::forward_load(p, &v, sizeof(B));
   return v;
 }
 template <class X>
 inline void store_elem(X* p, const X& v) {
   emu::check_data(p, sizeof(X), true);
-  std::memcpy(static_cast<void*>(p), &v, sizeof(X));
+  if (!emu::buffer_store(p, &v, sizeof(X))) std::memcpy(static_cast<void*>(p), &v, sizeof(X));
 }
 
 #endif

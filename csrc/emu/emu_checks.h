@@ -39,6 +39,7 @@ struct Regions {
   std::vector<Region> list;
   int self = -1;               // the launching rank: regions of other ranks are peers'
   Traffic* traffic = nullptr;  // where check_data's counts go (flush_traffic); none: not counted
+  bool weak_stores = false;    // the launch's data stores are buffered (buffer_store)
 };
 
 // The regions of the launch running on this thread (none: nothing is checked).
@@ -88,6 +89,24 @@ inline void check_data(const void* p, size_t bytes, bool write) {
     }
   fail_access(p, bytes, write);
 }
+
+// Weak visibility. A GPU makes a plain store visible to other processes' loads only once a
+// release or a fence orders it (st_release_sys, fence_system, fence_device) or the kernel has
+// ended; x86 shows every store to every core in order at once, so a missing fence would never
+// fail here. Where the launch asks for it (Regions::weak_stores), a data store (store16,
+// store_elem) goes into the storing thread's buffer instead of memory until that thread's next
+// release or fence, or its block's end (flush_stores); the thread's own loads see it
+// (forward_load), nobody else's do. So a peer that reads data whose flag was posted without a
+// release reads what was there before. (The threads of one emulated block share a buffer: a
+// block's threads see each other's stores, as they do after __syncthreads.)
+// Buffers [p, p + bytes) of `v`; false where stores are not buffered (write it to memory).
+bool buffer_store(void* p, const void* v, size_t bytes);
+// Overlays this thread's buffered bytes of [p, p + bytes) onto `v`, loaded from memory.
+void forward_load(const void* p, void* v, size_t bytes);
+// Writes this thread's buffered stores to memory (a release or a fence, a block's end).
+void flush_stores();
+// Drops them (a block that failed).
+void drop_stores();
 
 inline void check_aligned16(const void* p) {
   if ((reinterpret_cast<uintptr_t>(p) & 15) != 0) fail("a 16-byte access is not 16-byte aligned");

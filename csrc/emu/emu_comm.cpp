@@ -192,6 +192,7 @@ Regions EmuComm::launch_regions(const CollectiveCall& call) const {
       {reinterpret_cast<const uint8_t*>(&status_), sizeof(status_), true, "device status", -1});
   r.self = rank_;
   r.traffic = const_cast<Traffic*>(&traffic_);
+  r.weak_stores = opts_.weak_stores;
   return r;
 }
 
@@ -482,9 +483,15 @@ struct EmuComm::Dispatch {
 };
 
 bool EmuComm::take_sm(Dispatch& d, int b, int grid, const WaitContext& w) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(opts_.timeout_s));
+  // The block at the front of the dispatch gives up at 3/4 of the timeout, before the device
+  // waits of blocks that became resident give up waiting for it (at the timeout), so that its
+  // report is the one; blocks behind it wait twice the timeout, for its report.
+  auto deadline = [&](double share) {
+    return std::chrono::steady_clock::now() +
+           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+               std::chrono::duration<double>(opts_.timeout_s * share));
+  };
+  auto until = deadline(2.0);
   enum Waited { kDone, kAborted, kTimedOut };
   auto wait_while = [&](auto&& blocked) {
     for (int spins = 0; blocked(); ++spins) {
@@ -515,12 +522,13 @@ bool EmuComm::take_sm(Dispatch& d, int b, int grid, const WaitContext& w) {
   };
   if (Waited x = wait_while([&] { return d.admitted.load() < b; }); x != kDone)
     return gave_up(x, "was not dispatched: a block before it never became resident");
+  until = deadline(0.75);
   if (b == 0) {
     d.ticket = __atomic_fetch_add(&sms_->tickets, 1, __ATOMIC_ACQ_REL);
     if (Waited x = wait_while(
             [&] { return __atomic_load_n(&sms_->serving, __ATOMIC_ACQUIRE) != d.ticket; });
         x != kDone)
-      return gave_up(x, str_cat("could not become resident in ", opts_.timeout_s,
+      return gave_up(x, str_cat("could not become resident in ", 0.75 * opts_.timeout_s,
                                 " s: a launch dispatched before it on its GPU never had every "
                                 "block resident"));
   }
@@ -530,7 +538,7 @@ bool EmuComm::take_sm(Dispatch& d, int b, int grid, const WaitContext& w) {
                                                       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
       });
       x != kDone)
-    return gave_up(x, str_cat("could not become resident in ", opts_.timeout_s,
+    return gave_up(x, str_cat("could not become resident in ", 0.75 * opts_.timeout_s,
                               " s: every one of its GPU's ", opts_.sms,
                               " SMs is held by a block that waits (more blocks must be resident "
                               "at once than the GPU holds)"));

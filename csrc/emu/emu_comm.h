@@ -122,6 +122,9 @@ struct EmuOptions {
   // Host mode: every call's fingerprints compared on the host before anything moves
   // (cuda::meets_on_host; PYCOLL_CHECK_MISMATCH=0 turns that off on the GPU).
   bool host_checks = true;
+  // Data stores visible to peers only at a release or a fence, or at the block's end
+  // (emu_checks.h, buffer_store); false: at once, as x86 shows them.
+  bool weak_stores = true;
   // Kernel mode: the SMs of each emulated GPU (EmuSms; the ranks on each GPU: attach's
   // `gpus`), one block per SM; 0: as many as the blocks ask.
   int sms = 0;

@@ -7,10 +7,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/errors.h"
 #include "device/twoshot_kernel.h"
@@ -21,6 +25,64 @@ namespace emu {
 namespace {
 
 thread_local const Regions* tls_regions = nullptr;
+
+// This thread's buffered stores (buffer_store): 16-byte lines, the bytes written and which,
+// in an open-addressing table kept from one flush to the next (a store is on every data
+// path: no allocation per line).
+struct Line {
+  uint8_t bytes[16];
+  uint16_t mask = 0;
+};
+class StoreTable {
+ public:
+  bool empty() const { return used_.empty(); }
+  Line& at(uintptr_t line) {
+    if ((used_.size() + 1) * 2 > keys_.size()) grow();
+    size_t i = slot(line);
+    while (keys_[i] != 0 && keys_[i] != line) i = (i + 1) & (keys_.size() - 1);
+    if (keys_[i] == 0) {
+      keys_[i] = line;
+      used_.push_back(static_cast<uint32_t>(i));
+    }
+    return lines_[i];
+  }
+  const Line* find(uintptr_t line) const {
+    if (keys_.empty()) return nullptr;
+    for (size_t i = slot(line); keys_[i] != 0; i = (i + 1) & (keys_.size() - 1))
+      if (keys_[i] == line) return &lines_[i];
+    return nullptr;
+  }
+  template <class F>
+  void each(F&& f) const {
+    for (const uint32_t i : used_) f(keys_[i], lines_[i]);
+  }
+  void clear() {
+    for (const uint32_t i : used_) {
+      keys_[i] = 0;
+      lines_[i].mask = 0;
+    }
+    used_.clear();
+  }
+
+ private:
+  size_t slot(uintptr_t line) const {
+    return static_cast<size_t>((line >> 4) * 0x9E3779B97F4A7C15ull >> 20) & (keys_.size() - 1);
+  }
+  void grow() {
+    std::vector<std::pair<uintptr_t, Line>> kept;
+    kept.reserve(used_.size());
+    each([&](uintptr_t k, const Line& l) { kept.emplace_back(k, l); });
+    const size_t n = keys_.empty() ? 1024 : keys_.size() * 2;
+    keys_.assign(n, 0);
+    lines_.assign(n, Line{});
+    used_.clear();
+    for (const auto& [k, l] : kept) at(k) = l;
+  }
+  std::vector<uintptr_t> keys_;  // 0: free
+  std::vector<Line> lines_;
+  std::vector<uint32_t> used_;
+};
+thread_local StoreTable tls_stores;
 thread_local LaunchProbe* tls_probe = nullptr;
 thread_local TrafficCounts tls_traffic;
 
@@ -50,7 +112,12 @@ template <class T>
 void run(const cuda::KernelArgs& a, int block, int threads) {
   cuda::BlockState s;
   tls_traffic = TrafficCounts{};
+  struct Ending {  // the block's stores are visible once it has ended (failed: dropped)
+    bool ok = false;
+    ~Ending() { ok ? flush_stores() : drop_stores(); }
+  } ending;
   cuda::run_launch<T>(a, s, block, EmuThreads{threads, block});
+  ending.ok = true;
   flush_traffic();
 }
 
@@ -77,6 +144,54 @@ ProbeScope::ProbeScope(LaunchProbe* p) { tls_probe = p; }
 ProbeScope::~ProbeScope() { tls_probe = nullptr; }
 
 TrafficCounts& thread_traffic() { return tls_traffic; }
+
+bool buffer_store(void* p, const void* v, size_t bytes) {
+  const Regions* rs = current_regions();
+  if (rs == nullptr || !rs->weak_stores) return false;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  const uint8_t* src = static_cast<const uint8_t*>(v);
+  for (size_t i = 0; i < bytes;) {
+    const uintptr_t line = (at + i) & ~uintptr_t{15};
+    const size_t off = at + i - line;
+    const size_t n = std::min<size_t>(bytes - i, 16 - off);
+    Line& l = tls_stores.at(line);
+    std::memcpy(l.bytes + off, src + i, n);
+    l.mask = static_cast<uint16_t>(l.mask | (((1u << n) - 1) << off));
+    i += n;
+  }
+  return true;
+}
+
+void forward_load(const void* p, void* v, size_t bytes) {
+  if (tls_stores.empty()) return;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  uint8_t* dst = static_cast<uint8_t*>(v);
+  for (size_t i = 0; i < bytes;) {
+    const uintptr_t line = (at + i) & ~uintptr_t{15};
+    const size_t off = at + i - line;
+    const size_t n = std::min<size_t>(bytes - i, 16 - off);
+    if (const Line* l = tls_stores.find(line))
+      for (size_t k = 0; k < n; ++k)
+        if (l->mask >> (off + k) & 1) dst[i + k] = l->bytes[off + k];
+    i += n;
+  }
+}
+
+void flush_stores() {
+  if (tls_stores.empty()) return;
+  tls_stores.each([](uintptr_t line, const Line& l) {
+    uint8_t* q = reinterpret_cast<uint8_t*>(line);
+    if (l.mask == 0xffff) {
+      std::memcpy(q, l.bytes, 16);
+      return;
+    }
+    for (int k = 0; k < 16; ++k)
+      if (l.mask >> k & 1) q[k] = l.bytes[k];
+  });
+  tls_stores.clear();
+}
+
+void drop_stores() { tls_stores.clear(); }
 
 void flush_traffic() {
   const Regions* rs = current_regions();

@@ -74,7 +74,8 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)
       .def_readwrite("step_delay_ms", &emu::EmuOptions::step_delay_ms)
       .def_readwrite("host_checks", &emu::EmuOptions::host_checks)
-      .def_readwrite("sms", &emu::EmuOptions::sms);
+      .def_readwrite("sms", &emu::EmuOptions::sms)
+      .def_readwrite("weak_stores", &emu::EmuOptions::weak_stores);
   py::class_<emu::EmuComm>(m, "EmuComm")
       .def(py::init<int, int, const emu::EmuOptions&>(), py::arg("rank"), py::arg("size"),
            py::arg("options"))
