@@ -52,9 +52,12 @@ PYCOLL_CUDA_LOOKAHEAD      0                GPU ring all-reduce: the next piece'
                                             message before this piece's last, two in flight
                                             per channel (1: on)
 PYCOLL_CUDA_HOST_EVENTS    1                GPU host mode: registered calls and scratch
-                                            fence on interprocess events, the host never
-                                            waiting for the GPU (0: the host waits, then
-                                            meets the peers)
+                                            fence on the GPU (counters or interprocess
+                                            events), the host never waiting for the GPU
+                                            (0: the host waits, then meets the peers)
+PYCOLL_CUDA_FENCE_COUNTERS 1                GPU host mode's fences on counters where every
+                                            GPU has stream memory operations (0: always on
+                                            interprocess events)
 =========================  ===============  ==================================================
 """
 
@@ -170,6 +173,7 @@ class Options:
     cuda_host_twoshot: bool = True
     cuda_lookahead: bool = False
     cuda_host_events: bool = True
+    cuda_fence_counters: bool = True
     cuda_ll_bytes: int = 32 << 10
     cuda_sync: str | None = None
 
@@ -217,6 +221,7 @@ class Options:
             cuda_host_twoshot=switch("PYCOLL_CUDA_HOST_TWOSHOT", d.cuda_host_twoshot),
             cuda_lookahead=switch("PYCOLL_CUDA_LOOKAHEAD", d.cuda_lookahead),
             cuda_host_events=switch("PYCOLL_CUDA_HOST_EVENTS", d.cuda_host_events),
+            cuda_fence_counters=switch("PYCOLL_CUDA_FENCE_COUNTERS", d.cuda_fence_counters),
         )
         opts.check()
         return opts

@@ -199,7 +199,10 @@ class CudaComm:
             opts.host_events = opts.host_events and self.sync_mode == "host"
             # ... on fence counters where every rank's GPU has the stream memory operations
             # (safe however a GPU binds a wait), else on interprocess events.
-            opts.fence_counters = opts.host_events and all(p[4] for p in probes)
+            # (PYCOLL_CUDA_FENCE_COUNTERS=0: on the events everywhere.)
+            opts.fence_counters = (
+                opts.host_events and options.cuda_fence_counters and all(p[4] for p in probes)
+            )
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
                 (

@@ -276,6 +276,11 @@ def residency(mpi, CudaComm):
     made(None, "4", sync="host")  # ranks 0 and 2 on GPU 0, which has none: events everywhere
     opts = FakeNativeComm.made[-1].opts
     assert (opts.host_events, opts.fence_counters) == (True, False), vars(opts)
+    os.environ["PYCOLL_CUDA_FENCE_COUNTERS"] = "0"  # and where the user says so
+    made(1, "4", sync="host")
+    del os.environ["PYCOLL_CUDA_FENCE_COUNTERS"]
+    opts = FakeNativeComm.made[-1].opts
+    assert (opts.host_events, opts.fence_counters) == (True, False), vars(opts)
     assert r != 0 or "host mode instead of kernel mode" in told[0], told
     # Ranks that ask for different counts hear of it before anything is made.
     env = {**os.environ, "PYCOLL_CUDA_BLOCKS": "3" if r == 1 else "4"}
