@@ -16,6 +16,20 @@
 namespace pycoll {
 namespace cuda {
 
+// A driver API function (cu...) through the runtime's entry point: the modules link the runtime
+// statically and never libcuda directly. Null where the driver does not offer it.
+inline void* driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return nullptr;
+  }
+  return fn;
+}
+
 // Makes `device` current for a scope and restores the caller's device after it.
 class DeviceGuard {
  public:

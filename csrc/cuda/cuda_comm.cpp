@@ -124,22 +124,11 @@ size_t handle_bytes(const CudaCommOptions& o) {
 
 StreamValueOps stream_value_ops(int device) {
   StreamValueOps ops;
-  void* get_attribute = nullptr;
-  void* get_device = nullptr;
-  void* write = nullptr;
-  void* wait = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  auto entry = [&](const char* name, void** fn) {
-    const cudaError_t e =
-        cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found);
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      *fn = nullptr;
-    }
-    return *fn != nullptr;
-  };
-  if (!entry("cuDeviceGet", &get_device) || !entry("cuDeviceGetAttribute", &get_attribute) ||
-      !entry("cuStreamWriteValue64", &write) || !entry("cuStreamWaitValue64", &wait))
+  void* get_device = driver_entry("cuDeviceGet");
+  void* get_attribute = driver_entry("cuDeviceGetAttribute");
+  void* write = driver_entry("cuStreamWriteValue64");
+  void* wait = driver_entry("cuStreamWaitValue64");
+  if (get_device == nullptr || get_attribute == nullptr || write == nullptr || wait == nullptr)
     return ops;
   int can = 0;
   using DeviceGet = CUresult (*)(CUdevice*, int);

@@ -15,20 +15,13 @@ namespace cuda {
 
 namespace {
 
-// cuMemGetAddressRange (driver API) through the runtime's entry point: the module links the
-// runtime statically and never libcuda directly. CUresult and CUdeviceptr spelled as their ABI.
+// cuMemGetAddressRange (driver API, driver_entry). CUresult and CUdeviceptr spelled as their
+// ABI.
 using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
 
 GetAddressRange address_range_fn() {
-  static GetAddressRange fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<GetAddressRange>(p);
-  }();
+  static GetAddressRange fn =
+      reinterpret_cast<GetAddressRange>(driver_entry("cuMemGetAddressRange"));
   return fn;
 }
 
@@ -66,6 +59,15 @@ void free_on(int device, void* p) {
   if (previous >= 0 && previous != device) cudaSetDevice(previous);
 }
 
+// Frees what waits where every communicator is quiet (d.mu held); returns how many.
+size_t free_if_quiet(Deferred& d) {
+  if (d.frees.empty() || !all_quiet(d)) return 0;
+  for (const auto& [dev, q] : d.frees) free_on(dev, q);
+  const size_t n = d.frees.size();
+  d.frees.clear();
+  return n;
+}
+
 }  // namespace
 
 void add_quiet_hook(const void* comm, QuietHook hook) {
@@ -86,19 +88,13 @@ void defer_free(int device, void* p) {
   Deferred& d = deferred();
   std::lock_guard<std::mutex> g(d.mu);
   d.frees.emplace_back(device, p);
-  if (!all_quiet(d)) return;
-  for (const auto& [dev, q] : d.frees) free_on(dev, q);
-  d.frees.clear();
+  free_if_quiet(d);
 }
 
-size_t free_deferred(bool force) {
+size_t free_deferred() {
   Deferred& d = deferred();
   std::lock_guard<std::mutex> g(d.mu);
-  if (d.frees.empty() || (!force && !all_quiet(d))) return 0;
-  for (const auto& [dev, q] : d.frees) free_on(dev, q);
-  const size_t n = d.frees.size();
-  d.frees.clear();
-  return n;
+  return free_if_quiet(d);
 }
 
 size_t frees_deferred() {

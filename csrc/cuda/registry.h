@@ -35,9 +35,9 @@ namespace cuda {
 // flight, its stream idle), else put off until one is: at a call's start, a barrier's end, a
 // close (free_deferred).
 void defer_free(int device, void* p);
-// Frees what was put off where the quiet hook says every communicator is quiet (or `force`);
-// returns how many it freed.
-size_t free_deferred(bool force = false);
+// Frees what was put off where the quiet hook says every communicator is quiet; returns how
+// many it freed.
+size_t free_deferred();
 size_t frees_deferred();  // how many wait
 // Registered by each CudaComm while it lives: whether it has nothing in flight on the device.
 using QuietHook = bool (*)(const void* comm);

@@ -34,7 +34,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -208,8 +207,6 @@ struct Pending {
   // then let go. Not `keep`: letting the caller's tensors go may take the GIL, which a caller
   // that polls is_completed() holds while it waits here for the completion thread.
   mutable std::function<void()> finish;
-  // Work queued on a GPU stream after the calls (a list all-gather's copies): that stream.
-  std::optional<c10::Stream> mark_on;
 
   // Waits on the host for every call, up to `timeout_s` each (< 0: until it completes): the
   // first status that is not OK, else OK (the finishing step run).
@@ -670,7 +667,6 @@ class Backend : public c10d::Backend {
           if (device_api_->wait_on(h, on, &st) != PYCOLL_OK) raise(st);
         }
       }
-      p->mark_on = mark;
       const c10::StreamGuard guard(mark);
       p->future->markCompleted(c10::IValue(p->outputs));
     } else {
@@ -700,10 +696,7 @@ class Backend : public c10d::Backend {
         queue_.pop_front();
       }
       const pycoll_status st = p->wait(-1.0);
-      if (!p->future->completed()) {
-        // A GPU future records its events on this thread's current stream: where the operation
-        // queued work after its calls (a list all-gather's copies), on that stream, after it.
-        const c10::OptionalStreamGuard on(p->mark_on);
+      if (!p->future->completed()) {  // the host's and the emulated device's (CPU) futures
         if (st.code == PYCOLL_OK)
           p->future->markCompleted(c10::IValue(p->outputs));
         else

@@ -215,14 +215,18 @@ build_package() {
     echo "note: pycollectives._net (the inter-node MPI transport) was not built"
 }
 # Ranks that share a GPU run host mode unless MPS is running; kernel mode (one launch per
-# collective) needs a daemon, started here with private pipe and log directories and always
-# asked to quit afterwards.
-bench_mps() {
-  local dir rc
+# collective) needs a daemon, started with private pipe and log directories (under
+# /tmp/pycoll-mps-*, where clean_up_stage finds it) and always asked to quit afterwards.
+start_mps() {
+  local dir
   dir=$(mktemp -d /tmp/pycoll-mps-XXXXXX) || return 1
   export CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d || return 1
+  nvidia-cuda-mps-control -d
+}
+bench_mps() {
+  local rc
+  start_mps || return 1
   rc=0
   for n in 2 4; do
     PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n "$PY" benchmarks/gpu_bench.py \
@@ -260,7 +264,7 @@ bench_mps() {
 # the residency check finds on this GPU, then 8 B and 128 MiB all-reduces on 2 and 4 ranks,
 # synchronised, back to back and in a graph (gpu_bench.py), staged and registered.
 figures() {
-  local dir rc=0 one="--collectives all_reduce --iters 5 --calls 10"
+  local rc=0 one="--collectives all_reduce --iters 5 --calls 10"
   "$PY" - <<'EOF' || rc=1
 from pycollectives import _cuda
 from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_residency
@@ -274,10 +278,7 @@ for n in (1, 2, 4, 8):
         print(f"  {n} ranks, PYCOLL_CUDA_BLOCKS={asked or 'auto'}: {got.mode} mode, "
               f"{got.blocks} blocks{'; ' + got.why if got.why else ''}")
 EOF
-  dir=$(mktemp -d /tmp/pycoll-mps-XXXXXX) || return 1
-  export CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d || return 1
+  start_mps || return 1
   for n in 2 4; do
     PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n "$PY" benchmarks/gpu_bench.py --max-bytes 8 \
       $one || rc=1
@@ -309,7 +310,7 @@ bench_host() {
   done
   return $rc
 }
-export -f show_env build_package bench_mps bench_host figures
+export -f show_env build_package start_mps bench_mps bench_host figures
 
 SUMMARY=$OUTDIR/summary.txt
 FAILED=() # stages that failed, timed out or were skipped

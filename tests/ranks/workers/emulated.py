@@ -921,6 +921,17 @@ def previous_stream(mpi, mode, late_ms):
     say(f"previous_stream {mode} ranks={mpi.size}: {len(calls)} calls in {took:.3f} s")
 
 
+def raised_everywhere(mpi, fn):
+    """Runs `fn` on every rank: each rank's ("Type: message" of the CollectiveError it raised,
+    or None; seconds it took), in rank order, on every rank."""
+    start, said = time.perf_counter(), None
+    try:
+        fn()
+    except pc.CollectiveError as e:
+        said = f"{type(e).__name__}: {e}"
+    return mpi.allgather((said, time.perf_counter() - start))
+
+
 def weak_events(mpi):
     """Host mode's fences on interprocess events (cuda::event_fence) where a queued wait binds
     to the peer's record current when the queue reaches it, the weakest reading CUDA leaves
@@ -933,16 +944,14 @@ def weak_events(mpi):
                          timeout=2.0)  # fmt: skip
     f64 = np.dtype(np.float64)
     cap = dev.dev.segment_data_bytes // f64.itemsize // 16 * 16
-    start, said = time.perf_counter(), None
-    try:
+
+    def calls():
         for i in range(4):
             inputs = [make_input(q, 3 * cap - 5, f64, "sum", salt=i) for q in range(n)]
             got = dev.all_reduce(inputs[r].copy())
             check_close(got, reference(inputs, "sum", f64), f64, n, f"all_reduce #{i}", "sum")
-    except pc.CollectiveError as e:
-        said = f"{type(e).__name__}: {e}"
-    took = time.perf_counter() - start
-    everyone = mpi.allgather((said, took))
+
+    everyone = raised_everywhere(mpi, calls)
     if r == 0:
         assert all(s is not None and "CollectiveTimeout" in s for s, _ in everyone), everyone
         assert max(t for _, t in everyone) < 8, everyone
@@ -971,14 +980,9 @@ def residency(mpi, mode, checked):
     calls = [("all_reduce", 5000), ("all_gather", 900), ("all_reduce", 3), ("broadcast", 4000),
              ("reduce_scatter", 1200), ("all_reduce", 700)] * 3  # fmt: skip
     if checked != "checked":
-        start = time.perf_counter()
-        try:
-            run_checked(dev, mpi, "all_reduce", np.dtype(np.float32), 5000, None, 0)
-            said = None
-        except pc.CollectiveError as e:
-            said = f"{type(e).__name__}: {e}"
-        took = time.perf_counter() - start
-        everyone = mpi.allgather((said, took))
+        everyone = raised_everywhere(
+            mpi, lambda: run_checked(dev, mpi, "all_reduce", np.dtype(np.float32), 5000, None, 0)
+        )
         if r == 0:
             assert all(s is not None for s, _ in everyone), everyone
             assert any("could not become resident" in s for s, _ in everyone), everyone
