@@ -30,15 +30,13 @@ void check_options(int size, const CudaCommOptions& o) {
 }  // namespace
 
 CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
-    : rank_(rank),
-      size_(size),
+    : DeviceComm(rank, size, (check_options(size, opts), opts.nslots), orchestration_of(opts),
+                 opts.timeout_s),
       device_(device),
-      opts_((check_options(size, opts), opts)),
-      shm_(rank, size, 64, opts.nslots),  // flags only: host-mode steps, barrier, liveness
-      counters_(size),
+      opts_(opts),
       registry_(rank, size, device),
-      events_(std::make_shared<EventPool>(device)),
-      timeout_s_(opts.timeout_s) {
+      arena_(device),
+      events_(std::make_shared<EventPool>(device)) {
   layout_ = make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes);
   try {
     DeviceGuard g(device_);
@@ -65,6 +63,7 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&launch_end_, cudaEventDisableTiming));
+    PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&replay_end_, cudaEventDisableTiming));
     if (opts_.host_events && opts_.fence_counters) {
       value_ops_ = stream_value_ops(device_);
       if (!value_ops_)
@@ -168,7 +167,7 @@ void CudaComm::attach(const std::vector<std::string>& handles,
   if (static_cast<int>(handles.size()) != size_ || static_cast<int>(shm_names.size()) != size_)
     throw InvalidArgument("attach: one IPC handle and one flag segment per rank expected");
   DeviceGuard g(device_);
-  mode_ = mode;
+  kernel_ = mode == SyncMode::Kernel;
   segments_.assign(size_, nullptr);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) {
@@ -189,7 +188,7 @@ void CudaComm::attach(const std::vector<std::string>& handles,
   }
   // Host mode's fences wait on the peers' events (event_fence).
   peer_fence_events_.assign(size_, {nullptr, nullptr});
-  for (int r = 0; mode_ == SyncMode::Host && uses_events(opts_) && r < size_; ++r) {
+  for (int r = 0; !kernel_ && uses_events(opts_) && r < size_; ++r) {
     if (r == rank_) continue;
     for (int k = 0; k < 2; ++k) {
       cudaIpcEventHandle_t eh;
@@ -202,7 +201,7 @@ void CudaComm::attach(const std::vector<std::string>& handles,
     }
   }
   shm_.attach(shm_names);
-  if (mode_ == SyncMode::Kernel) watchdog_ = std::thread([this] { watchdog_loop(); });
+  if (kernel_) watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
 void CudaComm::close() {
@@ -245,10 +244,9 @@ void CudaComm::release() {
   for (int r = 0; r < static_cast<int>(segments_.size()); ++r)
     if (r != rank_ && segments_[r] != nullptr) cudaIpcCloseMemHandle(segments_[r]);
   segments_.clear();
-  for (auto& kv : plans_.entries()) cudaFree(kv.second.device_steps);
   plans_.entries().clear();
-  for (auto& kv : plans_.pinned_entries()) cudaFree(kv.second.device_steps);  // graphs' plans
-  plans_.pinned_entries().clear();
+  plans_.pinned_entries().clear();  // graphs' plans too
+  arena_.release();
   if (segment_ != nullptr) cudaFree(segment_);
   segment_ = nullptr;
   if (error_claim_ != nullptr) cudaFree(error_claim_);
@@ -262,6 +260,7 @@ void CudaComm::release() {
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (step_done_ != nullptr) cudaEventDestroy(step_done_);
   if (launch_end_ != nullptr) cudaEventDestroy(launch_end_);
+  if (replay_end_ != nullptr) cudaEventDestroy(replay_end_);
   for (auto& pair : peer_fence_events_)
     for (cudaEvent_t e : pair)
       if (e != nullptr) cudaEventDestroy(e);
@@ -272,7 +271,7 @@ void CudaComm::release() {
   }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (side_ != nullptr) cudaStreamDestroy(side_);
-  ready_ = step_done_ = launch_end_ = nullptr;
+  ready_ = step_done_ = launch_end_ = replay_end_ = nullptr;
   stream_ = side_ = nullptr;
   if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }

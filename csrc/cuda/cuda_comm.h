@@ -17,8 +17,10 @@
 // all-to-all and in captures, on the host flags (device/host_steps.h, meets_on_host). Ranks that
 // disagree get CollectiveMismatch, and no kernel runs with counters its peers do not share.
 //
-// Files: cuda_comm.cpp (lifetime), collectives.cpp (calls, launches, barrier), failures.cpp
-// (bounded waits, device status, poisoning, the watchdog), work.cpp (completions).
+// The decision tree from a call to its launches, fences and waits is device/orchestration.h's,
+// which the emulated device runs too; this class gives it CUDA's primitives. Files:
+// cuda_comm.cpp (lifetime), collectives.cpp (entry points and primitives), failures.cpp
+// (bounded waits, the watchdog, the failure word), work.cpp (completions).
 // A blocking collective in kernel mode is one launch on the caller's stream, no event: the
 // last block to end writes the call's number into the host-mapped status (DeviceStatus::done),
 // which the host reads instead of querying an event; a launch on another stream than the call
@@ -44,9 +46,11 @@
 #include "algo/call.h"
 #include "algo/schedule.h"
 #include "common/dtypes.h"
+#include "cuda/plan_arena.h"
 #include "cuda/registry.h"
 #include "device/host_steps.h"
 #include "device/kernel_args.h"
+#include "device/orchestration.h"
 #include "device/plan.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
@@ -149,21 +153,16 @@ class CudaWork {
   cudaStream_t stream_ = nullptr;               // ... and the stream it was launched on
 };
 
-class CudaComm {
+class CudaComm : public DeviceComm<CudaComm, cudaStream_t> {
  public:
   CudaComm(int rank, int size, int device, const CudaCommOptions& opts);
   ~CudaComm();
   CudaComm(const CudaComm&) = delete;
   CudaComm& operator=(const CudaComm&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
   int device() const { return device_; }
-  uint64_t seq() const { return seq_; }
-  SyncMode mode() const { return mode_; }
+  SyncMode mode() const { return kernel_ ? SyncMode::Kernel : SyncMode::Host; }
   const CudaCommOptions& options() const { return opts_; }
-  double timeout() const { return timeout_s_.load(); }
-  void set_timeout(double s) { timeout_s_.store(s); }
 
   // What the rendezvous exchanges: the segment's IPC handle (and host mode's fence events':
   // host_events), the host flags' name, the GPU.
@@ -175,108 +174,86 @@ class CudaComm {
               SyncMode mode);
   void unlink() { shm_.unlink(); }
 
-  Algo choose(Collective c, size_t bytes) const;
-  // Queues `call` behind `stream`'s work; `stream` waits for it unless `async_op`.
-  // On a stream being captured into a CUDA graph, the launch is captured instead (kernel mode
-  // only, and only for a call shape run once before: see run's definition), and every launch
-  // of the graph runs the collective again, the flags advancing on the device.
+  // Queues `call` behind `stream`'s work; `stream` waits for it unless `async_op`
+  // (DeviceComm::issue). On a stream being captured into a CUDA graph, the launch is captured
+  // instead (kernel mode only, and only for a call shape run once before), and every launch of
+  // the graph runs the collective again, the flags advancing on the device.
   std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
-  size_t plans_pinned() const { return plans_.pinned(); }
   // Registered buffers (cuda/registry.h). A call whose buffers are registered as
   // registered_call needs them, with the algorithm automatic or direct, runs over them
   // (device/twoshot_kernel.h, run_registered; an all-reduce: the two-shot; in host mode
   // between two fences); the fingerprint says so, and where they lie.
   IpcRegistry& registry() { return registry_; }
-  uint64_t twoshot_runs() const { return twoshot_runs_; }
-  uint64_t scratch_runs() const { return scratch_runs_; }
   // Waits for this rank's queued collectives, then for every rank to arrive.
   void barrier();
   // Waits (bounded) for queued work and releases every resource; later calls fail.
   void close();
 
-  void abort(const std::string& reason);
-  // Raises the error an earlier device wait or a dead peer left behind, if any.
-  void check(const char* name) {
-    check_usable(name);
-    check_device_status(name);
-  }
-  bool poisoned() const { return aborted_.load(); }
-  std::string poison_reason() const;
-
  private:
-  struct CachedPlan {
-    Plan plan;
-    DevStep* device_steps = nullptr;
-  };
+  friend class DeviceComm<CudaComm, cudaStream_t>;
 
-  // A new plan's steps are uploaded on `stream`, that of the launch that first reads them.
-  const CachedPlan& plan_for(const CollectiveCall& call, Algo algo, cudaStream_t stream);
-  KernelArgs kernel_args(const CollectiveCall& call, const CachedPlan& cp) const;
-  // The launch of the two-shot of `len` elements over every rank's `in` and `out`.
-  KernelArgs twoshot_args(const CollectiveCall& call, size_t len, const std::vector<uint8_t*>& in,
-                          const std::vector<uint8_t*>& out) const;
-  // Kernel mode: one launch (two for several blocks: launches_of) on `stream` that compares
-  // call `f` with every peer's on the device and runs `cp`'s steps (none when null: it only
-  // compares). `eager` (not captured): it reports its end in the done word, and its stream
-  // waits for the call before when that was launched on another stream. Returns whether
-  // anything was launched (runs_anything).
-  bool run_kernel_mode(const CollectiveCall& call, const CachedPlan* cp, const Fingerprint& f,
-                       cudaStream_t stream, bool eager);
-  // Launches `a` on `stream`; `eager`: as call number `seq`, reporting its end in the done word
-  // and ordered after this rank's call before (launch_end_). Returns false,
-  // launching nothing and leaving the last launch as it was, when `a` runs nothing.
-  bool launch_kernel_mode(DType dtype, KernelArgs& a, uint64_t seq, cudaStream_t stream,
-                          bool eager);
+  // The device's primitives (device/orchestration.h).
+  cudaStream_t own_stream() const { return stream_; }
+  void queue_behind(cudaStream_t caller);
+  void launch(const CollectiveCall& call, const KernelArgs& a, cudaStream_t stream,
+              const WaitContext& w);
+  void copy(void* dst, const void* src, size_t bytes);
+  void write_counter(uint64_t epoch, const WaitContext& w);
+  void wait_counter(int q, uint64_t epoch, const WaitContext& w);
+  void record_fence_event(int k);
+  void wait_fence_event(int q, int k, const WaitContext& w);
+  void stream_waits_launch(cudaStream_t stream, const WaitContext& w);
+  void launch_ended(cudaStream_t stream, uint64_t seq);
+  void replay_waits_launch(cudaStream_t stream, const WaitContext& w);
+  void replay_ended(cudaStream_t stream);
+  void stream_waits_replays(cudaStream_t stream);
+  // Waits (bounded) until what is queued on our stream now has run.
+  void wait_stream(const WaitContext& w);
   // Waits (bounded) for everything this rank has queued: our stream, and the launches on
   // callers' streams (the done word).
   void wait_queued(const WaitContext& w);
-  // A mismatch found on the host: our device segment's failure word stops peers' device waits.
-  void stop_peers_on_mismatch();
-  // Work running now, queued by this rank: the watchdog stops its device waits if a peer dies.
-  void watch(std::shared_ptr<CudaWork> work);
+  // The barrier's launch on our stream, looked after by the watchdog as a collective's.
+  void wait_launch(uint64_t seq, const WaitContext& w);
+  const DeviceStatus* host_status() const { return status_host_; }
+  LaunchSetup launch_setup(bool use_flags) const;
+  uint32_t* finished_word() const { return finished_; }
+  void upload(CachedPlan& cp, cudaStream_t stream);
+  void drop_plans(std::map<PlanKey, CachedPlan>& entries);
   // `call` over registered buffers where they are (registered_call; off otherwise), which
   // run_registered runs (the two-shot for an all-reduce).
   RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
-  void run_on_registered(const CollectiveCall& call, const RegisteredCall& t, const Fingerprint& f,
-                         const WaitContext& w, cudaStream_t stream, bool eager);
-  void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w);
-  // `met`: the ranks have met on the host for this call already (its fingerprints).
-  // `widest`: an all-to-all's largest split of every rank's (check_split_matrix).
-  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
-                        uint64_t widest);
-  // Host mode: what is queued on our stream after this runs once what every rank queued
-  // before it has run (host_steps.h, event_fence; without host_events the host waits for our
-  // stream, then meets every peer).
-  void fence(const WaitContext& w);
+  void stop_device();
+  // A mismatch found on the host: our device segment's failure word stops peers' device waits.
+  void stop_peers();
+  bool closed() const { return closed_; }
+  void trace(const CollectiveCall& call, uint64_t seq, Algo algo) const;
+  void drill(const WaitContext&, FaultPoint, int) {}
+  void drill_launch(KernelArgs&, const WaitContext&) {}
+
   void wait_device(const std::function<bool()>& reached, const WaitContext& w);
   void wait_event(cudaEvent_t ev, const WaitContext& w);
-  // Waits (bounded) until what is queued on our stream now has run.
-  void wait_stream(const WaitContext& w);
-  void check_device_status(const char* name);
-  void check_usable(const char* name) const;
+  // Work running now, queued by this rank: the watchdog stops its device waits if a peer dies.
+  void watch(std::shared_ptr<CudaWork> work);
   // Nothing of ours in flight on the device: every eager launch has reported its end and our
   // stream is idle (registry.h, the quiet hook of deferred frees). Any thread.
   bool quiet();
-  WaitContext wait_context(const char* name, uint64_t seq) const;
   void watchdog_loop();
   void release();
 
-  int rank_, size_, device_;
+  int device_;
   CudaCommOptions opts_;
-  SyncMode mode_ = SyncMode::Kernel;
-  SegmentLayout layout_;
   uint8_t* segment_ = nullptr;           // ours, cudaMalloc
-  std::vector<uint8_t*> segments_;       // every rank's, as mapped here
   DeviceStatus* status_host_ = nullptr;  // host-mapped
   DeviceStatus* status_dev_ = nullptr;
   std::shared_ptr<const DeviceStatus> status_keep_;  // owns status_host_
   uint32_t* error_claim_ = nullptr;                  // device memory, see DeviceStatus
   uint32_t* finished_ = nullptr;                     // device memory, see KernelArgs::finished
-  // The last eager kernel-mode launch: its stream, call number, and an event recorded on that
-  // stream right after it, which a launch on another stream waits for.
-  cudaStream_t last_stream_ = nullptr;
-  std::atomic<uint64_t> last_launch_{0};
+  // Recorded on the stream of every eager kernel-mode launch right after it, which a launch on
+  // another stream waits for (launch_ended, stream_waits_launch).
   cudaEvent_t launch_end_ = nullptr;
+  // Recorded by every replay of a captured launch after it (an external record node), which
+  // every eager launch waits for (replay_ended, stream_waits_replays).
+  cudaEvent_t replay_end_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // writes the failure word while stream_ may be stuck
   cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue
@@ -285,20 +262,9 @@ class CudaComm {
   cudaEvent_t fence_events_[2] = {nullptr, nullptr};
   StreamValueOps value_ops_;  // fence_counters
   std::vector<std::array<cudaEvent_t, 2>> peer_fence_events_;
-  ShmTransport shm_;  // host flags: host-mode steps, barrier, liveness of peers
-  ChannelCounters counters_;
-  PlanCache<CachedPlan> plans_;
   IpcRegistry registry_;
-  uint64_t twoshot_runs_ = 0;
-  uint64_t scratch_runs_ = 0;
+  PlanArena arena_;  // the plans' steps
   std::shared_ptr<EventPool> events_;
-  uint64_t seq_ = 0;
-  uint64_t barrier_epoch_ = 0;
-  std::atomic<double> timeout_s_;
-  std::atomic<bool> aborted_{false};
-  mutable std::mutex reason_mu_;
-  std::string poison_reason_;
-  std::mutex run_mu_;
 
   // Kernel mode: while work is queued, a watchdog notices dead peers and stops the device.
   std::mutex watch_mu_;

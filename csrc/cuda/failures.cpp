@@ -13,48 +13,8 @@
 namespace pycoll {
 namespace cuda {
 
-void CudaComm::check_usable(const char* name) const {
-  if (closed_) throw CollectiveError(str_cat(name, ": the communicator is closed"));
-  if (aborted_.load())
-    throw CollectiveError(
-        str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason()));
-}
-
-void CudaComm::abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> g(reason_mu_);
-    if (poison_reason_.empty()) poison_reason_ = reason;
-  }
-  aborted_.store(true);
+void CudaComm::stop_device() {
   if (status_host_ != nullptr) __atomic_store_n(&status_host_->abort, 1u, __ATOMIC_RELEASE);
-}
-
-std::string CudaComm::poison_reason() const {
-  std::lock_guard<std::mutex> g(reason_mu_);
-  return poison_reason_;
-}
-
-// Raises the error a device wait left behind (kernel mode reports asynchronously).
-void CudaComm::check_device_status(const char* name) {
-  if (status_host_ == nullptr) return;
-  const uint32_t code = __atomic_load_n(&status_host_->code, __ATOMIC_ACQUIRE);
-  if (code == kOk) return;
-  if (code == kMismatch) {
-    const std::string what = device_mismatch_message(name, *status_host_, rank_);
-    abort(what);
-    throw CollectiveMismatch(what);
-  }
-  const std::string what = str_cat(name, ": an earlier collective failed on the device: ",
-                                   code == kTimeout ? "timed out" : "aborted", " waiting for ",
-                                   device_wait_target(*status_host_, rank_));
-  std::string reason = poison_reason();
-  abort(what);
-  if (code == kTimeout) throw CollectiveTimeout(what);
-  throw CollectiveError(reason.empty() ? what : str_cat(what, ": ", reason));
-}
-
-WaitContext CudaComm::wait_context(const char* name, uint64_t seq) const {
-  return WaitContext::start(name, seq, timeout_s_.load(), &shm_, &aborted_);
 }
 
 // Waits until `reached()` says our own device has got there, up to the deadline. Our own
@@ -70,7 +30,7 @@ void CudaComm::wait_device(const std::function<bool()>& reached, const WaitConte
     // this wait began: give it time to report the rank it waited for before blaming our GPU.
     const auto now = Clock::now();
     if (now >= w.deadline(now) + std::chrono::seconds(5)) {
-      check_device_status(w.collective);
+      check_device(w.collective);
       throw CollectiveTimeout(str_cat(w.collective, " #", w.seq, " timed out after ", w.timeout_s,
                                       " s waiting for this rank's GPU (device ", device_, ")"));
     }
@@ -91,6 +51,13 @@ void CudaComm::wait_event(cudaEvent_t ev, const WaitContext& w) {
 void CudaComm::wait_stream(const WaitContext& w) {
   PYCOLL_CUDA_CHECK(cudaEventRecord(step_done_, stream_));
   wait_event(step_done_, w);
+}
+
+void CudaComm::wait_launch(uint64_t seq, const WaitContext& w) {
+  auto work = std::make_shared<CudaWork>(events_, device_, seq);
+  PYCOLL_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
+  watch(work);
+  wait_event(work->event(), w);
 }
 
 void CudaComm::wait_queued(const WaitContext& w) {
@@ -134,8 +101,8 @@ void CudaComm::watchdog_loop() {
   }
 }
 
-void CudaComm::stop_peers_on_mismatch() {
-  if (mode_ != SyncMode::Kernel || segment_ == nullptr || side_ == nullptr) return;
+void CudaComm::stop_peers() {
+  if (!kernel_ || segment_ == nullptr || side_ == nullptr) return;
   // This communicator's rank (a static would keep the first communicator's in the process);
   // the copy from pageable memory is synchronised below, before `word` goes out of scope.
   const uint64_t word = fail_word(rank_, rank_);

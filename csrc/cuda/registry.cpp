@@ -36,7 +36,7 @@ namespace {
 
 struct Deferred {
   std::mutex mu;
-  std::vector<std::pair<int, void*>> frees;              // (device, pointer)
+  std::vector<std::pair<int, void*>> frees;              // (device, pointer; host: -1)
   std::vector<std::pair<const void*, QuietHook>> hooks;  // live communicators
 };
 
@@ -52,6 +52,10 @@ bool all_quiet(Deferred& d) {
 }
 
 void free_on(int device, void* p) {
+  if (device < 0) {
+    cudaFreeHost(p);
+    return;
+  }
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
   cudaSetDevice(device);
@@ -90,6 +94,8 @@ void defer_free(int device, void* p) {
   d.frees.emplace_back(device, p);
   free_if_quiet(d);
 }
+
+void defer_free_host(void* p) { defer_free(-1, p); }
 
 size_t free_deferred() {
   Deferred& d = deferred();

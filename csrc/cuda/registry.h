@@ -35,6 +35,8 @@ namespace cuda {
 // flight, its stream idle), else put off until one is: at a call's start, a barrier's end, a
 // close (free_deferred).
 void defer_free(int device, void* p);
+// ... of page-locked host memory (cudaFreeHost), put off alike.
+void defer_free_host(void* p);
 // Frees what was put off where the quiet hook says every communicator is quiet; returns how
 // many it freed.
 size_t free_deferred();

@@ -121,9 +121,10 @@ void check_ll_slot(const void* p, size_t bytes, const void* seg, const cuda::Seg
                    int block, int channel, uint64_t m);
 
 // What the emulated device watches of one kernel-mode launch as its blocks end (its checks of
-// cuda::finish_launch and cuda::wait_previous): how many blocks have reached their end, and
-// whether one reached it before the call before this one had reported its end (the done word
-// below `after`). For tests, a stagger makes block b reach its end b * stagger_ms later.
+// cuda::finish_launch and of the stream order, cuda::DeviceComm::launch_kernel_mode): how many
+// blocks have reached their end, and whether one reached it before the call before this one had
+// reported its end (the done word below `after`). For tests, a stagger makes block b reach its end
+// b * stagger_ms later.
 struct LaunchProbe {
   std::atomic<int> ended{0};
   std::atomic<bool> ahead{false};

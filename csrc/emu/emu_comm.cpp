@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <thread>
+#include <utility>
 
 #include "common/errors.h"
 #include "device/host_steps.h"
@@ -86,23 +87,26 @@ size_t sms_at(const cuda::SegmentLayout& L) { return events_at(L) + 64; }
 size_t segment_bytes_of(const cuda::SegmentLayout& L) { return sms_at(L) + sizeof(EmuSms); }
 static_assert(sizeof(EmuEvents) <= 64, "the events fit their line");
 
-}  // namespace
-
-EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
-    : rank_(rank),
-      size_(size),
-      opts_(opts),
-      shm_(rank, size, 64, opts.nslots),
-      counters_(size),
-      registry_(rank, size) {
+const EmuOptions& checked(int size, const EmuOptions& opts) {
   if (size > cuda::kMaxRanks)
     throw InvalidArgument(
         str_cat("the device transport holds at most ", cuda::kMaxRanks, " ranks"));
   if (opts.nblocks < 1 || opts.nblocks > 128 || opts.threads < 1 || opts.nslots < 2)
     throw InvalidArgument("emulated device: bad blocks, threads or slot count");
+  if (opts.sms < 0) throw InvalidArgument("emulated device: negative SM count");
+  return opts;
+}
+
+}  // namespace
+
+EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
+    : DeviceComm(rank, size, checked(size, opts).nslots, cuda::orchestration_of(opts),
+                 opts.timeout_s),
+      opts_(opts),
+      registry_(rank, size) {
+  kernel_ = opts.kernel_mode;
   layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes,
                               opts.ll_flag_bits);
-  if (opts.sms < 0) throw InvalidArgument("emulated device: negative SM count");
   segment_ = ShmSegment::create("pycoll-emu", segment_bytes_of(layout_));
   // The flags, and the LL area: a word that was never written holds no message's flag.
   std::memset(segment_.data(), 0, layout_.flags_bytes);
@@ -133,7 +137,7 @@ void EmuComm::attach(const std::vector<std::string>& segments,
     peers_[r] = ShmSegment::open(segments[r], segment_bytes_of(layout_));
     segments_[r] = peers_[r].data();
   }
-  if (opts_.sms > 0 && opts_.kernel_mode) {
+  if (opts_.sms > 0 && kernel_) {
     int first = rank_;  // the lowest rank on our GPU holds its SMs
     for (int r = 0; r < size_ && !gpus.empty(); ++r)
       if (gpus[r] == gpus[rank_]) {
@@ -143,7 +147,7 @@ void EmuComm::attach(const std::vector<std::string>& segments,
     sms_ = reinterpret_cast<EmuSms*>(segments_[first] + sms_at(layout_));
   }
   shm_.attach(flags);
-  if (!opts_.kernel_mode && opts_.host_events) queue_ = std::make_unique<OpQueue>();
+  if (!kernel_ && opts_.host_events) queue_ = std::make_unique<OpQueue>();
 }
 
 void EmuComm::unlink() {
@@ -151,59 +155,9 @@ void EmuComm::unlink() {
   shm_.unlink();
 }
 
-Algo EmuComm::choose(Collective c, size_t bytes) const {
-  return cuda::device_choose(c, bytes, opts_.direct_max_bytes);
-}
-
-void EmuComm::abort(const std::string& reason) {
-  if (poison_reason_.empty()) poison_reason_ = reason;
-  aborted_.store(true);
-  __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE);
-}
-
-WaitContext EmuComm::wait_context(const char* name, uint64_t seq) const {
-  return WaitContext::start(name, seq, opts_.timeout_s, &shm_, &aborted_);
-}
-
-// The plan of a call that moves nothing on this rank: its launch only compares the call.
-const cuda::Plan EmuComm::kNoSteps{};
-
-const cuda::Plan& EmuComm::plan_for(const CollectiveCall& call, Algo algo) {
-  return plans_.get(
-      call, algo,
-      [&] {
-        ++plans_built_;
-        return cuda::plan_call(algo, call, rank_, size_, layout_, opts_.slot_bytes,
-                               opts_.oneshot_max_bytes, ll_max_bytes(), opts_.lookahead);
-      },
-      [](auto&) {});  // launches here are synchronous: nothing still reads a plan
-}
-
-// The buffers the device code may touch in this call.
-Regions EmuComm::launch_regions(const CollectiveCall& call) const {
-  const CallExtents ext = call_extents(call, rank_, size_);
-  const size_t esize = dtype_size(call.dtype);
-  Regions r;
-  for (int q = 0; q < size_; ++q)
-    r.list.push_back({segments_[q], layout_.total_bytes(), q == rank_, "device segment", q});
-  r.list.push_back({static_cast<const uint8_t*>(call.in), ext.in * esize, false, "input", -1});
-  r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
-  r.list.push_back(
-      {reinterpret_cast<const uint8_t*>(&status_), sizeof(status_), true, "device status", -1});
-  r.self = rank_;
-  r.traffic = const_cast<Traffic*>(&traffic_);
-  r.weak_stores = opts_.weak_stores;
-  return r;
-}
-
-cuda::RegisteredCall EmuComm::registered_of(const CollectiveCall& call, Algo algo) const {
-  return cuda::registered_call(call, algo, rank_, size_, [&](const void* p, size_t bytes) {
-    return registry_.find(p, bytes);
-  });
-}
-
-// The host's end of a call that queued work reading its locals: the queue has run before they
-// go, also when the host gives up (the communicator then aborted, so that queued waits end).
+// The host's end of a call that queued work reading its buffers: the queue has run before the
+// call returns, also when the host gives up (the communicator then aborted, so that queued
+// waits end).
 class EmuComm::QueueScope {
  public:
   explicit QueueScope(EmuComm& c) : c_(c), unwinding_(std::uncaught_exceptions()) {}
@@ -224,38 +178,144 @@ class EmuComm::QueueScope {
   int unwinding_;
 };
 
-// The collective over every rank's registered input and output (run_registered; the
-// two-shot for an all-reduce), every peer's buffers regions of the launch (exactly the call's
-// bytes of each; peers' inputs read-only). Kernel mode: one launch (two with several blocks:
-// launches_of) that compares the call first. Host mode (the call compared on the host
-// already): a fence, the blocks queued (no device wait in them), a fence, as CudaComm does.
-void EmuComm::run_on_registered(const CollectiveCall& call, const cuda::RegisteredCall& t,
-                                const WaitContext& w, const Fingerprint& f) {
-  cuda::KernelArgs a =
-      cuda::make_kernel_args(launch_setup(opts_.kernel_mode), call, nullptr, 0, 1, counters_);
-  cuda::set_registered(a, call, t.in, t.out);
-  Regions regions = launch_regions(call);
-  const cuda::RegisteredBytes bytes = cuda::registered_bytes(call, size_);
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    regions.list.push_back({t.in[q], bytes.in, false, "registered input", q});
-    if (t.out[q] != nullptr)
-      regions.list.push_back({t.out[q], bytes.out, true, "registered output", q});
+int EmuComm::caller_stream() const {
+  return opts_.previous_late_ms > 0 && last_stream_ == 1 ? 2 : 1;
+}
+
+void EmuComm::run(const CollectiveCall& call) {
+  if (call.barrier) return barrier();
+  std::lock_guard<std::mutex> g(run_mu_);
+  drill_now_ = false;
+  const QueueScope scope(*this);  // on an error: the queue is stopped and emptied
+  issue(call, caller_stream(), false, false, [&](const cuda::Issued&) {
+    drain_queue();  // the call's end, its errors raised within the call
+    return 0;
+  });
+}
+
+void EmuComm::barrier() {
+  std::lock_guard<std::mutex> g(run_mu_);
+  drill_now_ = false;
+  const QueueScope scope(*this);
+  barrier_call();
+}
+
+std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  auto graph = std::make_shared<EmuGraph>();
+  graph->owner = this;
+  graph->name = collective_name(call.collective);
+  struct Recording {
+    EmuComm& c;
+    ~Recording() { c.capturing_ = nullptr; }
+  } recording{*this};
+  capturing_ = graph.get();
+  graph->seq =
+      issue(call, caller_stream(), true, false, [](const cuda::Issued& is) { return is.seq; });
+  return graph;
+}
+
+void EmuComm::replay(const EmuGraph& graph) {
+  std::lock_guard<std::mutex> g(run_mu_);
+  if (graph.owner != this) throw InvalidArgument("replay: the graph was captured elsewhere");
+  check_usable(graph.name.c_str());
+  WaitContext w = wait_context(graph.name.c_str(), graph.seq);
+  try {
+    // As the GPU's graph waits on its external event node (DeviceComm::launch_kernel_mode).
+    if (graph.waits_launch) stream_waits_launch(0, w);
+    for (const EmuGraph::Launch& l : graph.launches)
+      run_launch(l.dtype, l.args, l.regions, w, false);
+  } catch (const CollectiveError& e) {
+    abort(e.what());
+    throw;
   }
-  ++twoshot_runs_;
-  const bool drill = opts_.fault_seq == w.seq;
-  if (opts_.kernel_mode) {
-    cuda::check_on_device(a, f);
-    if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
-    launch_eager(call.dtype, a, regions, w, drill);
+}
+
+void EmuComm::upload(cuda::CachedPlan& cp, int) {
+  ++plans_built_;
+  // The device reads the host's copy (moved into the cache with its buffer).
+  cp.device_steps = cp.plan.steps.data();
+}
+
+cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) const {
+  return cuda::LaunchSetup{rank_,
+                           size_,
+                           layout_,
+                           segments_.data(),
+                           const_cast<cuda::DeviceStatus*>(&status_),
+                           const_cast<uint32_t*>(&error_claim_),
+                           timeout_s_.load(),
+                           use_flags};
+}
+
+cuda::RegisteredCall EmuComm::registered_of(const CollectiveCall& call, Algo algo) const {
+  return cuda::registered_call(call, algo, rank_, size_, [&](const void* p, size_t bytes) {
+    return registry_.find(p, bytes);
+  });
+}
+
+Regions EmuComm::regions_of(const CollectiveCall& call, const cuda::KernelArgs& a) const {
+  const CallExtents ext = call_extents(call, rank_, size_);
+  const size_t esize = dtype_size(call.dtype);
+  Regions r;
+  for (int q = 0; q < size_; ++q)
+    r.list.push_back({segments_[q], layout_.total_bytes(), q == rank_, "device segment", q});
+  r.list.push_back({static_cast<const uint8_t*>(call.in), ext.in * esize, false, "input", -1});
+  r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
+  r.list.push_back(
+      {reinterpret_cast<const uint8_t*>(&status_), sizeof(status_), true, "device status", -1});
+  if (a.reg.on) {
+    // Every peer's buffers that the launch runs over, exactly its bytes (registered_bytes; the
+    // two-shot through scratch: `count` elements of every scratch), peers' inputs read-only.
+    CollectiveCall over = call;
+    over.collective = static_cast<Collective>(a.reg.kind);
+    over.count = a.reg.count;
+    const cuda::RegisteredBytes bytes = cuda::registered_bytes(over, size_);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      r.list.push_back({a.reg.in[q], bytes.in, false, "peer's input", q});
+      if (a.reg.out[q] != nullptr)
+        r.list.push_back({a.reg.out[q], bytes.out, true, "peer's output", q});
+    }
+  }
+  r.self = rank_;
+  r.traffic = const_cast<Traffic*>(&traffic_);
+  r.weak_stores = opts_.weak_stores;
+  return r;
+}
+
+// A launch as the GPU's stream would run it: kernel mode's at once on the block threads (or,
+// capturing, recorded for replay); host mode's blocks in turn, on the queue (a call over
+// registered buffers or scratch) or after it (a step).
+void EmuComm::launch(const CollectiveCall& call, const cuda::KernelArgs& a, int,
+                     const WaitContext& w) {
+  Regions regions = regions_of(call, a);
+  if (capturing_ != nullptr) {
+    capturing_->launches.push_back({call.dtype, a, std::move(regions)});
     return;
   }
-  if (drill && opts_.fault_step == 0) drill_fault();
-  const QueueScope scope(*this);
-  fence(w);
-  enqueue([&] { run_in_turn(call.dtype, a, regions); });
-  if (drill) drill_fault();
-  fence(w);
+  if (a.use_flags) {
+    for (uint32_t i = a.first_step; !a.reg.on && i < a.end_step; ++i)
+      ll_steps_run_ += (a.steps[i].flags & (cuda::kRecvLL | cuda::kSendLL)) != 0;
+    return run_launch(call.dtype, a, regions, w, std::exchange(drill_now_, false));
+  }
+  if (!a.reg.on) {
+    // A host-mode step (run_host_mode): it starts once the stream's earlier work has run, and
+    // here runs on the host thread, which waits for the stream right after it anyway (a
+    // hand-off to the queue's thread per step cost the emulated suite a fifth of its host-mode
+    // time). step_delay_ms: its launch comes this late after the host has seen its inputs.
+    drain_queue();
+    if (opts_.step_delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(opts_.step_delay_ms));
+    return run_in_turn(call.dtype, a, regions);
+  }
+  enqueue([this, dtype = call.dtype, a, regions = std::move(regions)] {
+    run_in_turn(dtype, a, regions);
+  });
+}
+
+void EmuComm::copy(void* dst, const void* src, size_t bytes) {
+  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
 }
 
 EmuEvents* EmuComm::events_of(int rank) const {
@@ -272,179 +332,58 @@ void EmuComm::drain_queue() {
   if (queue_) queue_->drain();
 }
 
-void EmuComm::fence(const WaitContext& w) {
-  if (!queue_) {  // everything ran as it was queued
-    cuda::host_meet(shm_, ++barrier_epoch_, w);
-    return;
-  }
-  if (opts_.fence_counters) {
-    const size_t at = layout_.fence_offset();
-    cuda::counter_fence(
-        shm_, ++barrier_epoch_, w,
-        [&](uint64_t epoch) {
-          uint64_t* mine = reinterpret_cast<uint64_t*>(segments_[rank_] + at);
-          enqueue([mine, epoch] { __atomic_store_n(mine, epoch, __ATOMIC_RELEASE); });
-        },
-        [&](int q, uint64_t epoch) {
-          const uint64_t* theirs = reinterpret_cast<const uint64_t*>(segments_[q] + at);
-          enqueue([theirs, epoch, q, w] {
-            wait_until([&] { return __atomic_load_n(theirs, __ATOMIC_ACQUIRE) >= epoch; }, w, q,
-                       WaitFor::Barrier);
-          });
-        });
-    return;
-  }
-  // The events bind the weakest way CUDA leaves open: a queued wait waits for the event's
-  // record current when the queue reaches it, not when the host queued it.
-  cuda::event_fence(
-      shm_, ++barrier_epoch_, w,
-      [&](int k) {
-        EmuEvents* mine = events_of(rank_);
-        const uint64_t v = __atomic_add_fetch(&mine->recorded[k], 1, __ATOMIC_ACQ_REL);
-        enqueue([mine, k, v] { __atomic_store_n(&mine->completed[k], v, __ATOMIC_RELEASE); });
-      },
-      [&](int q, int k) {
-        EmuEvents* theirs = events_of(q);
-        enqueue([theirs, k, q, w] {
-          const uint64_t target = __atomic_load_n(&theirs->recorded[k], __ATOMIC_ACQUIRE);
-          wait_until(
-              [&] { return __atomic_load_n(&theirs->completed[k], __ATOMIC_ACQUIRE) >= target; }, w,
-              q, WaitFor::Barrier);
-        });
-      });
+namespace {
+
+// A wait the queue makes: bounded and abortable as the host's, but it compares no fingerprints
+// (a GPU's queued wait does not; and the call's, on the host's stack, may be gone by then).
+WaitContext queued(const WaitContext& w) {
+  WaitContext q = w;
+  q.fingerprints = nullptr;
+  q.deferred = nullptr;
+  return q;
 }
 
-cuda::KernelArgs EmuComm::twoshot_args(const CollectiveCall& call, size_t len,
-                                       const std::vector<uint8_t*>& in,
-                                       const std::vector<uint8_t*>& out, bool use_flags) {
-  cuda::KernelArgs a =
-      cuda::make_kernel_args(launch_setup(use_flags), call, nullptr, 0, 1, counters_);
-  cuda::set_twoshot(a, len, in, out);
-  return a;
+}  // namespace
+
+// The fence counters (cuda::counter_fence), written and waited for by the queue.
+void EmuComm::write_counter(uint64_t epoch, const WaitContext&) {
+  uint64_t* mine = reinterpret_cast<uint64_t*>(segments_[rank_] + layout_.fence_offset());
+  enqueue([mine, epoch] { __atomic_store_n(mine, epoch, __ATOMIC_RELEASE); });
 }
 
-void EmuComm::run_in_turn(DType dtype, const cuda::KernelArgs& a, const Regions& regions) {
-  const RegionsScope scope(&regions);
-  blocks_run_ += static_cast<uint64_t>(a.grid);
-  for (int b = 0; b < a.grid; ++b) run_block(dtype, a, b, opts_.threads);
+void EmuComm::wait_counter(int q, uint64_t epoch, const WaitContext& w) {
+  const uint64_t* theirs = reinterpret_cast<const uint64_t*>(segments_[q] + layout_.fence_offset());
+  enqueue([theirs, epoch, q, w = queued(w)] {
+    wait_until([&] { return __atomic_load_n(theirs, __ATOMIC_ACQUIRE) >= epoch; }, w, q,
+               WaitFor::Barrier);
+  });
 }
 
-cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) {
-  return cuda::LaunchSetup{rank_,    size_,         layout_,         segments_.data(),
-                           &status_, &error_claim_, opts_.timeout_s, use_flags};
+// The events bind the weakest way CUDA leaves open: a queued wait waits for the event's record
+// current when the queue reaches it, not when the host queued it.
+void EmuComm::record_fence_event(int k) {
+  EmuEvents* mine = events_of(rank_);
+  const uint64_t v = __atomic_add_fetch(&mine->recorded[k], 1, __ATOMIC_ACQ_REL);
+  enqueue([mine, k, v] { __atomic_store_n(&mine->completed[k], v, __ATOMIC_RELEASE); });
 }
 
-void EmuComm::check_status(const char* name, uint64_t seq) {
-  const uint32_t code = __atomic_load_n(&status_.code, __ATOMIC_ACQUIRE);
-  if (code == cuda::kOk) return;
-  if (code == cuda::kMismatch) {
-    const std::string what = cuda::device_mismatch_message(name, status_, rank_);
-    abort(what);
-    throw CollectiveMismatch(what);
-  }
-  const std::string what = str_cat(name, " #", seq, ": the emulated device ",
-                                   code == cuda::kTimeout ? "timed out" : "was aborted",
-                                   " waiting for ", cuda::device_wait_target(status_, rank_));
-  const std::string reason = poison_reason_;
-  abort(what);
-  if (code == cuda::kTimeout) throw CollectiveTimeout(what);
-  throw CollectiveError(reason.empty() ? what : str_cat(what, ": ", reason));
+void EmuComm::wait_fence_event(int q, int k, const WaitContext& w) {
+  EmuEvents* theirs = events_of(q);
+  enqueue([theirs, k, q, w = queued(w)] {
+    const uint64_t target = __atomic_load_n(&theirs->recorded[k], __ATOMIC_ACQUIRE);
+    wait_until([&] { return __atomic_load_n(&theirs->completed[k], __ATOMIC_ACQUIRE) >= target; },
+               w, q, WaitFor::Barrier);
+  });
 }
 
-// A fault drill: this process dies, or stalls past its peers' timeout and then dies: once
-// they have all gone (they end after reporting it), or 3 s after it at the latest.
-void EmuComm::drill_fault() const {
-  if (!opts_.fault_exit) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(opts_.timeout_s));
-    const auto last = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-    auto any_peer = [&] {
-      for (int r = 0; r < size_; ++r)
-        if (r != rank_ && shm_.peer_alive(r)) return true;
-      return false;
-    };
-    while (any_peer() && std::chrono::steady_clock::now() < last)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  _exit(0);
-}
-
-// Host mode through scratch (cuda::run_scratch), as CudaComm runs it: the copies are the
-// queue's (a GPU's copy engines; not counted as the device code's traffic), the two-shot's
-// blocks run in turn on it, the fences between them.
-void EmuComm::run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
-                               uint64_t widest) {
-  const size_t cap = cuda::scratch_elems(layout_, dtype_size(call.dtype));
-  Regions regions = launch_regions(call);
-  const std::vector<uint8_t*> scratch = cuda::scratch_of(layout_, segments_.data());
-  for (int q = 0; q < size_; ++q)  // the two-shot writes every rank's scratch
-    if (q != rank_)
-      regions.list.push_back({scratch[q], cap * dtype_size(call.dtype), true, "peer scratch", q});
-  const bool drill = opts_.fault_seq == w.seq;
-  struct Ops {
-    EmuComm& c;
-    const CollectiveCall& call;
-    const WaitContext& w;
-    const Regions& regions;
-    bool drill;
-    void copy(void* dst, const void* src, size_t bytes) {
-      c.enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
-    }
-    void twoshot(size_t len, const std::vector<uint8_t*>& scratch) {
-      c.enqueue([this, a = c.twoshot_args(call, len, scratch, scratch, false)] {
-        c.run_in_turn(call.dtype, a, regions);
-      });
-    }
-    void fence() { c.fence(w); }
-    void meet() { cuda::host_meet(c.shm_, ++c.barrier_epoch_, w); }
-    void chunk_done() {
-      ++c.scratch_chunks_;
-      if (drill) c.drill_fault();
-    }
-  } ops{*this, call, w, regions, drill};
-  ++scratch_runs_;
-  if (drill && opts_.fault_step == 0) drill_fault();
-  const QueueScope scope(*this);
-  cuda::run_scratch(call, layout_, segments_.data(), rank_, met, ops, widest);
-}
-
-// One launch for the whole collective: a thread per block, waiting on device flags. Block 0
-// checks the call against its peers' first (cuda::check_call), as on the GPU.
-void EmuComm::run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan,
-                              const WaitContext& w, const Fingerprint& f) {
-  cuda::KernelArgs a = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
-                                              plan.steps.size(), plan.grid, counters_);
-  cuda::check_on_device(a, f);
-  for (const cuda::DevStep& d : plan.steps)
-    ll_steps_run_ += (d.flags & (cuda::kRecvLL | cuda::kSendLL)) != 0;
-  const bool drill = opts_.fault_seq == w.seq;
-  if (drill) a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
-  launch_eager(call.dtype, a, launch_regions(call), w, drill);
-}
-
-// An eager kernel-mode launch, as CudaComm makes it (launch_kernel_mode): call number w.seq,
-// its end reported in the done word, and (previous_late_ms) queued as if on another stream
-// than the call before: then it waits for that call's end before any block starts, as the
-// GPU's stream waits for the event on the call before's stream (the host queued that wait, and
-// no block of it is resident meanwhile). Here the host waits, bounded.
-void EmuComm::launch_eager(DType dtype, cuda::KernelArgs& a, const Regions& regions,
-                           const WaitContext& w, bool drill) {
-  // Not launched (cuda::runs_anything): no end is reported, and the next launch waits for the
-  // one before, as CudaComm::launch_kernel_mode leaves it.
-  if (!cuda::runs_anything(a)) return;
-  a.finished = &finished_;
-  a.done_seq = w.seq;
-  if (opts_.previous_late_ms > 0) wait_previous(w);
-  launch(dtype, a, regions, w, drill);
-  if (opts_.previous_late_ms > 0) report_late(w.seq);
-}
-
-void EmuComm::wait_previous(const WaitContext& w) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(opts_.timeout_s));
-  for (uint64_t seen; (seen = completed()) < late_seq_;) {
+// A launch queued on another stream than the launch before waits for that launch's end before
+// any block starts, as the GPU's stream waits for the event recorded after it (no block of it
+// is resident meanwhile). Here the host waits, bounded.
+void EmuComm::stream_waits_launch(int, const WaitContext& w) {
+  const auto until = deadline_after(timeout_s_.load());
+  for (uint64_t seen; (seen = completed()) < last_launch_.load();) {
     if (aborted_.load()) check_usable(w.collective);
-    if (std::chrono::steady_clock::now() > until)
+    if (Clock::now() > until)
       throw CollectiveTimeout(str_cat(w.collective, " #", w.seq,
                                       ": timed out waiting for this rank's previous collective "
                                       "to end (it was queued on another stream)"));
@@ -452,9 +391,15 @@ void EmuComm::wait_previous(const WaitContext& w) {
   }
 }
 
+// previous_late_ms: every launch's end is reported late (report_late), as a launch still
+// running on another stream would report it.
+void EmuComm::launch_ended(int, uint64_t seq) {
+  if (opts_.previous_late_ms > 0) report_late(seq);
+}
+
 // previous_late_ms: call `seq` has ended, but its end is taken back and reported later from
 // another thread, as a launch still running on another stream would report it: the next
-// launch must wait for it (wait_previous).
+// launch must wait for it (stream_waits_launch).
 void EmuComm::report_late(uint64_t seq) {
   if (late_writer_.joinable()) late_writer_.join();
   __atomic_store_n(&status_.done, late_seq_, __ATOMIC_RELEASE);
@@ -469,8 +414,14 @@ void EmuComm::report_late(uint64_t seq) {
   });
 }
 
-void EmuComm::launch(DType dtype, const cuda::KernelArgs& args, const Regions& regions,
-                     const WaitContext& w, bool drill) {
+void EmuComm::run_in_turn(DType dtype, const cuda::KernelArgs& a, const Regions& regions) {
+  const RegionsScope scope(&regions);
+  blocks_run_ += static_cast<uint64_t>(a.grid);
+  for (int b = 0; b < a.grid; ++b) run_block(dtype, a, b, opts_.threads);
+}
+
+void EmuComm::run_launch(DType dtype, const cuda::KernelArgs& args, const Regions& regions,
+                         const WaitContext& w, bool drill) {
   cuda::KernelArgs parts[2];  // as launch_steps runs them on the GPU
   const int n = cuda::launches_of(args, parts);
   for (int i = 0; i < n; ++i) launch_one(dtype, parts[i], regions, w, drill && i == n - 1);
@@ -557,7 +508,7 @@ void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& 
   LaunchProbe probe;
   probe.stagger_ms = opts_.finish_stagger_ms;
   probe.done = &status_.done;
-  probe.after = opts_.previous_late_ms > 0 && a.done_seq != 0 ? late_seq_ : 0;
+  probe.after = opts_.previous_late_ms > 0 ? late_seq_ : 0;  // replays too
   Dispatch dispatch;
   blocks_->run(
       [&](int b) {
@@ -604,144 +555,55 @@ void EmuComm::launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& 
                                   ": the emulated device's launch ended without reporting its end "
                                   "(done word ",
                                   completed(), ", blocks counted ", finished_, ")"));
-  check_status(w.collective, w.seq);
+  check_launch(w.collective, w.seq);
 }
 
-// One launch per step, its blocks in turn; the host waits for the peers between launches.
-void EmuComm::run_host_mode(const CollectiveCall& call, const cuda::Plan& plan,
-                            const WaitContext& w) {
-  const cuda::LaunchSetup setup = launch_setup(false);
-  const Regions regions = launch_regions(call);
-  for (size_t i = 0; i < plan.steps.size(); ++i) {
-    if (opts_.fault_seq == w.seq && i == static_cast<size_t>(opts_.fault_step)) drill_fault();
-    cuda::host_wait_step(shm_, counters_, plan.steps[i], w);
-    if (opts_.step_delay_ms > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(opts_.step_delay_ms));
-    // As CudaComm launches it: the blocks of this step's message alone.
-    cuda::KernelArgs a =
-        cuda::make_kernel_args(setup, call, plan.steps.data(), plan.steps.size(),
-                               cuda::active_channels(plan.steps[i].count, layout_), counters_);
-    a.first_step = static_cast<uint32_t>(i);
-    a.end_step = static_cast<uint32_t>(i + 1);
-    run_in_turn(call.dtype, a, regions);
-    cuda::host_publish_step(shm_, counters_, plan.steps[i]);
-  }
-}
-
-Algo EmuComm::algo_of(const CollectiveCall& call) const {
-  return call.algo == Algo::Auto
-             ? choose(call.collective, choice_count(call, size_) * dtype_size(call.dtype))
-             : call.algo;
-}
-
-void EmuComm::check_usable(const std::string& name) const {
-  if (aborted_.load())
-    throw CollectiveError(
-        str_cat(name, ": communicator is unusable after an earlier error: ", poison_reason_));
-}
-
-// As on the GPU (cuda_comm.cpp): every rank publishes its fingerprint; where the ranks meet on
-// the host (`meet`: cuda::meets_on_host) they compare them here before anything moves.
-uint64_t EmuComm::rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w,
-                             bool meet) {
-  w.fingerprints = &guard;
-  guard.publish();
-  if (!meet) return 0;
-  uint64_t widest = 0;
-  if (!call.send_counts.empty())
-    widest = check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
-  guard.finish(w);
-  return widest;
+// A kernel-mode launch's failure, raised as the GPU's host raises it at its next call.
+void EmuComm::check_launch(const char* name, uint64_t seq) {
+  if (__atomic_load_n(&status_.code, __ATOMIC_ACQUIRE) == cuda::kOk) return;
+  check_device(str_cat(name, " #", seq).c_str());
 }
 
 // A mismatch found on the host: the failure word in our device segment stops the device waits
 // of peers that wait for us (cuda::wait_flag), as one found on the device does.
-void EmuComm::stop_peers_on_mismatch() {
+void EmuComm::stop_peers() {
   auto* fail = reinterpret_cast<uint64_t*>(segment_.data() + layout_.fail_offset());
   uint64_t expected = 0;
   __atomic_compare_exchange_n(fail, &expected, cuda::fail_word(rank_, rank_), false,
                               __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
-void EmuComm::run(const CollectiveCall& call) {
-  std::lock_guard<std::mutex> g(run_mu_);
-  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
-  check_usable(name);
-  cuda::check_device_call(call, size_);
-  const uint64_t seq = ++seq_;
-  const Algo algo = algo_of(call);
-  const cuda::RegisteredCall registered = registered_of(call, algo);
-  Fingerprint mine = Fingerprint::of_call(seq, call, algo);
-  if (registered.on) mine = cuda::registered_fingerprint(mine, registered);
-  FingerprintGuard guard(shm_, mine);
-  WaitContext w = wait_context(name, seq);
-  try {
-    const bool meet = cuda::meets_on_host(call, opts_.kernel_mode, false, opts_.host_checks);
-    const uint64_t widest = rendezvous(call, guard, w, meet);
-    const bool empty = moves_nothing(call, rank_, size_);
-    if (registered.on && !empty)
-      run_on_registered(call, registered, w, mine);
-    else if (!empty && cuda::host_scratch_eligible(call, algo, opts_.kernel_mode,
-                                                   opts_.host_twoshot, widest != 0))
-      run_host_scratch(call, w, meet, widest);
-    else if (opts_.kernel_mode)  // a call that moves nothing launches too: it compares the call
-      run_kernel_mode(call, empty ? kNoSteps : plan_for(call, algo), w, mine);
-    else if (!empty)
-      run_host_mode(call, plan_for(call, algo), w);
-  } catch (const CollectiveMismatch& e) {
-    stop_peers_on_mismatch();
-    abort(e.what());
-    throw;
-  } catch (const CollectiveError& e) {
-    abort(e.what());  // peers' counters no longer match ours
-    throw;
-  }
+// Fault drills (EmuOptions::fault_seq): in host mode the process dies before step fault_step,
+// or with fault_step 0 before a queued call's first fence, else after its (first) chunk's work.
+void EmuComm::drill(const WaitContext& w, cuda::FaultPoint at, int step) {
+  if (opts_.fault_seq != w.seq) return;
+  if (at == cuda::FaultPoint::Step ? step == opts_.fault_step
+                                   : at == cuda::FaultPoint::ChunkEnd || opts_.fault_step == 0)
+    drill_fault();
 }
 
-std::shared_ptr<EmuGraph> EmuComm::capture(const CollectiveCall& call) {
-  std::lock_guard<std::mutex> g(run_mu_);
-  const char* name = call.barrier ? "barrier" : collective_name(call.collective);
-  check_usable(name);
-  cuda::check_device_call(call, size_);
-  const Algo algo = algo_of(call);
-  const bool empty = moves_nothing(call, rank_, size_);
-  // As CudaComm refuses it, before anything is exchanged.
-  cuda::check_capturable(name, opts_.kernel_mode, empty || plans_.find(call, algo) != nullptr);
-  const uint64_t seq = ++seq_;
-  const Fingerprint mine = Fingerprint::of_call(seq, call, algo);
-  FingerprintGuard guard(shm_, mine);
-  WaitContext w = wait_context(name, seq);
-  try {
-    rendezvous(call, guard, w, cuda::meets_on_host(call, opts_.kernel_mode, true));
-  } catch (const CollectiveError& e) {
-    abort(e.what());
-    throw;
-  }
-  auto graph = std::make_shared<EmuGraph>();
-  graph->owner = this;
-  graph->empty = empty;
-  graph->name = name;
-  graph->seq = seq;
-  const cuda::Plan& plan = empty ? kNoSteps : plans_.pin(call, algo);
-  graph->dtype = call.dtype;
-  graph->args = cuda::make_kernel_args(launch_setup(true), call, plan.steps.data(),
-                                       plan.steps.size(), plan.grid, counters_);
-  cuda::check_on_device(graph->args, mine);  // every replay compares the call again
-  graph->regions = launch_regions(call);
-  return graph;
+// ... in kernel mode, after fault_step steps of the call's launch have run.
+void EmuComm::drill_launch(cuda::KernelArgs& a, const WaitContext& w) {
+  if (opts_.fault_seq != w.seq) return;
+  a.end_step = std::min<uint32_t>(a.end_step, static_cast<uint32_t>(opts_.fault_step));
+  drill_now_ = true;
 }
 
-void EmuComm::replay(const EmuGraph& graph) {
-  std::lock_guard<std::mutex> g(run_mu_);
-  if (graph.owner != this) throw InvalidArgument("replay: the graph was captured elsewhere");
-  check_usable(graph.name);
-  WaitContext w = wait_context(graph.name.c_str(), graph.seq);
-  try {
-    launch(graph.dtype, graph.args, graph.regions, w, false);
-  } catch (const CollectiveError& e) {
-    abort(e.what());
-    throw;
+// A fault drill: this process dies, or stalls past its peers' timeout and then dies: once
+// they have all gone (they end after reporting it), or 3 s after it at the latest.
+void EmuComm::drill_fault() const {
+  if (!opts_.fault_exit) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(opts_.timeout_s));
+    const auto last = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    auto any_peer = [&] {
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && shm_.peer_alive(r)) return true;
+      return false;
+    };
+    while (any_peer() && std::chrono::steady_clock::now() < last)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  _exit(0);
 }
 
 }  // namespace emu

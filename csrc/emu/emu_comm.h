@@ -1,16 +1,18 @@
 // The emulated device: the CUDA transport's device code (device/step_kernel.h) compiled for the
 // host and run by every rank over POSIX shared memory laid out exactly as the GPU segment
-// (device/kernel_args.h's SegmentLayout), with the same plans, counters and fingerprints.
+// (device/kernel_args.h's SegmentLayout), with the same plans, counters and fingerprints, under
+// the orchestration CudaComm runs (device/orchestration.h): only the device's primitives are
+// its own.
 //
 //   Kernel mode: one "launch" per collective; every block is a thread of its own that waits
 //                on its peers' flags in their segments, as on the GPU. The calling thread
 //                watches the peers meanwhile and aborts the blocks' waits when one has died.
 //   Host mode:   one launch per step, blocks run in turn; between launches the host waits on
 //                the counters in the host flags segment (device/host_steps.h), as CudaComm does.
-//                Registered calls and calls through scratch go on a queue (op_queue.h) that
-//                runs them as a stream would, ordered across ranks by fences on emulated
-//                interprocess events (EmuEvents), as CudaComm's with host_events; the call
-//                waits for its queue before it returns.
+//                With host_events, host mode's work goes on a queue (op_queue.h) that runs it
+//                as a stream would, ordered across ranks by fences on counters or on emulated
+//                interprocess events (EmuEvents), as CudaComm's; the call waits for its queue
+//                before it returns.
 // Every access the device code makes is bounds-checked (emu/emu_checks.h): a wrong staging
 // address fails here as a CollectiveError naming the access, instead of corrupting a GPU.
 #pragma once
@@ -27,6 +29,7 @@
 #include "algo/call.h"
 #include "device/host_steps.h"
 #include "device/kernel_args.h"
+#include "device/orchestration.h"
 #include "device/plan.h"
 #include "emu/emu_checks.h"
 #include "emu/emu_registry.h"
@@ -66,17 +69,21 @@ struct EmuSms {
   uint64_t serving;  // launches whose every block is resident (or given up)
 };
 
-// A collective captured for replay, as a CUDA graph captures a kernel-mode launch: the launch's
-// arguments, built once at capture, launched again by EmuComm::replay with no host rendezvous
-// and no plan lookup. Replays stay right only because kernel mode's blocks read their message
-// counts from their own flags at every launch (step_kernel.h, load_own_counts), so the flags
-// advance on the device, and because the plan they read is pinned in the cache.
+// A collective captured for replay, as a CUDA graph captures a kernel-mode launch: the
+// launches the orchestration queued while capturing (arguments built once), launched again by
+// EmuComm::replay with no host rendezvous and no plan lookup. Replays stay right only because
+// kernel mode's blocks read their message counts from their own flags at every launch
+// (step_kernel.h, load_own_counts), so the flags advance on the device, and because the plan
+// they read is pinned in the cache.
 struct EmuGraph {
+  struct Launch {
+    DType dtype{};
+    cuda::KernelArgs args{};
+    Regions regions;
+  };
   const EmuComm* owner = nullptr;
-  bool empty = false;  // the call moves nothing on this rank: a replay only compares it
-  DType dtype{};
-  cuda::KernelArgs args{};
-  Regions regions;
+  std::vector<Launch> launches;  // none: the call runs nothing on this rank
+  bool waits_launch = false;     // a replay waits for the end of the eager launch before it
   std::string name;
   uint64_t seq = 0;  // the captured call's number: errors name it
 };
@@ -101,8 +108,8 @@ struct EmuOptions {
   bool fault_exit = true;
   // Drills of the launch's end (tests): block b reaches its end b * finish_stagger_ms later;
   // with previous_late_ms, every kernel-mode launch is queued as if on another stream than the
-  // call before (ordered after that call's end: CudaComm::launch_kernel_mode), and that call's
-  // end is reported this much later.
+  // call before (ordered after that call's end: cuda::DeviceComm::launch_kernel_mode), and that
+  // call's end is reported this much later.
   int finish_stagger_ms = 0;
   int previous_late_ms = 0;
   bool host_twoshot = true;  // cuda::CudaCommOptions::host_twoshot
@@ -121,7 +128,7 @@ struct EmuOptions {
   int step_delay_ms = 0;
   // Host mode: every call's fingerprints compared on the host before anything moves
   // (cuda::meets_on_host; PYCOLL_CHECK_MISMATCH=0 turns that off on the GPU).
-  bool host_checks = true;
+  bool check_mismatch = true;
   // Data stores visible to peers only at a release or a fence, or at the block's end
   // (emu_checks.h, buffer_store); false: at once, as x86 shows them.
   bool weak_stores = true;
@@ -130,18 +137,18 @@ struct EmuOptions {
   int sms = 0;
 };
 
-class EmuComm {
+// The emulated device under the orchestration a GPU runs (device/orchestration.h): its
+// streams are numbers (the caller's: 1, or 1 and 2 by turns with previous_late_ms; ours: 0), a
+// kernel-mode launch runs at once on block threads, host mode's work goes on an OpQueue (with
+// host_events) that runs it in order as a stream would.
+class EmuComm : public cuda::DeviceComm<EmuComm, int> {
  public:
   EmuComm(int rank, int size, const EmuOptions& opts);
   ~EmuComm();
   EmuComm(const EmuComm&) = delete;
   EmuComm& operator=(const EmuComm&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  uint64_t seq() const { return seq_; }
   const EmuOptions& options() const { return opts_; }
-  size_t plans_cached() const { return plans_.size(); }
   uint64_t plans_built() const { return plans_built_; }
   size_t segment_bytes() const { return layout_.total_bytes(); }
   // The segment's data area (its staging slots): host mode's scratch (cuda::scratch_of).
@@ -156,14 +163,14 @@ class EmuComm {
               const std::vector<int>& gpus = {});
   void unlink();
 
-  Algo choose(Collective c, size_t bytes) const;
-  // Runs `call` (arguments already checked).
+  // Runs `call` (arguments already checked) to its end, as a blocking call on the caller's
+  // stream.
   void run(const CollectiveCall& call);
+  void barrier();
   // Kernel mode only, and only for a call shape run once before (its plan is built then): the
   // fingerprints are compared now, every rank captures, nothing moves until replay.
   std::shared_ptr<EmuGraph> capture(const CollectiveCall& call);
   void replay(const EmuGraph& graph);
-  size_t plans_pinned() const { return plans_.pinned(); }
   // Blocks run by every launch so far, added up: a launch runs only the blocks its messages
   // use (cuda::plan_grid), as on the GPU.
   uint64_t blocks_run() const { return blocks_run_; }
@@ -171,64 +178,64 @@ class EmuComm {
   uint64_t ll_steps_run() const { return ll_steps_run_; }
   // The number of the last call whose launch has ended, as the device wrote it (status done).
   uint64_t completed() const { return __atomic_load_n(&status_.done, __ATOMIC_ACQUIRE); }
-  // The LL limit the plans use: the option in kernel mode, none in host mode.
-  size_t ll_max_bytes() const { return opts_.kernel_mode ? opts_.ll_max_bytes : 0; }
-  void abort(const std::string& reason);
-  bool poisoned() const { return aborted_.load(); }
 
   // Registered buffers (emu_registry.h): memory of the emulated device, and the registration of
   // a range of it (collective; the rendezvous trades the handles between handle and add).
-  // A call whose buffers are registered as cuda::registered_call needs them, with the
-  // algorithm automatic or direct, runs over them (device/twoshot_kernel.h; in host mode
-  // between two fences, as CudaComm does).
   Registry& registry() { return registry_; }
   // Data the device code has moved since the last reset (emu_checks.h, Traffic).
   const Traffic& traffic() const { return traffic_; }
   void reset_traffic() { traffic_.reset(); }
-  uint64_t twoshot_runs() const { return twoshot_runs_; }
-  // Host mode's calls through scratch (cuda::run_scratch), and their chunks.
-  uint64_t scratch_runs() const { return scratch_runs_; }
-  uint64_t scratch_chunks() const { return scratch_chunks_; }
 
  private:
-  static const cuda::Plan kNoSteps;
-  const cuda::Plan& plan_for(const CollectiveCall& call, Algo algo);
-  void run_kernel_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w,
-                       const Fingerprint& f);
-  void launch_eager(DType dtype, cuda::KernelArgs& a, const Regions& regions, const WaitContext& w,
-                    bool drill);
-  void launch(DType dtype, const cuda::KernelArgs& a, const Regions& regions, const WaitContext& w,
-              bool drill);
+  friend class cuda::DeviceComm<EmuComm, int>;
+
+  // The device's primitives (device/orchestration.h).
+  int own_stream() const { return 0; }
+  void queue_behind(int) {}  // our queue starts after the caller's call has: it is synchronous
+  void launch(const CollectiveCall& call, const cuda::KernelArgs& a, int stream,
+              const WaitContext& w);
+  void copy(void* dst, const void* src, size_t bytes);
+  void write_counter(uint64_t epoch, const WaitContext& w);
+  void wait_counter(int q, uint64_t epoch, const WaitContext& w);
+  void record_fence_event(int k);
+  void wait_fence_event(int q, int k, const WaitContext& w);
+  // previous_late_ms: the host waits (bounded) for the end of the launch before, reported late.
+  void stream_waits_launch(int stream, const WaitContext& w);
+  void launch_ended(int stream, uint64_t seq);
+  void replay_waits_launch(int, const WaitContext&) { capturing_->waits_launch = true; }
+  void replay_ended(int) {}          // a replay has ended when replay() returns
+  void stream_waits_replays(int) {}  // ... so no launch after it can start before its end
+  void wait_stream(const WaitContext&) { drain_queue(); }
+  void wait_queued(const WaitContext&) { drain_queue(); }
+  void wait_launch(uint64_t, const WaitContext&) {}  // the launch has run
+  const cuda::DeviceStatus* host_status() const { return &status_; }
+  cuda::LaunchSetup launch_setup(bool use_flags) const;
+  uint32_t* finished_word() { return &finished_; }
+  void upload(cuda::CachedPlan& cp, int);
+  void drop_plans(std::map<cuda::PlanKey, cuda::CachedPlan>&) {}  // nothing still reads them
+  cuda::RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
+  void stop_device() { __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE); }
+  void stop_peers();
+  bool closed() const { return false; }
+  void trace(const CollectiveCall&, uint64_t, Algo) const {}
+  void drill(const WaitContext& w, cuda::FaultPoint at, int step);
+  void drill_launch(cuda::KernelArgs& a, const WaitContext& w);
+
+  // The caller's stream of the next call: 1, or with previous_late_ms another stream than the
+  // last launch's (1 or 2).
+  int caller_stream() const;
+  // The buffers launch `a` of `call` may touch: the call's, every segment, and where `a` runs
+  // over every rank's buffers (registered, or scratch), exactly its bytes of each peer's.
+  Regions regions_of(const CollectiveCall& call, const cuda::KernelArgs& a) const;
+  void run_launch(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
+                  const WaitContext& w, bool drill);
   void launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
                   const WaitContext& w, bool drill);
-  Algo algo_of(const CollectiveCall& call) const;
-  void check_usable(const std::string& name) const;
-  // Returns an all-to-all's largest split of every rank's where it met them (0 otherwise).
-  uint64_t rendezvous(const CollectiveCall& call, FingerprintGuard& guard, WaitContext& w,
-                      bool meet);
-  void stop_peers_on_mismatch();
-  void run_host_mode(const CollectiveCall& call, const cuda::Plan& plan, const WaitContext& w);
-  Regions launch_regions(const CollectiveCall& call) const;
-  // `call` over registered buffers where they are (cuda::registered_call; off otherwise), for
-  // run_registered (the two-shot for an all-reduce); the fingerprint says so and where
-  // (cuda::registered_fingerprint).
-  cuda::RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
-  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
-                        uint64_t widest);
-  void run_on_registered(const CollectiveCall& call, const cuda::RegisteredCall& t,
-                         const WaitContext& w, const Fingerprint& f);
-  cuda::LaunchSetup launch_setup(bool use_flags);
-  // The launch of the two-shot of `len` elements over every rank's `in` and `out`.
-  cuda::KernelArgs twoshot_args(const CollectiveCall& call, size_t len,
-                                const std::vector<uint8_t*>& in, const std::vector<uint8_t*>& out,
-                                bool use_flags);
   // Host mode's launch: its blocks one after another on this thread, within `regions`.
   void run_in_turn(DType dtype, const cuda::KernelArgs& a, const Regions& regions);
-  void check_status(const char* name, uint64_t seq);
-  // Host mode's queue: `op` on it (with host_events; else run now), and the fence between ops
-  // (cuda::event_fence on the emulated events; else a meeting), and the wait for the queue.
+  void check_launch(const char* name, uint64_t seq);
+  // Host mode's queue: `op` on it (with host_events; else run now), and the wait for it.
   void enqueue(std::function<void()> op);
-  void fence(const WaitContext& w);
   void drain_queue();
   EmuEvents* events_of(int rank) const;
   // Kernel mode with sms: block `b` of a launch of `grid` blocks takes an SM of our GPU
@@ -240,39 +247,24 @@ class EmuComm {
   class QueueScope;
   [[noreturn]] void drill_fault() const;
   void report_late(uint64_t seq);
-  // previous_late_ms: waits (bounded) for the end of the launch before (late_seq_).
-  void wait_previous(const WaitContext& w);
-  WaitContext wait_context(const char* name, uint64_t seq) const;
 
-  int rank_, size_;
   EmuOptions opts_;
-  cuda::SegmentLayout layout_;
-  ShmSegment segment_;              // our device segment
-  std::vector<ShmSegment> peers_;   // peers' device segments, by rank
-  std::vector<uint8_t*> segments_;  // every rank's, as mapped here
-  ShmTransport shm_;                // host flags: host-mode steps, fingerprints, liveness
-  ChannelCounters counters_;
-  cuda::PlanCache<cuda::Plan> plans_;
+  ShmSegment segment_;             // our device segment
+  std::vector<ShmSegment> peers_;  // peers' device segments, by rank
   uint64_t plans_built_ = 0;
   uint64_t blocks_run_ = 0;
   uint64_t ll_steps_run_ = 0;
-  uint64_t twoshot_runs_ = 0;
-  uint64_t scratch_runs_ = 0;
-  uint64_t scratch_chunks_ = 0;
-  uint64_t barrier_epoch_ = 0;  // host mode's meetings (cuda::host_meet)
   Registry registry_;
   Traffic traffic_;
   cuda::DeviceStatus status_{};
   uint32_t error_claim_ = 0;
-  uint32_t finished_ = 0;  // cuda::KernelArgs::finished
-  uint64_t seq_ = 0;
+  uint32_t finished_ = 0;          // cuda::KernelArgs::finished
+  bool drill_now_ = false;         // drill_launch: the launch ends the process
+  EmuGraph* capturing_ = nullptr;  // capture: launches are recorded here, not run
   // previous_late_ms: the call whose end is reported late, and the thread that reports it.
   uint64_t late_seq_ = 0;
   std::thread late_writer_;
   std::atomic<bool> late_stop_{false};
-  std::atomic<bool> aborted_{false};
-  std::string poison_reason_;
-  std::mutex run_mu_;
   EmuSms* sms_ = nullptr;                 // our GPU's SMs (sms > 0), in a segment on it
   std::unique_ptr<BlockThreads> blocks_;  // kernel mode's block threads, from the first launch
   std::unique_ptr<OpQueue> queue_;        // host mode with host_events; last: it stops first

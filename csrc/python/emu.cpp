@@ -73,7 +73,7 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("fence_counters", &emu::EmuOptions::fence_counters)
       .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)
       .def_readwrite("step_delay_ms", &emu::EmuOptions::step_delay_ms)
-      .def_readwrite("host_checks", &emu::EmuOptions::host_checks)
+      .def_readwrite("host_checks", &emu::EmuOptions::check_mismatch)
       .def_readwrite("sms", &emu::EmuOptions::sms)
       .def_readwrite("weak_stores", &emu::EmuOptions::weak_stores);
   py::class_<emu::EmuComm>(m, "EmuComm")
@@ -115,6 +115,8 @@ PYBIND11_MODULE(_emu, m) {
           py::arg("call"), py::keep_alive<0, 1>())
       .def("replay", &emu::EmuComm::replay, py::arg("graph"),
            py::call_guard<py::gil_scoped_release>())
+      // The barrier CudaComm runs (device/orchestration.h, barrier_call).
+      .def("barrier", &emu::EmuComm::barrier, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plans_pinned", &emu::EmuComm::plans_pinned)
       .def_property_readonly("blocks_run", &emu::EmuComm::blocks_run)
       .def_property_readonly("completed", &emu::EmuComm::completed)

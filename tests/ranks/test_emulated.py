@@ -76,6 +76,12 @@ def test_emulated_capture_and_replay(mode, nranks):
     assert f"replay {mode} ranks={nranks}" in out, out
 
 
+# A replay waits for the eager launch before it, whose end is reported late.
+def test_emulated_replay_waits_for_the_eager_call_before():
+    out = run_mpi(2, "emulated.py", "kernel", "replay_order")
+    assert "replay_order ranks=2: 4 replays" in out, out
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_emulated_launch_runs_the_blocks_its_messages_use(mode):
     out = run_mpi(2, "emulated.py", mode, "grid")
@@ -233,6 +239,13 @@ def test_emulated_peer_fails_in_host_all_reduce_through_scratch(what):
 def test_emulated_one_rank_skips_launches_and_waits_for_none():
     out = run_mpi(1, "emulated.py", "kernel", "one_rank")
     assert "one_rank kernel: 7 calls" in out, out
+
+
+# The barrier a GPU runs (device/orchestration.h): nobody leaves early, a mismatch raises.
+@pytest.mark.parametrize("mode", ["kernel", "host"])
+def test_emulated_barrier(mode):
+    out = run_mpi(3, "emulated.py", mode, "barrier")
+    assert f"barrier {mode} ranks=3: 3 barriers right" in out, out
 
 
 @pytest.mark.parametrize("late_ms", [20, 2500])

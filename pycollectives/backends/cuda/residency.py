@@ -7,7 +7,7 @@ its SM until it ends, so a launch whose blocks cannot all become resident beside
 rank's launch on the same GPU (ranks that share it under MPS) waits for SMs that only its own
 waiting peers could free: every rank hangs until the timeout. A rank has one launch in flight
 at a time (a launch on another stream waits on the host's event for the one before:
-CudaComm::launch_kernel_mode), so the bound is
+DeviceComm::launch_kernel_mode, csrc/device/orchestration.h), so the bound is
 
     ranks on the GPU x blocks per launch  <=  the GPU's SMs x blocks one SM holds,
 

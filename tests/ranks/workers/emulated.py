@@ -129,7 +129,7 @@ class EmulatedDevice:
         return out
 
     def barrier(self):
-        self.mpi.Barrier()
+        self.dev.barrier()
 
     # Registered buffers (csrc/emu/emu_registry.h), as CudaComm has them on a GPU.
 
@@ -445,6 +445,31 @@ def replay(mpi, mode):
     assert c.plans_cached <= 256 and c.plans_pinned == 5, (c.plans_cached, c.plans_pinned)
     replay_all(10)
     say(f"replay kernel ranks={n}: 5 graphs x 5 replays right, eager calls between")
+
+
+def replay_order(mpi, late_ms=30):
+    """A replay between eager calls: the eager call before it reports its end `late_ms` after it
+    has run, as a launch still running on another stream would. The replay must wait for that
+    end (the GPU's graph: an external event wait node on the eager launches' end event), or its
+    blocks run beside the launch that uses the same per-block counters (the emulated device
+    sees a block run before the call before had ended)."""
+    dev = EmulatedDevice(mpi, "kernel", "small", blocks=3, previous_late_ms=late_ms)
+    c, r, n = dev.dev, mpi.rank, mpi.size
+    buf = np.zeros(3000, np.int64)
+    dev.all_reduce(buf, algorithm="ring")  # the plan, outside the capture
+    graph = c.capture(Call("all_reduce", buf, None, op_code("sum"), 0, algo_code("ring")))
+    start = time.perf_counter()
+    for k in range(4):
+        inputs = [make_input(q, 900, np.dtype(np.float64), "sum", salt=k) for q in range(n)]
+        out = dev.all_reduce(inputs[r].copy(), algorithm="direct")  # its end reported late
+        assert np.allclose(out, reference(inputs, "sum", np.dtype(np.float64)))
+        idx = np.arange(buf.size)
+        buf[:] = idx % 5 + r + k
+        c.replay(graph)
+        assert np.array_equal(buf, sum(idx % 5 + q + k for q in range(n))), f"replay {k} wrong"
+    took = time.perf_counter() - start
+    assert took >= 4 * late_ms / 1000, took  # each replay waited for the eager call's report
+    say(f"replay_order ranks={n}: 4 replays after late eager calls in {took:.3f} s")
 
 
 def grid(mpi, mode):
@@ -894,7 +919,7 @@ def one_rank(mpi, mode):
 
 def previous_stream(mpi, mode, late_ms):
     """A call queued on another stream than the call before starts only once that call has
-    ended: its stream waits for an event recorded after that launch (CudaComm::
+    ended: its stream waits for an event recorded after that launch (DeviceComm::
     launch_kernel_mode), so no block of it holds an SM meanwhile. Here every call is queued so,
     and the call before reports its end `late_ms` after it has run: a block that ran before that
     report is seen by the emulated device. With a report later than the timeout, the wait
@@ -998,12 +1023,38 @@ def residency(mpi, mode, checked):
         say(f"residency checked ranks={n}: {len(calls)} calls, {blocks} blocks each")
 
 
+def barrier(mpi, mode):
+    """The device's barrier (CudaComm's: a launch that only compares the call in kernel mode, a
+    meeting on the host flags in host mode): no rank leaves before the last has arrived, calls
+    between barriers are right, and a barrier against another rank's collective raises
+    CollectiveMismatch on every rank, bounded."""
+    dev = EmulatedDevice(mpi, mode, "small", blocks=3, timeout=5.0)
+    r, n = mpi.rank, mpi.size
+    for i in range(3):
+        time.sleep(0.1 * ((r + i) % n))
+        arrived = time.monotonic()
+        dev.barrier()
+        left = time.monotonic()
+        times = mpi.allgather((arrived, left))
+        assert min(t for _, t in times) >= max(a for a, _ in times), times
+        run_checked(dev, mpi, "all_reduce", np.dtype(np.float32), 1000 * (i + 1), None, i)
+    bad = EmulatedDevice(mpi, mode, "small", blocks=3, timeout=5.0)
+    x = np.ones(64, np.float32)
+    everyone = raised_everywhere(mpi, lambda: bad.barrier() if r == 0 else bad.all_reduce(x))
+    assert all(s is not None and s.startswith("CollectiveMismatch") for s, _ in everyone), everyone
+    assert all("barrier" in s for s, _ in everyone), everyone
+    say(f"barrier {mode} ranks={n}: 3 barriers right, a mismatch raised everywhere in "
+        f"{max(t for _, t in everyone):.2f} s")  # fmt: skip
+
+
 # The special COLLECTIVE values: each runs as fn(mpi, mode, collective, staging).
 SPECIAL = {
     "one_rank": lambda mpi, mode, _c, _s: one_rank(mpi, mode),
+    "barrier": lambda mpi, mode, _c, _s: barrier(mpi, mode),
     "shapes": lambda mpi, mode, _c, _s: shapes(mpi, mode),
     "replay": lambda mpi, mode, _c, _s: replay(mpi, mode),
     "grid": lambda mpi, mode, _c, _s: grid(mpi, mode),
+    "replay_order": lambda mpi, _m, _c, _s: replay_order(mpi),
     "resize": lambda mpi, mode, _c, _s: resize(mpi, mode),
     "headers": lambda mpi, mode, _c, _s: headers(mpi, mode),
     "split_mismatch": lambda mpi, mode, _c, _s: split_mismatch(mpi, mode),
