@@ -224,6 +224,15 @@ def test_gpu_one_rank_closes_at_once():
     assert "one_rank sync=kernel closed in" in out, out
 
 
+def test_gpu_event_probe():
+    # How the GPU binds a wait on a peer's re-recorded interprocess event (reported: host
+    # mode's event fences assume "queued"; the fence counters need neither).
+    out = run_mpi(2, "gpu_extras.py", "event_probe", timeout=90)
+    found = re.search(r"event_probe rank=1 binds=(queued|reached).*", out)
+    assert found, out
+    print(found.group(0))  # the kit's paths stage shows it (-rP)
+
+
 def test_gpu_graph_capture_refused_in_host_mode():
     out = run_mpi(2, "gpu_extras.py", "graph", env={"PYCOLL_CUDA_SYNC": "host"})
     assert out.count("sync=host refused") == 2, out
@@ -367,6 +376,10 @@ class TestKernelMode:
         # comm.empty / register and the two-shot all-reduce over them (device/twoshot_kernel.h).
         out = run_mpi(2, "gpu_extras.py", "registered", env=kernel_mode_env)
         assert out.count("sync=kernel cases=") == 2, out
+
+    def test_gpu_shapes_past_the_cache_and_replays_between_streams(self, kernel_mode_env):
+        out = run_mpi(2, "gpu_extras.py", "shapes", env=kernel_mode_env, timeout=120)
+        assert out.count("sync=kernel shapes=300 replays=6") == 2, out
 
     def test_gpu_graph_capture_and_replay(self, kernel_mode_env):
         out = run_mpi(2, "gpu_extras.py", "graph", env=kernel_mode_env)

@@ -12,7 +12,8 @@
 #   first   env, build (for this GPU's architecture only), paths (every path of the GPU suite
 #           once, each with a check of its result: one rank, host mode, kernel mode under MPS
 #           with auto blocks, a late rank and calls on alternating streams, registered two-shot,
-#           LL, graph replay, torch's CUDA tensors, mismatches), figures (the residency the
+#           LL, graph replay, torch's CUDA tensors, mismatches, 300 shapes past the plan cache
+#           with replays between, the event probe), figures (the residency the
 #           GPU allows, then 8 B and 128 MiB all-reduces on 2 and 4 ranks in kernel mode,
 #           synchronised, back to back and in a graph, registered and not)
 #   second  env, build (incremental where the first call's build is still there), bench-2,
@@ -383,7 +384,8 @@ stage build "$T_BUILD" bash -c build_package || BLOCKED="build failed"
 if [ "$DRY_RUN" = 0 ] && [ -z "$BLOCKED" ] && [ ! -x "$PY" ]; then
   BLOCKED="no .venv-gpu: run the build stage"
 fi
-stage paths "$T_PATHS" "$PY" -m pytest -m gpu tests -v -ra --durations=10 -k "$PATHS_K"
+# -rP: the output of the tests that print what they measured (the event probe).
+stage paths "$T_PATHS" "$PY" -m pytest -m gpu tests -v -ra -rP --durations=10 -k "$PATHS_K"
 stage figures "$T_FIGURES" bash -c figures
 stage bench-2 "$T_BENCH2" bash -c bench_host
 stage bench-4 "$T_BENCH4" env PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 4 "$PY" \

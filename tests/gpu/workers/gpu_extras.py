@@ -1,7 +1,8 @@
 """Streams, async work and torch tensors on the CUDA transport.
 
 Usage: mpiexec -n N python gpu_extras.py
-    stream|streams|async|torch|mismatch|graph|ll|registered|one_rank|free_while_waiting
+    stream|streams|async|torch|mismatch|graph|ll|registered|one_rank|free_while_waiting|shapes|
+    event_probe
 streams reads PYCOLL_TEST_CALLS (30: calls) and PYCOLL_TEST_LATE_MS (0: rank k % N sleeps this
 long before call k).
 """
@@ -218,6 +219,93 @@ def check_graph(comm: CudaComm):
     print(f"graph rank={r} sync=kernel replays=5")
 
 
+def check_shapes(comm: CudaComm):
+    """More call shapes than the plan cache holds (their steps in chunks that are freed once
+    nothing is in flight: csrc/cuda/plan_arena.h), and a graph captured before them replayed
+    between them on another stream than theirs, with no host wait in between: each replay
+    waits for the eager launch before it, and the eager launch after it for the replay (both
+    use the same per-block counters: DeviceComm::launch_kernel_mode). Every result right."""
+    r, n = comm.rank, comm.size
+    s, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(4099, cp.float32)
+    comm.all_reduce(x, None, SUM, None, s, False)  # the plan, built outside the capture
+    graph = capture(s, lambda: comm.all_reduce(x, None, SUM, None, s, False))
+    replays = 0
+    for i in range(300):
+        y = cp.full(1 + i, r + 1, cp.int32)
+        comm.all_reduce(y, None, SUM, None, other, False)
+        replay = i % 50 == 0
+        if replay:
+            with s:
+                x.fill(r + i)
+            graph.launch(stream=s)
+            replays += 1
+        other.synchronize()
+        assert int(y[-1]) == n * (n + 1) // 2, (i, int(y[-1]))
+        if replay:
+            s.synchronize()
+            assert float(x[-1]) == sum(q + i for q in range(n)), (i, float(x[-1]))
+    print(f"shapes rank={r} sync={comm.sync_mode} shapes=300 replays={replays}")
+
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+"""
+
+
+def check_event_probe(comm: CudaComm):
+    """How this GPU binds a stream's wait on a peer's interprocess event that the peer records
+    again before the GPU reaches the wait: to the record current when the wait was queued (as
+    cudaStreamWaitEvent documents within a process; host mode's event fences assume it), or to
+    the one current when the GPU reaches it (then those fences could form a cycle; the fence
+    counters are right either way). Rank 0 records its event after a short spin, rank 1 queues
+    a longer spin and then the wait, rank 0 records again after a 3 s spin: rank 1's wait ends
+    well before that spin if it took the first record. A measurement, bounded, reported."""
+    r = comm.rank
+    spin = cp.RawKernel(SPIN, "spin")
+    rate_khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["clockRate"]
+
+    def spin_ms(stream, ms):
+        spin((1,), (1,), (np.int64(ms * rate_khz),), stream=stream)
+
+    s = cp.cuda.Stream(non_blocking=True)
+    flags = cp.cuda.runtime.eventDisableTiming | cp.cuda.runtime.eventInterprocess
+    mine = cp.cuda.runtime.eventCreateWithFlags(flags) if r == 0 else None
+    handle = MPI.COMM_WORLD.bcast(cp.cuda.runtime.ipcGetEventHandle(mine) if r == 0 else None)
+    if r == 0:
+        spin_ms(s, 200)
+        cp.cuda.runtime.eventRecord(mine, s.ptr)  # record 1
+        MPI.COMM_WORLD.Barrier()  # rank 1 queues its wait now
+        MPI.COMM_WORLD.Barrier()
+        spin_ms(s, 3000)
+        cp.cuda.runtime.eventRecord(mine, s.ptr)  # record 2, before rank 1's GPU reaches the wait
+        s.synchronize()
+        MPI.COMM_WORLD.Barrier()
+        cp.cuda.runtime.eventDestroy(mine)
+        print("event_probe rank=0 recorded twice")
+        return
+    theirs = cp.cuda.runtime.ipcOpenEventHandle(handle)
+    done = cp.cuda.Event(disable_timing=True)
+    MPI.COMM_WORLD.Barrier()
+    start = time.monotonic()
+    spin_ms(s, 300)
+    cp.cuda.runtime.streamWaitEvent(s.ptr, theirs, 0)
+    done.record(s)
+    MPI.COMM_WORLD.Barrier()
+    while not done.done:
+        assert time.monotonic() - start < 30, "the wait on the peer's event never ended"
+        time.sleep(0.005)
+    took = time.monotonic() - start
+    MPI.COMM_WORLD.Barrier()
+    cp.cuda.runtime.eventDestroy(theirs)
+    binds = "queued" if took < 2.0 else "reached"
+    print(f"event_probe rank=1 binds={binds} (the wait ended {took:.2f} s after it was queued)")
+
+
 def check_ll(comm: CudaComm):
     """Small all-reduces in the LL format (kernel mode; device/plan.h, ll_message), sizes
     around the limit in several dtypes, back to back on one stream, one rank (drawn at random,
@@ -415,6 +503,7 @@ def main():
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
     checks["registered"], checks["one_rank"] = check_registered, check_one_rank
     checks["free_while_waiting"] = check_free_while_waiting
+    checks["shapes"], checks["event_probe"] = check_shapes, check_event_probe
     try:
         checks[what](comm)
     finally:
