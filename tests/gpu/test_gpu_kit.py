@@ -231,3 +231,29 @@ def test_summary_says_when_the_files_differ_from_the_commit(tmp_path):
     assert header(tmp_path / "a").startswith(f"# commit {head}, "), header(tmp_path / "a")
     (repo / "README.md").write_text("changed\n")
     assert f"# commit {head} plus changes" in header(tmp_path / "b")
+
+
+def test_result_files_carry_the_gpu_driver_and_commit(tmp_path):
+    # A benchmark's output lands in OUTDIR/results/, named as benchmarks/results/ names it and
+    # headed with what the README's tables cite; the command's status comes back.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    smi = fake / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env bash\necho 'NVIDIA H200, 143771 MiB, 580.159.04'\n")
+    smi.chmod(0o755)
+    script = f"""
+        . {STAGES_SH}
+        OUTDIR={tmp_path}
+        result gpu_bench-@-2ranks-mps bench-mps bash -c 'echo "## all_reduce"; exit 3'
+        echo "rc=$?"
+    """
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert "rc=3" in proc.stdout, proc.stdout + proc.stderr
+    lines = (tmp_path / "results" / "gpu_bench-h200-2ranks-mps.txt").read_text().splitlines()
+    assert lines[0] == "# NVIDIA H200 (143771 MiB), driver 580.159.04", lines
+    assert re.match(
+        r"# commit [0-9a-f]+( plus changes)?, tools/gpu/run.sh stage bench-mps, ", lines[1]
+    )
+    assert lines[2] == '$ bash -c echo "## all_reduce"; exit 3', lines
+    assert lines[3] == "## all_reduce", lines

@@ -124,7 +124,7 @@ VENV=$PWD/.venv-gpu
 PY=$VENV/bin/python
 MPIEXEC=$VENV/bin/mpiexec # from the mpich wheel; the tests find it beside sys.executable
 WHEELS=tools/gpu/wheels
-export BASE_PYTHON VENV PY WHEELS MPIEXEC BENCH_MAX_BYTES
+export BASE_PYTHON VENV PY WHEELS MPIEXEC BENCH_MAX_BYTES OUTDIR
 # python3's own bin (cmake, ninja) stays reachable when PYTHON names it by path.
 PATH="$VENV/bin:$PATH:$(dirname "$BASE_PYTHON"):/usr/local/cuda/bin"
 export PATH
@@ -230,8 +230,8 @@ bench_mps() {
   start_mps || return 1
   rc=0
   for n in 2 4; do
-    PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n "$PY" benchmarks/gpu_bench.py \
-      --max-bytes "$BENCH_MAX_BYTES" || rc=1
+    result "gpu_bench-@-${n}ranks-mps" bench-mps env PYCOLL_CUDA_SYNC=kernel "$MPIEXEC" -n $n \
+      "$PY" benchmarks/gpu_bench.py --max-bytes "$BENCH_MAX_BYTES" || rc=1
   done
   # The small sizes without the LL format, to set beside the first run's (LL on).
   PYCOLL_CUDA_SYNC=kernel PYCOLL_CUDA_LL_BYTES=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
@@ -298,8 +298,8 @@ EOF
 # GPU, then meets the peers) beside the first runs' on interprocess events.
 bench_host() {
   local rc=0 h="--collectives all_reduce --iters 5 --calls 10"
-  PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
-    --max-bytes "$BENCH_MAX_BYTES" || rc=1
+  result gpu_bench-@-2ranks-host bench-2 env PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" \
+    benchmarks/gpu_bench.py --max-bytes "$BENCH_MAX_BYTES" || rc=1
   PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_HOST_TWOSHOT=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
     --max-bytes 1M $h || rc=1
   PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py --registered \
@@ -311,7 +311,7 @@ bench_host() {
   done
   return $rc
 }
-export -f show_env build_package start_mps bench_mps bench_host figures
+export -f show_env build_package start_mps result bench_mps bench_host figures
 
 SUMMARY=$OUTDIR/summary.txt
 FAILED=() # stages that failed, timed out or were skipped

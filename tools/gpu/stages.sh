@@ -1,5 +1,6 @@
 # The GPU run kit's stage runner, sourced by run.sh (and by its tests): a command under a time
-# limit that ends with everything it started, and the clean-up after every stage.
+# limit that ends with everything it started, the clean-up after every stage, and the result
+# files the benchmarks leave.
 #
 # A stage's command starts ranks (mpiexec and its processes), MPS daemons and their servers.
 # `timeout` alone signals only its own child: the ranks of a benchmark killed at its limit
@@ -77,4 +78,26 @@ clean_up_stage() {
     echo "clean-up: $quit MPS daemon(s) asked to quit, $killed MPS process(es) killed," \
       "$segments shared-memory segment(s) removed"
   fi
+}
+
+# result NAME STAGE COMMAND...: runs COMMAND, its output also in OUTDIR/results/NAME.txt
+# headed as benchmarks/results/ keeps its files (the GPU and driver, the commit, the stage, the
+# command): copied there as they are, the README's GPU tables are made from them
+# (benchmarks/gpu_tables.py). NAME's "@" is the GPU's short name (h200).
+result() {
+  local name=$1 stage=$2 smi gpu file commit
+  shift 2
+  smi=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)
+  gpu=$(echo "$smi" | cut -d, -f1 | sed 's/^NVIDIA //' | awk '{print tolower($1)}')
+  file=$OUTDIR/results/${name//@/$gpu}.txt
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git diff --quiet HEAD -- 2>/dev/null || commit="$commit plus changes"
+  mkdir -p "$OUTDIR/results"
+  {
+    echo "$smi" | awk -F', ' '{printf "# %s (%s), driver %s\n", $1, $2, $3}'
+    echo "# commit $commit, tools/gpu/run.sh stage $stage, $(date -u +%F)"
+    echo "\$ $*"
+  } >"$file"
+  "$@" 2>&1 | tee -a "$file"
+  return "${PIPESTATUS[0]}"
 }

@@ -1,0 +1,57 @@
+"""The README's GPU tables come from the kit's result files (benchmarks/gpu_tables.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_tables", ROOT / "benchmarks/gpu_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_tables"] = mod  # its dataclass looks itself up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_tables_match_their_files():
+    assert load().main(["--check"]) == 0
+
+
+def test_a_row_typed_by_hand_is_found():
+    t = load()
+    readme = (ROOT / "README.md").read_text()
+    tampered = readme.replace("| 83.2 GB/s | 7.8% |", "| 93.2 GB/s | 7.8% |", 1)
+    assert tampered != readme
+    assert t.rewrite(tampered, t.tables()) == readme
+
+
+def test_times_as_the_readme_writes_them():
+    # Hand-worked: below 100 µs one decimal, below 1 ms whole µs, then 3 significant figures
+    # in ms, whole ms from 100 ms.
+    t = load()
+    cases = {32.2: "32.2 µs", 683.7: "684 µs", 1613.6: "1.61 ms", 51454.9: "51.5 ms",
+             102400.4: "102 ms", 178821.1: "179 ms"}  # fmt: skip
+    for value, text in cases.items():
+        assert t.us(value) == text, (value, t.us(value))
+    assert t.pair(32.2, 20.1) == "32.2 / 20.1 µs"
+    assert t.pair(27.7, 102400.4) == "27.7 µs / 102 ms"
+
+
+def test_the_rows_read_the_right_columns(tmp_path):
+    t = load()
+    f = t.parse(ROOT / "benchmarks/results/gpu_bench-h200-2ranks-host.txt")
+    assert (f.ranks, f.sync, f.mps, f.commit) == (2, "host", False, "c77d9ff")
+    row = f.all_reduce[128 << 20]
+    # 134217728: sync 50335.1, b2b 51454.9, busbw 2.61, staged 104091.2, of bound 0.3%
+    assert (row["sync us"], row["b2b us"], row["busbw"]) == (50335.1, 51454.9, 2.61)
+    assert (row["staged us"], row["of bound"]) == (104091.2, 0.3)
+    bad = tmp_path / "gpu_bench-x.txt"
+    bad.write_text("## all_reduce float32\n")
+    with pytest.raises(ValueError, match="GPU and driver"):
+        t.parse(bad)
