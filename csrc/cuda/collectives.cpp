@@ -59,23 +59,6 @@ void CudaComm::trace(const CollectiveCall& call, uint64_t seq, Algo algo) const 
                call.algo == Algo::Auto ? " (auto)" : "", kernel_ ? "kernel" : "host");
 }
 
-// The steps are uploaded on the stream of the launch that first reads them, so it reads them
-// only once they are in place (a synchronous copy on the legacy stream is not ordered with a
-// non-blocking stream's kernels, and may return before its DMA ends). Later launches follow
-// that one: on its stream, or on another stream that waits for its end (stream_waits_launch).
-// (plan_arena.h: from a page-locked mirror, into chunks allocated once.)
-void CudaComm::upload(CachedPlan& cp, cudaStream_t stream) {
-  cp.device_steps = arena_.upload(cp.plan.steps, stream);
-}
-
-// Queued launches may still read the old plans: their chunks are freed once quiet, and the
-// host goes on. Graphs' plans (pinned) stay.
-void CudaComm::drop_plans(std::map<PlanKey, CachedPlan>&) {
-  std::vector<const DevStep*> keep;
-  for (const auto& kv : plans_.pinned_entries()) keep.push_back(kv.second.device_steps);
-  arena_.retire_except(keep);
-}
-
 LaunchSetup CudaComm::launch_setup(bool use_flags) const {
   LaunchSetup setup;
   setup.rank = rank_;

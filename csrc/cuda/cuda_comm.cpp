@@ -31,11 +31,10 @@ void check_options(int size, const CudaCommOptions& o) {
 
 CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     : DeviceComm(rank, size, (check_options(size, opts), opts.nslots), orchestration_of(opts),
-                 opts.timeout_s),
+                 opts.timeout_s, CudaPlanMemory{device}),
       device_(device),
       opts_(opts),
       registry_(rank, size, device),
-      arena_(device),
       events_(std::make_shared<EventPool>(device)) {
   layout_ = make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes);
   try {

@@ -153,7 +153,7 @@ class CudaWork {
   cudaStream_t stream_ = nullptr;               // ... and the stream it was launched on
 };
 
-class CudaComm : public DeviceComm<CudaComm, cudaStream_t> {
+class CudaComm : public DeviceComm<CudaComm, cudaStream_t, CudaPlanMemory> {
  public:
   CudaComm(int rank, int size, int device, const CudaCommOptions& opts);
   ~CudaComm();
@@ -190,7 +190,7 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t> {
   void close();
 
  private:
-  friend class DeviceComm<CudaComm, cudaStream_t>;
+  friend class DeviceComm<CudaComm, cudaStream_t, CudaPlanMemory>;
 
   // The device's primitives (device/orchestration.h).
   cudaStream_t own_stream() const { return stream_; }
@@ -217,8 +217,6 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t> {
   const DeviceStatus* host_status() const { return status_host_; }
   LaunchSetup launch_setup(bool use_flags) const;
   uint32_t* finished_word() const { return finished_; }
-  void upload(CachedPlan& cp, cudaStream_t stream);
-  void drop_plans(std::map<PlanKey, CachedPlan>& entries);
   // `call` over registered buffers where they are (registered_call; off otherwise), which
   // run_registered runs (the two-shot for an all-reduce).
   RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
@@ -263,7 +261,6 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t> {
   StreamValueOps value_ops_;  // fence_counters
   std::vector<std::array<cudaEvent_t, 2>> peer_fence_events_;
   IpcRegistry registry_;
-  PlanArena arena_;  // the plans' steps
   std::shared_ptr<EventPool> events_;
 
   // Kernel mode: while work is queued, a watchdog notices dead peers and stops the device.

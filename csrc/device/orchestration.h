@@ -4,6 +4,7 @@
 // over its Threads policy. So the emulated suite runs the code a GPU runs, down to each call of
 // a device primitive; only the primitives differ.
 //
+// The plans' steps live in a PlanArena over the device's `Memory` (device/plan_arena.h).
 // What a device D provides (its `Stream` type: cudaStream_t, or the emulated device's number):
 //   Stream own_stream()                    the communicator's own stream (async, captured and
 //                                          host-mode work go there)
@@ -26,8 +27,6 @@
 //   DeviceStatus* host_status()            the status as the host reads it (null: none yet)
 //   LaunchSetup launch_setup(use_flags)    the device's pointers a launch needs
 //   uint32_t* finished_word()              KernelArgs::finished
-//   void upload(CachedPlan&, Stream s)     makes a new plan's steps readable by a launch on `s`
-//   void drop_plans(entries)               the cache evicts these plans
 //   RegisteredCall registered_of(call, a)  the call over registered buffers, or off
 //   void stop_device()                     after abort: every device wait gives up
 //   void stop_peers()                      a mismatch found on the host: peers' waits stop
@@ -42,6 +41,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algo/call.h"
@@ -49,6 +49,7 @@
 #include "device/host_steps.h"
 #include "device/kernel_args.h"
 #include "device/plan.h"
+#include "device/plan_arena.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
@@ -106,7 +107,7 @@ struct Issued {
   bool launched;
 };
 
-template <class D, class Stream>
+template <class D, class Stream, class Memory>
 class DeviceComm {
  public:
   int rank() const { return rank_; }
@@ -120,6 +121,7 @@ class DeviceComm {
   }
   size_t plans_cached() const { return plans_.size(); }
   size_t plans_pinned() const { return plans_.pinned(); }
+  uint64_t plans_built() const { return plans_built_; }
   uint64_t twoshot_runs() const { return twoshot_runs_; }
   uint64_t scratch_runs() const { return scratch_runs_; }
   uint64_t scratch_chunks() const { return scratch_chunks_; }
@@ -143,12 +145,14 @@ class DeviceComm {
   }
 
  protected:
-  DeviceComm(int rank, int size, int nslots, const OrchestrationOptions& o, double timeout_s)
+  DeviceComm(int rank, int size, int nslots, const OrchestrationOptions& o, double timeout_s,
+             Memory memory)
       : rank_(rank),
         size_(size),
         o_(o),
         shm_(rank, size, 64, nslots),  // flags only: host-mode steps, barrier, liveness
         counters_(size),
+        arena_(std::move(memory)),
         timeout_s_(timeout_s) {}
 
   D& d() { return static_cast<D&>(*this); }
@@ -307,10 +311,20 @@ class DeviceComm {
           CachedPlan cp;
           cp.plan = plan_call(algo, call, rank_, size_, layout_, o_.slot_bytes,
                               o_.oneshot_max_bytes, kernel_ ? o_.ll_max_bytes : 0, o_.lookahead);
-          d().upload(cp, stream);
+          // On the stream of the launch that first reads them, so it reads them only once they
+          // are in place; later launches follow that one (on its stream, or on another that
+          // waits for its end: stream_waits_launch).
+          cp.device_steps = arena_.upload(cp.plan.steps, stream);
+          ++plans_built_;
           return cp;
         },
-        [&](std::map<PlanKey, CachedPlan>& entries) { d().drop_plans(entries); });
+        [&](std::map<PlanKey, CachedPlan>&) {
+          // Queued launches may still read the old plans: their chunks are retired, not
+          // reused. Graphs' plans (pinned) stay.
+          std::vector<const DevStep*> keep;
+          for (const auto& kv : plans_.pinned_entries()) keep.push_back(kv.second.device_steps);
+          arena_.retire_except(keep);
+        });
   }
 
   // One launch's arguments: `cp`'s steps (none when null), its grid.
@@ -466,6 +480,8 @@ class DeviceComm {
   ShmTransport shm_;                // host flags: host-mode steps, fingerprints, liveness
   ChannelCounters counters_;
   PlanCache<CachedPlan> plans_;
+  PlanArena<Memory> arena_;  // the plans' steps
+  uint64_t plans_built_ = 0;
   uint64_t seq_ = 0;
   uint64_t barrier_epoch_ = 0;  // host mode's meetings and fences (host_meet)
   uint64_t twoshot_runs_ = 0;

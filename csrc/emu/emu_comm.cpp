@@ -101,7 +101,7 @@ const EmuOptions& checked(int size, const EmuOptions& opts) {
 
 EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
     : DeviceComm(rank, size, checked(size, opts).nslots, cuda::orchestration_of(opts),
-                 opts.timeout_s),
+                 opts.timeout_s, EmuPlanMemory{}),
       opts_(opts),
       registry_(rank, size) {
   kernel_ = opts.kernel_mode;
@@ -231,10 +231,30 @@ void EmuComm::replay(const EmuGraph& graph) {
   }
 }
 
-void EmuComm::upload(cuda::CachedPlan& cp, int) {
-  ++plans_built_;
-  // The device reads the host's copy (moved into the cache with its buffer).
-  cp.device_steps = cp.plan.steps.data();
+EmuPlanMemory::~EmuPlanMemory() {
+  for (const cuda::ArenaChunk& c : retired) free(c);
+}
+
+cuda::ArenaChunk EmuPlanMemory::alloc(size_t bytes) {
+  cuda::ArenaChunk c;
+  c.bytes = bytes;
+  c.dev = new uint8_t[bytes];
+  c.host = new uint8_t[bytes];
+  return c;
+}
+
+void EmuPlanMemory::copy(uint8_t* dev, const uint8_t* host, size_t bytes, int) {
+  std::memcpy(dev, host, bytes);
+}
+
+void EmuPlanMemory::retire(const cuda::ArenaChunk& c) {
+  std::memset(c.dev, 0xa5, c.bytes);
+  retired.push_back(c);
+}
+
+void EmuPlanMemory::free(const cuda::ArenaChunk& c) {
+  delete[] c.dev;
+  delete[] c.host;
 }
 
 cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) const {

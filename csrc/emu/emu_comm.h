@@ -137,11 +137,26 @@ struct EmuOptions {
   int sms = 0;
 };
 
+// The plans' steps on the emulated device (device/plan_arena.h): chunks of host memory, the
+// copies at once (launches here are synchronous). A retired chunk is overwritten with garbage
+// at once and freed only at the end, so that a launch still reading one (a graph's plan
+// retired with the cache) fails, where on a GPU it would read freed memory.
+struct EmuPlanMemory {
+  EmuPlanMemory() = default;
+  EmuPlanMemory(EmuPlanMemory&& o) noexcept : retired(std::move(o.retired)) {}
+  ~EmuPlanMemory();
+  cuda::ArenaChunk alloc(size_t bytes);
+  void copy(uint8_t* dev, const uint8_t* host, size_t bytes, int);
+  void retire(const cuda::ArenaChunk& c);
+  void free(const cuda::ArenaChunk& c);
+  std::vector<cuda::ArenaChunk> retired;
+};
+
 // The emulated device under the orchestration a GPU runs (device/orchestration.h): its
 // streams are numbers (the caller's: 1, or 1 and 2 by turns with previous_late_ms; ours: 0), a
 // kernel-mode launch runs at once on block threads, host mode's work goes on an OpQueue (with
 // host_events) that runs it in order as a stream would.
-class EmuComm : public cuda::DeviceComm<EmuComm, int> {
+class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
  public:
   EmuComm(int rank, int size, const EmuOptions& opts);
   ~EmuComm();
@@ -149,7 +164,6 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int> {
   EmuComm& operator=(const EmuComm&) = delete;
 
   const EmuOptions& options() const { return opts_; }
-  uint64_t plans_built() const { return plans_built_; }
   size_t segment_bytes() const { return layout_.total_bytes(); }
   // The segment's data area (its staging slots): host mode's scratch (cuda::scratch_of).
   size_t segment_data_bytes() const { return layout_.data_end() - layout_.flags_bytes; }
@@ -187,7 +201,7 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int> {
   void reset_traffic() { traffic_.reset(); }
 
  private:
-  friend class cuda::DeviceComm<EmuComm, int>;
+  friend class cuda::DeviceComm<EmuComm, int, EmuPlanMemory>;
 
   // The device's primitives (device/orchestration.h).
   int own_stream() const { return 0; }
@@ -211,8 +225,6 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int> {
   const cuda::DeviceStatus* host_status() const { return &status_; }
   cuda::LaunchSetup launch_setup(bool use_flags) const;
   uint32_t* finished_word() { return &finished_; }
-  void upload(cuda::CachedPlan& cp, int);
-  void drop_plans(std::map<cuda::PlanKey, cuda::CachedPlan>&) {}  // nothing still reads them
   cuda::RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
   void stop_device() { __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE); }
   void stop_peers();
@@ -251,7 +263,6 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int> {
   EmuOptions opts_;
   ShmSegment segment_;             // our device segment
   std::vector<ShmSegment> peers_;  // peers' device segments, by rank
-  uint64_t plans_built_ = 0;
   uint64_t blocks_run_ = 0;
   uint64_t ll_steps_run_ = 0;
   Registry registry_;
