@@ -190,7 +190,7 @@ size_t scratch_elems(const SegmentLayout& L, size_t esize);
 std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segments);
 
 // Runs host_scratch_eligible's `call` through every rank's scratch, a chunk at a time, on a
-// transport that provides (CudaComm's on its stream, the emulated device's on the host):
+// transport that provides (DeviceComm::run_host_scratch: the device's own stream):
 //   copy(dst, src, bytes)   queued behind what is queued (the GPU's copy engines; a peer's
 //                           scratch is read through its mapping)
 //   twoshot(len, scratch)   queues the two-shot all-reduce of `len` elements in place over

@@ -378,7 +378,9 @@ class TestKernelMode:
         assert out.count("sync=kernel cases=") == 2, out
 
     def test_gpu_shapes_past_the_cache_and_replays_between_streams(self, kernel_mode_env):
-        out = run_mpi(2, "gpu_extras.py", "shapes", env=kernel_mode_env, timeout=120)
+        # Bounded tighter than the rest (a wrong order waits out the device timeout, 20 s).
+        env = {**kernel_mode_env, "PYCOLL_TEST_TIMEOUT": "20"}
+        out = run_mpi(2, "gpu_extras.py", "shapes", env=env, timeout=60)
         assert out.count("sync=kernel shapes=300 replays=6") == 2, out
 
     def test_gpu_graph_capture_and_replay(self, kernel_mode_env):

@@ -497,7 +497,8 @@ def check_one_rank(comm: CudaComm):
 def main():
     what = sys.argv[1]
     use_local_device()
-    comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
+    timeout = float(os.environ.get("PYCOLL_TEST_TIMEOUT", "60"))
+    comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=timeout)
     checks = {"stream": check_stream, "async": check_async, "torch": check_torch}
     checks["streams"] = check_streams
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
