@@ -18,9 +18,10 @@ import os
 import pickle
 import socket
 import threading
+import time
 from datetime import timedelta
 
-from pycollectives.errors import CollectiveError
+from pycollectives.errors import CollectiveError, CollectiveTimeout
 
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _store_groups = itertools.count()  # communicators are made in the same order on every rank
@@ -79,11 +80,20 @@ def split_members(pairs: list, rank: int):
     return sorted((r for r, p in enumerate(pairs) if p[0] == color), key=lambda r: (pairs[r][1], r))
 
 
+# The tag of MpiGroup.meet's tokens (MPI guarantees tags up to 32767).
+MEET_TAG = 32123
+
+
 class MpiGroup:
     """Ranks of an mpi4py communicator: its own duplicate, whose errors are returned, not
-    fatal (``dup=False``: `comm` itself, left as it is)."""
+    fatal (``dup=False``: `comm` itself, left as it is). On a communicator of its own, every
+    exchange (allgather, split, local) first meets every rank, bounded by `timeout`
+    (``meet``): MPI's collectives have no timeout, so a rank that never comes (an error on it
+    before the exchange, or an exchange of another kind) is named within the timeout instead
+    of leaving the others waiting forever. A borrowed communicator (``dup=False``) carries no
+    message of ours: its exchanges are MPI's own."""
 
-    def __init__(self, comm, dup: bool = True):
+    def __init__(self, comm, dup: bool = True, timeout: float = 300.0):
         from mpi4py import MPI
 
         self._owned = dup
@@ -91,14 +101,62 @@ class MpiGroup:
         if dup:
             self.mpi.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank, self.size = self.mpi.Get_rank(), self.mpi.Get_size()
+        self.timeout = timeout
+        self._meetings = 0
+
+    def meet(self, what: str, payload=None) -> list:
+        """Returns once every rank has reached this exchange, `what` (the same on every rank),
+        with every rank's `payload` (ours at our rank): each sends every other a token (the
+        exchange's number, `what`, `payload`) and waits for theirs, polling with back-off.
+        Raises CollectiveTimeout naming the ranks whose token did not come within the
+        timeout, and CollectiveError where one came from another exchange. Then the MPI calls
+        of the exchange find every rank in them. On a borrowed communicator, or of one rank,
+        it sends nothing (and returns None)."""
+        if not self._owned or self.size == 1:
+            return None
+        self._meetings += 1
+        token = (self._meetings, what)
+        peers = [q for q in range(self.size) if q != self.rank]
+        sends = [self.mpi.isend((*token, payload), dest=q, tag=MEET_TAG) for q in peers]
+        got, deadline, polls = {}, time.monotonic() + self.timeout, 0
+        while len(got) < len(peers):
+            for q in peers:
+                if q not in got:
+                    msg = self.mpi.improbe(source=q, tag=MEET_TAG)
+                    if msg is not None:
+                        got[q] = msg.recv()
+            if len(got) == len(peers):
+                break
+            if time.monotonic() > deadline:
+                missing = [q for q in peers if q not in got]
+                raise CollectiveTimeout(
+                    f"{what}: rank(s) {missing} did not come within {self.timeout:g} s (rank "
+                    f"{self.rank} of {self.size} waited; an error on them before it, or a "
+                    "different call there?)"
+                )
+            polls += 1
+            time.sleep(0 if polls < 500 else min(1e-3, 1e-5 * (polls - 499)))
+        wrong = {q: t[:2] for q, t in got.items() if t[:2] != token}
+        if wrong:
+            q, (n, theirs) = min(wrong.items())
+            raise CollectiveError(
+                f"{what}: ranks disagree: rank {q} is at {theirs} (its exchange #{n}), rank "
+                f"{self.rank} at {what} (#{self._meetings})"
+            )
+        from mpi4py import MPI
+
+        MPI.Request.Waitall(sends)
+        return [payload if q == self.rank else got[q][2] for q in range(self.size)]
 
     def allgather(self, obj) -> list:
-        return self.mpi.allgather(obj)
+        everyone = self.meet("a rendezvous", obj)  # the objects ride with the tokens
+        return self.mpi.allgather(obj) if everyone is None else everyone
 
     def local(self) -> tuple:
         """(rank among the ranks of this machine, their number)."""
         from mpi4py import MPI
 
+        self.meet("finding the ranks of this machine")
         node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
             return node.Get_rank(), node.Get_size()
@@ -126,10 +184,11 @@ class MpiGroup:
         from mpi4py import MPI
 
         color, key = check_color(color, key)
+        self.meet("split")
         part = self.mpi.Split(MPI.UNDEFINED if color < 0 else color, key)
         if part == MPI.COMM_NULL:
             return None
-        group = MpiGroup(part, dup=False)
+        group = MpiGroup(part, dup=False, timeout=self.timeout)
         group._owned = True  # the split is ours to free
         return group
 
@@ -460,11 +519,11 @@ def world(mpi_comm=None, timeout: float = 300.0, environ=None):
     from mpi4py import MPI
 
     if mpi_comm is not None:
-        return MpiGroup(mpi_comm)
+        return MpiGroup(mpi_comm, timeout=timeout)
     env = _env_launch(environ)
     mpi_rank, mpi_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     if env is None or env[:2] == (mpi_rank, mpi_size):
-        return MpiGroup(MPI.COMM_WORLD)
+        return MpiGroup(MPI.COMM_WORLD, timeout=timeout)
     if env[1] == 1:
         raise CollectiveError(
             f"WORLD_SIZE=1 but the MPI world has {mpi_size} ranks: launch with one launcher"

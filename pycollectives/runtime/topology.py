@@ -53,6 +53,7 @@ class Topology:
         from pycollectives.runtime import bootstrap
 
         if group.mpi is not None:
+            group.meet("finding the nodes")  # bounded: discover's MPI calls are not
             return cls.discover(group.mpi, ranks_per_node, cyclic)
         if isinstance(group, bootstrap.ThreadGroup):
             if ranks_per_node:

@@ -56,3 +56,12 @@ def test_env_launch_without_torch_names_mpiexec():
     env = _clean_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert "install torch" in proc.stdout and "mpiexec" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_exchanges_under_mpiexec_are_bounded(nranks):
+    # A split that a rank never comes to names it on the others within the timeout; ranks at
+    # different exchanges all raise (bootstrap.MpiGroup.meet).
+    out = run_mpi(nranks, "bounded_meet.py")
+    for r in range(nranks):
+        assert f"rank {r} ok" in out, out
