@@ -183,6 +183,13 @@ def agree_values():
     for f in flags[: comm.size]:
         want &= f
     assert got == want & (2**64 - 1), (got, want)
+    # The only cleared bit on one rank, each rank in turn (the highest among them): every
+    # rank sees it cleared. Then a high bit alone, cleared on the highest rank.
+    for k in range(comm.size):
+        got = comm.agree(0b01 if comm.rank == k else 0b11)
+        assert got == 0b01, (k, got)
+    got = comm.agree((1 << 63) if comm.rank != comm.size - 1 else 0)
+    assert got == 0, got
     comm.barrier()
     if comm.rank == VICTIM:
         die()
