@@ -457,12 +457,7 @@ bool EmuComm::take_sm(Dispatch& d, int b, int grid, const WaitContext& w) {
   // The block at the front of the dispatch gives up at 3/4 of the timeout, before the device
   // waits of blocks that became resident give up waiting for it (at the timeout), so that its
   // report is the one; blocks behind it wait twice the timeout, for its report.
-  auto deadline = [&](double share) {
-    return std::chrono::steady_clock::now() +
-           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-               std::chrono::duration<double>(opts_.timeout_s * share));
-  };
-  auto until = deadline(2.0);
+  auto until = deadline_after(2.0 * opts_.timeout_s);
   enum Waited { kDone, kAborted, kTimedOut };
   auto wait_while = [&](auto&& blocked) {
     for (int spins = 0; blocked(); ++spins) {
@@ -493,7 +488,7 @@ bool EmuComm::take_sm(Dispatch& d, int b, int grid, const WaitContext& w) {
   };
   if (Waited x = wait_while([&] { return d.admitted.load() < b; }); x != kDone)
     return gave_up(x, "was not dispatched: a block before it never became resident");
-  until = deadline(0.75);
+  until = deadline_after(0.75 * opts_.timeout_s);
   if (b == 0) {
     d.ticket = __atomic_fetch_add(&sms_->tickets, 1, __ATOMIC_ACQ_REL);
     if (Waited x = wait_while(
