@@ -118,24 +118,24 @@ class MpiGroup:
         token = (self._meetings, what)
         peers = [q for q in range(self.size) if q != self.rank]
         sends = [self.mpi.isend((*token, payload), dest=q, tag=MEET_TAG) for q in peers]
-        got, deadline, polls = {}, time.monotonic() + self.timeout, 0
-        while len(got) < len(peers):
+        got = {}
+
+        def arrived():
             for q in peers:
                 if q not in got:
                     msg = self.mpi.improbe(source=q, tag=MEET_TAG)
                     if msg is not None:
                         got[q] = msg.recv()
-            if len(got) == len(peers):
-                break
-            if time.monotonic() > deadline:
-                missing = [q for q in peers if q not in got]
-                raise CollectiveTimeout(
-                    f"{what}: rank(s) {missing} did not come within {self.timeout:g} s (rank "
-                    f"{self.rank} of {self.size} waited; an error on them before it, or a "
-                    "different call there?)"
-                )
-            polls += 1
-            time.sleep(0 if polls < 500 else min(1e-3, 1e-5 * (polls - 499)))
+            return len(got) == len(peers)
+
+        def missing():
+            return CollectiveTimeout(
+                f"{what}: rank(s) {[q for q in peers if q not in got]} did not come within "
+                f"{self.timeout:g} s (rank {self.rank} of {self.size} waited; an error on them "
+                "before it, or a different call there?)"
+            )
+
+        _poll(arrived, self.timeout, 1e-5, missing, max_pause=1e-3)
         wrong = {q: t[:2] for q, t in got.items() if t[:2] != token}
         if wrong:
             q, (n, theirs) = min(wrong.items())
@@ -407,17 +407,15 @@ class FileGroup:
         pass
 
 
-def _poll(ready, timeout: float, first_pause: float, failure):
+def _poll(ready, timeout: float, first_pause: float, failure, max_pause: float = 0.02):
     """Calls ready() until it returns True, sleeping between calls from `first_pause` seconds,
-    doubling up to 20 ms; past `timeout` seconds raises failure() instead."""
-    import time
-
+    doubling up to `max_pause`; past `timeout` seconds raises failure() instead."""
     deadline, pause = time.monotonic() + timeout, first_pause
     while not ready():
         if time.monotonic() > deadline:
             raise failure()
         time.sleep(pause)
-        pause = min(pause * 2, 0.02)
+        pause = min(pause * 2, max_pause)
 
 
 def _file_launch(environ) -> tuple | None:
