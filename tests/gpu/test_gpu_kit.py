@@ -214,6 +214,7 @@ def test_summary_says_when_the_files_differ_from_the_commit(tmp_path):
     subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{ROOT}", str(repo)], check=True)
     run_sh = repo / "tools" / "gpu" / "run.sh"
     shutil.copy(KIT / "run.sh", run_sh)  # this tree's kit, committed or not
+    shutil.copy(KIT / "stages.sh", run_sh.parent / "stages.sh")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
     subprocess.run([*git, "commit", "-qam", "kit", "--allow-empty", "--no-verify"], check=True)
 

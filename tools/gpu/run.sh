@@ -311,7 +311,7 @@ bench_host() {
   done
   return $rc
 }
-export -f show_env build_package start_mps result bench_mps bench_host figures
+export -f show_env build_package start_mps commit_of result bench_mps bench_host figures
 
 SUMMARY=$OUTDIR/summary.txt
 FAILED=() # stages that failed, timed out or were skipped
@@ -370,10 +370,7 @@ TOTAL=0
 if [ "$DRY_RUN" = 0 ]; then
   {
     echo "# tools/gpu/run.sh, $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
-    # A runner may copy the working tree beside an older .git: say when the files differ.
-    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-    git diff --quiet HEAD -- 2>/dev/null || commit="$commit plus changes (git diff HEAD is not empty)"
-    echo "# commit $commit, CUDAARCHS=$CUDAARCHS, call: $CALL, stages: $STAGES"
+    echo "# commit $(commit_of), CUDAARCHS=$CUDAARCHS, call: $CALL, stages: $STAGES"
     printf '%-9s %-34s %5s %7s %6s\n' stage status exit seconds limit
   } >"$SUMMARY"
 fi

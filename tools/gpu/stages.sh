@@ -80,22 +80,29 @@ clean_up_stage() {
   fi
 }
 
+# The commit the files are at: its short hash, "plus changes" where they differ from it (a
+# runner may copy the working tree beside an older .git).
+commit_of() {
+  local commit
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git diff --quiet HEAD -- 2>/dev/null || commit="$commit plus changes"
+  echo "$commit"
+}
+
 # result NAME STAGE COMMAND...: runs COMMAND, its output also in OUTDIR/results/NAME.txt
 # headed as benchmarks/results/ keeps its files (the GPU and driver, the commit, the stage, the
 # command): copied there as they are, the README's GPU tables are made from them
 # (benchmarks/gpu_tables.py). NAME's "@" is the GPU's short name (h200).
 result() {
-  local name=$1 stage=$2 smi gpu file commit
+  local name=$1 stage=$2 smi gpu file
   shift 2
   smi=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -n 1)
   gpu=$(echo "$smi" | cut -d, -f1 | sed 's/^NVIDIA //' | awk '{print tolower($1)}')
   file=$OUTDIR/results/${name//@/$gpu}.txt
-  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  git diff --quiet HEAD -- 2>/dev/null || commit="$commit plus changes"
   mkdir -p "$OUTDIR/results"
   {
     echo "$smi" | awk -F', ' '{printf "# %s (%s), driver %s\n", $1, $2, $3}'
-    echo "# commit $commit, tools/gpu/run.sh stage $stage, $(date -u +%F)"
+    echo "# commit $(commit_of), tools/gpu/run.sh stage $stage, $(date -u +%F)"
     echo "\$ $*"
   } >"$file"
   "$@" 2>&1 | tee -a "$file"
