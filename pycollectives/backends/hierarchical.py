@@ -13,7 +13,9 @@ hierarchical, as in Horovod and NCCL:
 - broadcast: among the ranks with the root's local rank, then inside each node;
 - reduce: inside each node to the root's local rank, then among those ranks to the root.
 
-Each byte crosses the network once per node rather than once per rank. ``algorithm="ring"``
+Each byte crosses the network once per node rather than once per rank. Where nodes hold
+different numbers of ranks, each node speaks through one representative instead
+(``pycollectives.backends.hierarchical_uneven``). ``algorithm="ring"``
 (or tree, direct) instead runs that schedule flat over all ranks, every link through MPI.
 
 Before any byte of the user's arrays is written, every rank holds every rank's call and reaches
@@ -35,6 +37,7 @@ import numpy as np
 from pycollectives import _C
 from pycollectives.backends import Call, call_check
 from pycollectives.backends.hierarchical_flat import BlocksAndMessages
+from pycollectives.backends.hierarchical_uneven import UnevenNodes
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.ops import ALGORITHMS_FOR, AVG
 from pycollectives.runtime.bootstrap import StoreGroup
@@ -92,7 +95,7 @@ def load_net_transport():
     return _net
 
 
-class Hierarchical(BlocksAndMessages):
+class Hierarchical(BlocksAndMessages, UnevenNodes):
     """The collectives of a communicator over several nodes (see the module docstring).
 
     `host` is this node's shared-memory communicator (a ``_C.HostComm``), `net` the MPI
@@ -109,12 +112,6 @@ class Hierarchical(BlocksAndMessages):
         from pycollectives.backends import gathered_or_raise, rendezvous
 
         rank = group.rank
-        if topology.ranks_per_node is None:
-            raise ValueError(
-                "hierarchical collectives need the same number of ranks on every node; nodes "
-                f"have {', '.join(str(len(n)) for n in topology.nodes)} ranks "
-                f"({topology.describe()})"
-            )
         if group.mpi is None and not isinstance(group, StoreGroup):
             raise CollectiveError(
                 f"a communicator over {topology.num_nodes} nodes needs MPI or a store between "
@@ -152,10 +149,11 @@ class Hierarchical(BlocksAndMessages):
             from pycollectives.backends.gloo_net import GlooCheck, GlooNet, GlooP2P
 
             net = GlooNet(group, opts.timeout)
-            p2p = GlooP2P(net)  # collective: the gloo group of every rank, and the inter-node
-            # group of this rank's local rank, made by all of them now
-            net.process_group(topology.group(topology.local_of[group.rank]))
-            return net, p2p, GlooCheck(net, call_check.status_width(topology.ranks_per_node))
+            p2p = GlooP2P(net)  # collective: the gloo group of every rank
+            if topology.ranks_per_node is not None:  # and this rank's column's, made by all now
+                net.process_group(topology.group(topology.local_of[group.rank]))
+            widest = max(len(n) for n in topology.nodes)
+            return net, p2p, GlooCheck(net, call_check.status_width(widest))
         _net = load_net_transport()
         mpi = group.mpi
         net = _net.NetComm(mpi, piece_bytes=opts.net_piece_bytes, window=8, timeout=opts.timeout)
@@ -172,15 +170,18 @@ class Hierarchical(BlocksAndMessages):
         self.host = host
         self.net = net
         self.nodes = topology.num_nodes
-        self.local_size = topology.ranks_per_node
+        self.local_size = topology.ranks_per_node  # None: nodes differ (hierarchical_uneven)
+        self.even = self.local_size is not None
         self.node = topology.node_of[rank]
         self.local = topology.local_of[rank]
         self.inter_algo = inter_algo
         self._all = list(range(self.size))
-        # perm[j * nodes + i] = the rank with local rank j on node i.
-        self.perm = np.array(
-            [self.topo.nodes[i][j] for j in range(self.local_size) for i in range(self.nodes)]
-        )
+        if self.even:  # perm[j * nodes + i] = the rank with local rank j on node i.
+            self.perm = np.array(
+                [self.topo.nodes[i][j] for j in range(self.local_size) for i in range(self.nodes)]
+            )
+        else:
+            self._uneven_layout()
         self.seq = 0
         self.check = None  # the check across nodes (call_check)
         self.checking = True  # off only to measure its cost (PYCOLL_CHECK_MISMATCH=0)
@@ -270,6 +271,11 @@ class Hierarchical(BlocksAndMessages):
         record = record if self.checking else None
         if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
             return self.flat(call, a, count, dtype, record)
+        if a is None and not self.even:
+            uneven = getattr(self, f"{c}_uneven", None)
+            if uneven is None:
+                raise CollectiveError(f"{c}: unknown collective")
+            return uneven(call, count, dtype, record)
         if c == "all_reduce":
             return self.all_reduce(call, a, count, dtype, record)
         if c == "reduce_scatter":
@@ -318,8 +324,13 @@ class Hierarchical(BlocksAndMessages):
         return call_check.same_status(record)
 
     def column_check(self, status, seq):
-        """Every node's status, from the members of this rank's column; raises the verdict."""
+        """Every node's status, from the members of this rank's column (every rank where nodes
+        differ); raises the verdict."""
         if status is None:
+            return
+        if not self.even:  # no column reaches every node: every rank's, one per node read
+            statuses = self.check.exchange(self._all, f"collective #{seq}", status)
+            call_check.verdict([statuses[n[0]] for n in self.topo.nodes], self.topo.nodes)
             return
         column = self.topo.group(self.local)
         statuses = self.check.exchange(column, f"collective #{seq}", status)
@@ -401,7 +412,8 @@ class Hierarchical(BlocksAndMessages):
         """Whether `nbytes` per rank go with the check (over MPI, the inter-node algorithm not
         forced): one message to every other node, fewer hops than a ring's."""
         return (
-            self.inter_algo is None
+            self.even
+            and self.inter_algo is None
             and nbytes <= _RIDE_MAX_BYTES
             and hasattr(self.check, "exchange_reduce")
         )

@@ -10,10 +10,15 @@ from harness.launch import our_segments, run_env_launch, run_mpi
 TOPOLOGIES = [(4, 2), (6, 2)]
 
 
-@pytest.mark.parametrize("nranks,per_node", TOPOLOGIES)
-def test_mismatch_matrix_over_mpi(nranks, per_node):
+# Nodes of 3 and 2 ranks: each case puts the odd rank in one position, the next in the next.
+UNEVEN = {"PYCOLL_RANKS_PER_NODE": "3", "PYCOLL_TEST_ROTATE": "1"}
+
+
+@pytest.mark.parametrize("nranks,env", [(n, {"PYCOLL_RANKS_PER_NODE": str(k)})
+                                        for n, k in TOPOLOGIES] + [(5, UNEVEN)])  # fmt: skip
+def test_mismatch_matrix_over_mpi(nranks, env):
     before = our_segments()
-    out = run_mpi(nranks, "mismatch_nodes.py", env={"PYCOLL_RANKS_PER_NODE": str(per_node)})
+    out = run_mpi(nranks, "mismatch_nodes.py", env=env)
     assert "mismatch_nodes cases=" in out, out
     assert our_segments() <= before
 

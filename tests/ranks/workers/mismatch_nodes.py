@@ -226,11 +226,13 @@ def _judge(world, case, odd_rank, result):
 def _positions(world, index):
     """The odd ranks for case #`index`: every rank alone in turn, then every column (the ranks
     with one local rank, one per node: every node then has the same disagreement, and the same
-    status); with PYCOLL_TEST_ROTATE set (over gloo, where a communicator costs 50-100 ms to
-    make and close), one per case, the cases taking every position in turn."""
+    status; a node without that local rank gives its last); with PYCOLL_TEST_ROTATE set (over
+    gloo, where a communicator costs 50-100 ms to make and close), one per case, the cases
+    taking every position in turn."""
     nodes = world.topology.nodes
     every = [(r,) for r in range(world.size)]
-    every += [tuple(node[j] for node in nodes) for j in range(len(nodes[0]))]
+    widest = max(len(node) for node in nodes)  # nodes of different sizes: their last rank
+    every += [tuple(node[min(j, len(node) - 1)] for node in nodes) for j in range(widest)]
     if os.environ.get("PYCOLL_TEST_ROTATE"):
         return [every[index % len(every)]]
     return every

@@ -7,7 +7,7 @@ nodes: MPI between them.
 
 Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. PYCOLL_HOST_ID=.. python nodes.py CASE
    or: PYCOLL_RANKS_PER_NODE=k mpiexec -n N python nodes.py CASE
-CASE: collectives, blocks, messages, split, mismatch, p2p_mismatch, or several,
+CASE: collectives, blocks, messages, split, random_splits, mismatch, p2p_mismatch, or several,
 comma-separated (a mismatch last: it leaves the communicator unusable).
 """
 
@@ -30,8 +30,11 @@ def nodes_expected(comm) -> list:
     if os.environ.get("PYCOLL_HOST_ID"):
         hosts = comm.all_gather_object(os.environ["PYCOLL_HOST_ID"])
     else:
-        k = int(os.environ.get("PYCOLL_RANKS_PER_NODE") or comm.size)
-        hosts = [r // k for r in range(comm.size)]
+        given = os.environ.get("PYCOLL_RANKS_PER_NODE") or str(comm.size)
+        number, _, layout = given.partition(":")
+        k = int(number)
+        cyclic = max(1, comm.size // k)  # round-robin over this many nodes
+        hosts = [r % cyclic if layout else r // k for r in range(comm.size)]
     order = list(dict.fromkeys(hosts))
     return [[r for r, h in enumerate(hosts) if h == name] for name in order]
 
@@ -197,16 +200,100 @@ def split(comm):
     np.testing.assert_array_equal(x, np.full(3, max(members)))
     odd.close()
     expect(TypeError, lambda: comm.split(1.5), "color")
-    # Ranks 0, 1, 3 and the last: nodes of different sizes (over several nodes) are refused on
-    # every member alike, before anything is set up.
+    # Ranks 0, 1, 3 and the last: nodes of different sizes where the world spans several.
     members = sorted({0, 1, 3 % n, n - 1})
-    sizes = {sum(q in node for q in members) for node in nodes} - {0}
-    if r not in members:
-        assert comm.split(None) is None
-    elif len(sizes) > 1:
-        expect(ValueError, lambda: comm.split(0), "same number of ranks on every node")
+    sub = comm.split(0 if r in members else None)
+    if r in members:
+        x = np.full(5, r + 1, np.int64)
+        sub.all_reduce(x)
+        np.testing.assert_array_equal(x, np.full(5, sum(members) + len(members)))
+        sub.close()
     else:
-        comm.split(0).close()
+        assert sub is None
+
+
+def random_splits(comm, rounds=12):
+    """Random colors (some ranks in none) and keys, the same on every rank from one seed per
+    round: each sub-communicator as MPI_Comm_split makes it (members of a color ranked by key,
+    then rank; under mpiexec, MPI's own split compared), on the nodes its members are on, and
+    its five hierarchical collectives against numpy, the same bits on every member. Every
+    other round places its members unevenly over the nodes."""
+    r, n = comm.rank, comm.size
+    node_of = {q: i for i, m in enumerate(nodes_expected(comm)) for q in m}
+    mpi = comm._group.mpi
+    for k in range(rounds):
+        rng = np.random.default_rng(7000 + k)
+        colors, keys = rng.integers(-1, 3, n), rng.integers(0, 3, n)
+        if k % 2:  # every other round one color, over members placed unevenly on the nodes
+            colors = _uneven_members(rng, node_of, n, colors)
+        color = None if colors[r] < 0 else int(colors[r])
+        sub = comm.split(color, key=int(keys[r]))
+        if mpi is not None:
+            from mpi4py import MPI
+
+            ref = mpi.Split(MPI.UNDEFINED if color is None else color, int(keys[r]))
+            if color is not None:
+                assert (ref.rank, ref.size) == (sub.rank, sub.size), (k, ref.rank, sub.rank)
+                ref.Free()
+        if color is None:
+            assert sub is None, k
+            continue
+        members = sorted((q for q in range(n) if colors[q] == color), key=lambda q: (keys[q], q))
+        assert (sub.rank, sub.size) == (members.index(r), len(members)), (k, members)
+        hosts = [node_of[q] for q in members]
+        order = list(dict.fromkeys(hosts))
+        want_nodes = [[s for s, h in enumerate(hosts) if h == node] for node in order]
+        assert sub.topology.nodes == want_nodes, (k, sub.topology.describe(), want_nodes)
+        with sub:
+            _five(sub, members, f"round {k} {sub.topology.describe()}")
+
+
+def _uneven_members(rng, node_of, n, colors):
+    """Colors 0 and -1 (none) where the 0s span several nodes, not as many on each; `colors`
+    where 100 draws found no such set (one node, one rank per node)."""
+    for _ in range(100):
+        chosen = rng.random(n) < 0.6
+        per_node = np.bincount([node_of[q] for q in range(n) if chosen[q]])
+        per_node = per_node[per_node > 0]
+        if len(per_node) > 1 and len(set(per_node)) > 1:
+            return np.where(chosen, 0, -1)
+    return colors
+
+
+def _five(sub, members, where):
+    """All-reduce (sum, avg), reduce-scatter, all-gather, broadcast and reduce on `sub` (whose
+    rank s is rank members[s] of the world) against numpy; the same bits on every member."""
+    s, m = sub.rank, sub.size
+    count = 3 * m + 1
+    outputs = []
+    for dt, op in ((np.dtype(np.float32), "sum"), (np.dtype(np.float64), "avg"),
+                   (np.dtype(np.int32), "max")):  # fmt: skip
+        inputs = [make_input(members[q], count * m, dt, op) for q in range(m)]
+        want = reference(inputs, op, dt)
+        x = inputs[s][:count].copy()
+        sub.all_reduce(x, op=op)
+        check_close(x, reference([a[:count] for a in inputs], op, dt), dt, m,
+                    f"{where}: all_reduce {dt} {op}", op)  # fmt: skip
+        out = np.empty(count, dt)
+        sub.reduce_scatter(inputs[s].copy(), out, op=op)
+        check_close(out, want[s * count : (s + 1) * count], dt, m,
+                    f"{where}: reduce_scatter {dt} {op}", op)  # fmt: skip
+        root = (m - 1 + len(outputs)) % m
+        red = np.zeros(count, dt)
+        sub.reduce(inputs[s][:count].copy(), red, root=root, op=op)
+        if s == root:
+            check_close(red, reference([a[:count] for a in inputs], op, dt), dt, m,
+                        f"{where}: reduce {dt} {op} root={root}", op)  # fmt: skip
+        outputs.append((f"{where}: all_reduce {dt} {op}", x))
+    blocks = np.empty(m * 4, np.int64)
+    sub.all_gather(np.arange(4, dtype=np.int64) + 10 * members[s], blocks)
+    want = np.concatenate([np.arange(4) + 10 * q for q in members])
+    np.testing.assert_array_equal(blocks, want, err_msg=f"{where}: all_gather")
+    for root in {0, m - 1}:
+        b = np.full(6, members[s], np.float32)
+        sub.broadcast(b, root=root)
+        np.testing.assert_array_equal(b, np.full(6, members[root]), err_msg=f"{where}: bcast")
+    same_everywhere(sub, outputs)
 
 
 def mismatch(comm):
@@ -219,7 +306,8 @@ def mismatch(comm):
 
 
 CASES = {"collectives": collectives, "blocks": blocks, "messages": messages, "split": split,
-         "mismatch": mismatch, "p2p_mismatch": p2p_mismatch}  # fmt: skip
+         "random_splits": random_splits, "mismatch": mismatch,
+         "p2p_mismatch": p2p_mismatch}  # fmt: skip
 LAST = ("mismatch", "p2p_mismatch")  # they leave the communicator unusable
 
 

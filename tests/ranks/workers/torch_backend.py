@@ -195,10 +195,11 @@ def check_ops(gloo):
     same(got, torch.arange(n).repeat_interleave(2).float(), "funcol all_gather_tensor")
     got = funcol.reduce_scatter_tensor(torch.arange(2.0 * n), "sum", 0, world)
     same(got, n * torch.arange(2.0 * r, 2.0 * r + 2), "funcol reduce_scatter_tensor")
-    # Subgroups (every rank makes each, as torch requires): the first two ranks, and the first
-    # and last, on two nodes where there are several. Each has the nodes its ranks are on.
+    # Subgroups (every rank makes each, as torch requires): the first two ranks, the first and
+    # last, and the first three (on nodes of 2 ranks: two on one node, one on the other). Each
+    # has the nodes its ranks are on.
     node_of = pct.communicator().topology.node_of
-    for members in ([0, 1 % n], [0, n - 1]):
+    for members in ([0, 1 % n], [0, n - 1], list(range(min(3, n)))):
         sub = dist.new_group(members)
         if r not in members:
             continue
