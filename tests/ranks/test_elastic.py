@@ -84,6 +84,18 @@ def test_agree_is_the_and_of_the_survivors_flags(tmp_path):
     assert len(reports) == 4 and all(r["agreed"] == 0b0011 for r in reports), reports
 
 
+def test_ranks_that_post_an_agree_and_exit_are_seen_alike(tmp_path):
+    # 6 ranks; ranks 1-4 each post a round and exit at once, one round after another.
+    reports = drill(6, "agree_exits", tmp_path)
+    assert len(reports) == 2, reports
+    first, last = (r["rounds"] for r in reports)
+    assert first == last, (first, last)  # the same members and value on every survivor
+    for k, got in enumerate(first):
+        victim = k + 1
+        # The survivors and the victim of this round if it posted; no earlier victim.
+        assert set(got["members"]) - {victim} == {0, *range(victim + 1, 6)}, (k, got)
+
+
 def test_a_replacement_joins_the_survivors(tmp_path):
     reports = drill(4, "replaced", tmp_path, replace=1)
     assert len(reports) == 4

@@ -204,6 +204,31 @@ def agree_values():
     return {"agreed": got}
 
 
+def agree_exits():
+    """Ranks that post a round of agree and exit at once, one after another (each rank but the
+    first and the last, in turn): every survivor sees the same members and the same value. Each
+    rank clears its own bit, so the value names the members: a victim took part if it posted
+    before it died (in every other round its thread may not have), and is left out of every
+    later round. Rank 0 reads the victim's entry while it lives, the last rank after its death:
+    a board that counted the living instead of the posted would tell them apart."""
+    comm = pc.Communicator(timeout=30)
+    mask = 2**64 - 1
+    flag = mask & ~(1 << comm.rank)
+    rounds = []
+    for k, victim in enumerate(range(1, comm.size - 1)):
+        if comm.rank == victim:
+            threading.Thread(target=comm.agree, args=(flag,), daemon=True).start()
+            time.sleep((0.01, 0.0)[k % 2])  # posted by then; or not yet: either holds
+            die()
+        if comm.rank == comm.size - 1:  # reads the round once the victim is dead; rank 0
+            time.sleep(0.05)  # reads the victim's entry first, while it lives
+        got = comm.agree(flag)
+        members = [r for r in range(comm.size) if not got >> r & 1]
+        rounds.append({"members": members, "value": got})
+    comm.close()
+    return {"rounds": rounds}
+
+
 def replaced():
     """The victim dies between collectives; the survivors shrink, then take in the
     replacement the launcher started (grow) and run on the full size again. The replacement's
@@ -245,7 +270,8 @@ def replaced():
 
 
 DRILLS = {"second_dies_in_shrink": second_dies_in_shrink, "revoke": revoke_reaches_the_blocked,
-          "agree": agree_values, "replaced": replaced}  # fmt: skip
+          "agree": agree_values, "agree_exits": agree_exits,
+          "replaced": replaced}  # fmt: skip
 
 
 def nodes():
