@@ -64,9 +64,12 @@ class NetP2PWork:
 
 class NetP2P:
     """Send/recv with other nodes over MPI, each posted at once and progressing on its own
-    (``csrc/net/net_p2p.h``). Collective to make: duplicates `comm` three times."""
+    (``csrc/net/net_p2p.h``). Collective to make: duplicates `comm` four times. Messages of
+    at most `inline_bytes` ride in their header and complete once sent."""
 
-    def __init__(self, comm: Any, timeout: float, block_bytes: int = 1 << 30) -> None: ...
+    def __init__(
+        self, comm: Any, timeout: float, block_bytes: int = 1 << 30, inline_bytes: int = 4096
+    ) -> None: ...
     takes_arrays: bool  # False: start() takes the native description of each op
     timeout: float
     @property
@@ -77,5 +80,8 @@ class NetP2P:
     def start(self, ops: list[tuple[bool, int, int, int, int, int]]) -> NetP2PWork:
         """Posts `ops` as ``pycollectives._C.check_p2p`` describes them (send, address, count,
         dtype code, MPI rank, tag); the caller keeps the arrays alive until the work is done."""
+    def run(self, ops: list[tuple[bool, int, int, int, int, int]]) -> None:
+        """``start(ops)`` and waits for them (bounded by their deadline), progressing them
+        itself: the progress thread is not woken."""
     def abort(self, reason: str) -> None: ...
     def close(self) -> None: ...

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <unordered_set>
 
 #include "common/errors.h"
@@ -55,16 +56,19 @@ std::string NetP2P::Op::describe() const {
                  io.count, " x ", dtype_name(io.dtype), ")");
 }
 
-NetP2P::NetP2P(MPI_Comm comm, double timeout_s, size_t block_bytes)
+NetP2P::NetP2P(MPI_Comm comm, double timeout_s, size_t block_bytes, size_t inline_bytes)
     : block_bytes_(std::max<size_t>(1, std::min<size_t>(block_bytes, INT_MAX))),
+      inline_bytes_(std::min<size_t>(inline_bytes, size_t{1} << 20)),
       timeout_s_(timeout_s),
       next_check_(Clock::now()) {
   check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
-  for (MPI_Comm* c : {&headers_, &data_, &verdicts_}) {
+  for (MPI_Comm* c : {&headers_, &data_, &verdicts_, &poison_}) {
     check_mpi(MPI_Comm_dup(comm, c), "MPI_Comm_dup");
     check_mpi(MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   }
+  check_mpi(MPI_Irecv(poison_in_, 6, MPI_INT64_T, MPI_ANY_SOURCE, 0, poison_, &poison_req_),
+            "MPI_Irecv");
   int* ub = nullptr;
   int found = 0;
   check_mpi(MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &found), "MPI_Comm_get_attr");
@@ -90,7 +94,11 @@ void NetP2P::close() {
   for (const OpPtr& o : answering_)
     if (o->req[2] != MPI_REQUEST_NULL) MPI_Request_free(&o->req[2]);
   answering_.clear();
-  for (MPI_Comm* c : {&headers_, &data_, &verdicts_})
+  if (poison_req_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&poison_req_);
+    MPI_Wait(&poison_req_, MPI_STATUS_IGNORE);
+  }
+  for (MPI_Comm* c : {&headers_, &data_, &verdicts_, &poison_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -111,7 +119,7 @@ std::pair<MPI_Datatype, int> NetP2P::bytes_type(size_t bytes) const {
   return {whole, 1};
 }
 
-std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops) {
+std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops, bool waited) {
   for (const NetP2POp& o : ops) {
     if (o.peer < 0 || o.peer >= size_ || o.peer == rank_)
       throw InvalidArgument(str_cat("p2p: peer ", o.peer, " is not another rank of ", size_));
@@ -141,8 +149,9 @@ std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops) {
         post_send(o);
       } else {
         heads_[{in.peer, in.tag}].push_back(o);
-        check_mpi(MPI_Irecv(o->theirs, 2, MPI_INT64_T, in.peer, static_cast<int>(in.tag), headers_,
-                            &o->req[0]),
+        o->box.resize(kHeaderBytes + inline_bytes_);  // room for any inline message
+        check_mpi(MPI_Irecv(o->box.data(), static_cast<int>(o->box.size()), MPI_BYTE, in.peer,
+                            static_cast<int>(in.tag), headers_, &o->req[0]),
                   "MPI_Irecv");
       }
     }
@@ -151,9 +160,12 @@ std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops) {
     throw;
   }
   if (ops.empty()) finish(*b, nullptr);
+  // One pass now: an inline send is usually out at once, and then nothing is left to wake
+  // the progress thread for.
+  if (!waited && !b->done.load()) progress();
   last_call_ = Clock::now();
   if (!b->done.load() && !thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
-  const bool wake = idle_;
+  const bool wake = idle_ && !waited && (pending_ != 0 || !answering_.empty());
   g.unlock();
   if (wake) cv_.notify_all();
   return b;
@@ -161,8 +173,17 @@ std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops) {
 
 void NetP2P::post_send(const OpPtr& o) {
   const int tag = static_cast<int>(o->io.tag), peer = o->io.peer;
-  check_mpi(MPI_Isend(o->mine, 2, MPI_INT64_T, peer, tag, headers_, &o->req[0]), "MPI_Isend");
-  auto [type, count] = bytes_type(o->bytes());
+  const size_t bytes = o->bytes();
+  o->inlined = bytes <= inline_bytes_;
+  const int64_t head[3] = {o->mine[0], o->mine[1], o->inlined ? 1 : 0};
+  o->box.resize(kHeaderBytes + (o->inlined ? bytes : 0));
+  std::memcpy(o->box.data(), head, kHeaderBytes);
+  if (o->inlined && bytes != 0) std::memcpy(o->box.data() + kHeaderBytes, o->io.buf, bytes);
+  check_mpi(MPI_Isend(o->box.data(), static_cast<int>(o->box.size()), MPI_BYTE, peer, tag, headers_,
+                      &o->req[0]),
+            "MPI_Isend");
+  if (o->inlined) return;  // done once MPI has it
+  auto [type, count] = bytes_type(bytes);
   const int code = MPI_Isend(o->io.buf, count, type, peer, tag, data_, &o->req[1]);
   if (type != MPI_BYTE) MPI_Type_free(&type);
   check_mpi(code, "MPI_Isend");
@@ -191,6 +212,7 @@ void NetP2P::post_data_recv(const OpPtr& o) {
 bool NetP2P::progress() {
   try {
     const bool moved = pending_ != 0 || !answering_.empty() ? test_all() : false;
+    if (moved && poison_req_ == MPI_REQUEST_NULL) poisoned_by_peer();
     if (moved) {
       advance_sends();
       advance_headers();
@@ -227,6 +249,10 @@ bool NetP2P::test_all() {
   for (const OpPtr& o : receiving_) add(o, 1);
   for (const OpPtr& o : answering_) add(o, 2);
   if (reqs_.empty()) return false;
+  if (poison_req_ != MPI_REQUEST_NULL) {
+    reqs_.push_back(poison_req_);
+    slots_.push_back(&poison_req_);
+  }
   done_.resize(reqs_.size());
   int count = 0;
   check_mpi(MPI_Testsome(static_cast<int>(reqs_.size()), reqs_.data(), &count, done_.data(),
@@ -248,7 +274,7 @@ void NetP2P::advance_sends() {
       continue;
     }
     sends_.erase(sends_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (o->theirs[0] == 0)
+    if (!o->inlined && o->theirs[0] == 0)
       raise<CollectiveMismatch>(
           o, str_cat(o->describe(), ": the matching recv does not fit: this rank sends ",
                      o->io.count, " x ", dtype_name(o->io.dtype), ", rank ", o->io.peer,
@@ -264,11 +290,44 @@ void NetP2P::advance_headers() {
     while (!queue.empty() && queue.front()->req[0] == MPI_REQUEST_NULL) {
       const OpPtr o = queue.front();
       queue.pop_front();
-      receiving_.push_back(o);
-      post_data_recv(o);
+      take_header(o);
     }
     it = queue.empty() ? heads_.erase(it) : std::next(it);
   }
+}
+
+void NetP2P::take_header(const OpPtr& o) {
+  std::memcpy(o->theirs, o->box.data(), kHeaderBytes);
+  if (o->theirs[2] == 0) {  // the data follows
+    o->box = {};
+    receiving_.push_back(o);
+    post_data_recv(o);
+    return;
+  }
+  o->fits = o->theirs[0] == o->mine[0] && o->theirs[1] == o->mine[1];
+  if (o->fits) {
+    if (o->bytes() != 0) std::memcpy(o->io.buf, o->box.data() + kHeaderBytes, o->bytes());
+    o->box = {};
+    complete(o);
+    return;
+  }
+  const int64_t poison[6] = {
+      rank_, static_cast<int64_t>(o->io.tag), o->theirs[0], o->theirs[1], o->mine[0], o->mine[1]};
+  std::memcpy(o->verdict, poison, sizeof poison);
+  answering_.push_back(o);  // the poison goes out whatever happens to this rank next
+  check_mpi(MPI_Isend(o->verdict, 6, MPI_INT64_T, o->io.peer, 0, poison_, &o->req[2]), "MPI_Isend");
+  raise<CollectiveMismatch>(
+      o, str_cat(o->describe(), ": the matching send does not fit: rank ", o->io.peer, " sends ",
+                 shape(o->theirs[0], o->theirs[1]), ", this rank receives ", o->io.count, " x ",
+                 dtype_name(o->io.dtype)));
+}
+
+void NetP2P::poisoned_by_peer() {
+  const int64_t* p = poison_in_;
+  const std::string sent = shape(p[2], p[3]);
+  throw CollectiveMismatch(str_cat("send to rank ", p[0], " (tag ", p[1], ", ", sent,
+                                   "): the matching recv does not fit: this rank sends ", sent,
+                                   ", rank ", p[0], " receives ", shape(p[4], p[5])));
 }
 
 // A receive completes with its data, and answers with its verdict.
@@ -332,8 +391,16 @@ void NetP2P::fail_all(const OpPtr& culprit, std::exception_ptr e) {
   const std::string reason = what_of(e);
   if (poisoned_.empty()) poisoned_ = reason;
   failed_.store(true, std::memory_order_release);
-  const auto others =
-      std::make_exception_ptr(CollectiveError(str_cat("p2p: communicator was aborted: ", reason)));
+  bool mismatch = false;  // a peer's poison: what is pending here fails as a mismatch too
+  try {
+    std::rethrow_exception(e);
+  } catch (const CollectiveMismatch&) {
+    mismatch = !culprit;
+  } catch (...) {
+  }
+  const std::string aborted = str_cat("p2p: communicator was aborted: ", reason);
+  const auto others = mismatch ? std::make_exception_ptr(CollectiveMismatch(aborted))
+                               : std::make_exception_ptr(CollectiveError(aborted));
   std::unordered_set<NetP2PBatch*> seen;
   std::vector<std::shared_ptr<NetP2PBatch>> batches;
   auto add = [&](const OpPtr& o) {
@@ -418,7 +485,7 @@ bool NetP2P::wait(NetP2PBatch& b, double timeout_s) {
     }
     --waiters_;
     last_call_ = Clock::now();
-    const bool wake = idle_;
+    const bool wake = idle_ && (pending_ != 0 || !answering_.empty());
     g.unlock();
     if (wake) cv_.notify_all();  // the progress thread takes over what is left
     if (!b.done.load(std::memory_order_acquire)) return false;

@@ -2,17 +2,27 @@
 //
 // Every send and receive is posted the moment it is issued and moves as soon as its peer's
 // side is posted, whatever order the program waits in (MPI's progress rule: a cycle of sends
-// never blocks). A message is three MPI messages, each on a communicator of its own (so they
-// never meet the collectives' traffic), all with the caller's tag:
-//   header  (count, dtype)          sender -> receiver, posted with the send;
-//   data    (the bytes)             sender -> receiver, posted with the send;
-//   verdict (fits, count, dtype)    receiver -> sender, once the receiver has read the header.
-// A receive posts its header receive at once. When the header arrives it posts the data
-// receive: into the caller's array when count and dtype agree, else into scratch space, so a
-// mismatch corrupts nothing. A send completes with its verdict (so both ends learn of a
-// mismatch and raise CollectiveMismatch), a receive with its data. Between one pair with one
-// tag, messages match in issue order: MPI's non-overtaking rule for headers and data, and data
-// receives posted in the order their headers were posted. Different tags complete in any order.
+// never blocks). Each kind of MPI message has a communicator of its own (so they never meet
+// the collectives' traffic), and a message's carry the caller's tag:
+//   header  (count, dtype, inline)  sender -> receiver, posted with the send; a message of at
+//                                   most `inline_bytes` rides in it, after the three numbers;
+//   data    (the bytes)             sender -> receiver, posted with a larger send;
+//   verdict (fits, count, dtype)    receiver -> sender, once the receiver has read a larger
+//                                   send's header;
+//   poison  (who, tag, both shapes) receiver -> sender, only where an inline message did not
+//                                   fit (tag 0).
+// A receive posts its header receive at once, with room for the largest inline message. An
+// inline message is copied into the caller's array when count and dtype agree: its send
+// completes once MPI has it, with no answer awaited (a small message costs one MPI message,
+// as MPI's own eager send). Where it does not fit, the receiver raises CollectiveMismatch and
+// poisons the sender, whose engine fails every operation from then on with the same
+// description (its send had already completed, as an MPI send whose receive is truncated).
+// A larger send's header makes the receiver post the data receive: into the caller's array
+// when count and dtype agree, else into scratch space, so a mismatch corrupts nothing; that
+// send completes with its verdict (both ends raise CollectiveMismatch), the receive with its
+// data. Between one pair with one tag, messages match in issue order: MPI's non-overtaking
+// rule for headers and data, and data receives posted in the order their headers were posted.
+// Different tags complete in any order.
 //
 // Progress: one thread at a time advances every pending operation. A thread waiting on a batch
 // progresses while it waits; otherwise a thread started on first use does, sleeping while
@@ -62,10 +72,13 @@ struct NetP2PBatch {
 
 class NetP2P {
  public:
-  // Collective over `comm` (which must outlive this engine): duplicates it three times.
+  // Collective over `comm` (which must outlive this engine): duplicates it four times.
   // Messages of more than `block_bytes` are described to MPI as blocks of that size and a tail
   // (MPI counts are ints).
-  NetP2P(MPI_Comm comm, double timeout_s, size_t block_bytes = size_t{1} << 30);
+  // Messages of at most `inline_bytes` ride in their header.
+  NetP2P(MPI_Comm comm, double timeout_s, size_t block_bytes = size_t{1} << 30,
+         size_t inline_bytes = kDefaultInlineBytes);
+  static constexpr size_t kDefaultInlineBytes = 4096;
   ~NetP2P();
   NetP2P(const NetP2P&) = delete;
   NetP2P& operator=(const NetP2P&) = delete;
@@ -74,8 +87,9 @@ class NetP2P {
   double timeout() const { return timeout_s_.load(); }
   void set_timeout(double s) { timeout_s_.store(s); }
 
-  // Posts `ops`, every one checked first (InvalidArgument: nothing is posted).
-  std::shared_ptr<NetP2PBatch> start(const std::vector<NetP2POp>& ops);
+  // Posts `ops`, every one checked first (InvalidArgument: nothing is posted). `waited`: the
+  // caller waits for them next, progressing them itself, so the progress thread stays asleep.
+  std::shared_ptr<NetP2PBatch> start(const std::vector<NetP2POp>& ops, bool waited = false);
   // Waits for `b` up to `timeout_s` (< 0: until it completes or fails, which its deadline
   // bounds), progressing every pending operation meanwhile. False if still pending; rethrows
   // the batch's error.
@@ -88,15 +102,18 @@ class NetP2P {
   void close();
 
  private:
+  static constexpr size_t kHeaderBytes = 3 * sizeof(int64_t);
   struct Op {
     NetP2POp io;
     std::shared_ptr<NetP2PBatch> batch;
-    int64_t mine[2] = {0, 0};       // this end's (count, dtype)
-    int64_t theirs[3] = {0, 0, 0};  // recv: the sender's header; send: the verdict
-    int64_t verdict[3] = {0, 0, 0};
+    int64_t mine[2] = {0, 0};                 // this end's (count, dtype)
+    int64_t theirs[3] = {0, 0, 0};            // recv: the sender's header; send: the verdict
+    int64_t verdict[6] = {0, 0, 0, 0, 0, 0};  // or the poison
     MPI_Request req[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::vector<uint8_t> box;      // the header as sent or received, and an inline message
     std::vector<uint8_t> scratch;  // a message that does not fit drains here
     bool fits = true;
+    bool inlined = false;  // the message rides in its header
     size_t bytes() const { return io.count * dtype_size(io.dtype); }
     std::string describe() const;  // "send to rank 1 (tag 3, 10 x float32)"
   };
@@ -113,6 +130,11 @@ class NetP2P {
   void advance_headers();
   void advance_receives();
   void advance_verdicts();
+  // The header of receive `o` is in: an inline message lands (or poisons its sender), a
+  // larger one's data receive is posted.
+  void take_header(const OpPtr& o);
+  // A receiver found that an inline message from this rank did not fit (poison_in_).
+  [[noreturn]] void poisoned_by_peer();
   void check_deadlines(Clock::time_point now);
   void complete(const OpPtr& o);
   void finish(NetP2PBatch& b, std::exception_ptr error);
@@ -128,8 +150,14 @@ class NetP2P {
   std::pair<MPI_Datatype, int> bytes_type(size_t bytes) const;
 
   MPI_Comm headers_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, verdicts_ = MPI_COMM_NULL;
+  MPI_Comm poison_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   const size_t block_bytes_;
+  const size_t inline_bytes_;
+  // The one poison receive, always posted: (receiver, tag, the send's count and dtype, the
+  // receive's count and dtype).
+  int64_t poison_in_[6] = {0, 0, 0, 0, 0, 0};
+  MPI_Request poison_req_ = MPI_REQUEST_NULL;
   std::atomic<double> timeout_s_;
 
   mutable std::mutex mu_;  // one thread progresses at a time

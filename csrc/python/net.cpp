@@ -270,11 +270,12 @@ PYBIND11_MODULE(_net, m) {
   // start() takes the ops as _C.check_p2p describes them (the gloo engine takes the arrays).
   net_p2p.attr("takes_arrays") = false;
   net_p2p
-      .def(py::init([](py::object comm, double timeout, size_t block_bytes) {
-             return PyNetP2P{comm,
-                             std::make_shared<NetP2P>(mpi_comm_of(comm), timeout, block_bytes)};
+      .def(py::init([](py::object comm, double timeout, size_t block_bytes, size_t inline_bytes) {
+             return PyNetP2P{comm, std::make_shared<NetP2P>(mpi_comm_of(comm), timeout, block_bytes,
+                                                            inline_bytes)};
            }),
-           py::arg("comm"), py::arg("timeout"), py::arg("block_bytes") = size_t{1} << 30)
+           py::arg("comm"), py::arg("timeout"), py::arg("block_bytes") = size_t{1} << 30,
+           py::arg("inline_bytes") = NetP2P::kDefaultInlineBytes)
       .def_property(
           "timeout", [](const PyNetP2P& p) { return p.engine->timeout(); },
           [](PyNetP2P& p, double s) { p.engine->set_timeout(s); })
@@ -293,6 +294,15 @@ PYBIND11_MODULE(_net, m) {
             return PyNetP2PWork{p.engine, p.engine->start(ops)};
           },
           py::arg("ops"))
+      .def(
+          "run",
+          [](PyNetP2P& p, const std::vector<DescribedOp>& described) {
+            const std::vector<NetP2POp> ops = net_ops(described);
+            py::gil_scoped_release nogil;
+            const auto batch = p.engine->start(ops, /*waited=*/true);
+            p.engine->wait(*batch, -1.0);
+          },
+          py::arg("ops"), "start(ops), then waits for them (bounded by their deadline)")
       .def(
           "abort",
           [](PyNetP2P& p, const std::string& reason) {

@@ -301,26 +301,46 @@ def engine():
         return eng.start(_C.check_p2p(list(ops), r, n))
 
     u8, f64 = np.dtype(np.uint8), np.dtype(np.float64)
-    eng = _net.NetP2P(world, 20.0, block_bytes=1000)
     sizes = [(0, u8), (999, u8), (1000, u8), (1001, u8), (2500, u8), (375, f64), (30_001, f64)]
-    outs = [np.zeros(c, dt) for c, dt in sizes]
-    works = [start(eng, ("recv", o, peer, i)) for i, o in enumerate(outs)]
-    sent = [data(r, peer, c, dt) for c, dt in sizes]  # alive until sent: the engine holds none
-    works += [start(eng, ("send", x, peer, i)) for i, x in enumerate(sent)]
-    for k in np.random.default_rng(r).permutation(len(works)):
-        assert works[k].wait(timeout=20) and works[k].is_completed()
-    for o, (c, dt) in zip(outs, sizes):
-        _same(o, data(peer, r, c, dt), f"{c} x {dt} in blocks of 1000 bytes")
+    # Every message inline where it fits 2500 bytes; none inline (header, data, verdict).
+    for inline in (2500, 0):
+        eng = _net.NetP2P(world, 20.0, block_bytes=1000, inline_bytes=inline)
+        outs = [np.zeros(c, dt) for c, dt in sizes]
+        works = [start(eng, ("recv", o, peer, i)) for i, o in enumerate(outs)]
+        sent = [data(r, peer, c, dt) for c, dt in sizes]  # alive until sent: the engine holds none
+        works += [start(eng, ("send", x, peer, i)) for i, x in enumerate(sent)]
+        for k in np.random.default_rng(r).permutation(len(works)):
+            assert works[k].wait(timeout=20) and works[k].is_completed()
+        for o, (c, dt) in zip(outs, sizes):
+            _same(o, data(peer, r, c, dt), f"{c} x {dt} in blocks of 1000 bytes, inline {inline}")
+        eng.close()
     x = np.ones(10, np.float32)
-    expect(ValueError, lambda: start(eng, ("send", x, peer, eng.tag_ub + 1)), "largest tag")
     y = np.full(12, 7.0, np.float32)
-    if r == 0:
-        w = start(eng, ("send", x, peer, 99))
-    else:
-        w = start(eng, ("recv", y, peer, 99))
+    # A larger message that does not fit: both ends raise, from the receiver's verdict.
+    eng = _net.NetP2P(world, 20.0, inline_bytes=0)
+    expect(ValueError, lambda: start(eng, ("send", x, peer, eng.tag_ub + 1)), "largest tag")
+    w = start(eng, ("send", x, peer, 99) if r == 0 else ("recv", y, peer, 99))
     msg = expect(pc.CollectiveMismatch, w.wait, "tag 99", "10 x float32", "12 x float32")
     assert np.all(y == 7.0), "a message that did not fit was written into the array"
     assert eng.error == msg, (eng.error, msg)
+    expect(pc.CollectiveError, lambda: start(eng, ("send", x, peer, 1)), "earlier error")
+    eng.close()
+    # An inline message that does not fit: the send is done once sent; the receiver raises and
+    # poisons the sender, whose next wait fails at once with the same description.
+    eng = _net.NetP2P(world, 20.0)
+    w = start(eng, ("send", x, peer, 98) if r == 0 else ("recv", y, peer, 98))
+    if r == 0:
+        assert w.wait(timeout=20)
+        t0 = time.monotonic()
+        w = start(eng, ("recv", y, peer, 97))  # never sent: the poison ends it
+        msg = expect(pc.CollectiveMismatch, w.wait, "tag 98", "10 x float32", "12 x float32")
+        assert time.monotonic() - t0 < 5, time.monotonic() - t0
+        assert "send to rank 1" in msg and "rank 1 receives 12 x float32" in msg, msg
+    else:
+        msg = expect(pc.CollectiveMismatch, w.wait, "tag 98", "10 x float32", "12 x float32")
+        assert "rank 0 sends 10 x float32" in msg, msg
+    assert np.all(y == 7.0), "a message that did not fit was written into the array"
+    assert eng.error in msg, (eng.error, msg)
     expect(pc.CollectiveError, lambda: start(eng, ("send", x, peer, 1)), "earlier error")
     eng.close()
     # Nobody sends: the recv times out after the engine's timeout, naming what it waited for.
@@ -399,6 +419,22 @@ def eager():
     comm.close()
 
 
+def sender_raises(comm, ops, *words):
+    """Sends `ops`, one of whose recvs does not fit: the message CollectiveMismatch carries. On
+    one node the send raises. Across nodes a small message is done once sent, as MPI's eager
+    send, and the receiver poisons the sender: its next wait (a recv nobody sends) fails at once
+    with the same description."""
+    if comm.topology.num_nodes == 1:
+        return expect(pc.CollectiveMismatch, lambda: p2p(comm, ops), *words)
+    p2p(comm, ops)
+    never = np.empty(1, np.int8)
+    t0 = time.monotonic()
+    msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, [("recv", never, 1 - comm.rank, 30)]),
+                 *words)  # fmt: skip
+    assert time.monotonic() - t0 < 5, f"the poison took {time.monotonic() - t0:.1f} s"
+    return msg
+
+
 def mismatch_late():
     """An eager message that does not fit a recv posted after it arrived (it waited in the
     unexpected queue): both ranks raise."""
@@ -406,7 +442,7 @@ def mismatch_late():
     r = comm.rank
     if r == 0:
         ops = [("send", np.ones(10, np.float32), 1, 4), ("send", np.ones(3, np.int8), 1, 8)]
-        msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, ops), "rank 1")
+        msg = sender_raises(comm, ops, "rank 1")
     else:
         ok = np.zeros(3, np.int8)
         comm.recv(ok, 0, tag=8)  # drains tag 4's message into the unexpected queue
@@ -422,7 +458,7 @@ def mismatch(field):
     r = comm.rank
     if r == 0:
         x = np.ones(10, np.float32)
-        msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, [("send", x, 1, 4)]), "rank 1")
+        msg = sender_raises(comm, [("send", x, 1, 4)], "rank 1")
     else:
         y = np.empty(12, np.float32) if field == "size" else np.empty(10, np.int32)
         msg = expect(pc.CollectiveMismatch, lambda: p2p(comm, [("recv", y, 0, 4)]), "rank 0")
