@@ -204,9 +204,10 @@ class StoreGroup:
 
     mpi = None
 
-    def __init__(self, rank: int, size: int, store, prefix: str | None = None):
+    def __init__(self, rank: int, size: int, store, prefix: str | None = None, timeout=None):
         self.rank, self.size, self.store = rank, size, store
         self.prefix = prefix if prefix is not None else f"pycollectives/{next(_store_groups)}"
+        self.timeout = timeout  # seconds each exchange waits; None: the store's own timeout
         self._round = 0
 
     @classmethod
@@ -235,28 +236,58 @@ class StoreGroup:
             raise CollectiveError(
                 f"rank {rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
             ) from None
-        return cls(rank, size, store)
+        return cls(rank, size, store, timeout=timeout)
 
     def allgather(self, obj) -> list:
+        return self._exchange("a rendezvous", obj)
+
+    def _exchange(self, what: str, obj) -> list:
+        """Every rank's `obj` from exchange `what` (the same on every rank), in rank order.
+        Bounded as ``MpiGroup.meet``: CollectiveTimeout naming the ranks that did not come
+        within the timeout, CollectiveError where one came to another exchange."""
         self._round += 1
         keys = [f"{self.prefix}/{self._round}/{r}" for r in range(self.size)]
-        self.store.set(keys[self.rank], pickle.dumps(obj))
-        self.store.wait(keys)
-        return [pickle.loads(self.store.get(k)) for k in keys]
+        self.store.set(keys[self.rank], pickle.dumps((what, obj)))
+        seconds = self.timeout
+        if seconds is None:
+            seconds = self.store.timeout.total_seconds()
+        try:
+            self.store.wait(keys, timedelta(seconds=seconds))
+        except Exception:  # torch's timeout (DistStoreError), or a store that went away
+            try:
+                missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+            except Exception:  # noqa: BLE001 - the store itself is gone: its own error says so
+                missing = []
+            if not missing:
+                raise
+            raise CollectiveTimeout(
+                f"{what}: rank(s) {missing} did not come within {seconds:g} s (rank "
+                f"{self.rank} of {self.size} waited; an error on them before it, or a "
+                "different call there?)"
+            ) from None
+        got = [pickle.loads(self.store.get(k)) for k in keys]
+        wrong = [(q, theirs) for q, (theirs, _) in enumerate(got) if theirs != what]
+        if wrong:
+            q, theirs = wrong[0]
+            raise CollectiveError(
+                f"{what}: ranks disagree: rank {q} is at {theirs} (exchange #{self._round}), "
+                f"rank {self.rank} at {what}"
+            )
+        return [o for _, o in got]
 
     def split(self, color, key):
         """As ``MpiGroup.split``: the ranks of one color meet under a prefix of their own in
         the same store."""
-        pairs = self.allgather(check_color(color, key))
+        pairs = self._exchange("split", check_color(color, key))
         members = split_members(pairs, self.rank)
         if members is None:
             return None
         prefix = f"{self.prefix}/split{self._round}/{pairs[self.rank][0]}"
-        return StoreGroup(members.index(self.rank), len(members), self.store, prefix)
+        return StoreGroup(members.index(self.rank), len(members), self.store, prefix, self.timeout)
 
     def local(self) -> tuple:
         """(rank among the ranks of this machine, their number). Collective."""
-        machines = self.allgather(machine_id())
+        machines = self._exchange("finding the ranks of this machine", machine_id())
         here = [r for r, m in enumerate(machines) if m == machines[self.rank]]
         return here.index(self.rank), len(here)
 
