@@ -80,8 +80,11 @@ class NetP2P:
     def start(self, ops: list[tuple[bool, int, int, int, int, int]]) -> NetP2PWork:
         """Posts `ops` as ``pycollectives._C.check_p2p`` describes them (send, address, count,
         dtype code, MPI rank, tag); the caller keeps the arrays alive until the work is done."""
-    def run(self, ops: list[tuple[bool, int, int, int, int, int]]) -> None:
-        """``start(ops)`` and waits for them (bounded by their deadline), progressing them
-        itself: the progress thread is not woken."""
+    def set_nodes(self, node_of: list[int], node: int) -> None:
+        """Each rank's node and this rank's: the ranks ``run_away`` takes."""
+    def run_away(self, ops: list[Any], rank: int, size: int) -> bool:
+        """Runs a batch of ``P2POp`` (checked as the host path checks them) where every peer is
+        on another node: posted and waited for in this call (bounded by the deadline), the
+        progress thread not woken; False, nothing posted, where some peer is on this node."""
     def abort(self, reason: str) -> None: ...
     def close(self) -> None: ...

@@ -23,6 +23,7 @@
 #include "net/net_check.h"
 #include "net/net_comm.h"
 #include "net/net_p2p.h"
+#include "python/call_args.h"
 #include "python/core_errors.h"
 
 namespace py = pybind11;
@@ -63,6 +64,7 @@ struct PyNetCheck {
 struct PyNetP2P {
   py::object keep;
   std::shared_ptr<NetP2P> engine;
+  std::vector<char> away;  // per rank: on another node (set_nodes)
 };
 
 // A batch of point-to-point operations in flight; it keeps its engine (closed or not) alive.
@@ -295,14 +297,36 @@ PYBIND11_MODULE(_net, m) {
           },
           py::arg("ops"))
       .def(
-          "run",
-          [](PyNetP2P& p, const std::vector<DescribedOp>& described) {
-            const std::vector<NetP2POp> ops = net_ops(described);
+          "set_nodes",
+          [](PyNetP2P& p, const std::vector<int>& node_of, int node) {
+            p.away.assign(node_of.size(), 0);
+            for (size_t r = 0; r < node_of.size(); ++r) p.away[r] = node_of[r] != node;
+          },
+          py::arg("node_of"), py::arg("node"), "which ranks run_away may take: other nodes'")
+      .def(
+          "run_away",
+          [](PyNetP2P& p, py::handle ops_obj, int rank, int size) {
+            py::list arrays;  // what the checks made of the arrays, alive until done
+            std::vector<NetP2POp> ops;
+            for (const P2POp& o : pyargs::parse_p2p(ops_obj, rank, size, arrays)) {
+              if (static_cast<size_t>(o.peer) >= p.away.size() || !p.away[o.peer]) return false;
+              NetP2POp n;
+              n.send = o.kind == P2PKind::Send;
+              n.buf = o.buf;
+              n.count = o.count;
+              n.dtype = o.dtype;
+              n.peer = o.peer;
+              n.tag = o.tag;
+              ops.push_back(n);
+            }
             py::gil_scoped_release nogil;
             const auto batch = p.engine->start(ops, /*waited=*/true);
             p.engine->wait(*batch, -1.0);
+            return true;
           },
-          py::arg("ops"), "start(ops), then waits for them (bounded by their deadline)")
+          py::arg("ops"), py::arg("rank"), py::arg("size"),
+          "run() on P2POps, each checked as the host path checks it, where every peer is on "
+          "another node (set_nodes); else False, nothing posted")
       .def(
           "abort",
           [](PyNetP2P& p, const std::string& reason) {

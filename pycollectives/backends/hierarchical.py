@@ -138,6 +138,9 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
         hier._node_group, hier._p2p, hier._group = node_group, p2p, group
+        if not p2p.takes_arrays:  # MPI's engine: blocking batches to other nodes in one call
+            p2p.set_nodes(topology.node_of, topology.node_of[rank])
+            hier._p2p_run_away = p2p.run_away
         hier.check, hier.checking = check, opts.check_mismatch
         return hier
 
@@ -163,6 +166,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
     def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
         self._node_group = None
         self._p2p = None  # messages to other nodes
+        self._p2p_run_away = None
         self._group = None  # every rank's rendezvous group
         self.topo = topology
         self.rank = rank

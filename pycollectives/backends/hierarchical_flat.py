@@ -48,9 +48,16 @@ class BlocksAndMessages:
         (``_net.NetP2P``). Every one is posted now and progresses on its own, whatever the
         order in which this or any rank waits, and beside collectives in flight; returns a
         handle (async_op) or None once all are done."""
+        run_away = self._p2p_run_away
+        if not async_op and run_away is not None and self._error is None:
+            # Every peer on another node and waited for now: checked, posted and waited for in
+            # one native call, which wakes no progress thread (an engine poisoned since raises
+            # there, and this communicator at its next call).
+            if run_away(ops, self.rank, self.size):
+                return None
         self._check_usable()
-        described = _C.check_p2p(ops, self.rank, self.size)  # the host path's checks
         node_of, node = self.topo.node_of, self.node
+        described = _C.check_p2p(ops, self.rank, self.size)  # the host path's checks
         away, here = [], []
         for o, d in zip(ops, described):
             if node_of[o.peer] != node:
@@ -59,9 +66,6 @@ class BlocksAndMessages:
                 here.append((o.kind, o.array, self.topo.local_of[o.peer], o.tag))
         if not away:
             return self.host.p2p(here, async_op)
-        if not here and not async_op and not self._p2p.takes_arrays:
-            self._p2p.run(away)  # posted and waited for in one call: no thread woken
-            return None
         net = self._p2p.start(away)  # every tag checked before anything is posted
         if here:
             try:

@@ -99,10 +99,11 @@ def test_inter_node_engine_alone():
     run_mpi(2, "p2p.py", "engine", timeout=60)
 
 
-@pytest.mark.parametrize("case", ["eager", "mismatch-late", "timeout"])
+@pytest.mark.parametrize("case", ["eager", "mismatch-late", "timeout", "args-across"])
 def test_p2p_semantics_on_one_node_hold_across_nodes(case):
     # One rank per node: every message crosses MPI. Many messages waiting unreceived, one tag
-    # in order across sizes; a mismatch met late; a recv whose sender never comes.
+    # in order across sizes; a mismatch met late; a recv whose sender never comes; bad ops
+    # refused before anything moves.
     env = {"PYCOLL_RANKS_PER_NODE": "1"}
     if case == "timeout":
         env["PYCOLL_TIMEOUT"] = "2"

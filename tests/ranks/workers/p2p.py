@@ -538,9 +538,36 @@ def args():
     comm.close()
 
 
+def args_across():
+    """Bad ops to a rank on another node, through the public API: each refused before anything
+    moves (a blocking batch to other nodes is checked, posted and waited for in one native
+    call); then an exchange gets exactly the peer's data."""
+    comm = pc.Communicator()
+    r, p = comm.rank, 1 - comm.rank
+    assert comm.topology.num_nodes == 2, comm.topology.describe()
+    x = np.zeros(4, np.float32)
+    bad = [
+        (TypeError, [pc.P2POp("send", x.astype(np.complex64), p)], "dtype"),
+        (ValueError, [pc.P2POp("recv", np.zeros((4, 4), np.float32)[:, 0], p)], "contiguous"),
+        (ValueError, [pc.P2POp("recv", np.frombuffer(b"abcd", np.uint8), p)], "read-only"),
+        (ValueError, [pc.P2POp("send", x, 2)], "peer"),
+        (TypeError, [pc.P2POp("send", x, 1.0)], "peer must be an int"),
+        (ValueError, [pc.P2POp("send", x, p, -1)], "tag"),
+        (ValueError, [pc.P2POp("send", x, p, 2**40)], "largest tag"),
+        (ValueError, [pc.P2POp("send", x, p), pc.P2POp("recv", x, p)], "overlaps"),
+    ]
+    for exc, ops, word in bad:
+        expect(exc, lambda ops=ops: comm.batch_p2p(ops), word)
+    y = np.empty(4, np.float32)
+    comm.batch_p2p([pc.P2POp("send", np.full(4, r, np.float32), p), pc.P2POp("recv", y, p)])
+    assert np.all(y == p), y
+    print(f"args across rank {r}", flush=True)
+    comm.close()
+
+
 def main():
     modes = {"matrix": matrix, "semantics": semantics, "timeout": timeout, "dead": dead}
-    modes |= {"args": args, "mismatch-size": lambda: mismatch("size")}
+    modes |= {"args": args, "args-across": args_across, "mismatch-size": lambda: mismatch("size")}
     modes["mismatch-dtype"] = lambda: mismatch("dtype")
     modes |= {"eager": eager, "mismatch-late": mismatch_late, "progress": progress}
     modes["engine"] = engine
