@@ -14,6 +14,7 @@ comma-separated (a mismatch last: it leaves the communicator unusable).
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import numpy as np
@@ -25,12 +26,14 @@ OPS = ["sum", "max", "avg"]
 
 
 def nodes_expected(comm) -> list:
-    """The nodes every rank should see: ranks grouped by their PYCOLL_HOST_ID, or in blocks
-    of PYCOLL_RANKS_PER_NODE consecutive ranks."""
+    """The nodes every rank should see: ranks grouped by their PYCOLL_HOST_ID, in blocks of
+    PYCOLL_RANKS_PER_NODE consecutive ranks (or dealt round-robin), or by host name."""
     if os.environ.get("PYCOLL_HOST_ID"):
         hosts = comm.all_gather_object(os.environ["PYCOLL_HOST_ID"])
+    elif not os.environ.get("PYCOLL_RANKS_PER_NODE"):  # machines, or namespace nodes
+        hosts = comm.all_gather_object(socket.gethostname())
     else:
-        given = os.environ.get("PYCOLL_RANKS_PER_NODE") or str(comm.size)
+        given = os.environ["PYCOLL_RANKS_PER_NODE"]
         number, _, layout = given.partition(":")
         k = int(number)
         cyclic = max(1, comm.size // k)  # round-robin over this many nodes
@@ -316,7 +319,7 @@ def main():
     reports "rank R ok CASE" or "rank R failed CASE: why" (mismatch leaves it unusable: last)."""
     with pc.Communicator(timeout=30) as comm:
         # met through the store (no MPI world), or through MPI under mpiexec
-        assert (comm._group.mpi is None) == ("PYCOLL_HOST_ID" in os.environ)
+        assert (comm._group.mpi is None) == ("PMI_RANK" not in os.environ)
         nodes = nodes_expected(comm)
         assert comm.topology.nodes == nodes, (comm.topology.describe(), nodes)
         for case in sys.argv[1].split(","):
