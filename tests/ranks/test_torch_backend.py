@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import netns
 from harness.launch import TWO_NODES, clean_env, free_port, run_mpi
 
 WORKER = Path(__file__).parent / "workers" / "torch_backend.py"
@@ -106,19 +107,30 @@ def test_mesh2d_fsdp_by_tensor_parallel_across_nodes_as_on_gloo():
 
 
 def torchrun_on_two_nodes(worker, *args, env=None) -> list[str]:
-    """`worker` under torchrun --nnodes 2: two agents on this machine against one rendezvous,
-    each taken as a node (PYCOLL_HOST_ID), 2 ranks each; every agent's output."""
+    """`worker` under torchrun --nnodes 2, 2 ranks each; every agent's output. Each agent runs
+    on a namespace node of its own (harness/netns.py: its own address, /dev/shm and host name)
+    where they can be made, else both on this machine, each taken as a node (PYCOLL_HOST_ID)."""
     torchrun = Path(sys.executable).parent / "torchrun"
     if not torchrun.exists():
         pytest.skip("torchrun not installed")
+    if netns.available() is None:
+        with netns.NamespaceNodes(2) as nodes:
+            return _torchrun_agents(torchrun, worker, args, env, nodes)
+    return _torchrun_agents(torchrun, worker, args, env, None)
+
+
+def _torchrun_agents(torchrun, worker, args, env, nodes) -> list[str]:
     port = str(free_port())
     agents = []
     for node in range(2):
+        master = "127.0.0.1" if nodes is None else nodes.address(0)
         cmd = [str(torchrun), "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node",
-               "2", "--master_addr", "127.0.0.1", "--master_port", port,
+               "2", "--master_addr", master, "--master_port", port,
                str(WORKER.parent / worker), *args]  # fmt: skip
-        agent_env = clean_env(PYCOLL_HOST_ID=f"node{node}", PYCOLL_EXPECT_NODES="2",
-                              **NO_ML_DTYPES, **(env or {}))  # fmt: skip
+        given = {"PYCOLL_HOST_ID": f"node{node}"} if nodes is None else {}
+        agent_env = clean_env(**given, PYCOLL_EXPECT_NODES="2", **NO_ML_DTYPES, **(env or {}))
+        if nodes is not None:
+            cmd = nodes.command(node, cmd)
         agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        text=True, env=agent_env))  # fmt: skip
     try:
@@ -132,11 +144,12 @@ def torchrun_on_two_nodes(worker, *args, env=None) -> list[str]:
 
 
 def test_torchrun_over_two_nodes_as_on_gloo():
-    # torchrun --nnodes 2, emulated: shared memory inside each node, gloo between them. The
-    # operations suite, subgroups within and across the nodes, point-to-point, ZeRO, FSDP2,
-    # tensor parallel, pipelining, a 2-D mesh and stock DDP, against gloo, through torch's
-    # own init_process_group; then DeepSpeed's ZeRO-2 and ZeRO-3 (deepspeed.init_distributed
-    # on that group) against the same training in one process.
+    # torchrun --nnodes 2 on namespace nodes (or emulated ones): shared memory inside each
+    # node, gloo between them. The operations suite, subgroups within and across the nodes,
+    # point-to-point, ZeRO, FSDP2, tensor parallel, pipelining, a 2-D mesh and stock DDP,
+    # against gloo, through torch's own init_process_group; then DeepSpeed's ZeRO-2 and
+    # ZeRO-3 (deepspeed.init_distributed on that group) against the same training in one
+    # process.
     cases = ["ops", "exchange", "parallel", "mesh2d", "ddp"]
     deepspeed = importlib.util.find_spec("deepspeed") is not None
     outs = torchrun_on_two_nodes("torch_backend.py", ",".join(cases + ["deepspeed"] * deepspeed),
