@@ -15,4 +15,4 @@ if [ -z "$pid" ]; then
     echo "enter-node.sh: no namespace node $host in $PYCOLL_NETNS_NODES" >&2
     exit 1
 fi
-exec nsenter -t "$pid" -n -m -u -- sh -c "$*"
+exec nsenter -t "$pid" -n -m -u -i -p -- sh -c "$*"

@@ -1,33 +1,34 @@
-"""Nodes that share nothing but a network: each node a Linux network, mount and UTS namespace.
+"""Nodes that share nothing but a network: each node its own Linux namespaces on one machine.
 
-A node here has its own network interface and address (a veth pair into a bridge of the root
-namespace), its own private /dev/shm (a tmpfs mounted in its own mount namespace), its own host
-name and its own /etc/hosts naming every node. Shared memory, a segment name or loopback that
-reaches another node on the emulated nodes (PYCOLL_RANKS_PER_NODE, PYCOLL_HOST_ID) reaches
-nothing here, as between machines.
+A node here is a network, mount, UTS, IPC and PID namespace: its own interface (``eth0``, one
+end of a veth pair whose other end is on a bridge of the root namespace) and address, ``lo``,
+its own /dev/shm (a fresh tmpfs), /sys (its own network devices), host name, boot id,
+/etc/hosts naming every node, System V IPC and process ids. Shared memory, a segment name,
+loopback or another process's memory (process_vm_readv) that reaches another node on the
+emulated nodes (PYCOLL_RANKS_PER_NODE, PYCOLL_HOST_ID) reaches nothing here, as between
+machines.
+
+The IPC and PID namespaces matter to MPI: with only the network, mount and UTS namespaces, the
+pip wheel's MPICH (ch4:ucx) still moved the messages between nodes through memory (a 2 x 2
+all-reduce of 1 MiB a rank put 29-45 KB on each veth pair); with either one added, every byte
+between nodes crosses the veth pairs (``veth_bytes``, which the tests check). The boot id and
+/sys are the node's own too (the communicator names a machine by host name and boot id under
+torchrun).
 
 - ``mpiexec`` runs across them through hydra's ssh launcher, with ``enter-node.sh`` in place of
-  ssh: it runs each proxy inside the namespace of the host it names (``mpiexec_args``).
-- Any command runs on a node with ``nsenter`` (``command``): torchrun's agents, one per node.
+  ssh: it runs each proxy inside the namespaces of the host it names (``mpiexec_args``).
+- Any command runs on a node with ``nsenter`` (``command``, ``run``): torchrun's agents.
 
 Making them needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN); where that fails, ``available()`` says
 why and the tests fall back to the emulated nodes. PYCOLL_TEST_NO_NAMESPACES=1 takes that path
-on purpose. By hand, as root (what ``NamespaceNodes`` runs, for node i of n)::
-
-    ip link add pcbr type bridge && ip addr add 10.77.0.254/24 dev pcbr && ip link set pcbr up
-    unshare --net --mount --uts --fork --propagation private \\
-        sh -c 'mount -t tmpfs tmpfs /dev/shm && mount --bind HOSTS /etc/hosts &&
-               hostname pcn0 && exec sleep infinity' &          # HOSTS: "10.77.0.1 pcn0" ...
-    ip link add pcv0h type veth peer name pcv0n && ip link set pcv0n netns $!
-    ip link set pcv0h master pcbr up
-    nsenter -t $! -n sh -c 'ip link set lo up && ip addr add 10.77.0.1/24 dev pcv0n &&
-                            ip link set pcv0n up && ip route add default via 10.77.0.254'
-    mpiexec -launcher ssh -launcher-exec tests/harness/enter-node.sh -hosts pcn0,pcn1 -n 4 ...
+on purpose. README.md ("Nodes that share nothing") has the same steps as commands to paste.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ENTER = HERE / "enter-node.sh"
+NAMESPACES = ["--net", "--mount", "--uts", "--ipc", "--pid"]  # unshare's
+ENTER_FLAGS = ["-n", "-m", "-u", "-i", "-p"]  # nsenter's, the same namespaces
 
 
 def _run(*cmd, check=True):
@@ -55,28 +58,71 @@ def available() -> str | None:
     for tool in ("unshare", "nsenter", "ip"):
         if shutil.which(tool) is None:
             return f"{tool} not found"
-    done = _run("unshare", "--net", "--mount", "--uts", "--fork", "true", check=False)
+    done = _run("unshare", *NAMESPACES, "--fork", "true", check=False)
     if done.returncode != 0:
-        return f"unshare --net --mount --uts failed: {done.stderr.strip()}"
+        return f"unshare {' '.join(NAMESPACES)} failed: {done.stderr.strip()}"
     return None
+
+
+def _die_with_parent():
+    """In the holder's unshare (preexec_fn): SIGKILL when the process that made it dies, so
+    that a killed test run leaves no namespaces behind (unshare --kill-child passes it on)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def remove_stale():
+    """Bridges and folders of runs whose process is gone (their holders died with them, and
+    the veth pairs with the holders' network namespaces)."""
+    for name in re.findall(r"^\d+: (pcbr(\d+))[:@]", _run("ip", "-o", "link").stdout, re.M):
+        if not Path(f"/proc/{name[1]}").exists():
+            _run("ip", "link", "del", name[0], check=False)
+    for box in Path(tempfile.gettempdir()).glob("pycoll-netns-*-*"):
+        if not Path(f"/proc/{box.name.split('-')[2]}").exists():
+            shutil.rmtree(box, ignore_errors=True)
+
+
+def _free_subnet(pid: int) -> str:
+    """A 10.x.y/24 that no interface here has an address in, chosen from the pid."""
+    used = _run("ip", "-4", "-o", "addr").stdout
+    for k in range(1000):
+        i = (pid + k) % (150 * 250)
+        subnet = f"10.{100 + i // 250}.{i % 250}"
+        if f" {subnet}." not in used:
+            return subnet
+    raise OSError("no free 10.x.y.0/24 subnet")
+
+
+def _child(pid: int) -> int:
+    """The one child of process `pid` (unshare --fork's: pid 1 of the node's namespace)."""
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = path.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            return int(path.parent.name)
+    raise OSError(f"unshare ({pid}) has no child")
 
 
 class NamespaceNodes:
     """`n` namespace nodes on one bridge, named pcn0.. (host names), at addresses .1, .2, ...
-    of a /24 of their own (`address(i)`); the root namespace is .254. A context manager: on
-    exit every holder process, link and file is gone."""
+    of a /24 of their own (`addresses`); the root namespace is .254 (`gateway`). Names carry
+    this process's pid (bridge pcbr<pid>, veth pcv<pid>h<i>), so concurrent runs do not meet.
+    A context manager: on exit every holder process, link and file is gone."""
 
     def __init__(self, n: int):
         self.n = n
-        tag = os.getpid() % 100_000
-        self.subnet = f"10.{100 + tag // 250 % 100}.{tag % 250}"
-        self.bridge = f"pcbr{tag}"
+        pid = os.getpid()
+        remove_stale()
+        self.subnet = _free_subnet(pid)
+        self.bridge = f"pcbr{pid}"
         self.hosts = [f"pcn{i}" for i in range(n)]
-        self.pids: list[int] = []
+        self.pids: list[int] = []  # each node's init (pid 1 inside), what nsenter enters
         self._procs: list[subprocess.Popen] = []
         self._links: list[str] = []
-        self.box = Path(tempfile.mkdtemp(prefix="pycoll-netns-"))
-        self._tag = tag
+        self._veths = [f"pcv{pid}h{i}" for i in range(n)]
+        self.box = Path(tempfile.mkdtemp(prefix=f"pycoll-netns-{pid}-"))
+        self._tag = pid
         try:
             self._make()
         except BaseException:
@@ -85,6 +131,10 @@ class NamespaceNodes:
 
     def address(self, i: int) -> str:
         return f"{self.subnet}.{i + 1}"
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.address(i) for i in range(self.n)]
 
     @property
     def gateway(self) -> str:
@@ -103,8 +153,12 @@ class NamespaceNodes:
         _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         for i, name in enumerate(self.hosts):
+            boot_id = self.box / f"boot_id-{i}"
+            boot_id.write_text(Path("/proc/sys/kernel/random/uuid").read_text())
             setup = " && ".join([
                 "mount -t tmpfs -o size=2g tmpfs /dev/shm",
+                "mount -t sysfs sysfs /sys",
+                f"mount --bind {boot_id} /proc/sys/kernel/random/boot_id",
                 f"mount --bind {hosts} /etc/hosts",
                 f"mount --bind {self.box}/resolv.conf /etc/resolv.conf",
                 f"hostname {name}",
@@ -112,26 +166,28 @@ class NamespaceNodes:
                 "exec sleep infinity",
             ])  # fmt: skip
             proc = subprocess.Popen(
-                ["unshare", "--net", "--mount", "--uts", "--fork", "--propagation", "private",
-                 "sh", "-c", setup], start_new_session=True,
+                ["unshare", *NAMESPACES, "--fork", "--mount-proc", "--propagation", "private",
+                 "--kill-child", "sh", "-c", setup],
+                start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
             self._procs.append(proc)
-            self.pids.append(proc.pid)
         deadline = time.monotonic() + 10
         while not all((self.box / f"ready-{i}").exists() for i in range(self.n)):
             if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
                 raise OSError("a namespace node did not come up (mount or hostname failed)")
             time.sleep(0.01)
+        self.pids = [_child(proc.pid) for proc in self._procs]  # each node's pid 1
         for i, pid in enumerate(self.pids):
-            outside, inside = f"pcv{self._tag}h{i}"[:15], f"pcv{self._tag}n{i}"[:15]
+            outside, inside = self._veths[i], f"pcv{self._tag}n{i}"
             _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
             self._links.append(outside)
             _run("ip", "link", "set", inside, "netns", pid)
             _run("ip", "link", "set", outside, "master", self.bridge, "up")
             inner = " && ".join([
                 "ip link set lo up",
-                f"ip addr add {self.address(i)}/24 dev {inside}",
-                f"ip link set {inside} up",
+                f"ip link set {inside} name eth0",
+                f"ip addr add {self.address(i)}/24 dev eth0",
+                "ip link set eth0 up",
                 f"ip route add default via {self.gateway}",
             ])  # fmt: skip
             _run("nsenter", "-t", pid, "-n", "sh", "-c", inner)
@@ -140,12 +196,17 @@ class NamespaceNodes:
         )
 
     def command(self, i: int, argv: list) -> list:
-        """`argv` run inside node i (its network, mounts and host name)."""
-        return ["nsenter", "-t", str(self.pids[i]), "-n", "-m", "-u", "--", *map(str, argv)]
+        """`argv` run inside node i (its network, mounts, host name, IPC and process ids)."""
+        return ["nsenter", "-t", str(self.pids[i]), *ENTER_FLAGS, "--", *map(str, argv)]
+
+    def run(self, i: int, argv: list, env: dict | None = None, **popen) -> subprocess.Popen:
+        """`argv` started inside node i with `env` (Popen's other arguments as given)."""
+        return subprocess.Popen(self.command(i, argv), env=env, **popen)
 
     def mpiexec_args(self, per_node: int | list) -> list:
         """hydra's options for ranks on these nodes: `per_node` ranks on each (a list: that
-        many on node i), each proxy started inside its node by enter-node.sh."""
+        many on node i), each proxy started inside its node by enter-node.sh, which finds
+        the nodes through ``env()``; hydra's control port on the bridge's address."""
         counts = per_node if isinstance(per_node, list) else [per_node] * self.n
         hosts = ",".join(f"{h}:{c}" for h, c in zip(self.hosts, counts) if c)
         return ["-launcher", "ssh", "-launcher-exec", str(ENTER), "-hosts", hosts,
@@ -159,6 +220,12 @@ class NamespaceNodes:
         """The names in node i's /dev/shm."""
         done = _run(*self.command(i, ["ls", "/dev/shm"]))
         return done.stdout.split()
+
+    def veth_bytes(self, i: int) -> int:
+        """Bytes node i has sent and received over its interface so far (the counters of its
+        veth pair's outer end)."""
+        stats = Path(f"/sys/class/net/{self._veths[i]}/statistics")
+        return sum(int((stats / f).read_text()) for f in ("rx_bytes", "tx_bytes"))
 
     def close(self):
         for proc in self._procs:

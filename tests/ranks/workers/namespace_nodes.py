@@ -5,8 +5,8 @@ Usage: mpiexec <NamespaceNodes.mpiexec_args> -n N python namespace_nodes.py NODE
 Every rank: the communicator's nodes are the ranks grouped by host name (no PYCOLL_HOST_ID or
 PYCOLL_RANKS_PER_NODE set), NODES of them; a file the lowest rank of each node puts in
 /dev/shm is seen on that node alone; every segment a rank maps is on its node's own /dev/shm
-(a device of its own); then a hierarchical all-reduce and a message to the next node
-against MPI.
+(a device of its own); MPI's COMM_TYPE_SHARED split is the rank's node; then a hierarchical
+all-reduce of 1 MiB a rank and a message to the next node against MPI.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from mpi4py import MPI
 
 import pycollectives as pc
 
+BIG = 1 << 17
+
 
 def main():
     for name in ("PYCOLL_HOST_ID", "PYCOLL_RANKS_PER_NODE"):
@@ -33,6 +35,10 @@ def main():
     want = [[q for q, h in enumerate(hosts) if h == name] for name in names]
     assert len(names) == int(sys.argv[1]), hosts
     assert comm.topology.nodes == want, (comm.topology.describe(), want)
+    # MPI's own view agrees: its shared-memory split is this rank's node.
+    shared = mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    assert sorted(shared.allgather(r)) == want[names.index(hosts[r])], hosts
+    shared.Free()
     node = names.index(hosts[r])
     probe = f"/dev/shm/pycoll-probe-{node}"
     if r == want[node][0]:
@@ -54,7 +60,7 @@ def main():
     assert mapped == {mine}, (hosts[r], mapped, mine)
     for q, theirs in enumerate(mpi.allgather(mine)):
         assert (theirs == mine) == (hosts[q] == hosts[r]), (q, theirs, r, mine)
-    x = np.arange(1000, dtype=np.float64) * (r + 1)
+    x = np.arange(BIG, dtype=np.float64) * (r + 1)  # 1 MiB a rank: shows on the veths
     want_sum = mpi.allreduce(x)
     comm.all_reduce(x)
     np.testing.assert_array_equal(x, want_sum)
