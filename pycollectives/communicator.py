@@ -15,6 +15,7 @@ from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.ops import SUM, algo_code, collective_code, op_code
 from pycollectives.options import Options
 from pycollectives.runtime import arrays, bootstrap, shared
+from pycollectives.runtime.store_board import BoardStoreGroup, StoreBoard
 from pycollectives.runtime.topology import Topology, ranks_per_node_from_env
 from pycollectives.work import InFlight, Work
 
@@ -147,7 +148,7 @@ class Communicator:
                     self._inflight.wait_all()
                     break
                 except CollectiveError:
-                    if not getattr(getattr(self._host, "c", None), "poisoned", False):
+                    if not self._host.failed:
                         raise
             if self._cuda is not None:
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
@@ -227,7 +228,12 @@ class Communicator:
         kw = self._made_like_this(kw)
         for _ in range(self.size):  # each new try follows a death
             members = [rank for rank, _, _ in board.board_exchange(1)]
-            group = bootstrap.BoardGroup(board, members, self.rank)
+            if isinstance(board, StoreBoard):  # between nodes: on a board of their own
+                prefix = f"{board.prefix}/shrink{board.rounds}"
+                group = BoardStoreGroup(board.store, board.instances, members, self.rank,
+                                        prefix, kw["timeout"])  # fmt: skip
+            else:
+                group = bootstrap.BoardGroup(board, members, self.rank)
             try:
                 made = Communicator(group, **kw)
             except CollectiveError:
@@ -243,9 +249,12 @@ class Communicator:
         waiting to join the job (``python -m pycollectives.launch --elastic --replace`` starts
         one for each rank that dies; its ``Communicator()`` waits to be taken in), or None when
         none waits. Collective; call it where a new rank can start, at a step boundary, and
-        hand the newcomers the state they need (``broadcast``). Only in a job started by
-        ``pycollectives.launch --elastic`` (``PYCOLL_RENDEZVOUS``); this one stays usable:
-        close it once the new one is in use. Keyword arguments as for ``Communicator``."""
+        hand the newcomers the state they need (``broadcast``). In a job started by
+        ``pycollectives.launch --elastic``: on one machine newcomers ask through files
+        (``PYCOLL_RENDEZVOUS``), across machines (``--nnodes``) through the job's store, as
+        any process started with ``PYCOLL_JOIN=1`` and the job's ``MASTER_ADDR`` and
+        ``MASTER_PORT`` does. This one stays usable: close it once the new one is in use.
+        Keyword arguments as for ``Communicator``."""
         import json
         import uuid
         from pathlib import Path
@@ -254,10 +263,13 @@ class Communicator:
 
         self._backend()
         folder = os.environ.get("PYCOLL_RENDEZVOUS", "")
+        store = getattr(self._group, "store", None)
+        if not folder and store is not None:
+            return self._grow_over_store(store, self._made_like_this(kw))
         if not folder:
             raise CollectiveError(
                 "grow: new ranks join a job started by python -m pycollectives.launch --elastic "
-                "(PYCOLL_RENDEZVOUS is not set)"
+                "(PYCOLL_RENDEZVOUS is not set, and the ranks did not meet through a store)"
             )
         where = Path(folder) / "join"
         plan = None
@@ -277,6 +289,34 @@ class Communicator:
         group = bootstrap.FileGroup(folder, self.rank, size, prefix, kw["timeout"])
         return Communicator(group, **kw)
 
+    def _grow_over_store(self, store, kw: dict):
+        """grow where the ranks meet through a store: rank 0 takes in every process that has
+        asked under a ticket (``StoreGroup.join``), in ticket order, and answers each."""
+        import json
+        import uuid
+
+        join = bootstrap.JOIN
+        plan = None
+        if self.rank == 0:
+            taken = store.add(f"{join}/taken", 0)
+            waiting = []
+            for ticket in range(taken + 1, store.add(f"{join}/tickets", 0) + 1):
+                if not store.check([f"{join}/ask/{ticket}"]):
+                    break  # a ticket taken, its request not yet written: from it next time
+                waiting.append(ticket)
+            plan = (waiting, f"pycollectives/grow-{uuid.uuid4().hex[:12]}")
+        waiting, prefix = self.broadcast_object(plan, root=0)
+        if not waiting:
+            return None
+        size = self.size + len(waiting)
+        if self.rank == 0:
+            for i, ticket in enumerate(waiting):
+                answer = json.dumps({"rank": self.size + i, "size": size, "prefix": prefix})
+                store.set(f"{join}/admit/{ticket}", answer)
+            store.add(f"{join}/taken", len(waiting))
+        group = bootstrap.StoreGroup(self.rank, size, store, prefix, kw["timeout"])
+        return Communicator(group, **kw)
+
     def _made_like_this(self, kw: dict) -> dict:
         """Keyword arguments of a communicator made from this one (split, shrink, grow): `kw`
         over this one's timeout and staging."""
@@ -285,14 +325,20 @@ class Communicator:
                 "staging_slots": o.staging_slots, **kw}  # fmt: skip
 
     def _board(self, what: str):
+        """The fault-tolerant board: shared memory on one machine, the store between nodes
+        met through one (``runtime.store_board``)."""
         host = self._backend()
-        if not isinstance(host, HostBackend):
+        if isinstance(host, HostBackend):
+            return host.c
+        board = getattr(host, "board", None)
+        if board is None:
             raise CollectiveError(
-                f"{what}: this communicator spans {self.topology.num_nodes} nodes; revoke, "
-                "agree and shrink work on the communicator of one machine (shared memory); "
-                "between nodes the job restarts (python -m pycollectives.launch --max-restarts)"
+                f"{what}: this communicator spans {self.topology.num_nodes} nodes under "
+                "mpiexec; revoke, agree and shrink work on one machine, or between machines "
+                "that meet through a store (torchrun, python -m pycollectives.launch --elastic "
+                "--nnodes); under mpiexec the job restarts (pycollectives.launch --max-restarts)"
             )
-        return host.c
+        return board
 
     def __enter__(self):
         return self

@@ -15,7 +15,17 @@ With ``--elastic`` the ranks are started as plain processes that meet through fi
 of under mpiexec (which ends the whole job when one rank dies): when one dies the others keep
 running, shrink their communicator (``Communicator.shrink``) and carry on, and with
 ``--replace K`` a new process is started in each dead rank's place, up to K, which joins the
-running job when its ranks call ``Communicator.grow``. Ranks on one machine.
+running job when its ranks call ``Communicator.grow``.
+
+Across machines, a launcher on each, ``-n`` ranks on each::
+
+    python -m pycollectives.launch -n 2 --elastic --replace 2 --nnodes 2 --node-rank I \
+        --master-addr NODE0 --master-port 29500 -- python -m pycollectives.examples.elastic
+
+The ranks meet as under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)
+through a TCPStore that node 0's launcher serves for the whole job; gloo carries what crosses
+machines. Revoke, agree and shrink work over that store, each launcher writes a death into it
+as it reaps the process, and replacements ask to join through it.
 """
 
 from __future__ import annotations
@@ -136,12 +146,12 @@ def only_waiting(procs: dict, folder: str) -> bool:
     )
 
 
-def reap_ended() -> list[tuple[int, int]]:
-    """(pid, wait status) of every child that has ended by now (waiting for the first), those
-    that failed first. The kernel does not hand back ended children in the order they ended: a
-    rank that died before two others finished was once reaped after them, and counted as a death
-    after the job had finished."""
-    ended = [os.wait()]
+def reap_ended(poll: float | None = None) -> list[tuple[int, int]]:
+    """(pid, wait status) of every child that has ended by now (waiting for the first unless
+    `poll` is set), those that failed first. The kernel does not hand back ended children in
+    the order they ended: a rank that died before two others finished was once reaped after
+    them, and counted as a death after the job had finished."""
+    ended = [os.wait()] if poll is None else []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -153,38 +163,127 @@ def reap_ended() -> list[tuple[int, int]]:
     return sorted(ended, key=lambda e: os.waitstatus_to_exitcode(e[1]) == 0)
 
 
-def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
-    """The job's N ranks started as plain processes that meet through files (no MPI world:
-    ``bootstrap.FileGroup``), so that the death of one leaves the others running. Each death is
-    reported; with `replace` > 0 a new process is started in its place (``PYCOLL_JOIN``: its
-    ``Communicator()`` waits for the survivors to take it in, ``Communicator.grow``), up to
-    `replace` of them. 0 when some process finished (exited 0) and none died after that;
-    a replacement never taken in is stopped at the end, and is no failure."""
+class _FileMeeting:
+    """Ranks of one machine that meet through files in a folder (``bootstrap.FileGroup``)."""
+
+    def __init__(self, n: int, folder: str, env: dict):
+        self.folder = folder
+        self.base = {**env, "PYCOLL_RENDEZVOUS": folder, "PYCOLL_WORLD_SIZE": str(n),
+                     "PYCOLL_ELASTIC": "1"}  # fmt: skip
+        self.ranks = [{"PYCOLL_RANK": str(r)} for r in range(n)]
+        self.joiner = {"PYCOLL_JOIN": "1"}
+        self.poll = None  # reaping blocks: when every process here waits, the job is over
+
+    def died(self, pid: int):
+        pass
+
+    def only_waiting(self, procs: dict) -> bool:
+        return only_waiting(procs, self.folder)
+
+    def over(self, idle: bool) -> bool:
+        return idle
+
+    def close(self, ok: bool):
+        pass
+
+
+class _StoreMeeting:
+    """Ranks of `nnodes` machines, `n` on each, that meet through a TCPStore at addr:port
+    (an ``env://`` launch: ``bootstrap.StoreGroup``), which node 0's launcher serves for the
+    whole job. A death is written into the store at once (``pycollectives/dead/<instance>``),
+    so that the survivors leave the rank out without waiting for its heartbeat to stop; a
+    replacement asks to join through the store (``StoreGroup.join``)."""
+
+    def __init__(self, n: int, nnodes: int, node_rank: int, addr: str, port: int, env: dict,
+                 timeout: float = 300.0):  # fmt: skip
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        from pycollectives.runtime.bootstrap import machine_id
+
+        self.node, self.nnodes, self.machine = node_rank, nnodes, machine_id(env)
+        self.store = TCPStore(addr, port, is_master=node_rank == 0, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout), multi_tenant=True)  # fmt: skip
+        self.base = {**env, "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+                     "WORLD_SIZE": str(n * nnodes), "LOCAL_WORLD_SIZE": str(n),
+                     "TORCHELASTIC_USE_AGENT_STORE": "True", "PYCOLL_ELASTIC": "1"}  # fmt: skip
+        self.ranks = [{"RANK": str(node_rank * n + r), "LOCAL_RANK": str(r)} for r in range(n)]
+        self.joiner = {"PYCOLL_JOIN": "1", "RANK": "", "LOCAL_RANK": ""}  # its rank: grow's
+        self.poll = 0.05  # other nodes may still take this one's waiting replacements in
+        self._idle = None
+
+    def _key(self, what: str, pid: int) -> str:
+        return f"pycollectives/{what}/{self.machine}|{pid}"
+
+    def died(self, pid: int):
+        self.store.set(self._key("dead", pid), "died")
+
+    def only_waiting(self, procs: dict) -> bool:
+        return bool(procs) and all(
+            what.startswith("replacement")
+            and self.store.check([self._key("join/asked", pid)])
+            and not self.store.check([self._key("join/in", pid)])
+            for pid, (_, what) in procs.items()
+        )
+
+    def over(self, idle: bool) -> bool:
+        """Whether every node is idle (its processes ended, or replacements nobody took in)."""
+        if idle != self._idle:
+            self.store.set(f"pycollectives/launch/idle/{self.node}", "1" if idle else "0")
+            self._idle = idle
+        if not idle:
+            return False
+        keys = [f"pycollectives/launch/idle/{i}" for i in range(self.nnodes)]
+        return self.store.check(keys) and all(v == b"1" for v in self.store.multi_get(keys))
+
+    def close(self, ok: bool):
+        """Node 0 serves the store until every node's launcher is done with it."""
+        self.store.set(f"pycollectives/launch/done/{self.node}", "ok" if ok else "failed")
+        if self.node == 0:
+            keys = [f"pycollectives/launch/done/{i}" for i in range(self.nnodes)]
+            deadline = time.monotonic() + 30
+            while not self.store.check(keys) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def run_elastic(n: int, command: list[str], replace: int, env: dict, nodes=None) -> int:
+    """The job's N ranks started as plain processes, so that the death of one leaves the
+    others running: on one machine they meet through files (``bootstrap.FileGroup``); with
+    `nodes` (nnodes, node_rank, addr, port) through the store node 0's launcher serves, N on
+    each machine. Each death is reported; with `replace` > 0 a new process is started in its
+    place (``PYCOLL_JOIN``: its ``Communicator()`` waits for the survivors to take it in,
+    ``Communicator.grow``), up to `replace` of them. 0 when some process finished (exited 0)
+    and none died after that; a replacement never taken in is stopped at the end, and is no
+    failure."""
     started_at, t0 = time.time(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pycoll-elastic-") as folder:
-        base = {**env, "PYCOLL_RENDEZVOUS": folder, "PYCOLL_WORLD_SIZE": str(n),
-                "PYCOLL_ELASTIC": "1"}  # fmt: skip
+        meet = _FileMeeting(n, folder, env) if nodes is None else _StoreMeeting(n, *nodes, env)
         procs = {}  # pid -> (Popen, what it is)
 
         def start(extra: dict, what: str):
             extra = {**extra, "PYCOLL_STARTED_AT": repr(time.time())}
-            p = subprocess.Popen(command, env={**base, **extra}, preexec_fn=_die_with_parent)
+            p = subprocess.Popen(command, env={**meet.base, **extra}, preexec_fn=_die_with_parent)
             procs[p.pid] = (p, what)
             return p
 
-        for r in range(n):
-            start({"PYCOLL_RANK": str(r)}, f"rank {r}")
+        first = 0 if nodes is None else nodes[1] * n
+        for r, extra in enumerate(meet.ranks):
+            start(extra, f"rank {first + r}")
         deaths = replaced = finished = 0
         failed_after_finish = False  # a process died once others had finished the job
         try:
-            while procs:
-                if only_waiting(procs, folder):  # the job is over: nobody will take them in
-                    for p, what in procs.values():
+            while True:
+                if meet.over(not procs or meet.only_waiting(procs)):
+                    for p, what in procs.values():  # the job is over: nobody will take them in
                         log(f"{what} (pid {p.pid}) was not taken in before the job ended")
                         p.terminate()
                         p.wait()
                     break
-                for pid, status in reap_ended():
+                ended = reap_ended(meet.poll) if procs else []
+                if not ended and meet.poll is not None:
+                    time.sleep(meet.poll)
+                for pid, status in ended:
                     if pid not in procs:
                         continue
                     _, what = procs.pop(pid)
@@ -193,13 +292,14 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
                         finished += 1
                         continue
                     deaths += 1
+                    meet.died(pid)
                     failed_after_finish |= finished > 0
                     how = describe({"returncode": rc, "signal": -rc if rc < 0 else 0})
                     log(f"{what} (pid {pid}) {how} after {time.monotonic() - t0:.2f} s; "
                         f"{len(procs)} process(es) still running")  # fmt: skip
-                    if replaced < replace and procs and not only_waiting(procs, folder):
+                    if replaced < replace and (procs or nodes) and not meet.only_waiting(procs):
                         replaced += 1
-                        p = start({"PYCOLL_JOIN": "1"}, f"replacement {replaced}")
+                        p = start(meet.joiner, f"replacement {replaced}")
                         log(f"started replacement {replaced} (pid {p.pid}) for {what}")
         except KeyboardInterrupt:
             for p, _ in procs.values():
@@ -210,8 +310,9 @@ def run_elastic(n: int, command: list[str], replace: int, env: dict) -> int:
         removed = remove_orphaned_shm(started_at)
         if removed:
             log(f"removed {removed} shared-memory segment(s) left in /dev/shm")
-    # The job finished when some process did, and none died after that.
-    ok = finished > 0 and not failed_after_finish
+        # The job finished when some process did, and none died after that.
+        ok = finished > 0 and not failed_after_finish
+        meet.close(ok)
     if deaths:
         log(f"{deaths} process(es) died, {replaced} replaced; the job "
             + ("finished" if ok else "failed"))  # fmt: skip
@@ -298,6 +399,19 @@ def parse_args(argv):
         help="with --elastic: start a new process for each rank that dies, up to K; it joins "
         "the running job (Communicator.grow)",
     )
+    ap.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="with --elastic: machines in the job, a launcher on each with -n ranks (default 1)",
+    )
+    ap.add_argument("--node-rank", type=int, default=0, help="with --nnodes: this machine's index")
+    ap.add_argument(
+        "--master-addr",
+        default=None,
+        help="with --nnodes: the address of node 0, whose launcher serves the job's store",
+    )
+    ap.add_argument("--master-port", type=int, default=29500, help="with --nnodes: its port")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the job: -- COMMAND [ARGS...]")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -311,6 +425,14 @@ def parse_args(argv):
         ap.error(f"--replace must be at least 0, got {args.replace}")
     if args.replace and not args.elastic:
         ap.error("--replace needs --elastic")
+    if args.nnodes < 1:
+        ap.error(f"--nnodes must be at least 1, got {args.nnodes}")
+    if args.nnodes > 1 and not args.elastic:
+        ap.error("--nnodes needs --elastic (over mpiexec, name the hosts with --mpiexec-arg)")
+    if args.nnodes > 1 and not args.master_addr:
+        ap.error("--nnodes needs --master-addr (node 0's address)")
+    if not 0 <= args.node_rank < args.nnodes:
+        ap.error(f"--node-rank must be in [0, {args.nnodes}), got {args.node_rank}")
     if args.elastic and args.max_restarts:
         ap.error("--elastic keeps the job running instead of restarting it: not with "
                  "--max-restarts")  # fmt: skip
@@ -325,7 +447,10 @@ def main(argv=None) -> int:
         return watch_rank(argv[1], argv[3:])
     args, command = parse_args(argv)
     if args.elastic:
-        return run_elastic(args.nprocs, command, args.replace, dict(os.environ))
+        nodes = None
+        if args.nnodes > 1:
+            nodes = (args.nnodes, args.node_rank, args.master_addr, args.master_port)
+        return run_elastic(args.nprocs, command, args.replace, dict(os.environ), nodes)
     mpiexec = find_mpiexec(args.mpiexec)
     for attempt in range(args.max_restarts + 1):
         env = dict(os.environ)

@@ -17,6 +17,7 @@ gone, a timeout) makes the engine, and with it the communicator, unusable.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 import time
@@ -28,6 +29,10 @@ import numpy as np
 from pycollectives import ops
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.runtime import arrays
+
+# A gloo wait looks for an abort or a revocation between slices of this length.
+_SLICE = timedelta(milliseconds=20)
+_ABANDONED: set = set()  # ids of gloo groups kept alive for good (GlooNet._abandon)
 
 
 def _torch():
@@ -75,6 +80,7 @@ class GlooNet:
         self._group, self.rank, self.size, self.timeout = group, group.rank, group.size, timeout
         self._groups: dict = {}
         self.error = None
+        self.connect_timeout = None  # seconds a new gloo group may take to connect (None: timeout)
 
     def process_group(self, members):
         """The gloo group over `members` (ranks of the store group, in this order); made by
@@ -87,10 +93,11 @@ class GlooNet:
                 "-".join(map(str, key)) if len(key) <= 16 else f"{zlib.crc32(repr(key).encode())}"
             )
             store = dist.PrefixStore(f"{self._group.prefix}/gloo/{name}", self._group.store)
-            seconds = timedelta(seconds=self.timeout)
-            pg = self._groups[key] = dist.ProcessGroupGloo(
-                store, key.index(self.rank), len(key), seconds
-            )
+            seconds = timedelta(seconds=self.connect_timeout or self.timeout)
+            pg = dist.ProcessGroupGloo(store, key.index(self.rank), len(key), seconds)
+            if self.connect_timeout is not None:
+                pg.set_timeout(timedelta(seconds=self.timeout))
+            self._groups[key] = pg
         return pg
 
     def check_usable(self):
@@ -108,14 +115,39 @@ class GlooNet:
             raise
 
     def wait(self, work, what: str):
-        try:
-            work.wait(timedelta(seconds=self.timeout))
-        except RuntimeError as e:
-            self.fail(e, what)
+        """Waits for gloo's `work` up to the timeout, in slices: between them, an abort or a
+        revocation (``abort``, from any thread) ends the wait with CollectiveError."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                work.wait(_SLICE)
+                return
+            except RuntimeError as e:
+                if work.is_completed():  # done meanwhile, or failed of itself (a peer gone)
+                    try:
+                        work.wait()
+                        return
+                    except RuntimeError as failed:
+                        self.fail(failed, what)
+                if self.error is not None:
+                    self._abandon()
+                    raise CollectiveError(f"{what}: {self.error}") from None
+                if time.monotonic() > deadline:
+                    self.fail(e, what)
 
     def abort(self, reason: str):
+        """Unusable from now on; a wait in progress on any thread ends within a slice."""
         if self.error is None:
             self.error = reason
+
+    def _abandon(self):
+        """This engine's gloo groups are never destroyed: a collective cut short still waits
+        in one of them, and gloo's destructor would wait for it (up to its timeout, for peers
+        that have gone on to other groups)."""
+        for pg in self._groups.values():
+            if id(pg) not in _ABANDONED:
+                _ABANDONED.add(id(pg))
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
     def close(self):
         self._groups.clear()

@@ -41,6 +41,7 @@ from pycollectives.backends.hierarchical_uneven import UnevenNodes
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.ops import ALGORITHMS_FOR, AVG
 from pycollectives.runtime.bootstrap import StoreGroup
+from pycollectives.runtime.store_board import BoardStoreGroup, board_for, dead_after
 from pycollectives.runtime.topology import Topology
 
 # All-reduce shards and all-gather blocks of at most this many bytes travel with the check
@@ -125,16 +126,29 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         except (CollectiveError, ValueError) as e:
             error = str(e)
         # One node's failure is every rank's error, not a hang on the other nodes.
+        trying = isinstance(group, BoardStoreGroup)  # a try of shrink: all fail alike or none
         try:
             gathered_or_raise(group, "cannot set up the nodes", error=error)
         except CollectiveError:
             node_group.free()
+            if trying:
+                group.lost = True
             raise
         try:
             net, p2p, check = cls._engines(group, opts, topology)
-        except CollectiveError:
+        except Exception as e:  # gloo's own too: a member lost while connecting
             node_group.free()
-            raise
+            if not trying:
+                raise
+            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if trying:
+            try:
+                gathered_or_raise(group, "cannot connect the survivors", error=error)
+            except CollectiveError:
+                group.lost = True
+                if error is None:
+                    node_group.free()
+                raise
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
         hier._node_group, hier._p2p, hier._group = node_group, p2p, group
@@ -142,6 +156,8 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
             p2p.set_nodes(topology.node_of, topology.node_of[rank])
             hier._p2p_run_away = p2p.run_away
         hier.check, hier.checking = check, opts.check_mismatch
+        if isinstance(group, StoreGroup):  # revoke, agree and shrink over the store
+            hier.board = board_for(group, opts.timeout, hier._revoked)
         return hier
 
     @staticmethod
@@ -152,9 +168,12 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
             from pycollectives.backends.gloo_net import GlooCheck, GlooNet, GlooP2P
 
             net = GlooNet(group, opts.timeout)
+            if isinstance(group, BoardStoreGroup):  # a try of shrink: a member may die now
+                net.connect_timeout = min(opts.timeout, 3 * dead_after() + 2)
             p2p = GlooP2P(net)  # collective: the gloo group of every rank
             if topology.ranks_per_node is not None:  # and this rank's column's, made by all now
                 net.process_group(topology.group(topology.local_of[group.rank]))
+            net.connect_timeout = None
             widest = max(len(n) for n in topology.nodes)
             return net, p2p, GlooCheck(net, call_check.status_width(widest))
         _net = load_net_transport()
@@ -191,6 +210,8 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         self.checking = True  # off only to measure its cost (PYCOLL_CHECK_MISMATCH=0)
         self._pool = None
         self._error = None
+        self.board = None  # the fault-tolerant board over the store (store_board), if any
+        self._revoke_reason = None
 
     # -- running ------------------------------------------------------------------------------
 
@@ -207,6 +228,8 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
             try:
                 fn(seq)
             except CollectiveError as e:
+                if self._revoke_reason is not None:  # what ended the wait, whichever it was
+                    raise CollectiveError(f"collective #{seq}: {self._revoke_reason}") from None
                 self.abort(str(e))
                 raise
 
@@ -229,7 +252,27 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         if self._p2p is not None:
             self._p2p.abort(reason)
 
+    @property
+    def failed(self) -> bool:
+        """Unusable after an error, an abort or a revocation."""
+        return self._error is not None or self.host.poisoned
+
+    def _revoked(self, by: int):
+        """The communicator is revoked by rank `by` (seen on the store by every rank's
+        heartbeat thread): every wait of this rank's ends at once, in shared memory or over
+        gloo, and every operation raises, naming `by`."""
+        who = "this rank" if by == self.rank else f"rank {by}"
+        reason = self._revoke_reason = f"the communicator was revoked by {who}"
+        if self._error is None:
+            self._error = reason
+        self.host.abort(reason)
+        self.net.abort(reason)
+        if self._p2p is not None:
+            self._p2p.abort(reason)
+
     def close(self):
+        if self.board is not None:
+            self.board.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

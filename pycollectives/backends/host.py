@@ -64,6 +64,11 @@ class HostBackend:
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         return self.c.choose(collective, nbytes)
 
+    @property
+    def failed(self) -> bool:
+        """Unusable after an error, an abort or a revocation."""
+        return self.c.poisoned
+
     def abort(self, reason: str):
         self.c.abort(reason)
 

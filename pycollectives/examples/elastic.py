@@ -20,10 +20,16 @@ replacements) and rank 0 sends it the parameters, the momentum and the step. Eac
 world size is printed with its step, and the time from the death to the survivors' next
 completed step.
 
-``--fail-rank R --fail-at-step S`` makes rank R kill itself (SIGKILL) as step S begins, once;
-with ``--fail-late``, once its gradients are averaged. A rank that dies late in a step has
-sent its whole share: the step may then complete on the others, and the survivors shrink at
-the next collective that needs the dead rank (a step boundary's included).
+``--fail-rank R --fail-at-step S`` makes rank R (each of R1,R2,... for a list) kill itself
+(SIGKILL) as step S begins, once; with ``--fail-late``, once its gradients are averaged. A
+rank that dies late in a step has sent its whole share: the step may then complete on the
+others, and the survivors shrink at the next collective that needs the dead rank (a step
+boundary's included).
+
+Across machines, under ``pycollectives.launch --elastic --nnodes M`` (replacements too) or
+torchrun (survivors only: torchrun's agents cannot add a process to a running job), the same
+code runs over the rendezvous store (``--deaths DIR``, a folder every machine sees, for the
+recovery time).
 
 ``--record FILE``: rank 0 writes, at the end, the world size of every step and the final
 parameters, which ``replay`` reproduces in one process.
@@ -54,10 +60,22 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fail-rank", type=int, default=None)
+    ap.add_argument(
+        "--fail-rank",
+        type=lambda text: [int(r) for r in text.split(",")],
+        default=[],
+        metavar="R[,R...]",
+        help="these ranks kill themselves (e.g. 2,3: a whole node of 2 ranks)",
+    )
     ap.add_argument("--fail-at-step", type=int, default=None)
     ap.add_argument(
         "--fail-late", action="store_true", help="die once the step's gradients are averaged"
+    )
+    ap.add_argument(
+        "--deaths",
+        default=None,
+        metavar="DIR",
+        help="a dying rank writes its time of death here (default: the launcher's folder)",
     )
     ap.add_argument("--record", default=None, help="rank 0 writes sizes and parameters here")
     ap.add_argument(
@@ -85,6 +103,7 @@ class Trainer:
         self.sizes = []  # world size of each committed step
         self.first_size = None  # the job's size when it started
         self.pending_death = None  # when the rank the last shrink left out died (time.time())
+        self.last_death = None  # the same, kept after the next step (rank 0's)
 
     def gradient(self, step: int, rank: int, world: int, grads, ready=lambda i: None):
         """This rank's share of step `step`'s gradient into `grads`, weighted so that the
@@ -158,8 +177,10 @@ def boundary(comm, t: Trainer, wait: bool, joined: bool = False):
             joined = False
             if grown is not None:
                 if grown.rank == 0:
+                    since = "" if t.last_death is None else (
+                        f", {time.time() - t.last_death:.2f} s after the death")  # fmt: skip
                     print(f"step {t.step}: world {comm.size} -> {grown.size} "
-                          f"({grown.size - comm.size} joined)", flush=True)  # fmt: skip
+                          f"({grown.size - comm.size} joined{since})", flush=True)  # fmt: skip
                 comm.close()
                 comm = grown
                 t.dp.rebind(comm)  # the parameters, to the newcomers
@@ -175,10 +196,11 @@ def boundary(comm, t: Trainer, wait: bool, joined: bool = False):
         return comm
 
 
-def die(rendezvous):
-    """SIGKILL, once the time of death is written for the survivors' recovery time."""
-    if rendezvous:
-        Path(rendezvous, f"died-{os.getpid()}").write_text(repr(time.time()))
+def die(deaths):
+    """SIGKILL, once the time of death is written (in folder `deaths`) for the survivors'
+    recovery time."""
+    if deaths:
+        Path(deaths, f"died-{os.getpid()}").write_text(repr(time.time()))
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -192,6 +214,7 @@ def died_at(pid_file: Path):
 def train(args) -> int:
     joining = bool(os.environ.get("PYCOLL_JOIN"))
     rendezvous = os.environ.get("PYCOLL_RENDEZVOUS")
+    elastic = bool(rendezvous or os.environ.get("PYCOLL_ELASTIC"))  # replacements may come
     started = float(os.environ.get("PYCOLL_STARTED_AT", time.time()))  # set by the launcher
     comm = pc.Communicator(timeout=60)
     t = Trainer(args)
@@ -200,23 +223,28 @@ def train(args) -> int:
         wait = hand_over(comm, t)
         print(f"rank {comm.rank}: joined at step {t.step} as rank {comm.rank} of {comm.size}, "
               f"{time.time() - started:.2f} s after its process started", flush=True)  # fmt: skip
-        if rendezvous:
+        if elastic:
             comm = boundary(comm, t, wait, joined=True)
     else:
         t.first_size = comm.size
         hand_over(comm, t)
     me_first = None if joining else comm.rank  # the rank this process started as
+    deaths = args.deaths or rendezvous
+    shrunk = False  # the communicator is new: DataParallel is rebound to it within the step
     while t.step < args.steps:
         step, world, dp = t.step, comm.size, t.dp
-        dies = me_first == args.fail_rank and step == args.fail_at_step
+        dies = me_first in args.fail_rank and step == args.fail_at_step
         if dies and not args.fail_late:
-            die(rendezvous)
+            die(deaths)
         ok = 1
         try:
+            if shrunk:  # in the step: a rank lost meanwhile fails it like any other
+                dp.rebind(comm, sync_params=False)  # the survivors' parameters agree already
+                shrunk = False
             t.gradient(step, comm.rank, world, dp.grads, dp.mark_ready)
             dp.synchronize()
             if dies:
-                die(rendezvous)
+                die(deaths)
         except pc.CollectiveError as e:
             ok, why = 0, e
             comm.revoke()  # ranks waiting on a live peer stop too
@@ -224,14 +252,15 @@ def train(args) -> int:
             old = comm
             comm = old.shrink()
             old.close()
-            t.dp.rebind(comm, sync_params=False)  # the survivors' parameters agree already
+            shrunk = True
             lost = sorted(set(range(old.size)) - set(comm.previous_ranks))
-            deaths = [died_at(p) for p in Path(rendezvous or ".").glob("died-*")]
+            times = [died_at(p) for p in Path(deaths).glob("died-*")] if deaths else []
             if comm.rank == 0:
                 print(f"step {step}: world {old.size} -> {comm.size} (rank(s) {lost} of "
                       f"{old.size} gone: {why if ok == 0 else 'seen by a peer'})",
                       flush=True)  # fmt: skip
-            t.pending_death = max((d for d in deaths if d is not None), default=None)
+            t.pending_death = max((d for d in times if d is not None), default=None)
+            t.last_death = t.pending_death
             continue
         t.apply(dp.grads)
         t.sizes.append(world)
@@ -241,7 +270,7 @@ def train(args) -> int:
             print(f"step {step}: done on {world} ranks "
                   f"{(time.time() - death) * 1e3:.1f} ms after the death", flush=True)  # fmt: skip
         t.pending_death = None
-        if rendezvous:  # at --full-size-by, wait for replacements
+        if elastic:  # at --full-size-by, wait for replacements
             comm = boundary(comm, t, t.step == args.full_size_by and comm.size < t.first_size)
     flat = t.flat_params()
     first = flat.copy()

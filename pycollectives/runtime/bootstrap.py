@@ -24,6 +24,7 @@ from datetime import timedelta
 from pycollectives.errors import CollectiveError, CollectiveTimeout
 
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+JOIN = "pycollectives/join"  # where processes ask to join a job over a store (StoreGroup.join)
 _store_groups = itertools.count()  # communicators are made in the same order on every rank
 # Where launchers say which of a machine's processes this is, and how many it runs: torchrun,
 # MPICH's and Open MPI's mpiexec.
@@ -237,6 +238,38 @@ class StoreGroup:
                 f"rank {rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
             ) from None
         return cls(rank, size, store, timeout=timeout)
+
+    @classmethod
+    def join(cls, host: str, port: int, timeout: float):
+        """A process started to join a running job whose ranks meet through the store at
+        host:port (``pycollectives.launch --elastic --nnodes ... --replace``, ``PYCOLL_JOIN``):
+        takes a ticket (``pycollectives/join/tickets``), asks under it, and waits until the
+        job's ranks take it in (``Communicator.grow``), which tells it its rank, the new size
+        and where they meet."""
+        import json
+
+        from torch.distributed import TCPStore
+
+        try:
+            store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001 - refused, or timed out: say where we looked
+            raise CollectiveError(f"cannot reach the job's store at {host}:{port}: {e}") from None
+        me = f"{machine_id()}|{os.getpid()}"
+        ticket = store.add(f"{JOIN}/tickets", 1)
+        store.set(f"{JOIN}/ask/{ticket}", me)
+        store.set(f"{JOIN}/asked/{me}", str(ticket))
+        key = f"{JOIN}/admit/{ticket}"
+        try:
+            store.wait([key], timedelta(seconds=timeout))
+        except Exception:  # noqa: BLE001 - torch's timeout
+            raise CollectiveError(
+                f"asked to join the job at {host}:{port} (ticket {ticket}) but its ranks did not "
+                f"take this process in within {timeout} s (their training loop calls "
+                "Communicator.grow at step boundaries?)"
+            ) from None
+        admit = json.loads(store.get(key))
+        store.set(f"{JOIN}/in/{me}", "1")
+        return cls(admit["rank"], admit["size"], store, admit["prefix"], timeout)
 
     def allgather(self, obj) -> list:
         return self._exchange("a rendezvous", obj)
@@ -545,6 +578,15 @@ def world(mpi_comm=None, timeout: float = 300.0, environ=None):
         return FileGroup(*files, timeout=timeout)
     if mpi_comm is None and environ.get("PYCOLL_JOIN") and environ.get("PYCOLL_RENDEZVOUS"):
         return FileGroup.join(environ["PYCOLL_RENDEZVOUS"], timeout)  # a replacement
+    if mpi_comm is None and environ.get("PYCOLL_JOIN") and environ.get("MASTER_ADDR"):
+        try:
+            port = int(environ.get("MASTER_PORT", ""))
+        except ValueError:
+            raise CollectiveError(
+                f"PYCOLL_JOIN with MASTER_ADDR needs an integer MASTER_PORT, got "
+                f"{environ.get('MASTER_PORT')!r}"
+            ) from None
+        return StoreGroup.join(environ["MASTER_ADDR"], port, timeout)  # a replacement
     from mpi4py import MPI
 
     if mpi_comm is not None:

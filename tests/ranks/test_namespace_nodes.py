@@ -2,7 +2,10 @@
 mount, UTS, IPC and PID namespaces with its own address, /dev/shm, /sys, boot id and host name
 (harness/netns.py). No PYCOLL_RANKS_PER_NODE or PYCOLL_HOST_ID: the nodes are found as on a
 cluster, mpiexec runs across them through hydra's ssh launcher and torchrun runs one agent per
-node. Every byte between nodes crosses the veth pairs (checked on their counters).
+node. Every byte between nodes crosses the veth pairs (checked on their counters). A node lost
+in elastic training, under torchrun and under the elastic launcher (``--nnodes``), and the
+fault drills of test_elastic.py across nodes: revoke, agree and shrink over the store, and
+replacements that join through it.
 
 Where namespaces cannot be made (not root, unshare fails, PYCOLL_TEST_NO_NAMESPACES=1), the
 namespace tests skip with the reason and test_emulated_nodes_instead runs the same workers on
@@ -10,6 +13,7 @@ emulated nodes (the rest of the emulated cases are in test_hierarchy.py, test_en
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from harness import netns
 from harness.launch import (
@@ -35,14 +40,22 @@ TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def namespace_nodes():
-    """3 namespace nodes for the whole session (a test uses the first k); skips, saying why,
-    where they cannot be made."""
-    why_not = netns.available()
-    if why_not is not None:
-        pytest.skip(f"namespace nodes unavailable ({why_not}): emulated nodes only")
+def nodes_if_any():
+    """3 namespace nodes for the whole session (a test uses the first k), or None where they
+    cannot be made."""
+    if netns.available() is not None:
+        yield None
+        return
     with netns.NamespaceNodes(3) as made:
         yield made
+
+
+@pytest.fixture
+def namespace_nodes(nodes_if_any):
+    """The namespace nodes; skips, saying why, where they cannot be made."""
+    if nodes_if_any is None:
+        pytest.skip(f"namespace nodes unavailable ({netns.available()}): emulated nodes only")
+    return nodes_if_any
 
 
 def run_across(nodes, per_node: list, worker: str, *args, env=None, timeout: float = 120):
@@ -186,3 +199,153 @@ def test_without_namespaces_the_tests_skip_saying_why():
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed, 1 skipped" in done.stdout, done.stdout
     assert "namespace nodes unavailable (PYCOLL_TEST_NO_NAMESPACES is set)" in done.stdout
+
+
+def test_elastic_training_survives_a_lost_node_under_torchrun(nodes_if_any, tmp_path):
+    # 2 nodes x 2 ranks under torchrun (--max-restarts 0), the c10d rendezvous hosted by node
+    # 0's agent. Rank 2 (node 1) kills itself as step 20 begins; node 1's agent then stops
+    # rank 3 (SIGTERM): the node is lost. Ranks 0 and 1 revoke, agree and shrink over the store
+    # (once or twice, as they see rank 3 go) and go on without a restart: every step once,
+    # the parameters of a one-process replay of the world sizes. Namespace nodes where they
+    # can be made, else emulated nodes (PYCOLL_HOST_ID).
+    pytest.importorskip("torch")
+    from pycollectives.examples import elastic as example
+
+    record = tmp_path / "record.json"
+    args = ["--steps", "60", "--fail-rank", "2", "--fail-at-step", "20", "--deaths",
+            str(tmp_path), "--record", str(record)]  # fmt: skip
+    nodes = nodes_if_any
+    host = nodes.address(0) if nodes else "127.0.0.1"
+    endpoint = f"{host}:{free_port()}"
+
+    def agent(i):
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                "--nproc-per-node", "2", "--max-restarts", "0", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", f"pycoll-{os.getpid()}",
+                "--rdzv-conf", f"is_host={i == 0}".lower(), "-m",
+                "pycollectives.examples.elastic", *args]  # fmt: skip
+
+    # Node 0's agent waits at torchrun's exit barrier for node 1's, which has left: the job
+    # is over once rank 0 has written its record.
+    _on_two_nodes(nodes, agent, tmp_path, lambda: _written(record))
+    out = (tmp_path / "node0.log").read_text()
+    where = "namespace" if nodes else "emulated"
+    assert _written(record), f"no record ({where} nodes):\n{out[-4000:]}"
+    gone = r"step 20: world 4 -> [23] \(rank\(s\) \[2(, 3)?\] of 4 gone"
+    assert re.search(gone, out), out[-4000:]
+    ms = float(re.search(r"step 20: done on \d ranks ([0-9.]+) ms after the death", out)[1])
+    assert ms < 10_000, out[-4000:]  # seen, not waited out (timeout 60 s)
+    got = json.loads(record.read_text())
+    sizes = got["sizes"]
+    assert sizes[:20] == [4] * 20 and sizes[-1] == 2 and len(sizes) == 60, sizes
+    assert all(a >= b for a, b in zip(sizes, sizes[1:])), sizes
+    want = example.replay(example.parse_args(args), sizes)
+    # Up to rounding: the job sums each node's shares first (2.4e-7 apart at most seen); a
+    # step lost or done twice moves them by 1.2e-2.
+    np.testing.assert_allclose(np.array(got["params"], np.float32), want, rtol=0, atol=1e-5)
+
+
+def _written(record: Path) -> bool:
+    """Whether `record` holds the whole JSON rank 0 writes at the end."""
+    try:
+        json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _on_two_nodes(nodes, argv_of, logs: Path, done, timeout: float = 150, **extra) -> list:
+    """argv_of(i) run on node i of 2 (namespace `nodes`, else here as emulated node i) with
+    `extra` in its environment, its output in logs/node<i>.log, until both end or done()
+    holds; the exit statuses (None: it was still running, and is killed)."""
+    procs = []
+    for i in range(2):
+        env = clean_env(**extra) if nodes else clean_env(**extra, PYCOLL_HOST_ID=f"node{i}")
+        log = open(logs / f"node{i}.log", "w")  # noqa: SIM115 - closed below
+        popen = dict(env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        argv = argv_of(i)
+        procs.append((nodes.run(i, argv, **popen) if nodes else
+                      subprocess.Popen(argv, **popen), log))  # fmt: skip
+    codes = []
+    try:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            if all(p.poll() is not None for p, _ in procs):
+                break
+            time.sleep(0.2)
+    finally:
+        for proc, log in procs:
+            codes.append(proc.poll())
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            proc.wait()
+            log.close()
+    return codes
+
+
+def test_a_lost_node_is_replaced_under_the_elastic_launcher(nodes_if_any, tmp_path):
+    # pycollectives.launch --elastic --nnodes 2, 2 ranks on each node, node 0's launcher
+    # serving the store. Both ranks of node 1 kill themselves as step 30 begins: node 0's
+    # ranks go on as 2 (the launcher's tombstones say who died), node 1's launcher starts two
+    # replacements, which join through the store, and from step 60 the world is 4 again.
+    # Every step once; the parameters of a one-process replay of the world sizes.
+    pytest.importorskip("torch")
+    from pycollectives.examples import elastic as example
+
+    nodes = nodes_if_any
+    record = tmp_path / "record.json"
+    args = ["--steps", "100", "--fail-rank", "2,3", "--fail-at-step", "30", "--full-size-by",
+            "60", "--deaths", str(tmp_path), "--record", str(record)]  # fmt: skip
+    host, port = (nodes.address(0) if nodes else "127.0.0.1"), str(free_port())
+
+    def launcher(i):
+        return [sys.executable, "-m", "pycollectives.launch", "-n", "2", "--elastic",
+                "--replace", "2", "--nnodes", "2", "--node-rank", str(i), "--master-addr",
+                host, "--master-port", port, "--", sys.executable, "-m",
+                "pycollectives.examples.elastic", *args]  # fmt: skip
+
+    codes = _on_two_nodes(nodes, launcher, tmp_path, lambda: False)
+    out = (tmp_path / "node0.log").read_text()
+    out1 = (tmp_path / "node1.log").read_text()
+    assert codes == [0, 0], (codes, out[-3000:], out1[-3000:])
+    assert "step 30: world 4 -> 2 (rank(s) [2, 3] of 4 gone" in out, out[-3000:]
+    ms = float(re.search(r"step 30: done on 2 ranks ([0-9.]+) ms after the death", out)[1])
+    assert ms < 10_000, out[-3000:]  # seen, not waited out (timeout 60 s)
+    assert re.search(r"world [23] -> 4 \([12] joined, [0-9.]+ s after the death\)", out), out
+    assert "2 process(es) died, 2 replaced; the job finished" in out1, out1[-3000:]
+    got = json.loads(record.read_text())
+    sizes = got["sizes"]
+    assert sizes[:30] == [4] * 30 and sizes[30] == 2 and sizes[60:] == [4] * 40, sizes
+    want = example.replay(example.parse_args(args), sizes)
+    np.testing.assert_allclose(np.array(got["params"], np.float32), want, rtol=0, atol=1e-5)
+
+
+DRILLS = ["revoke", "agree_exits", "second_dies_in_shrink", "replaced"]
+
+
+@pytest.mark.parametrize("drill", DRILLS)
+def test_fault_drills_across_nodes(nodes_if_any, drill, tmp_path):
+    # The one-machine drills of test_elastic.py (workers/elastic.py), on 2 nodes x 2 ranks
+    # under the elastic launcher: revoke reaching ranks blocked in an all-reduce on both nodes;
+    # ranks that post an agree and exit, seen alike; a second death inside shrink (the
+    # survivors' group on the store sees it and tries again); a replacement taken in (grow
+    # through the store). Each survivor's report checked.
+    pytest.importorskip("torch")
+    host, port = ("127.0.0.1" if nodes_if_any is None else nodes_if_any.address(0)), free_port()
+
+    def launcher(i):
+        return [sys.executable, "-m", "pycollectives.launch", "-n", "2", "--elastic",
+                "--replace", "1" if drill == "replaced" else "0", "--nnodes", "2",
+                "--node-rank", str(i), "--master-addr", host, "--master-port", str(port),
+                "--", sys.executable, str(worker_path("elastic.py")), drill]  # fmt: skip
+
+    results = tmp_path / "reports"
+    results.mkdir()
+    codes = _on_two_nodes(nodes_if_any, launcher, tmp_path, lambda: False, timeout=90,
+                          DRILL_RESULTS=str(results))  # fmt: skip
+    logs = "\n".join((tmp_path / f"node{i}.log").read_text()[-2000:] for i in range(2))
+    reports = [json.loads(f.read_text()) for f in sorted(results.glob("rank-*.json"))]
+    failed = [r for r in reports if not r["ok"]]
+    assert not failed, "\n".join(f"rank {r['rank']}: {r['error']}\n{r['trace']}" for r in failed)
+    want = {"revoke": 4, "agree_exits": 2, "second_dies_in_shrink": 2, "replaced": 4}[drill]
+    assert len(reports) == want and codes == [0, 0], (codes, reports, logs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -22,6 +23,7 @@ import numpy as np
 
 import pycollectives as pc
 from pycollectives.runtime import bootstrap
+from pycollectives.runtime.store_board import BoardStoreGroup
 
 VICTIM = 2  # the rank that dies
 
@@ -123,14 +125,13 @@ def second_dies_in_shrink():
     others leave it out too, in a second try."""
     comm = pc.Communicator(timeout=30)
     n = comm.size
-    if comm.rank == 1:
-        real = bootstrap.BoardGroup.allgather
+    if comm.rank == 1:  # on one machine the shared-memory board's group, else the store's
 
-        def dying(self, obj):
+        def dying(self, *args):
             die()
-            return real(self, obj)
 
         bootstrap.BoardGroup.allgather = dying
+        BoardStoreGroup._exchange = dying
     if comm.rank == VICTIM:
         threading.Timer(0.2, die).start()
     big = np.ones(1 << 20, np.float32)
@@ -300,8 +301,9 @@ def main():
     except BaseException as e:  # noqa: BLE001 - reported to the test
         result = {"ok": False, "error": f"{type(e).__name__}: {e}",
                   "trace": traceback.format_exc()}  # fmt: skip
-    result["rank"] = result.get("rank", os.environ.get("PYCOLL_RANK"))
-    out = Path(os.environ["DRILL_RESULTS"]) / f"rank-{os.getpid()}.json"
+    result["rank"] = result.get("rank", os.environ.get("PYCOLL_RANK", os.environ.get("RANK")))
+    # pids repeat across nodes (namespace nodes have process ids of their own)
+    out = Path(os.environ["DRILL_RESULTS"]) / f"rank-{os.getpid()}-{socket.gethostname()}.json"
     out.write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0 if result["ok"] else 1)
