@@ -23,10 +23,12 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session, exitstatus):
     from harness.launch import close_zygote
+    from harness.netns import close_shared
     from harness.pool import POOLS
 
     POOLS.close()
     close_zygote()
+    close_shared()
     # Ranks the fault tests kill leave MPICH's segments behind; remove those of this run that
     # no process maps any more (as pycollectives.launch does after a failed job).
     from pycollectives.launch import remove_orphaned_shm

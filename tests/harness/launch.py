@@ -12,7 +12,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -153,12 +152,13 @@ def clean_env(**extra) -> dict:
 
 class Zygote:
     """zygote.py, started at the first env:// launch: it has imported torch once and forks each
-    rank from itself (a fresh Python per rank spent 2.7 CPU-s importing torch)."""
+    rank from itself (a fresh Python per rank spent 2.7 CPU-s importing torch). `enter`: the
+    command prefix that runs it inside a namespace node (``NamespaceNodes.command``)."""
 
-    def __init__(self):
+    def __init__(self, enter=()):
         self.proc = subprocess.Popen(
-            [sys.executable, str(HARNESS / "zygote.py")], env=clean_env(), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, bufsize=0,
+            [*enter, sys.executable, str(HARNESS / "zygote.py")], env=clean_env(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
         )  # fmt: skip
         self.exited: dict[int, int] = {}
         self.pending = b""
@@ -205,23 +205,46 @@ class Zygote:
             self._take(line)
         return [p for p in pids if p not in self.exited]
 
+    def kill(self, pid: int):
+        """SIGKILL to a rank it forked (by its pid there)."""
+        self.proc.stdin.write(json.dumps({"kill": pid}).encode() + b"\n")
+
     def close(self):
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
 
 
-_ZYGOTE: list[Zygote] = []
+_ZYGOTES: dict = {}  # None: this machine's; i: namespace node i's
 
 
-def zygote() -> Zygote:
-    if not _ZYGOTE or not _ZYGOTE[0].alive():
-        _ZYGOTE[:] = [Zygote()]
-    return _ZYGOTE[0]
+def zygote(node: int | None = None) -> Zygote:
+    z = _ZYGOTES.get(node)
+    if z is None or not z.alive():
+        from harness import netns
+
+        enter = () if node is None else netns.shared().command(node, [])
+        z = _ZYGOTES[node] = Zygote(enter)
+    return z
 
 
 def close_zygote():
-    if _ZYGOTE:
-        _ZYGOTE.pop().close()
+    while _ZYGOTES:
+        _ZYGOTES.popitem()[1].close()
+
+
+def _namespace_placement(nprocs: int, rank_env) -> list | None:
+    """Where each rank of an env:// launch that names its machine (PYCOLL_HOST_ID in
+    `rank_env`) runs: on namespace node k for the k-th machine named, where namespace nodes can
+    be made (harness/netns.py; PYCOLL_TEST_NO_NAMESPACES=1 keeps them emulated), else None."""
+    from harness import netns
+
+    if rank_env is None or os.environ.get("PYCOLL_TEST_NO_NAMESPACES") == "1":
+        return None
+    hosts = [rank_env(r).get("PYCOLL_HOST_ID") for r in range(nprocs)]
+    if None in hosts or len(set(hosts)) > 3 or netns.shared() is None:
+        return None
+    names = list(dict.fromkeys(hosts))
+    return [names.index(h) for h in hosts]
 
 
 def run_env_launch(nprocs: int, worker: str, *args: str, rank_env=None, timeout: float = 120,
@@ -229,32 +252,43 @@ def run_env_launch(nprocs: int, worker: str, *args: str, rank_env=None, timeout:
     """Runs `worker` as an env:// launcher would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
     no mpiexec), with `env` on every rank and `rank_env(r)` on rank r; returns each rank's
     stdout. A rank that fails or hangs fails the test, named with its output. The ranks are
-    forked from the zygote, where torch is imported already."""
+    forked from the zygote, where torch is imported already. Ranks that name their machine
+    (PYCOLL_HOST_ID) run on namespace nodes instead where those can be made, one per machine
+    named, without the variable: a zygote inside each node forks them there."""
     port = str(free_port())
-    z = zygote()
+    placed = _namespace_placement(nprocs, rank_env)
+    master = "127.0.0.1"
+    if placed is not None:  # each machine a namespace node: rank 0's serves the store
+        from harness import netns
+
+        master = netns.shared().address(placed[0])
+    zs = [zygote(None if placed is None else placed[r]) for r in range(nprocs)]
     box = Path(tempfile.mkdtemp(prefix="pycoll-env-"))
     pids = []
     try:
         for r in range(nprocs):
             extra = {**env, **(rank_env(r) if rank_env else {})}
-            launch = dict(RANK=str(r), WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
+            if placed is not None:  # found from its host name, as on a cluster
+                extra.pop("PYCOLL_HOST_ID")
+            launch = dict(RANK=str(r), WORLD_SIZE=str(nprocs), MASTER_ADDR=master,
                           MASTER_PORT=port)  # fmt: skip
             argv = [str(worker_path(worker)), *args]
-            pids.append(z.start(argv, clean_env(**launch, **extra), box / f"out-{r}",
-                                box / f"err-{r}"))  # fmt: skip
-        hung_pids = z.wait(pids, time.monotonic() + timeout)
-        for pid in hung_pids:
-            os.kill(pid, signal.SIGKILL)
-        z.wait(hung_pids, time.monotonic() + 30)
+            pids.append(zs[r].start(argv, clean_env(**launch, **extra), box / f"out-{r}",
+                                    box / f"err-{r}"))  # fmt: skip
+        deadline = time.monotonic() + timeout
+        hung = [r for r in range(nprocs) if zs[r].wait([pids[r]], deadline)]
+        for r in hung:
+            zs[r].kill(pids[r])
+        for r in hung:
+            zs[r].wait([pids[r]], time.monotonic() + 30)
         outs = [((box / f"out-{r}").read_text(), (box / f"err-{r}").read_text())
                 for r in range(nprocs)]  # fmt: skip
     finally:
-        for pid in pids:
-            if pid not in z.exited:
-                os.kill(pid, signal.SIGKILL)
+        for r, pid in enumerate(pids):
+            if pid not in zs[r].exited:
+                zs[r].kill(pid)
         shutil.rmtree(box, ignore_errors=True)
-    codes = [z.exited.pop(pid, None) for pid in pids]
-    hung = [r for r, pid in enumerate(pids) if pid in hung_pids]
+    codes = [zs[r].exited.pop(pid, None) for r, pid in enumerate(pids)]
     failed = [(r, code, o) for r, (code, o) in enumerate(zip(codes, outs)) if code]
     if hung or failed:
         report = "; ".join(f"rank {r} exited with {code}: {(o[1] or o[0])[-1500:]}"

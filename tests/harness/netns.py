@@ -27,6 +27,7 @@ on purpose. README.md ("Nodes that share nothing") has the same steps as command
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 ENTER = HERE / "enter-node.sh"
 NAMESPACES = ["--net", "--mount", "--uts", "--ipc", "--pid"]  # unshare's
 ENTER_FLAGS = ["-n", "-m", "-u", "-i", "-p"]  # nsenter's, the same namespaces
+_made = itertools.count()  # sets of nodes this process has made
 
 
 def _run(*cmd, check=True):
@@ -73,7 +75,7 @@ def _die_with_parent():
 def remove_stale():
     """Bridges and folders of runs whose process is gone (their holders died with them, and
     the veth pairs with the holders' network namespaces)."""
-    for name in re.findall(r"^\d+: (pcbr(\d+))[:@]", _run("ip", "-o", "link").stdout, re.M):
+    for name in re.findall(r"^\d+: (pcbr(\d+)[a-z])[:@]", _run("ip", "-o", "link").stdout, re.M):
         if not Path(f"/proc/{name[1]}").exists():
             _run("ip", "link", "del", name[0], check=False)
     for box in Path(tempfile.gettempdir()).glob("pycoll-netns-*-*"):
@@ -107,7 +109,8 @@ def _child(pid: int) -> int:
 class NamespaceNodes:
     """`n` namespace nodes on one bridge, named pcn0.. (host names), at addresses .1, .2, ...
     of a /24 of their own (`addresses`); the root namespace is .254 (`gateway`). Names carry
-    this process's pid (bridge pcbr<pid>, veth pcv<pid>h<i>), so concurrent runs do not meet.
+    this process's pid and a letter for each set it makes (bridge pcbr<pid><k>, veth
+    pcv<pid><k>h<i>), so concurrent runs and sets do not meet.
     A context manager: on exit every holder process, link and file is gone."""
 
     def __init__(self, n: int):
@@ -115,14 +118,14 @@ class NamespaceNodes:
         pid = os.getpid()
         remove_stale()
         self.subnet = _free_subnet(pid)
-        self.bridge = f"pcbr{pid}"
+        tag = self._tag = f"{pid}{chr(ord('a') + next(_made) % 26)}"
+        self.bridge = f"pcbr{tag}"
         self.hosts = [f"pcn{i}" for i in range(n)]
         self.pids: list[int] = []  # each node's init (pid 1 inside), what nsenter enters
         self._procs: list[subprocess.Popen] = []
         self._links: list[str] = []
-        self._veths = [f"pcv{pid}h{i}" for i in range(n)]
+        self._veths = [f"pcv{tag}h{i}" for i in range(n)]
         self.box = Path(tempfile.mkdtemp(prefix=f"pycoll-netns-{pid}-"))
-        self._tag = pid
         try:
             self._make()
         except BaseException:
@@ -241,3 +244,21 @@ class NamespaceNodes:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_SHARED: list = []
+
+
+def shared() -> NamespaceNodes | None:
+    """Three namespace nodes for the whole test run, made at the first call (conftest removes
+    them at the end), or None where they cannot be made (``available()`` says why)."""
+    if available() is not None:
+        return None
+    if not _SHARED:
+        _SHARED.append(NamespaceNodes(3))
+    return _SHARED[0]
+
+
+def close_shared():
+    if _SHARED:
+        _SHARED.pop().close()

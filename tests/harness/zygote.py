@@ -8,7 +8,9 @@ would, and it ends as one does (exit handlers, output flushed).
 
 Protocol, a line each way: a request on stdin is JSON {"argv": [script, ...], "env": {...},
 "out": path, "err": path}; the answer on stdout is "started PID" once that rank is forked, and
-"exited PID CODE" (CODE as subprocess reports it: -N for signal N) when it ends.
+"exited PID CODE" (CODE as subprocess reports it: -N for signal N) when it ends. {"kill": PID}
+kills a rank (SIGKILL) with no answer: PID is this process's, which on a namespace node
+(harness/netns.py, where it runs inside the node) is not the test's.
 """
 
 from __future__ import annotations
@@ -91,6 +93,12 @@ def main():
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line)
+                if "kill" in request:  # its pid is this namespace's (a namespace node's)
+                    try:
+                        os.kill(request["kill"], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     become(request, [reply, wake_r, wake_w])

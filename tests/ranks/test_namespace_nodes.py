@@ -39,15 +39,11 @@ from harness.launch import (
 TESTS = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def nodes_if_any():
-    """3 namespace nodes for the whole session (a test uses the first k), or None where they
-    cannot be made."""
-    if netns.available() is not None:
-        yield None
-        return
-    with netns.NamespaceNodes(3) as made:
-        yield made
+    """The test run's 3 namespace nodes (a test uses the first k), or None where they cannot
+    be made."""
+    return netns.shared()
 
 
 @pytest.fixture

@@ -113,10 +113,7 @@ def torchrun_on_two_nodes(worker, *args, env=None) -> list[str]:
     torchrun = Path(sys.executable).parent / "torchrun"
     if not torchrun.exists():
         pytest.skip("torchrun not installed")
-    if netns.available() is None:
-        with netns.NamespaceNodes(2) as nodes:
-            return _torchrun_agents(torchrun, worker, args, env, nodes)
-    return _torchrun_agents(torchrun, worker, args, env, None)
+    return _torchrun_agents(torchrun, worker, args, env, netns.shared())
 
 
 def _torchrun_agents(torchrun, worker, args, env, nodes) -> list[str]:
