@@ -224,6 +224,34 @@ class NamespaceNodes:
         done = _run(*self.command(i, ["ls", "/dev/shm"]))
         return done.stdout.split()
 
+    def host_pid(self, i: int, pid: int) -> int | None:
+        """The pid, as this namespace sees it, of the process that node i calls `pid` (None
+        when there is none): to signal a process whose pid only its node knows."""
+        ns = os.readlink(f"/proc/{self.pids[i]}/ns/pid")
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                line = next(x for x in status.read_text().splitlines() if x.startswith("NSpid:"))
+                if line.split()[-1] == str(pid) and os.readlink(status.parent / "ns/pid") == ns:
+                    return int(status.parent.name)
+            except (OSError, StopIteration):
+                continue
+        return None
+
+    def placement(self, nranks: int, given: str) -> list | None:
+        """The hosts of ``PYCOLL_RANKS_PER_NODE=given`` for `nranks` ranks as
+        ``mpiexec_args`` takes them (nodes of k consecutive ranks, or ``k:cyclic``: rank r on
+        node r mod (nranks / k), hydra dealing one rank per host in turn), or None when it
+        needs more nodes than these or is not a valid value."""
+        number, _, layout = given.partition(":")
+        if not number.isdigit() or int(number) < 1 or layout not in ("", "cyclic"):
+            return None
+        k = int(number)
+        if layout:
+            nodes = max(1, nranks // k)
+            return [1] * nodes if nodes <= self.n else None
+        counts = [k] * (nranks // k) + ([nranks % k] if nranks % k else [])
+        return counts if len(counts) <= self.n else None
+
     def veth_bytes(self, i: int) -> int:
         """Bytes node i has sent and received over its interface so far (the counters of its
         veth pair's outer end)."""

@@ -59,8 +59,14 @@ class RankPool:
     through one pipe that this side waits on (BOX/done), so neither side polls and an idle
     pool takes no CPU."""
 
-    def __init__(self, mpiexec: str, nranks: int, harness: Path, launch_env: dict):
+    def __init__(self, mpiexec: str, nranks: int, harness: Path, launch_env: dict,
+                 nodes=None, counts=None):  # fmt: skip
+        """`nodes` (harness/netns.py) and `counts`: the ranks on namespace nodes, counts[i] on
+        node i in turn (hydra's order) instead of on this machine."""
         self.nranks = nranks
+        self.nodes, self.node_of = nodes, []
+        while counts and len(self.node_of) < nranks:
+            self.node_of += [i for i, c in enumerate(counts) for _ in range(c)]
         self.box = Path(tempfile.mkdtemp(prefix="pycoll-pool-"))
         self.k = 0
         # O_RDWR: opening does not wait for the other end, and reads never see end-of-file.
@@ -72,8 +78,14 @@ class RankPool:
         self.done = os.open(self.box / "done", os.O_RDWR | os.O_NONBLOCK)
         self.pending = b""
         env = {**os.environ, **POOL_ENV, **launch_env, "PYTHONUNBUFFERED": "1"}
-        cmd = [mpiexec, "-n", str(nranks), sys.executable, str(HERE / "rank.py"), str(self.box)]
-        cmd += [str(harness), str(os.getpid())]
+        where, watch = [], os.getpid()
+        if nodes is not None:  # the ranks die with the nodes, whose holders die with pytest
+            where, watch = nodes.mpiexec_args(list(counts)), 0
+            env.update(nodes.env())
+            for name in ("PYCOLL_RANKS_PER_NODE", "PYCOLL_HOST_ID"):
+                env.pop(name, None)
+        cmd = [mpiexec, *where, "-n", str(nranks), sys.executable, str(HERE / "rank.py")]
+        cmd += [str(self.box), str(harness), str(watch)]
         self.log = open(self.box / "pool.log", "w+b")  # what ranks print outside a case
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -151,12 +163,20 @@ class RankPool:
             if path.name.startswith(("case-", "result-", "out-", "err-")):
                 path.unlink(missing_ok=True)
 
+    def signal_rank(self, r: int, sig: int):
+        """`sig` to rank r (its pid translated from its node's, on a namespace node)."""
+        try:
+            pid = int((self.box / f"pid-{r}").read_text())
+            if self.nodes is not None:
+                pid = self.nodes.host_pid(self.node_of[r], pid)
+            if pid:
+                os.kill(pid, sig)
+        except (OSError, ValueError):
+            pass
+
     def dump_stacks(self):
         for r in range(self.nranks):
-            try:
-                os.kill(int((self.box / f"pid-{r}").read_text()), signal.SIGUSR1)
-            except (OSError, ValueError):
-                pass
+            self.signal_rank(r, signal.SIGUSR1)
         time.sleep(0.5)
 
     def describe(self, case, k, results, bad, timeout, out, err) -> str:
@@ -198,10 +218,7 @@ class RankPool:
                 kill = True
         if self.proc.poll() is None:  # the ranks first: mpiexec then ends on its own
             for r in range(self.nranks):
-                try:
-                    os.kill(int((self.box / f"pid-{r}").read_text()), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
+                self.signal_rank(r, signal.SIGKILL)
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -213,6 +230,28 @@ class RankPool:
         shutil.rmtree(self.box, ignore_errors=True)
 
 
+def on_namespace_nodes(nranks: int, case: dict) -> tuple:
+    """(nodes, counts, case): a case that emulates nodes (``PYCOLL_RANKS_PER_NODE``) runs on
+    namespace nodes instead where they can be made (harness/netns.py) and hold its placement,
+    found from the host names as on a cluster: the variable is gone from its environment
+    (``PYCOLL_TEST_NODES`` says what it was). Else (None, None, case) unchanged.
+    ``PYCOLL_TEST_NO_NAMESPACES=1`` keeps every case emulated, ``PYCOLL_TEST_EMULATED_NODES=1``
+    in a case's environment that case."""
+    given = case.get("env", {}).get("PYCOLL_RANKS_PER_NODE")
+    if not given or os.environ.get("PYCOLL_TEST_NO_NAMESPACES") == "1":
+        return None, None, case
+    if case["env"].get("PYCOLL_TEST_EMULATED_NODES") == "1":  # the case's own choice
+        return None, None, case
+    from harness import netns
+
+    nodes = netns.shared()
+    counts = nodes.placement(nranks, given) if nodes is not None else None
+    if counts is None:
+        return None, None, case
+    env = {k: v for k, v in case["env"].items() if k != "PYCOLL_RANKS_PER_NODE"}
+    return nodes, tuple(counts), {**case, "env": {**env, "PYCOLL_TEST_NODES": given}}
+
+
 class Pools:
     """The pools of a test session, one per (ranks, launch environment), made on first use."""
 
@@ -220,10 +259,12 @@ class Pools:
         self.pools: dict[tuple, RankPool] = {}
 
     def run(self, mpiexec, nranks, harness, case, launch_env, timeout):
-        key = (nranks, tuple(sorted(launch_env.items())))
+        nodes, counts, case = on_namespace_nodes(nranks, case)
+        key = (nranks, tuple(sorted(launch_env.items())), counts)
         pool = self.pools.get(key)
         if pool is None or not pool.alive():
-            pool = self.pools[key] = RankPool(mpiexec, nranks, harness, launch_env)
+            pool = self.pools[key] = RankPool(mpiexec, nranks, harness, launch_env, nodes,
+                                              counts)  # fmt: skip
         try:
             return pool.run(case, timeout)
         except CaseFailed:

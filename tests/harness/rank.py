@@ -48,6 +48,8 @@ class Wake:
             if ready:
                 self.pending += os.read(self.fd, 4096)
                 continue
+            if self.pytest_pid <= 0:  # on a namespace node: its end is this process's
+                continue
             try:
                 os.kill(self.pytest_pid, 0)
             except ProcessLookupError:
@@ -112,6 +114,9 @@ def run_case(case: dict, made: list) -> dict:
     from mpi4py import MPI
 
     saved_env = dict(os.environ)  # restored whole: a case may set more (torch's MASTER_PORT)
+    # and the native modules, which a case may replace by a fake (cuda_nogpu_fake_native.py,
+    # p2p_gpu_staged.py): the next case in this pool gets the real ones
+    saved_modules = {k: v for k, v in sys.modules.items() if k.startswith("pycollectives._")}
     os.environ.update(case.get("env", {}))
     saved_argv = sys.argv
     world = MPI.COMM_WORLD
@@ -152,6 +157,16 @@ def run_case(case: dict, made: list) -> dict:
     gc.freeze()
     MPI.COMM_WORLD = world
     sys.argv = saved_argv
+    package = sys.modules.get("pycollectives")
+    for name in [k for k in sys.modules if k.startswith("pycollectives._")]:
+        if name not in saved_modules and getattr(sys.modules[name], "__file__", None) is None:
+            del sys.modules[name]  # a fake, first imported by the case: gone with it
+            if package is not None and hasattr(package, name.rsplit(".", 1)[1]):
+                delattr(package, name.rsplit(".", 1)[1])
+    for name, module in saved_modules.items():
+        sys.modules[name] = module
+        if package is not None:
+            setattr(package, name.rsplit(".", 1)[1], module)
     os.environ.clear()
     os.environ.update(saved_env)
     result["seconds"] = time.monotonic() - t0

@@ -1,15 +1,16 @@
-"""The multi-node paths on nodes that share nothing but a network: each node Linux network,
-mount, UTS, IPC and PID namespaces with its own address, /dev/shm, /sys, boot id and host name
-(harness/netns.py). No PYCOLL_RANKS_PER_NODE or PYCOLL_HOST_ID: the nodes are found as on a
-cluster, mpiexec runs across them through hydra's ssh launcher and torchrun runs one agent per
-node. Every byte between nodes crosses the veth pairs (checked on their counters). A node lost
-in elastic training, under torchrun and under the elastic launcher (``--nnodes``), and the
-fault drills of test_elastic.py across nodes: revoke, agree and shrink over the store, and
-replacements that join through it.
+"""What only nodes that share nothing but a network show: each node Linux network, mount, UTS,
+IPC and PID namespaces with its own address, /dev/shm, /sys, boot id and host name
+(harness/netns.py). The nodes found from host names alone, no byte between them through
+memory (the veth pairs' counters), torchrun with one agent per node, a node lost in elastic
+training under torchrun and under the elastic launcher (``--nnodes``), and fault drills of
+test_elastic.py across nodes (revoke, agree and shrink over the store).
 
-Where namespaces cannot be made (not root, unshare fails, PYCOLL_TEST_NO_NAMESPACES=1), the
-namespace tests skip with the reason and test_emulated_nodes_instead runs the same workers on
-emulated nodes (the rest of the emulated cases are in test_hierarchy.py, test_env_nodes.py)."""
+The rest of the multi-node tests run on these nodes too, through the harness: mpiexec cases
+that emulate nodes (PYCOLL_RANKS_PER_NODE) in rank pools across them (pool.py), env:// launches
+whose ranks name machines (PYCOLL_HOST_ID) forked inside them (launch.run_env_launch), the
+variables dropped. Where namespaces cannot be made (not root, unshare fails,
+PYCOLL_TEST_NO_NAMESPACES=1), those run on emulated nodes, the namespace-only tests here skip
+with the reason, and test_emulated_nodes_instead runs their worker on emulated nodes."""
 
 from __future__ import annotations
 
@@ -77,8 +78,6 @@ def run_across(nodes, per_node: list, worker: str, *args, env=None, timeout: flo
     return done.stdout, crossed
 
 
-# Messages between nodes in many pieces (as test_hierarchy.py runs them).
-SMALL_PIECES = {"PYCOLL_NET_PIECE_BYTES": "256"}
 # 2 x 2, 3 x 2, 2 x 3 and nodes of 2, 1 and 2 ranks.
 PLACEMENTS = [[2, 2, 0], [2, 2, 2], [3, 3, 0], [2, 1, 2]]
 
@@ -102,36 +101,6 @@ def test_nodes_are_found_and_share_no_memory(namespace_nodes, per_node):
     assert hosts == want, out
     for i, c in enumerate(per_node):
         assert (crossed[i] > 2 << 20) if c else (crossed[i] < 1 << 16), (per_node, crossed)
-
-
-COLLECTIVE_CASES = [
-    # 2 x 2 ([[0, 1], [2, 3]], checked on that placement above)
-    ([2, 2, 0], "all_reduce"), ([2, 2, 0], "all_gather"), ([2, 2, 0], "broadcast"),
-    # 3 x 2 and 2 x 3
-    ([2, 2, 2], "reduce_scatter"), ([3, 3, 0], "all_gather"),
-    # nodes of 2, 1 and 2 ranks
-    ([2, 1, 2], "reduce"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(("per_node", "collective"), COLLECTIVE_CASES,
-                         ids=[f"{placement(p)}-{c}" for p, c in COLLECTIVE_CASES])  # fmt: skip
-def test_hierarchical_collectives_against_mpi(namespace_nodes, per_node, collective):
-    # collectives.py unchanged: every dtype, op, root and count of the communicator's own
-    # choice (hierarchical) against numpy and MPI, with tiny staging slots.
-    out, crossed = run_across(namespace_nodes, per_node, "collectives.py", collective, "small",
-                              "auto", env=SMALL_PIECES)  # fmt: skip
-    assert f"{collective} auto ranks={sum(per_node)}" in out, out
-    assert all(b > 0 for b, c in zip(crossed, per_node) if c), crossed
-
-
-def test_splits_and_messages_under_mpiexec(namespace_nodes):
-    cases = ("split", "random_splits", "messages")
-    out, _ = run_across(namespace_nodes, [2, 2, 0], "nodes.py", ",".join(cases),
-                        env=SMALL_PIECES)  # fmt: skip
-    for case in cases:
-        for r in range(4):
-            assert f"rank {r} ok {case}" in out, out
 
 
 def test_torchrun_one_agent_per_node(namespace_nodes):
@@ -189,11 +158,11 @@ def test_without_namespaces_the_tests_skip_saying_why():
     env = {**os.environ, "PYCOLL_TEST_NO_NAMESPACES": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k",
-         "2+2-all_reduce or emulated_nodes_instead", __file__],
+         "found_and_share_no_memory and 2+2 or emulated_nodes_instead", __file__],
         capture_output=True, text=True, env=env, cwd=TESTS, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed, 1 skipped" in done.stdout, done.stdout
+    assert re.search(r"1 passed, [12] skipped", done.stdout), done.stdout
     assert "namespace nodes unavailable (PYCOLL_TEST_NO_NAMESPACES is set)" in done.stdout
 
 
@@ -316,7 +285,9 @@ def test_a_lost_node_is_replaced_under_the_elastic_launcher(nodes_if_any, tmp_pa
     np.testing.assert_allclose(np.array(got["params"], np.float32), want, rtol=0, atol=1e-5)
 
 
-DRILLS = ["revoke", "agree_exits", "second_dies_in_shrink", "replaced"]
+# agree_exits and replaced pass across nodes too; left out for the suite's time (a replacement
+# joining through the store is in the lost node's test above).
+DRILLS = ["revoke", "second_dies_in_shrink"]
 
 
 @pytest.mark.parametrize("drill", DRILLS)
@@ -331,7 +302,7 @@ def test_fault_drills_across_nodes(nodes_if_any, drill, tmp_path):
 
     def launcher(i):
         return [sys.executable, "-m", "pycollectives.launch", "-n", "2", "--elastic",
-                "--replace", "1" if drill == "replaced" else "0", "--nnodes", "2",
+                "--replace", "0", "--nnodes", "2",
                 "--node-rank", str(i), "--master-addr", host, "--master-port", str(port),
                 "--", sys.executable, str(worker_path("elastic.py")), drill]  # fmt: skip
 
@@ -343,5 +314,5 @@ def test_fault_drills_across_nodes(nodes_if_any, drill, tmp_path):
     reports = [json.loads(f.read_text()) for f in sorted(results.glob("rank-*.json"))]
     failed = [r for r in reports if not r["ok"]]
     assert not failed, "\n".join(f"rank {r['rank']}: {r['error']}\n{r['trace']}" for r in failed)
-    want = {"revoke": 4, "agree_exits": 2, "second_dies_in_shrink": 2, "replaced": 4}[drill]
+    want = {"revoke": 4, "second_dies_in_shrink": 2}[drill]
     assert len(reports) == want and codes == [0, 0], (codes, reports, logs)

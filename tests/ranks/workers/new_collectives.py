@@ -241,7 +241,7 @@ def mismatch(mpi):
             ["root"],
         ),
     }
-    across_nodes = "PYCOLL_RANKS_PER_NODE" in os.environ
+    across_nodes = "PYCOLL_RANKS_PER_NODE" in os.environ or "PYCOLL_TEST_NODES" in os.environ
     for name, (call, words) in cases.items():
         if across_nodes and name != "splits" and name != "even vs splits":
             continue  # between nodes only the splits are checked before data moves
