@@ -230,7 +230,7 @@ class Communicator:
             members = [rank for rank, _, _ in board.board_exchange(1)]
             if isinstance(board, StoreBoard):  # between nodes: on a board of their own
                 prefix = f"{board.prefix}/shrink{board.rounds}"
-                group = BoardStoreGroup(board.store, board.instances, members, self.rank,
+                group = BoardStoreGroup(board.group_store, board.instances, members, self.rank,
                                         prefix, kw["timeout"])  # fmt: skip
             else:
                 group = bootstrap.BoardGroup(board, members, self.rank)

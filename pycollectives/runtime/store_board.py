@@ -69,6 +69,14 @@ def dead_after() -> float:
     return seconds
 
 
+def root_store(store):
+    """The store under every ``PrefixStore`` layer of `store` (torch hands each process group a
+    prefixed one): heartbeats, tombstones and boards live there, one heartbeat per process."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
 def _process_gone(pid: int) -> bool:
     """Whether process `pid` of this machine has ended (gone, or a zombie not yet reaped)."""
     try:
@@ -89,6 +97,8 @@ class _Heart:
 
     @classmethod
     def of(cls, store) -> _Heart:
+        """The heart of `store`'s root store (``root_store``), started at the first call."""
+        store = root_store(store)
         with cls._lock:
             heart = cls._by_store.get(id(store))
             if heart is None or heart.stopped:
@@ -159,12 +169,15 @@ def _tombstone_on_sigterm():
 
 
 class StoreBoard:
-    """The fault-tolerant board of a communicator of `size` ranks over `store`, under
-    `prefix`; `instances[r]` names rank r's process (``instance()``). `on_revoke(by)` runs
-    once, on the thread that sees the revocation by rank `by` first."""
+    """The fault-tolerant board of a communicator of `size` ranks over `store`, its keys under
+    `prefix` in the root store (``root_store``: a name the ranks agreed on, unique there);
+    `instances[r]` names rank r's process (``instance()``). `on_revoke(by)` runs once, on the
+    thread that sees the revocation by rank `by` first."""
 
     def __init__(self, store, prefix: str, rank: int, instances: list, timeout: float,
                  on_revoke=None):  # fmt: skip
+        self.group_store = store  # the communicator's own (a survivors' group meets there)
+        store = root_store(store)
         self.store, self.prefix, self.rank = store, f"{prefix}/board", rank
         self.size, self.instances, self.timeout = len(instances), list(instances), timeout
         self.revoke_key = f"{self.prefix}/revoked"
@@ -275,10 +288,12 @@ class StoreBoard:
 
 def board_for(group, timeout: float, on_revoke=None) -> StoreBoard:
     """The board of a communicator over the ``StoreGroup`` `group`. Collective: the ranks
-    exchange their instances."""
-    instances = group.allgather(instance())
-    return StoreBoard(group.store, f"{group.prefix}/comm", group.rank, instances, timeout,
-                      on_revoke)  # fmt: skip
+    exchange their instances, and take rank 0's name for the board."""
+    import uuid
+
+    got = group.allgather((instance(), uuid.uuid4().hex[:16]))
+    prefix = f"{ROOT}/boards/{got[0][1]}"
+    return StoreBoard(group.store, prefix, group.rank, [i for i, _ in got], timeout, on_revoke)
 
 
 class BoardStoreGroup(StoreGroup):
