@@ -21,13 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -50,23 +47,7 @@ def env_for(nodes, i: int) -> dict:
 
 def run_pair(nodes, argv_of, folder: Path, done) -> str:
     """argv_of(i) on node i of 2 until both end or done(); node 0's output."""
-    procs = []
-    for i in range(2):
-        log = open(folder / f"node{i}.log", "w")  # noqa: SIM115 - closed below
-        kw = dict(env=env_for(nodes, i), stdout=log, stderr=subprocess.STDOUT,
-                  start_new_session=True)  # fmt: skip
-        procs.append((nodes.run(i, argv_of(i), **kw) if nodes else
-                      subprocess.Popen(argv_of(i), **kw), log))  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not done() and time.monotonic() < deadline:
-        if all(p.poll() is not None for p, _ in procs):
-            break
-        time.sleep(0.2)
-    for p, log in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-        log.close()
+    netns.run_on_two(nodes, argv_of, lambda i: env_for(nodes, i), folder, done, 300)
     return (folder / "node0.log").read_text()
 
 

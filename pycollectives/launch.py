@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 
 from pycollectives.checkpoint import write_atomically
+from pycollectives.runtime.bootstrap import instance, join_key
+from pycollectives.runtime.store_board import tombstone_key
 
 PREFIX = "pycollectives.launch"
 _WATCH = "--watch-rank"  # the per-rank watcher's entry (internal)
@@ -200,9 +202,7 @@ class _StoreMeeting:
 
         from torch.distributed import TCPStore
 
-        from pycollectives.runtime.bootstrap import machine_id
-
-        self.node, self.nnodes, self.machine = node_rank, nnodes, machine_id(env)
+        self.node, self.nnodes, self.env = node_rank, nnodes, env
         self.store = TCPStore(addr, port, is_master=node_rank == 0, wait_for_workers=False,
                               timeout=timedelta(seconds=timeout), multi_tenant=True)  # fmt: skip
         self.base = {**env, "MASTER_ADDR": addr, "MASTER_PORT": str(port),
@@ -213,18 +213,17 @@ class _StoreMeeting:
         self.poll = 0.05  # other nodes may still take this one's waiting replacements in
         self._idle = None
 
-    def _key(self, what: str, pid: int) -> str:
-        return f"pycollectives/{what}/{self.machine}|{pid}"
-
     def died(self, pid: int):
-        self.store.set(self._key("dead", pid), "died")
+        self.store.set(tombstone_key(instance(pid, self.env)), "died")
 
     def only_waiting(self, procs: dict) -> bool:
+        def waiting(pid: int) -> bool:
+            me = instance(pid, self.env)  # as the child names itself: same machine, its pid
+            asked, taken = join_key("asked", me), join_key("in", me)
+            return self.store.check([asked]) and not self.store.check([taken])
+
         return bool(procs) and all(
-            what.startswith("replacement")
-            and self.store.check([self._key("join/asked", pid)])
-            and not self.store.check([self._key("join/in", pid)])
-            for pid, (_, what) in procs.items()
+            what.startswith("replacement") and waiting(pid) for pid, (_, what) in procs.items()
         )
 
     def over(self, idle: bool) -> bool:

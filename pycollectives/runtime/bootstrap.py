@@ -49,6 +49,17 @@ def machine_id(environ=None) -> str:
     return f"{socket.gethostname()}:{boot}"
 
 
+def instance(pid: int | None = None, environ=None) -> str:
+    """A process as the store names it (heartbeats, tombstones, requests to join): its
+    machine id and pid (this process's by default)."""
+    return f"{machine_id(environ)}|{os.getpid() if pid is None else pid}"
+
+
+def join_key(what: str, inst: str) -> str:
+    """Where a joining process `inst` says it has asked (`what` "asked") or is in ("in")."""
+    return f"{JOIN}/{what}/{inst}"
+
+
 def launch_local_rank(environ=None, mpi: bool = False):
     """(this process's index among the launch's processes on its machine, their number), from
     the launcher's environment (`mpi`: mpiexec's alone); None where no launcher says."""
@@ -254,10 +265,10 @@ class StoreGroup:
             store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout))
         except Exception as e:  # noqa: BLE001 - refused, or timed out: say where we looked
             raise CollectiveError(f"cannot reach the job's store at {host}:{port}: {e}") from None
-        me = f"{machine_id()}|{os.getpid()}"
+        me = instance()
         ticket = store.add(f"{JOIN}/tickets", 1)
         store.set(f"{JOIN}/ask/{ticket}", me)
-        store.set(f"{JOIN}/asked/{me}", str(ticket))
+        store.set(join_key("asked", me), str(ticket))
         key = f"{JOIN}/admit/{ticket}"
         try:
             store.wait([key], timedelta(seconds=timeout))
@@ -268,7 +279,7 @@ class StoreGroup:
                 "Communicator.grow at step boundaries?)"
             ) from None
         admit = json.loads(store.get(key))
-        store.set(f"{JOIN}/in/{me}", "1")
+        store.set(join_key("in", me), "1")
         return cls(admit["rank"], admit["size"], store, admit["prefix"], timeout)
 
     def allgather(self, obj) -> list:

@@ -38,15 +38,16 @@ import time
 import weakref
 
 from pycollectives.errors import CollectiveError, CollectiveTimeout
-from pycollectives.runtime.bootstrap import StoreGroup, check_color, machine_id, split_members
+from pycollectives.runtime.bootstrap import (
+    StoreGroup,
+    check_color,
+    instance,
+    machine_id,
+    split_members,
+)
 
 HEARTBEAT_S = 0.025
 ROOT = "pycollectives"
-
-
-def instance() -> str:
-    """This process as the store names it: its machine id and pid."""
-    return f"{machine_id()}|{os.getpid()}"
 
 
 def heartbeat_key(inst: str) -> str:

@@ -274,6 +274,35 @@ class NamespaceNodes:
         self.close()
 
 
+def run_on_two(nodes, argv_of, env_of, logs: Path, done, timeout: float) -> list:
+    """argv_of(i) with environment env_of(i) on node i of 2 (of `nodes`; None: here, each
+    process taken as a node by its environment), its output in logs/node<i>.log, until both
+    end or done() holds; the exit statuses (None: still running then, and killed with its
+    process group)."""
+    procs = []
+    for i in range(2):
+        log = open(logs / f"node{i}.log", "w")  # noqa: SIM115 - closed below
+        popen = dict(env=env_of(i), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        argv = argv_of(i)
+        procs.append((nodes.run(i, argv, **popen) if nodes else
+                      subprocess.Popen(argv, **popen), log))  # fmt: skip
+    codes = []
+    try:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            if all(p.poll() is not None for p, _ in procs):
+                break
+            time.sleep(0.2)
+    finally:
+        for proc, log in procs:
+            codes.append(proc.poll())
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.close()
+    return codes
+
+
 _SHARED: list = []
 
 

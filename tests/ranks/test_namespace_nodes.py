@@ -220,32 +220,13 @@ def _written(record: Path) -> bool:
 
 
 def _on_two_nodes(nodes, argv_of, logs: Path, done, timeout: float = 150, **extra) -> list:
-    """argv_of(i) run on node i of 2 (namespace `nodes`, else here as emulated node i) with
-    `extra` in its environment, its output in logs/node<i>.log, until both end or done()
-    holds; the exit statuses (None: it was still running, and is killed)."""
-    procs = []
-    for i in range(2):
-        env = clean_env(**extra) if nodes else clean_env(**extra, PYCOLL_HOST_ID=f"node{i}")
-        log = open(logs / f"node{i}.log", "w")  # noqa: SIM115 - closed below
-        popen = dict(env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        argv = argv_of(i)
-        procs.append((nodes.run(i, argv, **popen) if nodes else
-                      subprocess.Popen(argv, **popen), log))  # fmt: skip
-    codes = []
-    try:
-        deadline = time.monotonic() + timeout
-        while not done() and time.monotonic() < deadline:
-            if all(p.poll() is not None for p, _ in procs):
-                break
-            time.sleep(0.2)
-    finally:
-        for proc, log in procs:
-            codes.append(proc.poll())
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-            proc.wait()
-            log.close()
-    return codes
+    """netns.run_on_two with the harness's environment and `extra` (here, each node named by
+    PYCOLL_HOST_ID)."""
+
+    def env_of(i):
+        return clean_env(**extra) if nodes else clean_env(**extra, PYCOLL_HOST_ID=f"node{i}")
+
+    return netns.run_on_two(nodes, argv_of, env_of, logs, done, timeout)
 
 
 def test_a_lost_node_is_replaced_under_the_elastic_launcher(nodes_if_any, tmp_path):
