@@ -53,7 +53,8 @@ def run_pair(nodes, argv_of, folder: Path, done) -> str:
 
 def launcher(nodes) -> tuple[float, float]:
     """(ms to the survivors' next step, s to the world of 4 again)."""
-    host, port = (nodes.address(0) if nodes else "127.0.0.1"), str(free_port())
+    host = nodes.address(0) if nodes else "127.0.0.1"
+    port = str(nodes.free_port(0) if nodes else free_port())
     with tempfile.TemporaryDirectory() as folder:
         args = [*EXAMPLE, "--fail-rank", "2,3", "--full-size-by", "60", "--deaths", folder]
 
@@ -72,7 +73,8 @@ def launcher(nodes) -> tuple[float, float]:
 
 def torchrun(nodes) -> float:
     """ms from the death to the survivors' next step."""
-    endpoint = f"{nodes.address(0) if nodes else '127.0.0.1'}:{free_port()}"
+    port = nodes.free_port(0) if nodes else free_port()
+    endpoint = f"{nodes.address(0) if nodes else '127.0.0.1'}:{port}"
     with tempfile.TemporaryDirectory() as folder:
         record = Path(folder) / "record.json"
         args = [*EXAMPLE, "--fail-rank", "2", "--deaths", folder, "--record", str(record)]

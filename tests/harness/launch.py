@@ -262,6 +262,7 @@ def run_env_launch(nprocs: int, worker: str, *args: str, rank_env=None, timeout:
         from harness import netns
 
         master = netns.shared().address(placed[0])
+        port = str(netns.shared().free_port(placed[0]))
     zs = [zygote(None if placed is None else placed[r]) for r in range(nprocs)]
     box = Path(tempfile.mkdtemp(prefix="pycoll-env-"))
     pids = []

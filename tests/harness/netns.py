@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -251,6 +252,12 @@ class NamespaceNodes:
             return [1] * nodes if nodes <= self.n else None
         counts = [k] * (nranks // k) + ([nranks % k] if nranks % k else [])
         return counts if len(counts) <= self.n else None
+
+    def free_port(self, i: int) -> int:
+        """A TCP port free on node i: ports its earlier jobs used (in TIME_WAIT there) are
+        not seen from this namespace."""
+        probe = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+        return int(_run(*self.command(i, [sys.executable, "-c", probe])).stdout)
 
     def veth_bytes(self, i: int) -> int:
         """Bytes node i has sent and received over its interface so far (the counters of its

@@ -110,7 +110,7 @@ def test_torchrun_one_agent_per_node(namespace_nodes):
     # nodes.py checks the communicator's nodes against the host names.
     pytest.importorskip("torch")
     nodes = namespace_nodes
-    endpoint = f"{nodes.address(0)}:{free_port()}"
+    endpoint = f"{nodes.address(0)}:{nodes.free_port(0)}"
     cases = "split,random_splits,messages"
     before = [nodes.veth_bytes(i) for i in range(2)]
     agents = []
@@ -181,7 +181,7 @@ def test_elastic_training_survives_a_lost_node_under_torchrun(nodes_if_any, tmp_
             str(tmp_path), "--record", str(record)]  # fmt: skip
     nodes = nodes_if_any
     host = nodes.address(0) if nodes else "127.0.0.1"
-    endpoint = f"{host}:{free_port()}"
+    endpoint = f"{host}:{nodes.free_port(0) if nodes else free_port()}"
 
     def agent(i):
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
@@ -242,7 +242,8 @@ def test_a_lost_node_is_replaced_under_the_elastic_launcher(nodes_if_any, tmp_pa
     record = tmp_path / "record.json"
     args = ["--steps", "100", "--fail-rank", "2,3", "--fail-at-step", "30", "--full-size-by",
             "60", "--deaths", str(tmp_path), "--record", str(record)]  # fmt: skip
-    host, port = (nodes.address(0) if nodes else "127.0.0.1"), str(free_port())
+    host = nodes.address(0) if nodes else "127.0.0.1"
+    port = str(nodes.free_port(0) if nodes else free_port())
 
     def launcher(i):
         return [sys.executable, "-m", "pycollectives.launch", "-n", "2", "--elastic",
@@ -275,11 +276,12 @@ DRILLS = ["revoke", "second_dies_in_shrink"]
 def test_fault_drills_across_nodes(nodes_if_any, drill, tmp_path):
     # The one-machine drills of test_elastic.py (workers/elastic.py), on 2 nodes x 2 ranks
     # under the elastic launcher: revoke reaching ranks blocked in an all-reduce on both nodes;
-    # ranks that post an agree and exit, seen alike; a second death inside shrink (the
-    # survivors' group on the store sees it and tries again); a replacement taken in (grow
-    # through the store). Each survivor's report checked.
+    # a second death inside shrink (the survivors' group on the store sees it and tries
+    # again). Each survivor's report checked.
     pytest.importorskip("torch")
-    host, port = ("127.0.0.1" if nodes_if_any is None else nodes_if_any.address(0)), free_port()
+    nodes = nodes_if_any
+    host = nodes.address(0) if nodes else "127.0.0.1"
+    port = nodes.free_port(0) if nodes else free_port()
 
     def launcher(i):
         return [sys.executable, "-m", "pycollectives.launch", "-n", "2", "--elastic",

@@ -117,7 +117,7 @@ def torchrun_on_two_nodes(worker, *args, env=None) -> list[str]:
 
 
 def _torchrun_agents(torchrun, worker, args, env, nodes) -> list[str]:
-    port = str(free_port())
+    port = str(free_port() if nodes is None else nodes.free_port(0))
     agents = []
     for node in range(2):
         master = "127.0.0.1" if nodes is None else nodes.address(0)
