@@ -375,7 +375,11 @@ class Communicator:
 
     @property
     def staging_bytes(self) -> int:
-        return self.options.staging_bytes
+        """Bytes of one host staging slot: as asked (``staging_bytes=``,
+        ``PYCOLL_STAGING_BYTES``), else 256 KiB, or less where /dev/shm is small."""
+        backend = self._backend()
+        native = getattr(backend, "c", None) or getattr(backend, "host", None)
+        return self.options.staging_bytes if native is None else native.slot_bytes
 
     @property
     def seq(self) -> int:

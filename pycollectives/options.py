@@ -35,6 +35,11 @@ PYCOLL_SINGLE_COPY_BYTES   4 MiB            all-gather blocks this large (2 rank
 PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicator.empty
                                             buffers run over the mapped buffers (reduce-
                                             scatter, all-gather, broadcast, reduce: 8x)
+PYCOLL_FLIGHT_RECORDER     1024             entries of each communicator's flight recorder,
+                                            the ring of its last calls (0: off)
+PYCOLL_FLIGHT_DIR          $TMPDIR/         where a failing communicator (or SIGUSR1)
+                           pycollectives-   writes its ring: DIR/<communicator>/rank<R>.json
+                           flight
 PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
 PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
 PYCOLL_CUDA_BLOCKS         16               thread blocks per launch; ``auto``: the GPU's
@@ -167,6 +172,11 @@ class Options:
     p2p_direct_bytes: int = 4 << 20
     single_copy_bytes: int = 4 << 20
     shared_bytes: int = 16 << 10
+    # Whether the staging slot size was asked for (argument or PYCOLL_STAGING_BYTES): if not,
+    # slots shrink to fit a small /dev/shm (backends/host.py, fit_staging).
+    staging_asked: bool = False
+    flight_entries: int = 1024
+    flight_dir: str = ""  # "": $TMPDIR/pycollectives-flight
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
@@ -199,6 +209,7 @@ class Options:
         opts = cls(
             timeout=pick(timeout, "PYCOLL_TIMEOUT", d.timeout, float),
             staging_bytes=pick(staging_bytes, "PYCOLL_STAGING_BYTES", d.staging_bytes, int),
+            staging_asked=staging_bytes is not None or "PYCOLL_STAGING_BYTES" in env,
             staging_slots=pick(staging_slots, "PYCOLL_STAGING_SLOTS", d.staging_slots, int),
             stream_bytes=pick(None, "PYCOLL_STREAM_BYTES", d.stream_bytes, int),
             slot_stores=slot_stores,
@@ -213,6 +224,8 @@ class Options:
             p2p_direct_bytes=pick(None, "PYCOLL_P2P_DIRECT_BYTES", d.p2p_direct_bytes, int),
             single_copy_bytes=pick(None, "PYCOLL_SINGLE_COPY_BYTES", d.single_copy_bytes, int),
             shared_bytes=pick(None, "PYCOLL_SHARED_BYTES", d.shared_bytes, int),
+            flight_entries=pick(None, "PYCOLL_FLIGHT_RECORDER", d.flight_entries, int),
+            flight_dir=env.get("PYCOLL_FLIGHT_DIR", ""),
             cuda_staging_bytes=pick(None, "PYCOLL_CUDA_STAGING_BYTES", d.cuda_staging_bytes, int),
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, _blocks),
@@ -250,6 +263,10 @@ class Options:
             )
         if self.cuda_ll_bytes < 0:
             raise ValueError(f"PYCOLL_CUDA_LL_BYTES must be >= 0, got {self.cuda_ll_bytes}")
+        if not 0 <= self.flight_entries <= 1 << 20:
+            raise ValueError(
+                f"PYCOLL_FLIGHT_RECORDER must be in [0, {1 << 20}], got {self.flight_entries}"
+            )
         if self.net_piece_bytes <= 0:
             raise ValueError(f"PYCOLL_NET_PIECE_BYTES must be positive, got {self.net_piece_bytes}")
 
@@ -275,6 +292,7 @@ class Options:
         o.p2p_cma_min_bytes = self.p2p_direct_bytes
         o.single_copy_min_bytes = self.single_copy_bytes
         o.shared_min_bytes = self.shared_bytes
+        o.flight_entries = self.flight_entries
         return o
 
     def cuda_options(self, native, device=0, blocks=None):

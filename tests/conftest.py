@@ -12,6 +12,15 @@ from harness.pool import POOL_ENV  # noqa: E402 - found through the line above
 for _name, _value in POOL_ENV.items():
     os.environ.setdefault(_name, _value)
 
+# Flight records (pycollectives.trace.flight) of the communicators the tests fail on purpose go
+# to a folder of this run's, removed at its end, not to $TMPDIR/pycollectives-flight.
+if "PYCOLL_FLIGHT_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["PYCOLL_FLIGHT_DIR"] = _FLIGHT_DIR = tempfile.mkdtemp(prefix="pycoll-flight-")
+else:
+    _FLIGHT_DIR = None
+
 _STARTED = {}
 
 
@@ -35,3 +44,7 @@ def pytest_sessionfinish(session, exitstatus):
 
     if "at" in _STARTED:
         remove_orphaned_shm(_STARTED["at"])
+    if _FLIGHT_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_FLIGHT_DIR, ignore_errors=True)

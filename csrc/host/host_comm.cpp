@@ -54,6 +54,7 @@ void Work::complete(std::exception_ptr error) {
 
 HostComm::HostComm(int rank, int size, const HostCommOptions& opts)
     : opts_(opts),
+      flight_(opts.flight_entries),
       transport_(rank, size, opts.slot_bytes, opts.nslots, /*p2p=*/true),
       counters_(size),
       scratch_(opts.slot_bytes),
@@ -76,7 +77,23 @@ HostComm::~HostComm() {
   if (progress_.joinable()) progress_.join();
 }
 
-void HostComm::abort(const std::string& reason) { poison(reason); }
+void HostComm::abort(const std::string& reason) {
+  poison(reason);
+  if (!flight_dumped_.exchange(true)) flight_.dump(reason, /*failure=*/true);
+}
+
+FlightCall HostComm::flight_call(const CollectiveCall& call, uint64_t seq) {
+  FlightCall f;
+  f.kind = call.barrier ? kFlightBarrier : static_cast<uint32_t>(call.collective);
+  f.dtype = static_cast<uint32_t>(call.dtype);
+  f.op = static_cast<uint32_t>(call.op);
+  f.algo = static_cast<uint32_t>(call.algo);
+  f.root = call.root;
+  f.count = call.count;
+  f.seq = seq;
+  f.outer_seq = call.outer[0];
+  return f;
+}
 
 void HostComm::poison(const std::string& reason) const {
   {
@@ -121,7 +138,9 @@ Algo HostComm::choose(Collective c, size_t bytes) const {
 }
 
 WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
-  return WaitContext::start(name, seq, timeout_s_.load(), &transport_, &aborted_);
+  WaitContext w = WaitContext::start(name, seq, timeout_s_.load(), &transport_, &aborted_);
+  w.flight = &flight_;
+  return w;
 }
 
 void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
@@ -147,7 +166,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
       barrier_steps(w);
       guard.finish(w);
     } catch (const CollectiveError& e) {
-      abort(e.what());
+      failed(e);
       throw;
     }
     return;
@@ -157,6 +176,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const CallExtents ext = call_extents(call, rank(), n);
   const size_t choice_bytes = choice_count(call, n) * esize;
   const Algo algo = call.algo == Algo::Auto ? choose(call.collective, choice_bytes) : call.algo;
+  flight_.set_algo(flight_id_, static_cast<uint32_t>(algo));
   const bool timed = slot_stores_.measures(choice_bytes);  // small calls read no clock
   const auto started = timed ? Clock::now() : Clock::time_point{};
 
@@ -252,9 +272,24 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
       p2p_->run(direct);
     }
   } catch (const CollectiveError& e) {
-    abort(e.what());  // peers' counters no longer match ours
+    failed(e);  // peers' counters no longer match ours
     throw;
   }
+}
+
+void HostComm::failed(const CollectiveError& e) {
+  abort(e.what());
+  // A peer that never came may be in its own code, where no timeout writes its ring for it.
+  if (dynamic_cast<const CollectiveTimeout*>(&e) != nullptr)
+    transport_.ask_peers_for_flight_records();
+}
+
+void HostComm::set_flight_dump(const std::string& path, int rank, int size,
+                               const std::string& comm) {
+  flight_.set_dump(path, rank, size, comm);
+  if (path.empty() || !flight_.on()) return;
+  FlightRecorder::install_signal_handler();
+  transport_.set_flight_signal();
 }
 
 void HostComm::run(const CollectiveCall& call) {
@@ -267,7 +302,15 @@ void HostComm::run(const CollectiveCall& call) {
     }
   }
   std::lock_guard<std::mutex> g(exec_mu_);
-  execute(call, ++seq_);
+  const uint64_t seq = ++seq_;
+  flight_id_ = flight_.begin(flight_call(call, seq), FlightState::Started);
+  try {
+    execute(call, seq);
+  } catch (...) {
+    flight_.mark(flight_id_, FlightState::Failed);
+    throw;
+  }
+  flight_.mark(flight_id_, FlightState::Ended);
 }
 
 std::shared_ptr<Work> HostComm::submit(const CollectiveCall& call) {
@@ -277,6 +320,7 @@ std::shared_ptr<Work> HostComm::submit(const CollectiveCall& call) {
     std::lock_guard<std::mutex> g(queue_mu_);
     if (stopping_) throw CollectiveError("communicator is closing");
     work->seq_ = ++seq_;
+    work->flight_id_ = flight_.begin(flight_call(call, work->seq_), FlightState::Queued);
     queue_.emplace_back(call, work);
     ++pending_;
     if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
@@ -299,10 +343,13 @@ void HostComm::progress_loop() {
     try {
       std::lock_guard<std::mutex> g(exec_mu_);
       item.second->started_ns_ = Work::now_ns();
+      flight_id_ = item.second->flight_id_;
+      flight_.mark(flight_id_, FlightState::Started);
       execute(item.first, item.second->seq());
     } catch (...) {
       error = std::current_exception();
     }
+    flight_.mark(item.second->flight_id_, error ? FlightState::Failed : FlightState::Ended);
     {
       std::lock_guard<std::mutex> g(queue_mu_);
       --pending_;

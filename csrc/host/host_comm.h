@@ -30,6 +30,7 @@
 #include "host/single_copy.h"
 #include "host/slot_stores.h"
 #include "runtime/fingerprint.h"
+#include "runtime/flight_recorder.h"
 
 namespace pycoll {
 
@@ -63,6 +64,8 @@ struct HostCommOptions {
   // The stores that write staging slots: measured and chosen per kind of call (Auto), or
   // always one way (host/slot_stores.h).
   SlotStores slot_stores = SlotStores::Auto;
+  // Entries of the flight recorder's ring (runtime/flight_recorder.h); 0: no recorder.
+  size_t flight_entries = 1024;
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of
@@ -97,6 +100,7 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   uint64_t seq_ = 0;
+  uint64_t flight_id_ = 0;  // its entry in the flight recorder
   std::atomic<int64_t> started_ns_{now_ns()};
   int64_t completed_ns_ = 0;
 };
@@ -127,8 +131,16 @@ class HostComm {
   void enable_shared() { shared_enabled_.store(true); }
   bool shared_enabled() const { return shared_enabled_.load(); }
 
-  // Poisons the communicator: waits in progress stop, later calls fail at once.
+  // Poisons the communicator: waits in progress stop, later calls fail at once. The flight
+  // recorder writes its ring out (the first reason only).
   void abort(const std::string& reason);
+
+  // Where the flight recorder writes (FlightRecorder::set_dump); with a path, SIGUSR1 makes
+  // this process write it too, and the peers may ask for it that way after a timeout.
+  void set_flight_dump(const std::string& path, int rank, int size, const std::string& comm);
+  // The ring of this communicator's last calls (collectives and point-to-point).
+  FlightRecorder& flight() { return flight_; }
+  const FlightRecorder& flight() const { return flight_; }
   // True once aborted, or once a peer has revoked the communicator (which poisons it here).
   bool poisoned() const;
   std::string poison_reason() const;
@@ -161,6 +173,10 @@ class HostComm {
 
  private:
   void execute(const CollectiveCall& call, uint64_t seq);
+  static FlightCall flight_call(const CollectiveCall& call, uint64_t seq);
+  // A collective failed with `e`: poisons the communicator (abort, which writes the flight
+  // record) and, after a timeout, asks the peers for theirs.
+  void failed(const CollectiveError& e);
   WaitContext wait_context(const char* name, uint64_t seq) const;
   void check_usable(const char* name) const;
   void progress_loop();
@@ -170,6 +186,9 @@ class HostComm {
   void settle_deferred(size_t keep);
 
   HostCommOptions opts_;
+  FlightRecorder flight_;
+  uint64_t flight_id_ = 0;  // the running collective's entry (under exec_mu_)
+  std::atomic<bool> flight_dumped_{false};
   ShmTransport transport_;
   ChannelCounters counters_;
   std::vector<uint8_t> scratch_;

@@ -110,6 +110,15 @@ std::shared_ptr<P2PEngine::Batch> P2PEngine::enqueue(const std::vector<P2POp>& o
     auto o = std::make_shared<Op>();
     static_cast<P2POp&>(*o) = in;
     o->batch = b;
+    if (o->tag < kInternalTag) {  // a collective's own blocks are in its entry
+      FlightCall f;
+      f.kind = o->kind == P2PKind::Send ? kFlightSend : kFlightRecv;
+      f.dtype = static_cast<uint32_t>(o->dtype);
+      f.count = o->count;
+      f.root = t_.name_of(o->peer);
+      f.tag = o->tag;
+      o->flight_id = comm_.flight().begin(f, FlightState::Started);
+    }
     if (comm_.options().debug && o->tag < kInternalTag)  // collectives log themselves
       std::fprintf(stderr, "pycollectives INFO rank %d/%d: p2p %s%s\n", t_.rank(), t_.size(),
                    o->describe().c_str(), async ? " async" : "");
@@ -149,6 +158,7 @@ bool P2PEngine::progress() {
 }
 
 void P2PEngine::complete(const OpPtr& op) {
+  comm_.flight().mark(op->flight_id, FlightState::Ended);
   --pending_;
   if (--op->batch->remaining == 0) finish(*op->batch);
 }
@@ -170,7 +180,7 @@ void P2PEngine::check_stalled() {
                                           ") is no longer running"));
       if (now >= o->batch->deadline)
         raise<CollectiveTimeout>(o, str_cat(o->describe(), " timed out after ", o->batch->timeout_s,
-                                            " s: rank ", q, " ", why));
+                                            " s: rank ", q, " ", why, comm_.flight().pointer()));
     };
     for (const OpPtr& o : p.unrequested) check(o, "did not take this rank's requests");
     for (const auto& [id, o] : p.awaiting)
@@ -193,6 +203,7 @@ void P2PEngine::fail_all(const OpPtr& culprit, std::exception_ptr e) {
   std::unordered_set<Batch*> batches;
   std::vector<std::shared_ptr<Batch>> keep;
   auto add = [&](const OpPtr& o) {
+    comm_.flight().mark(o->flight_id, FlightState::Failed);
     if (batches.insert(o->batch.get()).second) keep.push_back(o->batch);
   };
   if (culprit) {

@@ -100,9 +100,10 @@ class P2PEngine {
   };
   struct Op : P2POp {
     std::shared_ptr<Batch> batch;
-    size_t done_bytes = 0;  // moved so far
-    uint64_t ordinal = 0;   // this op is the ordinal-th of its kind, peer and tag (from 1)
-    uint64_t recv_id = 0;   // recv: its request's number once posted
+    size_t done_bytes = 0;   // moved so far
+    uint64_t ordinal = 0;    // this op is the ordinal-th of its kind, peer and tag (from 1)
+    uint64_t recv_id = 0;    // recv: its request's number once posted
+    uint64_t flight_id = 0;  // its entry in the communicator's flight recorder (users' ops)
     // Eager send: written into the ring; its request seen, and whether that request fits.
     bool eager = false, written = false, matched = false, mismatch = false;
     uint64_t want_count = 0;  // the matching recv's count and dtype (for the error message)

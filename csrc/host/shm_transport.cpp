@@ -73,6 +73,24 @@ int ShmTransport::write_into(int r, const uint8_t* local, uint64_t remote, size_
   return 0;
 }
 
+ShmTransport::Layout ShmTransport::layout(int size, size_t slot_bytes, int nslots, bool p2p) {
+  Layout l;
+  l.flags = kPage;
+  l.fingerprints = l.flags + static_cast<size_t>(flag_lines(size, p2p)) * kCacheLine;
+  l.splits = l.fingerprints + fingerprint_bytes();
+  l.ft = round_up(l.splits + 2 * static_cast<size_t>(size) * sizeof(uint64_t), kCacheLine);
+  l.data = round_up(l.ft + 2 * kFtSlotBytes, kPage);
+  // One channel per peer (none to ourselves), then the broadcast channel.
+  l.total = l.data + static_cast<size_t>(size) * nslots * slot_bytes;
+  if (p2p) {  // request rings, then data rings, one of each per rank (ours unused)
+    l.p2p_req = round_up(l.total, kPage);
+    l.p2p_data = round_up(
+        l.p2p_req + static_cast<size_t>(size) * kP2PRequestSlots * kP2PRequestBytes, kPage);
+    l.total = l.p2p_data + static_cast<size_t>(size) * nslots * (kP2PHeaderBytes + slot_bytes);
+  }
+  return l;
+}
+
 ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots, bool p2p)
     : rank_(rank),
       size_(size),
@@ -88,22 +106,16 @@ ShmTransport::ShmTransport(int rank, int size, size_t slot_bytes, int nslots, bo
   // per channel two neighbours doing that wait for each other forever.
   if (nslots < 2 || nslots > 64)
     throw InvalidArgument(str_cat("staging slot count must be in [2, 64], got ", nslots));
-  flags_offset_ = kPage;
+  const Layout l = layout(size, slot_bytes, nslots, p2p);
+  flags_offset_ = l.flags;
+  fingerprints_offset_ = l.fingerprints;
+  splits_offset_ = l.splits;
+  ft_offset_ = l.ft;
+  data_offset_ = l.data;
+  p2p_req_offset_ = l.p2p_req;
+  p2p_data_offset_ = l.p2p_data;
+  total_bytes_ = l.total;
   const int nflags = flag_lines(size, p2p);
-  fingerprints_offset_ = flags_offset_ + static_cast<size_t>(nflags) * kCacheLine;
-  splits_offset_ = fingerprints_offset_ + fingerprint_bytes();
-  ft_offset_ =
-      round_up(splits_offset_ + 2 * static_cast<size_t>(size) * sizeof(uint64_t), kCacheLine);
-  data_offset_ = round_up(ft_offset_ + 2 * kFtSlotBytes, kPage);
-  // One channel per peer (none to ourselves), then the broadcast channel.
-  total_bytes_ = data_offset_ + static_cast<size_t>(size) * nslots * slot_bytes;
-  if (p2p) {  // request rings, then data rings, one of each per rank (ours unused)
-    p2p_req_offset_ = round_up(total_bytes_, kPage);
-    p2p_data_offset_ = round_up(
-        p2p_req_offset_ + static_cast<size_t>(size) * kP2PRequestSlots * kP2PRequestBytes, kPage);
-    total_bytes_ =
-        p2p_data_offset_ + static_cast<size_t>(size) * nslots * (kP2PHeaderBytes + slot_bytes);
-  }
 
   own_ = ShmSegment::create("pycoll", total_bytes_);
   uint8_t* b = own_.data();
@@ -148,6 +160,19 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
     pids_[r] = h->pid;
     pidfds_[r] = open_pidfd(h->pid);
     peers_[r] = std::move(seg);
+  }
+}
+
+void ShmTransport::set_flight_signal() const {
+  reinterpret_cast<SegmentHeader*>(base_[rank_])->flight_signal.store(1, std::memory_order_release);
+}
+
+void ShmTransport::ask_peers_for_flight_records() const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || base_[r] == nullptr || !peer_alive(r)) continue;
+    const auto* h = reinterpret_cast<const SegmentHeader*>(base_[r]);
+    if (h->flight_signal.load(std::memory_order_acquire) != 0)
+      kill(static_cast<pid_t>(pids_[r]), SIGUSR1);
   }
 }
 

@@ -48,6 +48,9 @@ struct SegmentHeader {
   uint64_t slot_bytes;
   uint64_t total_bytes;
   int64_t pid;
+  // Non-zero once the owner's process writes its flight record on SIGUSR1 (a process without
+  // that handler would die of the signal).
+  std::atomic<uint64_t> flight_signal;
 };
 
 // One of a rank's two fault-tolerant board slots (host/fault_board.h): the round it belongs
@@ -84,8 +87,19 @@ class ShmTransport {
   // node-local part of (set_names), or r itself.
   int name_of(int r) const { return names_.empty() ? r : names_[static_cast<size_t>(r)]; }
   void set_names(std::vector<int> names) { names_ = std::move(names); }
+  // Where everything lies in a rank's segment, and its size (`total`), for `size` ranks.
+  struct Layout {
+    size_t flags = 0, fingerprints = 0, splits = 0, ft = 0, data = 0, p2p_req = 0, p2p_data = 0;
+    size_t total = 0;
+  };
+  static Layout layout(int size, size_t slot_bytes, int nslots, bool p2p);
+
   // False once rank r's process has exited (zombies included).
   bool peer_alive(int r) const;
+  // This rank's process writes its flight record on SIGUSR1 (runtime/flight_recorder.h).
+  void set_flight_signal() const;
+  // Sends SIGUSR1 to every live peer whose process writes its flight record on it.
+  void ask_peers_for_flight_records() const;
   // Writes `bytes` from our `local` into rank r's memory at `remote` (process_vm_writev,
   // across interrupted and partial writes). 0, or the errno of the failure, with the bytes
   // written before it in `done`.

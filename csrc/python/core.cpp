@@ -187,6 +187,7 @@ void bind_host_comm(py::module_& m) {
       .def_readwrite("p2p_cma_min_bytes", &HostCommOptions::p2p_cma_min_bytes)
       .def_readwrite("single_copy_min_bytes", &HostCommOptions::single_copy_min_bytes)
       .def_readwrite("shared_min_bytes", &HostCommOptions::shared_min_bytes)
+      .def_readwrite("flight_entries", &HostCommOptions::flight_entries)
       .def_property(
           "p2p_cma",
           [](const HostCommOptions& o) {
@@ -248,6 +249,59 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("poison_reason", &HostComm::poison_reason)
       .def("abort", &HostComm::abort, py::arg("reason"))
       .def("revoke", &HostComm::revoke)
+      .def(
+          "set_flight_dump",
+          [](HostComm& c, const std::string& path, int rank, int size, const std::string& comm) {
+            c.set_flight_dump(path, rank, size, comm);
+          },
+          py::arg("path"), py::arg("rank"), py::arg("size"), py::arg("comm"),
+          "Where the flight recorder writes this communicator's ring (a JSON file), and the "
+          "rank, size and communicator id it names; also makes SIGUSR1 write it.")
+      .def(
+          "flight_begin",
+          [](HostComm& c, uint32_t kind, uint64_t count, uint32_t dtype, uint32_t op, int root,
+             uint64_t seq, bool queued) {
+            FlightCall f;
+            f.kind = kind;
+            f.count = count;
+            f.dtype = dtype;
+            f.op = op;
+            f.root = root;
+            f.seq = seq;
+            return c.flight().begin(f, queued ? FlightState::Queued : FlightState::Started);
+          },
+          py::arg("kind"), py::arg("count"), py::arg("dtype"), py::arg("op"), py::arg("root"),
+          py::arg("seq"), py::arg("queued"),
+          "Records a call made above this communicator (a call across nodes of which this one "
+          "runs the node's phases) in its flight recorder; returns its id. kind: a collective "
+          "code, or 100 for a barrier.")
+      .def(
+          "flight_mark",
+          [](HostComm& c, uint64_t id, uint32_t state) {
+            c.flight().mark(id, static_cast<FlightState>(state));
+          },
+          py::arg("id"), py::arg("state"),
+          "Moves entry `id` to state 2 (started), 3 (ended) or 4 (failed).")
+      .def(
+          "flight_dump",
+          [](const HostComm& c, const std::string& reason) {
+            py::gil_scoped_release nogil;
+            return c.flight().dump(reason);
+          },
+          py::arg("reason"), "Writes the flight recorder's ring now; False without a path.")
+      .def_property_readonly(
+          "flight_records",
+          [](const HostComm& c) {
+            py::list out;
+            for (const FlightRecord& r : c.flight().snapshot())
+              out.append(py::make_tuple(r.id, r.call.seq, r.call.kind, r.call.count, r.call.dtype,
+                                        r.call.op, r.call.algo, r.call.root, r.call.tag,
+                                        r.call.outer_seq, static_cast<uint32_t>(r.state),
+                                        r.queued_ns, r.started_ns, r.ended_ns));
+            return out;
+          },
+          "The flight recorder's entries, oldest first: (id, seq, kind, count, dtype, op, algo, "
+          "root or peer, tag, outer seq, state, queued ns, started ns, ended ns).")
       .def(
           "board_exchange",
           [](HostComm& c, uint64_t value, const py::bytes& payload) {
@@ -496,6 +550,14 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("ops"), py::arg("rank"), py::arg("size"));
   m.def("check_args", &check_args, py::arg("call"), py::arg("rank"), py::arg("size"));
+  m.def(
+      "segment_bytes",
+      [](int size, size_t slot_bytes, int nslots) {
+        return ShmTransport::layout(size, slot_bytes, nslots, /*p2p=*/true).total;
+      },
+      py::arg("size"), py::arg("slot_bytes"), py::arg("nslots"),
+      "Bytes of /dev/shm one rank's segment takes on a machine where `size` ranks share a "
+      "communicator, with staging slots of `slot_bytes` and `nslots` per channel.");
   m.def(
       "call_record",
       [](const py::tuple& call, int rank, int size, uint64_t seq) {

@@ -32,6 +32,12 @@ std::string os_error(const char* what, const std::string& name) {
   return str_cat(what, " ", name, ": ", std::strerror(errno));
 }
 
+// What to do about it (python -m pycollectives.doctor -n N predicts it before a job).
+constexpr const char* kRemedy =
+    ". Give the job a larger /dev/shm (docker run --shm-size=1g; Kubernetes: an emptyDir of "
+    "medium Memory on /dev/shm) or smaller staging (PYCOLL_STAGING_BYTES, PYCOLL_STAGING_SLOTS); "
+    "python -m pycollectives.doctor -n RANKS says what a job needs";
+
 // Reserves the pages so that running out of /dev/shm shows up now, with numbers.
 void reserve(int fd, const std::string& name, size_t bytes) {
   struct statvfs vfs{};
@@ -40,7 +46,7 @@ void reserve(int fd, const std::string& name, size_t bytes) {
                                      static_cast<unsigned long long>(vfs.f_frsize);
     if (avail < bytes)
       throw CollectiveError(str_cat("not enough shared memory for ", name, ": need ", bytes,
-                                    " bytes, /dev/shm has ", avail, " bytes available"));
+                                    " bytes, /dev/shm has ", avail, " bytes available", kRemedy));
   }
   int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (rc != 0) {
@@ -50,7 +56,7 @@ void reserve(int fd, const std::string& name, size_t bytes) {
               static_cast<unsigned long long>(vfs.f_frsize);
     throw CollectiveError(str_cat("cannot reserve shared memory for ", name, ": need ", bytes,
                                   " bytes, /dev/shm has ", avail, " bytes available (",
-                                  std::strerror(rc), ")"));
+                                  std::strerror(rc), ")", kRemedy));
   }
 }
 

@@ -11,6 +11,7 @@
 #include "common/errors.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
+#include "runtime/flight_recorder.h"
 
 namespace pycoll {
 
@@ -84,7 +85,8 @@ void throw_timeout(const WaitContext& ctx, int peer, WaitFor what) {
         missing += str_cat("; ranks that never started ", g.name(), " #", g.mine().seq, ": ", m);
     }
   throw CollectiveTimeout(str_cat(ctx.collective, " #", ctx.seq, " timed out after ", ctx.timeout_s,
-                                  " s: rank ", name(peer), " did not arrive (", why, ")", missing));
+                                  " s: rank ", name(peer), " did not arrive (", why, ")", missing,
+                                  ctx.flight != nullptr ? ctx.flight->pointer() : std::string()));
 }
 
 }  // namespace pycoll

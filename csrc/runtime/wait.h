@@ -25,6 +25,7 @@ namespace pycoll {
 
 class ShmTransport;
 class FingerprintGuard;
+class FlightRecorder;
 using Clock = std::chrono::steady_clock;
 
 // The time point `seconds` from now.
@@ -47,6 +48,8 @@ struct WaitContext {
   // Earlier calls' fingerprints still to check (HostComm::deferred_): also checked while a
   // wait drags on, and against a peer as soon as data from it arrives.
   std::vector<FingerprintGuard>* deferred = nullptr;
+  // Where this rank's flight recorder writes its ring, named in a timeout's message.
+  const FlightRecorder* flight = nullptr;
 
   // The context of collective #seq, whose waits may last `timeout_s`.
   static WaitContext start(const char* collective, uint64_t seq, double timeout_s,

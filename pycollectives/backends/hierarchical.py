@@ -39,10 +39,11 @@ from pycollectives.backends import Call, call_check
 from pycollectives.backends.hierarchical_flat import BlocksAndMessages
 from pycollectives.backends.hierarchical_uneven import UnevenNodes
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
-from pycollectives.ops import ALGORITHMS_FOR, AVG
+from pycollectives.ops import ALGORITHMS_FOR, AVG, collective_code
 from pycollectives.runtime.bootstrap import StoreGroup
 from pycollectives.runtime.store_board import BoardStoreGroup, board_for, dead_after
 from pycollectives.runtime.topology import Topology
+from pycollectives.trace import flight
 
 # All-reduce shards and all-gather blocks of at most this many bytes travel with the check
 # across nodes. Above it the ring between nodes is faster: on 2 nodes x 1 rank here, 43 against
@@ -128,7 +129,10 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         # One node's failure is every rank's error, not a hang on the other nodes.
         trying = isinstance(group, BoardStoreGroup)  # a try of shrink: all fail alike or none
         try:
-            gathered_or_raise(group, "cannot set up the nodes", error=error)
+            name = None if host is None else host.segment_name
+            ident = flight.comm_id(
+                gathered_or_raise(group, "cannot set up the nodes", name, error)[0]
+            )
         except CollectiveError:
             node_group.free()
             if trying:
@@ -149,6 +153,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
                 if error is None:
                     node_group.free()
                 raise
+        flight.attach(host, opts, ident, rank, group.size)  # one directory for every node's ranks
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
         hier._node_group, hier._p2p, hier._group = node_group, p2p, group
@@ -211,6 +216,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         self._pool = None
         self._error = None
         self.board = None  # the fault-tolerant board over the store (store_board), if any
+        self._flight_call = None  # the next submit's call, for the flight recorder
         self._revoke_reason = None
 
     # -- running ------------------------------------------------------------------------------
@@ -222,16 +228,25 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         self._check_usable()
         self.seq += int(collective)
         seq = self.seq
+        # The call in the flight recorder of this node's communicator, whose own entries are
+        # this call's node-local phases (set by run and barrier).
+        what, self._flight_call = self._flight_call, None
+        fid = 0 if what is None else self.host.flight_begin(*what, seq, async_op)
 
         def guarded():
+            if async_op:
+                self.host.flight_mark(fid, flight.STARTED)
             self._check_usable()
             try:
                 fn(seq)
             except CollectiveError as e:
+                if self._revoke_reason is None:
+                    self.abort(str(e))  # writes the ring, this call in it as it was
+                self.host.flight_mark(fid, flight.FAILED)
                 if self._revoke_reason is not None:  # what ended the wait, whichever it was
                     raise CollectiveError(f"collective #{seq}: {self._revoke_reason}") from None
-                self.abort(str(e))
                 raise
+            self.host.flight_mark(fid, flight.ENDED)
 
         if async_op:
             if self._pool is None:
@@ -316,6 +331,8 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         # The caller's error, or these (the record: this call as every rank must make it).
         count, dtype, record = _C.call_record(call, self.rank, self.size, self.seq + 1)
         record = record if self.checking else None
+        root = call.root if c in ("broadcast", "reduce", "gather", "scatter") else 0
+        self._flight_call = (collective_code(c), count, dtype, call.op, root)
         if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
             return self.flat(call, a, count, dtype, record)
         if a is None and not self.even:
@@ -577,6 +594,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         """Every rank's arrival, in the check across nodes itself: this node's ranks meet in
         its first step, every node's status reaches every rank in its second."""
         checking = self.checking
+        self._flight_call = (flight.BARRIER, 0, 0, 0, 0)
 
         def run(seq):
             record = _C.barrier_record(seq) if checking else None

@@ -241,13 +241,23 @@ def merge(paths, out):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m pycollectives.trace", description="merge per-rank PYCOLL_TRACE files"
+        prog="python -m pycollectives.trace",
+        description="merge per-rank PYCOLL_TRACE files; analyze flight records",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("merge", help="merge per-rank traces into one Chrome trace")
     m.add_argument("-o", "--output", required=True)
     m.add_argument("traces", nargs="+")
+    a = sub.add_parser(
+        "analyze", help="who is behind, where ranks disagree, what each waits for (flight records)"
+    )
+    a.add_argument("directory", help="PYCOLL_FLIGHT_DIR or one communicator's directory in it")
     args = ap.parse_args(argv)
+    if args.cmd == "analyze":
+        from pycollectives.trace import flight
+
+        print(flight.analyze(args.directory))
+        return 0
     n = merge(args.traces, args.output)
     print(f"{args.output}: {n} events from {len(args.traces)} files")
     return 0

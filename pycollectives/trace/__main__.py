@@ -1,4 +1,4 @@
-"""python -m pycollectives.trace merge -o OUT.json IN.json ..."""
+"""python -m pycollectives.trace merge -o OUT.json IN.json ... | analyze DIR"""
 
 import sys
 
