@@ -1,13 +1,13 @@
 # Two commands on a fresh machine: `make run` and `make test`. Each creates or refreshes the
 # local virtualenv (.venv) with MPI (mpich, mpi4py) from the package index, builds the native
-# module, then runs the training job or the test suite.
+# module, then runs the training job or the test suite. `make docs` builds the documentation.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 NP     ?= 4
 DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn torch==2.13.0 matplotlib \
-          scikit-build-core pybind11 ninja cmake deepspeed==0.19.8
+          scikit-build-core pybind11 ninja cmake deepspeed==0.19.8 sphinx myst-parser
 # oneCCL, a peer of `pycoll-bench --compare`: its C++ packages and the Intel runtimes they load.
 # --no-deps: oneccl-cpu 2022.2 names a libfabric the index does not have (its MPI transport
 # needs none), and the impi-rt that older releases pull in would replace MPICH's libmpi.so.12.
@@ -17,7 +17,7 @@ LINT_DEPS := ruff clang-format
 # With an NVIDIA driver present, cupy too: `make run` then trains on the GPU.
 GPU_DEPS := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cupy-cuda13x)
 
-.PHONY: run test test-quick gpu-test lint format bench install clean coverage
+.PHONY: run test test-quick gpu-test lint format bench install clean coverage docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ test-quick: install
 
 gpu-test: install
 	$(BIN)/python -m pytest -q -m gpu tests
+
+# The documentation (docs/: Markdown pages, and the API reference from the docstrings of the
+# installed package) as HTML in docs/_build/html; a warning is an error. The suite builds it
+# the same way (tests/unit/test_docs.py) and runs its code (tests/ranks/test_readme.py).
+docs: install
+	$(BIN)/python -m sphinx -b html -q -W --keep-going docs docs/_build/html
 
 bench: install $(VENV)/.peer-ops
 	bash benchmarks/bench_sweep.sh
@@ -101,4 +107,4 @@ format: $(VENV)/.lint-deps
 	$(BIN)/clang-format -i $$(find csrc -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh')
 
 clean:
-	rm -rf build $(VENV) .pytest_cache
+	rm -rf build $(VENV) .pytest_cache docs/_build

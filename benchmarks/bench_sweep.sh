@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's sweeps, on 2 ranks, against every CPU peer (MPI, gloo, oneCCL, DeepSpeed), with
+# The sweeps of docs/performance.md, on 2 ranks, against every CPU peer (MPI, gloo, oneCCL, DeepSpeed), with
 # the memory bound, float32 sum, 8 B - 64 MiB, each size the best of 3 rounds of ours and every
 # peer in turn, each timed for at least 50 ms (-T), every result checked (-c 1):
 # all-reduce idle, beside one busy process per core (--contention), and on buffers from

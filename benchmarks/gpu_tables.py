@@ -1,14 +1,15 @@
-"""The README's GPU tables, made from the result files the GPU kit leaves (tools/gpu/run.sh,
-`result`: benchmarks/results/gpu_bench-<gpu>-<n>ranks-<mode>.txt, headed with the GPU, the
-driver and the commit). A table's rows are never typed by hand: copy the kit's files into
-benchmarks/results/, name them in TABLES, and rewrite the README.
+"""The GPU tables of docs/performance.md, made from the result files the GPU kit leaves
+(tools/gpu/run.sh, `result`: benchmarks/results/gpu_bench-<gpu>-<n>ranks-<mode>.txt, headed
+with the GPU, the driver and the commit). A table's rows are never typed by hand: copy the
+kit's files into benchmarks/results/, name them in TABLES, and rewrite the page
+(benchmarks/perf_page.py --write rewrites these tables with the page's others).
 
     python benchmarks/gpu_tables.py            # prints every table
-    python benchmarks/gpu_tables.py --write    # puts them into README.md, between their markers
-    python benchmarks/gpu_tables.py --check    # exit 1 where README.md differs (a test runs it)
+    python benchmarks/gpu_tables.py --write    # puts them into the page, between their markers
+    python benchmarks/gpu_tables.py --check    # exit 1 where the page differs (a test runs it)
 
-Each table sits in README.md between `<!-- gpu-table NAME -->` and `<!-- end gpu-table -->`,
-indented as the list item it belongs to.
+Each table sits in docs/performance.md between `<!-- gpu-table NAME -->` and
+`<!-- end gpu-table -->`, indented as its marker is.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "performance.md"
 
 # name -> the files of its rows, in order.
 TABLES = {
@@ -91,7 +92,7 @@ def parse(path: Path) -> BenchFile:
 
 
 def us(value: float) -> str:
-    """A time in µs as the README writes it: 32.2 µs, 684 µs, 1.61 ms, 51.5 ms, 102 ms."""
+    """A time in µs as the tables write it: 32.2 µs, 684 µs, 1.61 ms, 51.5 ms, 102 ms."""
     if value >= 1000:
         ms = value / 1000
         return f"{ms:.3g} ms" if ms < 100 else f"{ms:.0f} ms"
@@ -143,28 +144,28 @@ def tables() -> dict[str, list[str]]:
     }
 
 
-def rewrite(readme: str, made: dict[str, list[str]]) -> str:
-    """`readme` with each table's block replaced by `made`'s, at the marker's indentation."""
+def rewrite(page: str, made: dict[str, list[str]]) -> str:
+    """`page` with each table's block replaced by `made`'s, at the marker's indentation."""
     for name, lines in made.items():
         pattern = re.compile(
             rf"^( *)<!-- gpu-table {re.escape(name)} -->\n.*?^ *<!-- end gpu-table -->$",
             re.M | re.S,
         )
-        m = pattern.search(readme)
+        m = pattern.search(page)
         if m is None:
-            raise ValueError(f"README.md has no <!-- gpu-table {name} --> block")
+            raise ValueError(f"{PAGE.name} has no <!-- gpu-table {name} --> block")
         pad = m.group(1)
         body = "\n".join(pad + line if line else "" for line in lines)
         block = f"{pad}<!-- gpu-table {name} -->\n{body}\n{pad}<!-- end gpu-table -->"
-        readme = readme[: m.start()] + block + readme[m.end() :]
-    return readme
+        page = page[: m.start()] + block + page[m.end() :]
+    return page
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = ap.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help="rewrite README.md's tables")
-    group.add_argument("--check", action="store_true", help="exit 1 where README.md differs")
+    group.add_argument("--write", action="store_true", help="rewrite the page's GPU tables")
+    group.add_argument("--check", action="store_true", help="exit 1 where the page differs")
     args = ap.parse_args(argv)
     made = tables()
     if not (args.write or args.check):
@@ -172,13 +173,13 @@ def main(argv=None) -> int:
             print(f"<!-- gpu-table {name} -->")
             print("\n".join(lines))
         return 0
-    readme = README.read_text()
-    new = rewrite(readme, made)
+    page = PAGE.read_text()
+    new = rewrite(page, made)
     if args.write:
-        README.write_text(new)
+        PAGE.write_text(new)
         return 0
-    if new != readme:
-        print("README.md's GPU tables differ from their files: run gpu_tables.py --write")
+    if new != page:
+        print("docs/performance.md's GPU tables differ from their files: run gpu_tables.py --write")
         return 1
     return 0
 

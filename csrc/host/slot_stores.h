@@ -2,8 +2,8 @@
 // takes every line out of the writing core's cache, or non-temporal ones, through memory.
 //
 // Which is faster depends on where the two cores sit, and a VM's host may move its vCPUs while
-// a job runs. On the 2-vCPU EPYC VM of the README, one core writing 256 KiB blocks and the
-// other reading them, ordinary against non-temporal stores (cache-line round trip):
+// a job runs. On the 2-vCPU EPYC VM of docs/performance.md, one core writing 256 KiB blocks and
+// the other reading them, ordinary against non-temporal stores (cache-line round trip):
 //   sharing a cache      (30-50 ns)   32 against 15 GB/s
 //   on one socket        (~105 ns)    15 against 15 GB/s
 //   across sockets       (~400 ns)   4.3 against 19 GB/s

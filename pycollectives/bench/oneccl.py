@@ -19,7 +19,7 @@ Two things about the packages on the index shape how it is loaded:
   (``CCL_ATL_TRANSPORT=mpi``).
 
 Settings (``SETTINGS``) are oneCCL's environment variables, applied unless the caller set them:
-the configuration that was fastest on 2 ranks here (see the README's performance section).
+the configuration that was fastest on 2 ranks here (see docs/performance.md).
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ def test_summary_says_when_the_files_differ_from_the_commit(tmp_path):
 
 def test_result_files_carry_the_gpu_driver_and_commit(tmp_path):
     # A benchmark's output lands in OUTDIR/results/, named as benchmarks/results/ names it and
-    # headed with what the README's tables cite; the command's status comes back.
+    # headed with what the performance page's tables cite; the command's status comes back.
     fake = tmp_path / "bin"
     fake.mkdir()
     smi = fake / "nvidia-smi"

@@ -21,7 +21,8 @@ torchrun).
 
 Making them needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN); where that fails, ``available()`` says
 why and the tests fall back to the emulated nodes. PYCOLL_TEST_NO_NAMESPACES=1 takes that path
-on purpose. README.md ("Nodes that share nothing") has the same steps as commands to paste.
+on purpose. docs/guide/nodes.md ("Nodes that share nothing, on one machine") has the same steps
+as commands to paste.
 """
 
 from __future__ import annotations

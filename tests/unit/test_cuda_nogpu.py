@@ -449,7 +449,7 @@ def test_residency_fits_every_ranks_launch_on_its_gpu():
     r = plan_residency(gpus(1, 1), 16, "kernel")
     assert (r.mode, r.blocks, r.why) == ("kernel", 16, "")
     assert plan_residency(gpus(1, 1), 0, "kernel").blocks == 64
-    # 8 ranks under MPS on one GPU: 132 // 8 = 16 each, so the README's 16 fit and 17 do not.
+    # 8 ranks under MPS on one GPU: 132 // 8 = 16 each, so the default 16 fit and 17 do not.
     assert plan_residency(gpus(8), 16, "kernel").blocks == 16
     r = plan_residency(gpus(8), 17, "kernel")
     assert (r.mode, r.blocks) == ("kernel", 16)

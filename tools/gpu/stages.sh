@@ -91,7 +91,7 @@ commit_of() {
 
 # result NAME STAGE COMMAND...: runs COMMAND, its output also in OUTDIR/results/NAME.txt
 # headed as benchmarks/results/ keeps its files (the GPU and driver, the commit, the stage, the
-# command): copied there as they are, the README's GPU tables are made from them
+# command): copied there as they are, the GPU tables of docs/performance.md are made from them
 # (benchmarks/gpu_tables.py). NAME's "@" is the GPU's short name (h200).
 result() {
   local name=$1 stage=$2 smi gpu file

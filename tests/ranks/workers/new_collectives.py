@@ -188,7 +188,8 @@ def blocks(mpi):
 
 
 # A rank that only sends in these (gather's non-roots, scatter's root) does not wait for its
-# peers to arrive: it may raise at its next call instead (README, "Mismatches").
+# peers to arrive: it may raise at its next call instead (docs/guide/communicator.md,
+# "Mismatches").
 SENDERS_MAY_DEFER = ("gather count", "scatter root")
 
 

@@ -774,7 +774,7 @@ def check_errors(gloo):
     assert (t == dist.get_world_size() ** 2).all()
     # torch's shrink_group: torch refuses it before anything moves (the C++ backend: "does not
     # support shrinking"; the Python one: no device backend to ask). Communicator.shrink is
-    # the way (README, "Keep training when a rank dies").
+    # the way (docs/guide/elasticity.md).
     try:
         dist.shrink_group([dist.get_world_size() - 1], group=dist.new_group())
     except (TypeError, RuntimeError) as e:
