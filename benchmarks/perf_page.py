@@ -441,6 +441,40 @@ def trace_overhead() -> list[str]:
     return table(head, out) + ["", made_from([name], VM)]
 
 
+def flight_overhead() -> list[str]:
+    name = "flight_overhead-2ranks.txt"
+    out = []
+    for line in text(name).splitlines():
+        values = line.split()
+        if len(values) == 5 and values[0] in ("all_reduce", "broadcast"):
+            call, off, on, added, share = values
+            out.append([call.replace("_", "-"), f"{off} µs", f"{on} µs", f"{added} µs", share])
+    need(r"^all_reduce ", text(name), name)
+    head = ["8 B float32, 2 ranks", "recorder off", "on (default)", "added", "share"]
+    return table(head, out) + ["", made_from([name], VM)]
+
+
+def small_shm_slots() -> list[str]:
+    """All-reduce times with the default slots against the 32 KiB slots 8 ranks take in a
+    64 MB /dev/shm: the file holds the two sweeps one after the other."""
+    name = "small_shm_slots-2ranks.txt"
+    runs: list[dict] = []
+    for line in text(name).splitlines():
+        if line.startswith("# PYCOLL_STAGING_BYTES="):
+            runs.append({})
+        values = line.split()
+        if runs and values and values[0].isdigit() and len(values) >= 6:
+            runs[-1][int(values[0])] = float(values[5])  # out-of-place time, µs
+    need(r"^# PYCOLL_STAGING_BYTES=32768", text(name), name)
+    default, small = runs
+    out = [
+        [size(n), us(default[n]), us(small[n]), ratio(small[n] / default[n])]
+        for n in sorted(default)
+    ]
+    head = ["all-reduce float32, 2 ranks", "256 KiB slots", "32 KiB slots", "slower by"]
+    return table(head, out) + ["", made_from([name], VM)]
+
+
 def dp_vs_ddp() -> list[str]:
     name = "dp_vs_ddp.json"
     data = load_json(name)
@@ -560,6 +594,8 @@ TABLES = {
     "elastic-recovery": elastic_recovery,
     "elastic-nodes": elastic_nodes,
     "trace-overhead": trace_overhead,
+    "flight-overhead": flight_overhead,
+    "small-shm-slots": small_shm_slots,
     "dp-vs-ddp": dp_vs_ddp,
     "model-scaling": model_scaling,
     "gpu-device-checks": gpu_device_checks,
