@@ -44,10 +44,17 @@ def fit_staging(group, opts: Options) -> Options:
     in /dev/shm, decided alike on every rank from the least free space any of them sees: the
     default slot while it fits, else smaller ones (a one-line notice), else the same
     CollectiveError on every rank, with its remedy, before any segment exists. Slots asked for
-    (``staging_bytes=``, ``PYCOLL_STAGING_BYTES``) are kept as they are."""
-    if opts.staging_asked:
+    (``staging_bytes=``, ``PYCOLL_STAGING_BYTES``) are kept as they are, and taken by the ranks
+    that were not asked."""
+    if getattr(group, "members", None) is not None:  # a try of shrink: the slots they had
         return opts
-    free = min(group.allgather(shm_free()))
+    # Every rank takes part whatever it was asked: a replacement that grows a communicator
+    # comes with the defaults, the survivors with their slots.
+    reports = group.allgather((shm_free(), opts.staging_bytes if opts.staging_asked else None))
+    asked = [slot for _, slot in reports if slot is not None]
+    if asked:
+        return opts if opts.staging_asked else opts.replace(staging_bytes=asked[0])
+    free = min(free for free, _ in reports)
     slot = staging_that_fits(group.size, opts.staging_bytes, opts.staging_slots, free)
     if slot == opts.staging_bytes:
         return opts
