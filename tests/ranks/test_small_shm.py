@@ -3,6 +3,7 @@ of their own (as root can), the job under mpiexec inside it (workers/small_shm.p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,9 +18,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def in_small_shm(size: str, nprocs: int, what: str) -> str:
+def in_small_shm(size: str, nprocs: int, what: str, doctor: bool = False) -> str:
+    """The job's output; with `doctor`, the doctor's verdict on /dev/shm before it (one line
+    of JSON starting "doctor:")."""
     job = f"{mpiexec()} -n {nprocs} {sys.executable} {worker_path('small_shm.py')} {what}"
-    script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {job}"
+    if doctor:
+        ask = "from pycollectives import doctor; import json; "
+        ask += f"print('doctor:', json.dumps(doctor.check_shm({nprocs})._asdict()))"
+        job = f'{sys.executable} -c "{ask}" && {job}'
+    script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && {job}"
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
     env = with_harness(dict(os.environ, PYCOLL_TIMEOUT="60"))
     env.pop("PYCOLL_STAGING_BYTES", None)
@@ -40,8 +47,13 @@ def slots(out: str) -> set:
 def test_ranks_fit_a_small_dev_shm(size, nprocs, slot):
     # 64 MB is a container's default: MPICH takes about 42 MB of it for 8 ranks, and ours
     # would need 135 MB with 256 KiB slots. The default slot stays wherever it fits.
-    out = in_small_shm(size, nprocs, "fits")
+    out = in_small_shm(size, nprocs, "fits", doctor=True)
     assert slots(out) == {slot}, out  # the same on every rank
+    verdict = json.loads(out.split("doctor: ", 1)[1].splitlines()[0])  # as predicted
+    if slot == 256 << 10:
+        assert verdict["level"] == "ok", verdict
+    else:
+        assert verdict["level"] == "warn" and f"{slot >> 10} KiB staging" in verdict["found"]
     notice = [line for line in out.splitlines() if line.startswith("pycollectives: /dev/shm")]
     if slot == 256 << 10:
         assert notice == [], out
@@ -51,5 +63,7 @@ def test_ranks_fit_a_small_dev_shm(size, nprocs, slot):
 
 
 def test_below_every_footprint_each_rank_raises_the_same_error():
-    out = in_small_shm("48m", 8, "refused")
+    out = in_small_shm("48m", 8, "refused", doctor=True)
     assert "refused: not enough shared memory for 8 ranks" in out, out
+    verdict = json.loads(out.split("doctor: ", 1)[1].splitlines()[0])
+    assert verdict["level"] == "FAIL", verdict
