@@ -15,6 +15,9 @@ import importlib
 import importlib.util
 import json
 import os
+import select
+import signal
+import subprocess
 import sys
 from typing import NamedTuple
 
@@ -31,35 +34,75 @@ class Finding(NamedTuple):
     fix: str = ""
 
 
-def check_mpi() -> Finding:
-    """MPI for mpiexec launches and between machines: mpi4py, the MPI it loaded, and the
+# The MPI probe, in a process of its own: MPI_Init may take long or fail, and the checks that
+# fork come after it here.
+_MPI_PROBE = """
+from mpi4py import MPI
+print(MPI.Get_library_version().strip().splitlines()[0])
+try:
+    from pycollectives.backends.hierarchical import load_net_transport
+    load_net_transport()
+    print("")
+except Exception as e:
+    print(f"{type(e).__name__}: {e}".replace(chr(10), " "))
+"""
+
+
+def check_mpi(timeout: float = 60) -> Finding:
+    """MPI for mpiexec launches and between machines: mpi4py, the MPI it loads, and the
     between-nodes module built against the same family. torchrun and env:// need none."""
-    try:
-        from mpi4py import MPI
-    except ImportError as e:
+    if importlib.util.find_spec("mpi4py") is None:
         return Finding(
             "mpi",
             "warn",
-            f"mpi4py not importable ({e}): no mpiexec launches",
+            "mpi4py not installed: no mpiexec launches",
             "pip install mpich mpi4py (torchrun and env:// launches need no MPI)",
         )
-    version = MPI.Get_library_version().strip().splitlines()[0]
     try:
-        from pycollectives.backends.hierarchical import load_net_transport
-
-        load_net_transport()
-    except Exception as e:  # noqa: BLE001 - its message is the finding
+        proc = subprocess.run(
+            [sys.executable, "-c", _MPI_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Finding(
+            "mpi",
+            "FAIL",
+            f"MPI_Init did not finish in {timeout:.0f} s",
+            "check the MPI installation (mpiexec -n 1 python -c 'from mpi4py import "
+            "MPI'), and /dev/shm's free space",
+        )
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or len(lines) < 2:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Finding(
+            "mpi",
+            "FAIL",
+            f"MPI does not start here: {last}",
+            "pip install --force-reinstall mpich mpi4py, or the cluster's MPI",
+        )
+    version, net = lines[0], lines[1]
+    if net:
         return Finding(
             "mpi",
             "warn",
-            f"{version}; between machines over MPI: no ({e})",
+            f"{version}; between machines over MPI: no ({net})",
             "reinstall pycollectives against this MPI (pip install --force-reinstall "
             "--no-deps .) for jobs across machines under mpiexec",
         )
     return Finding("mpi", "ok", f"{version}; the between-nodes module matches it")
 
 
-def check_cma() -> Finding:
+PTRACE_SCOPES = {
+    "1": "1: a process may read only its own descendants, and ranks are siblings",
+    "2": "2: only with CAP_SYS_PTRACE",
+    "3": "3: never, until a reboot",
+}
+
+
+def check_cma(timeout: float = 10) -> Finding:
     """Cross-memory attach (process_vm_readv / writev), which large messages and shared
     buffers use: tried for real on a child process."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -73,33 +116,55 @@ def check_cma() -> Finding:
     pid = os.fork()
     if pid == 0:  # the child: fill the buffer, say so, wait to be read
         try:
+            os.close(ready_r)
+            os.close(done_w)
             data.value = b"read across processes"
             os.write(ready_w, b"1")
             os.read(done_r, 1)
         finally:
             os._exit(0)
+    os.close(ready_w)  # a child that dies early then reads as end of file, not a hang
+    os.close(done_r)
+    got, err = -1, 0
     try:
-        os.read(ready_r, 1)
-        out = ctypes.create_string_buffer(64)
-        local = IoVec(ctypes.cast(out, ctypes.c_void_p), 64)
-        remote = IoVec(ctypes.cast(data, ctypes.c_void_p), 64)
-        fn = libc.process_vm_readv
-        fn.restype = ctypes.c_ssize_t
-        got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        err = ctypes.get_errno()
+        if select.select([ready_r], [], [], timeout)[0] and os.read(ready_r, 1) == b"1":
+            out = ctypes.create_string_buffer(64)
+            local = IoVec(ctypes.cast(out, ctypes.c_void_p), 64)
+            remote = IoVec(ctypes.cast(data, ctypes.c_void_p), 64)
+            fn = libc.process_vm_readv
+            fn.restype = ctypes.c_ssize_t
+            fn.argtypes = [
+                ctypes.c_int,
+                ctypes.c_void_p,
+                ctypes.c_ulong,
+                ctypes.c_void_p,
+                ctypes.c_ulong,
+                ctypes.c_ulong,
+            ]
+            got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            err = ctypes.get_errno()
+            if got == 64 and out.value == b"read across processes":
+                return Finding("cma", "ok", "cross-memory attach permitted (process_vm_readv)")
     finally:
-        os.write(done_w, b"1")
+        try:
+            os.write(done_w, b"1")
+        except OSError:  # the child is gone
+            pass
+        os.close(done_w)
+        os.close(ready_r)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.waitpid(pid, 0)
-        for fd in (ready_r, ready_w, done_r, done_w):
-            os.close(fd)
-    if got == 64 and out.value == b"read across processes":
-        return Finding("cma", "ok", "cross-memory attach permitted (process_vm_readv)")
     scope = _read("/proc/sys/kernel/yama/ptrace_scope")
+    why = os.strerror(err) if got < 0 and err else "the test child did not answer"
     return Finding(
         "cma",
         "warn",
-        f"cross-memory attach refused ({os.strerror(err)}; yama ptrace_scope "
-        f"{scope or 'absent'}): messages from 4 MiB go through shared memory, slower",
+        f"cross-memory attach refused ({why}; yama ptrace_scope "
+        f"{PTRACE_SCOPES.get(scope, scope or 'absent')}): messages from 4 MiB go "
+        "through shared memory, slower",
         "sysctl kernel.yama.ptrace_scope=0, or in a container --cap-add SYS_PTRACE",
     )
 
@@ -120,7 +185,15 @@ def check_shm(nranks: int, free: int | None = None, mpi: bool = True) -> Finding
     from pycollectives.backends.host import MIN_FITTED_SLOT, shm_free, staging_that_fits
     from pycollectives.options import Options
 
-    opts = Options.resolve()
+    try:
+        opts = Options.resolve()
+    except ValueError as e:
+        return Finding(
+            "shm",
+            "FAIL",
+            f"the configuration does not parse: {e}",
+            "fix or unset the PYCOLL_* variable it names",
+        )
     free = shm_free() if free is None else free
     theirs = nranks * MPI_SHM_PER_RANK if mpi else 0
     ours = nranks * _C.segment_bytes(nranks, opts.staging_bytes, opts.staging_slots)
@@ -174,11 +247,21 @@ def check_affinity(nranks: int) -> Finding:
 
 def check_gpus() -> list[Finding]:
     """CUDA devices, whether each pair can map the other's memory, and MPS."""
-    from pycollectives.backends.cuda.env import cuda_available, mps_active
+    from pycollectives.backends.cuda.env import cuda_status, mps_active
 
-    usable, why = cuda_available()
-    if not usable:
-        return [Finding("gpu", "info", f"no usable GPU ({why}): host arrays only")]
+    status, why = cuda_status()
+    if status == "absent":
+        return [Finding("gpu", "info", f"no GPU ({why}): host arrays only")]
+    if status == "broken":
+        return [
+            Finding(
+                "gpu",
+                "warn",
+                why,
+                "a driver that supports this CUDA runtime, or "
+                "pycollectives built for the driver's CUDA",
+            )
+        ]
     try:
         import cupy
 

@@ -49,3 +49,9 @@ def test_the_exit_status_says_whether_a_job_can_start(monkeypatch, capsys):
     assert "a job of 2 ranks cannot start" in capsys.readouterr().out
     monkeypatch.setattr(doctor, "check_shm", lambda n: doctor.Finding("shm", "ok", "plenty"))
     assert doctor.main(["-n", "2"]) == 0
+
+
+def test_a_setting_that_does_not_parse_is_a_failure_naming_it(monkeypatch):
+    monkeypatch.setenv("PYCOLL_STAGING_SLOTS", "99")
+    f = doctor.check_shm(2)
+    assert f.level == "FAIL" and "staging_slots" in f.found and "PYCOLL_" in f.fix, f
