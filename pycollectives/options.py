@@ -312,4 +312,5 @@ class Options:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug
         o.check_mismatch = self.check_mismatch
+        o.flight_entries = self.flight_entries
         return o

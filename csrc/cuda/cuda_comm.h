@@ -90,6 +90,7 @@ struct CudaCommOptions {
   // of interprocess events; set where every rank's GPU offers 64-bit stream memory operations
   // (stream_value_ops), the same on every rank.
   bool fence_counters = false;
+  size_t flight_entries = 1024;  // the flight recorder's ring (0: none)
 };
 // Host mode's fences on interprocess events: host_events without fence_counters.
 inline bool uses_events(const CudaCommOptions& o) { return o.host_events && !o.fence_counters; }

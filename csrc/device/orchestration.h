@@ -53,6 +53,7 @@
 #include "host/executor.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
+#include "runtime/flight_recorder.h"
 #include "runtime/splits.h"
 #include "runtime/wait.h"
 
@@ -70,6 +71,7 @@ struct OrchestrationOptions {
   bool lookahead = false;           // plan_params
   bool host_events = true;          // host mode fences without the host waiting for the GPU
   bool fence_counters = false;      // ... on counters (counter_fence), else events (event_fence)
+  size_t flight_entries = 1024;     // the flight recorder's ring (0: none)
 };
 
 // The orchestration's options out of a device's (CudaCommOptions, EmuOptions: the same names).
@@ -85,6 +87,7 @@ OrchestrationOptions orchestration_of(const O& o) {
   r.lookahead = o.lookahead;
   r.host_events = o.host_events;
   r.fence_counters = o.fence_counters;
+  r.flight_entries = o.flight_entries;
   return r;
 }
 
@@ -126,6 +129,16 @@ class DeviceComm {
   uint64_t scratch_runs() const { return scratch_runs_; }
   uint64_t scratch_chunks() const { return scratch_chunks_; }
   bool poisoned() const { return aborted_.load(); }
+  // The ring of this communicator's last calls (runtime/flight_recorder.h): a GPU call is
+  // "queued" once issued to its stream (the host does not follow it further), "failed" when
+  // its issue or a device wait failed; a barrier, which the host waits for, "ended".
+  FlightRecorder& flight() { return flight_; }
+  void set_flight_dump(const std::string& path, int rank, int size, const std::string& comm) {
+    flight_.set_dump(path, rank, size, comm);
+    if (path.empty() || !flight_.on()) return;
+    FlightRecorder::install_signal_handler();
+    shm_.set_flight_signal();
+  }
   std::string poison_reason() const {
     std::lock_guard<std::mutex> g(reason_mu_);
     return poison_reason_;
@@ -137,6 +150,7 @@ class DeviceComm {
     }
     aborted_.store(true);
     d().stop_device();
+    if (!flight_dumped_.exchange(true)) flight_.dump(reason, /*failure=*/true);
   }
   // Raises the error an earlier device wait or a dead peer left behind, if any.
   void check(const char* name) {
@@ -153,7 +167,8 @@ class DeviceComm {
         shm_(rank, size, 64, nslots),  // flags only: host-mode steps, barrier, liveness
         counters_(size),
         arena_(std::move(memory)),
-        timeout_s_(timeout_s) {}
+        timeout_s_(timeout_s),
+        flight_(o.flight_entries) {}
 
   D& d() { return static_cast<D&>(*this); }
 
@@ -177,6 +192,7 @@ class DeviceComm {
       check_capturable(name, kernel, empty || registered.on || plans_.find(call, algo) != nullptr);
     const uint64_t seq = ++seq_;
     d().trace(call, seq, algo);
+    const uint64_t fid = flight_.begin(flight_call(call, seq, algo), FlightState::Queued);
     Fingerprint mine = Fingerprint::of_call(seq, call, algo);
     if (registered.on) mine = registered_fingerprint(mine, registered);
     FingerprintGuard guard(shm_, mine);
@@ -221,11 +237,33 @@ class DeviceComm {
     } catch (const CollectiveMismatch& e) {
       d().stop_peers();
       abort(e.what());
+      flight_.mark(fid, FlightState::Failed);
       throw;
     } catch (const CollectiveError& e) {
-      abort(e.what());  // peers' counters no longer match ours
+      failed(e);  // peers' counters no longer match ours
+      flight_.mark(fid, FlightState::Failed);
       throw;
     }
+  }
+
+  // A call's facts for the flight recorder.
+  static FlightCall flight_call(const CollectiveCall& call, uint64_t seq, Algo algo) {
+    FlightCall f;
+    f.kind = call.barrier ? kFlightBarrier : static_cast<uint32_t>(call.collective);
+    f.dtype = static_cast<uint32_t>(call.dtype);
+    f.op = static_cast<uint32_t>(call.op);
+    f.algo = static_cast<uint32_t>(algo);
+    f.root = call.root;
+    f.count = call.count;
+    f.seq = seq;
+    return f;
+  }
+
+  // A call failed with `e`: abort (which writes the ring) and, after a timeout, ask the
+  // peers on this machine for theirs.
+  void failed(const CollectiveError& e) {
+    abort(e.what());
+    if (dynamic_cast<const CollectiveTimeout*>(&e) != nullptr) shm_.ask_peers_for_flight_records();
   }
 
   // Kernel mode: a launch that only compares calls with every peer (check_call) is the
@@ -234,6 +272,9 @@ class DeviceComm {
   void barrier_call() {
     check_usable("barrier");
     const uint64_t seq = ++seq_;
+    CollectiveCall none;
+    none.barrier = true;
+    const uint64_t fid = flight_.begin(flight_call(none, seq, Algo::Auto), FlightState::Started);
     Fingerprint mine;
     mine.seq = seq;
     mine.kind = kBarrierKind;
@@ -243,27 +284,28 @@ class DeviceComm {
       w.fingerprints = &guard;
       guard.publish();
       if (kernel_) {
-        CollectiveCall none;
-        none.barrier = true;
         if (!run_kernel_mode(none, nullptr, mine, d().own_stream(), true, w))
           d().wait_queued(w);  // one rank: nobody to meet, only its queued work to wait for
         else
           d().wait_launch(seq, w);
         check_device("barrier");
-        return;
+      } else {
+        d().wait_stream(w);
+        check_device("barrier");
+        host_meet(shm_, ++barrier_epoch_, w);
+        if (o_.check_mismatch) guard.finish(w);
       }
-      d().wait_stream(w);
-      check_device("barrier");
-      host_meet(shm_, ++barrier_epoch_, w);
-      if (o_.check_mismatch) guard.finish(w);
     } catch (const CollectiveMismatch& e) {
       d().stop_peers();
       abort(e.what());
+      flight_.mark(fid, FlightState::Failed);
       throw;
     } catch (const CollectiveError& e) {
-      abort(e.what());
+      failed(e);
+      flight_.mark(fid, FlightState::Failed);
       throw;
     }
+    flight_.mark(fid, FlightState::Ended);
   }
 
   // Raises the error a device wait left behind (kernel mode reports asynchronously).
@@ -493,6 +535,8 @@ class DeviceComm {
   bool captured_ = false;  // a kernel-mode launch has been captured into a graph
   std::atomic<double> timeout_s_;
   std::atomic<bool> aborted_{false};
+  FlightRecorder flight_;
+  std::atomic<bool> flight_dumped_{false};
   mutable std::mutex reason_mu_;
   std::string poison_reason_;
   std::mutex run_mu_;  // one call at a time

@@ -295,7 +295,8 @@ void bind_comm(py::module_& m) {
       .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot)
       .def_readwrite("lookahead", &CudaCommOptions::lookahead)
       .def_readwrite("host_events", &CudaCommOptions::host_events)
-      .def_readwrite("fence_counters", &CudaCommOptions::fence_counters);
+      .def_readwrite("fence_counters", &CudaCommOptions::fence_counters)
+      .def_readwrite("flight_entries", &CudaCommOptions::flight_entries);
 
   py::class_<CudaWork, std::shared_ptr<CudaWork>>(m, "CudaWork")
       .def("is_completed", &CudaWork::is_completed)
@@ -342,6 +343,20 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("poisoned", &CudaComm::poisoned)
       .def_property_readonly("poison_reason", &CudaComm::poison_reason)
       .def("abort", &CudaComm::abort, py::arg("reason"))
+      .def(
+          "set_flight_dump",
+          [](CudaComm& c, const std::string& path, int rank, int size, const std::string& comm) {
+            c.set_flight_dump(path, rank, size, comm);
+          },
+          py::arg("path"), py::arg("rank"), py::arg("size"), py::arg("comm"),
+          "Where the flight recorder writes this communicator's ring; SIGUSR1 writes it too.")
+      .def(
+          "flight_dump",
+          [](CudaComm& c, const std::string& reason) {
+            py::gil_scoped_release nogil;
+            return c.flight().dump(reason);
+          },
+          py::arg("reason"))
       .def("check", [](CudaComm& c) { c.check("wait"); })
       // Registered buffers (cuda/registry.h). alloc: device memory for CudaComm.empty (its
       // registrations lapse when the allocation goes); register_handle, then the rendezvous

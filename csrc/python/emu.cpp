@@ -71,6 +71,7 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("lookahead", &emu::EmuOptions::lookahead)
       .def_readwrite("host_events", &emu::EmuOptions::host_events)
       .def_readwrite("fence_counters", &emu::EmuOptions::fence_counters)
+      .def_readwrite("flight_entries", &emu::EmuOptions::flight_entries)
       .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)
       .def_readwrite("step_delay_ms", &emu::EmuOptions::step_delay_ms)
       .def_readwrite("host_checks", &emu::EmuOptions::check_mismatch)
@@ -93,6 +94,18 @@ PYBIND11_MODULE(_emu, m) {
            py::arg("gpus") = std::vector<int>{})
       .def("unlink", &emu::EmuComm::unlink)
       .def("abort", &emu::EmuComm::abort, py::arg("reason"))
+      .def(
+          "set_flight_dump",
+          [](emu::EmuComm& c, const std::string& path, int rank, int size,
+             const std::string& comm) { c.set_flight_dump(path, rank, size, comm); },
+          py::arg("path"), py::arg("rank"), py::arg("size"), py::arg("comm"))
+      .def(
+          "flight_dump",
+          [](emu::EmuComm& c, const std::string& reason) {
+            py::gil_scoped_release nogil;
+            return c.flight().dump(reason);
+          },
+          py::arg("reason"))
       // A backends.Call on numpy arrays, as the host backend takes one (its stream and
       // async_op are not the emulator's: it runs the call to completion).
       .def(

@@ -195,9 +195,23 @@ def test_emulated_launch_end_is_reported_after_every_block(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_emulated_mismatched_call_of_several_blocks_moves_nothing(mode):
-    out = run_mpi(3, "emulated.py", mode, "gate")
+def test_emulated_mismatched_call_of_several_blocks_moves_nothing(mode, tmp_path):
+    out = run_mpi(3, "emulated.py", mode, "gate", env={"FLIGHT_DIR": str(tmp_path)})
     assert out.count(f"gate {mode} ranks=3: nothing moved") == 3, out
+    # The device's flight recorder wrote each rank's ring as the mismatch aborted it: the
+    # all-gather issued (queued: the host does not follow a GPU call further), rank 2's count
+    # the odd one, named by the analyzer.
+    from pycollectives.trace import flight
+
+    (docs,) = flight.load(tmp_path).values()
+    assert sorted(docs) == [0, 1, 2], docs
+    for r, doc in docs.items():
+        (call,) = doc["calls"]
+        assert (call["call"], call["seq"], call["state"]) == ("all_gather", 1, "queued"), call
+        assert call["count"] == 5000 - 16 * (r == 2) and call["algo"] == "direct", call
+        assert "count" in doc["reason"], doc["reason"]
+    report = flight.analyze(tmp_path)
+    assert "rank(s) 2: all_gather #1 (4984 x float32)" in report, report
 
 
 # Host mode through scratch (device/host_steps.h, run_scratch): all-reduce, reduce and

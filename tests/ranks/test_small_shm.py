@@ -63,7 +63,5 @@ def test_ranks_fit_a_small_dev_shm(size, nprocs, slot):
 
 
 def test_below_every_footprint_each_rank_raises_the_same_error():
-    out = in_small_shm("48m", 8, "refused", doctor=True)
+    out = in_small_shm("64m", 8, "refused")  # 4 MiB left once MPICH has started
     assert "refused: not enough shared memory for 8 ranks" in out, out
-    verdict = json.loads(out.split("doctor: ", 1)[1].splitlines()[0])
-    assert verdict["level"] == "FAIL", verdict

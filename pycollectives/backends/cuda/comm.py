@@ -44,6 +44,7 @@ from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_r
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS_FOR, algo_code, op_code
 from pycollectives.options import Options
+from pycollectives.trace import flight
 from pycollectives.runtime import arrays
 from pycollectives.runtime.bootstrap import as_group
 from pycollectives.work import InFlight, Work
@@ -243,6 +244,7 @@ class CudaComm:
             native.close()
             raise
         native.unlink()  # every peer has mapped ours (or given up): the names can go
+        flight.attach(native, options, flight.comm_id(reports[0][2]), rank, size)
         self._c = native
 
     # -- lifetime -----------------------------------------------------------------------------

@@ -64,6 +64,9 @@ class FakeNativeComm:
     def unlink(self):
         pass
 
+    def set_flight_dump(self, path, rank, size, comm):
+        self.flight = (path, rank, size, comm)
+
     def check(self):
         pass
 

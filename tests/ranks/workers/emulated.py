@@ -623,6 +623,8 @@ def gate(mpi, mode):
     2's call. Every rank raises CollectiveMismatch, and no output element was written."""
     dev = EmulatedDevice(mpi, mode, "small", blocks=4, timeout=10.0)
     n, r = mpi.size, mpi.rank
+    if os.environ.get("FLIGHT_DIR"):  # the device's flight recorder writes its ring there
+        dev.dev.set_flight_dump(f"{os.environ['FLIGHT_DIR']}/rank{r}.json", r, n, "gate")
     count = 5000 - 16 * (r == 2)
     x = np.full(count, r + 1, np.float32)
     out = np.full(n * count, -7, np.float32)
