@@ -44,9 +44,9 @@ from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_r
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS_FOR, algo_code, op_code
 from pycollectives.options import Options
-from pycollectives.trace import flight
 from pycollectives.runtime import arrays
 from pycollectives.runtime.bootstrap import as_group
+from pycollectives.trace import flight
 from pycollectives.work import InFlight, Work
 
 
