@@ -135,9 +135,7 @@ class DeviceComm {
   FlightRecorder& flight() { return flight_; }
   void set_flight_dump(const std::string& path, int rank, int size, const std::string& comm) {
     flight_.set_dump(path, rank, size, comm);
-    if (path.empty() || !flight_.on()) return;
-    FlightRecorder::install_signal_handler();
-    shm_.set_flight_signal();
+    if (!path.empty() && flight_.on()) shm_.set_flight_signal();
   }
   std::string poison_reason() const {
     std::lock_guard<std::mutex> g(reason_mu_);
@@ -150,7 +148,7 @@ class DeviceComm {
     }
     aborted_.store(true);
     d().stop_device();
-    if (!flight_dumped_.exchange(true)) flight_.dump(reason, /*failure=*/true);
+    flight_.dump(reason, /*failure=*/true);
   }
   // Raises the error an earlier device wait or a dead peer left behind, if any.
   void check(const char* name) {
@@ -192,7 +190,7 @@ class DeviceComm {
       check_capturable(name, kernel, empty || registered.on || plans_.find(call, algo) != nullptr);
     const uint64_t seq = ++seq_;
     d().trace(call, seq, algo);
-    const uint64_t fid = flight_.begin(flight_call(call, seq, algo), FlightState::Queued);
+    const uint64_t fid = flight_.begin(flight_call_of(call, seq, algo), FlightState::Queued);
     Fingerprint mine = Fingerprint::of_call(seq, call, algo);
     if (registered.on) mine = registered_fingerprint(mine, registered);
     FingerprintGuard guard(shm_, mine);
@@ -246,19 +244,6 @@ class DeviceComm {
     }
   }
 
-  // A call's facts for the flight recorder.
-  static FlightCall flight_call(const CollectiveCall& call, uint64_t seq, Algo algo) {
-    FlightCall f;
-    f.kind = call.barrier ? kFlightBarrier : static_cast<uint32_t>(call.collective);
-    f.dtype = static_cast<uint32_t>(call.dtype);
-    f.op = static_cast<uint32_t>(call.op);
-    f.algo = static_cast<uint32_t>(algo);
-    f.root = call.root;
-    f.count = call.count;
-    f.seq = seq;
-    return f;
-  }
-
   // A call failed with `e`: abort (which writes the ring) and, after a timeout, ask the
   // peers on this machine for theirs.
   void failed(const CollectiveError& e) {
@@ -274,7 +259,7 @@ class DeviceComm {
     const uint64_t seq = ++seq_;
     CollectiveCall none;
     none.barrier = true;
-    const uint64_t fid = flight_.begin(flight_call(none, seq, Algo::Auto), FlightState::Started);
+    const uint64_t fid = flight_.begin(flight_call_of(none, seq, Algo::Auto), FlightState::Started);
     Fingerprint mine;
     mine.seq = seq;
     mine.kind = kBarrierKind;
@@ -536,7 +521,6 @@ class DeviceComm {
   std::atomic<double> timeout_s_;
   std::atomic<bool> aborted_{false};
   FlightRecorder flight_;
-  std::atomic<bool> flight_dumped_{false};
   mutable std::mutex reason_mu_;
   std::string poison_reason_;
   std::mutex run_mu_;  // one call at a time

@@ -79,20 +79,7 @@ HostComm::~HostComm() {
 
 void HostComm::abort(const std::string& reason) {
   poison(reason);
-  if (!flight_dumped_.exchange(true)) flight_.dump(reason, /*failure=*/true);
-}
-
-FlightCall HostComm::flight_call(const CollectiveCall& call, uint64_t seq) {
-  FlightCall f;
-  f.kind = call.barrier ? kFlightBarrier : static_cast<uint32_t>(call.collective);
-  f.dtype = static_cast<uint32_t>(call.dtype);
-  f.op = static_cast<uint32_t>(call.op);
-  f.algo = static_cast<uint32_t>(call.algo);
-  f.root = call.root;
-  f.count = call.count;
-  f.seq = seq;
-  f.outer_seq = call.outer[0];
-  return f;
+  flight_.dump(reason, /*failure=*/true);
 }
 
 void HostComm::poison(const std::string& reason) const {
@@ -287,9 +274,7 @@ void HostComm::failed(const CollectiveError& e) {
 void HostComm::set_flight_dump(const std::string& path, int rank, int size,
                                const std::string& comm) {
   flight_.set_dump(path, rank, size, comm);
-  if (path.empty() || !flight_.on()) return;
-  FlightRecorder::install_signal_handler();
-  transport_.set_flight_signal();
+  if (!path.empty() && flight_.on()) transport_.set_flight_signal();
 }
 
 void HostComm::run(const CollectiveCall& call) {
@@ -303,7 +288,7 @@ void HostComm::run(const CollectiveCall& call) {
   }
   std::lock_guard<std::mutex> g(exec_mu_);
   const uint64_t seq = ++seq_;
-  flight_id_ = flight_.begin(flight_call(call, seq), FlightState::Started);
+  flight_id_ = flight_.begin(flight_call_of(call, seq, call.algo), FlightState::Started);
   try {
     execute(call, seq);
   } catch (...) {
@@ -320,7 +305,8 @@ std::shared_ptr<Work> HostComm::submit(const CollectiveCall& call) {
     std::lock_guard<std::mutex> g(queue_mu_);
     if (stopping_) throw CollectiveError("communicator is closing");
     work->seq_ = ++seq_;
-    work->flight_id_ = flight_.begin(flight_call(call, work->seq_), FlightState::Queued);
+    work->flight_id_ =
+        flight_.begin(flight_call_of(call, work->seq_, call.algo), FlightState::Queued);
     queue_.emplace_back(call, work);
     ++pending_;
     if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });

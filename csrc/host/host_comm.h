@@ -173,7 +173,6 @@ class HostComm {
 
  private:
   void execute(const CollectiveCall& call, uint64_t seq);
-  static FlightCall flight_call(const CollectiveCall& call, uint64_t seq);
   // A collective failed with `e`: poisons the communicator (abort, which writes the flight
   // record) and, after a timeout, asks the peers for theirs.
   void failed(const CollectiveError& e);
@@ -188,7 +187,6 @@ class HostComm {
   HostCommOptions opts_;
   FlightRecorder flight_;
   uint64_t flight_id_ = 0;  // the running collective's entry (under exec_mu_)
-  std::atomic<bool> flight_dumped_{false};
   ShmTransport transport_;
   ChannelCounters counters_;
   std::vector<uint8_t> scratch_;

@@ -248,11 +248,14 @@ std::vector<FlightRecord> FlightRecorder::snapshot() const {
 
 void FlightRecorder::set_dump(const std::string& path, int rank, int size,
                               const std::string& comm_id) {
-  std::lock_guard<std::mutex> g(dump_mu_);
-  path_ = path;
-  rank_ = rank;
-  size_ = size;
-  comm_id_ = comm_id;
+  {
+    std::lock_guard<std::mutex> g(dump_mu_);
+    path_ = path;
+    rank_ = rank;
+    size_ = size;
+    comm_id_ = comm_id;
+  }
+  if (!path.empty() && on()) install_signal_handler();
 }
 
 std::string FlightRecorder::pointer() const {
@@ -265,7 +268,10 @@ std::string FlightRecorder::pointer() const {
 
 bool FlightRecorder::dump(const std::string& reason, bool failure) const {
   std::lock_guard<std::mutex> g(dump_mu_);
-  if (failure) failed_ = true;
+  if (failure) {
+    if (failed_) return false;  // the first failure's record stays
+    failed_ = true;
+  }
   return write_locked(reason);
 }
 

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "algo/call.h"
+
 namespace pycoll {
 
 enum class FlightState : uint32_t { Empty = 0, Queued = 1, Started = 2, Ended = 3, Failed = 4 };
@@ -33,6 +35,21 @@ struct FlightCall {
   uint64_t seq = 0;        // the collective's sequence number on its communicator (0: p2p)
   uint64_t outer_seq = 0;  // the call across nodes this is a node-local phase of (0: none)
 };
+
+// The facts of `call`, collective #seq, running `algo` (a node-local phase names the call
+// across nodes it belongs to: CollectiveCall::outer).
+inline FlightCall flight_call_of(const CollectiveCall& call, uint64_t seq, Algo algo) {
+  FlightCall f;
+  f.kind = call.barrier ? kFlightBarrier : static_cast<uint32_t>(call.collective);
+  f.dtype = static_cast<uint32_t>(call.dtype);
+  f.op = static_cast<uint32_t>(call.op);
+  f.algo = static_cast<uint32_t>(algo);
+  f.root = call.root;
+  f.count = call.count;
+  f.seq = seq;
+  f.outer_seq = call.outer[0];
+  return f;
+}
 
 // One entry as read back, times in steady-clock nanoseconds (0: not reached).
 struct FlightRecord {
@@ -64,7 +81,8 @@ class FlightRecorder {
   std::vector<FlightRecord> snapshot() const;
 
   // Where `dump` writes (a JSON file; empty: nowhere) and what it says about this
-  // communicator (its rank, size, the id every rank shares).
+  // communicator (its rank, size, the id every rank shares). With a path, SIGUSR1 writes it
+  // too (install_signal_handler).
   void set_dump(const std::string& path, int rank, int size, const std::string& comm_id);
   const std::string& dump_path() const { return path_; }
   // What an error message adds to point at the dump: "" without a dump path, else
@@ -72,8 +90,8 @@ class FlightRecorder {
   std::string pointer() const;
   // Writes the ring to the dump path (atomically: a temporary file renamed over it) with
   // `reason`; returns false when there is no path or the file cannot be written. A later
-  // call replaces the file, but for SIGUSR1's (dump_all) once the communicator has failed
-  // (`failure`): its failure's record, which says why, stays.
+  // call replaces the file, but only the first `failure` writes, and SIGUSR1's (dump_all)
+  // no longer once one has: the first failure's record, which says why, stays.
   bool dump(const std::string& reason, bool failure = false) const;
 
   // Writes every live recorder's ring (the SIGUSR1 handler's thread does this).

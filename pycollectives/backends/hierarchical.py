@@ -225,12 +225,12 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         """Runs fn(seq) after every collective issued before it; returns a Work's native handle
         (async_op) or None. Only collectives count in `seq` (every rank runs them); the first
         is #1, as on one node."""
+        # The call in the flight recorder of this node's communicator, whose own entries are
+        # this call's node-local phases (set by run and barrier; taken whatever happens next).
+        what, self._flight_call = self._flight_call, None
         self._check_usable()
         self.seq += int(collective)
         seq = self.seq
-        # The call in the flight recorder of this node's communicator, whose own entries are
-        # this call's node-local phases (set by run and barrier).
-        what, self._flight_call = self._flight_call, None
         fid = 0 if what is None else self.host.flight_begin(*what, seq, async_op)
 
         def guarded():
@@ -333,6 +333,13 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         record = record if self.checking else None
         root = call.root if c in ("broadcast", "reduce", "gather", "scatter") else 0
         self._flight_call = (collective_code(c), count, dtype, call.op, root)
+        try:
+            return self._dispatch(call, a, count, dtype, record)
+        finally:
+            self._flight_call = None  # a call refused before its submit leaves nothing behind
+
+    def _dispatch(self, call, a, count, dtype, record):
+        c = call.collective
         if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
             return self.flat(call, a, count, dtype, record)
         if a is None and not self.even:
