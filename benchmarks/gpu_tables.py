@@ -144,19 +144,20 @@ def tables() -> dict[str, list[str]]:
     }
 
 
-def rewrite(page: str, made: dict[str, list[str]]) -> str:
-    """`page` with each table's block replaced by `made`'s, at the marker's indentation."""
+def rewrite(page: str, made: dict[str, list[str]], kind: str = "gpu-table") -> str:
+    """`page` with each table's block (between `<!-- KIND NAME -->` and `<!-- end KIND -->`)
+    replaced by `made`'s, at the marker's indentation. perf_page.py writes its tables with it
+    too."""
     for name, lines in made.items():
         pattern = re.compile(
-            rf"^( *)<!-- gpu-table {re.escape(name)} -->\n.*?^ *<!-- end gpu-table -->$",
-            re.M | re.S,
+            rf"^( *)<!-- {kind} {re.escape(name)} -->\n.*?^ *<!-- end {kind} -->$", re.M | re.S
         )
         m = pattern.search(page)
         if m is None:
-            raise ValueError(f"{PAGE.name} has no <!-- gpu-table {name} --> block")
+            raise ValueError(f"{PAGE.name} has no <!-- {kind} {name} --> block")
         pad = m.group(1)
         body = "\n".join(pad + line if line else "" for line in lines)
-        block = f"{pad}<!-- gpu-table {name} -->\n{body}\n{pad}<!-- end gpu-table -->"
+        block = f"{pad}<!-- {kind} {name} -->\n{body}\n{pad}<!-- end {kind} -->"
         page = page[: m.start()] + block + page[m.end() :]
     return page
 

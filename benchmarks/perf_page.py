@@ -606,20 +606,10 @@ def tables() -> dict[str, list[str]]:
     return {name: make() for name, make in TABLES.items()}
 
 
-def rewrite(page: str, made: dict[str, list[str]], kind: str = "perf-table") -> str:
-    """`page` with each table's block replaced by `made`'s."""
-    for name, lines in made.items():
-        pattern = re.compile(
-            rf"^( *)<!-- {kind} {re.escape(name)} -->\n.*?^ *<!-- end {kind} -->$", re.M | re.S
-        )
-        m = pattern.search(page)
-        if m is None:
-            raise ValueError(f"{PAGE.name} has no <!-- {kind} {name} --> block")
-        pad = m.group(1)
-        body = "\n".join(pad + line if line else "" for line in lines)
-        block = f"{pad}<!-- {kind} {name} -->\n{body}\n{pad}<!-- end {kind} -->"
-        page = page[: m.start()] + block + page[m.end() :]
-    return page
+def rewrite(page: str, made: dict[str, list[str]]) -> str:
+    """`page` with each of these tables' blocks (`<!-- perf-table NAME -->`) replaced by
+    `made`'s: gpu_tables.py's rewrite, for the other kind of marker."""
+    return gpu_tables().rewrite(page, made, "perf-table")
 
 
 def gpu_tables():
