@@ -247,7 +247,9 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("nslots", [](const HostComm& c) { return c.options().nslots; })
       .def_property_readonly("poisoned", &HostComm::poisoned)
       .def_property_readonly("poison_reason", &HostComm::poison_reason)
-      .def("abort", &HostComm::abort, py::arg("reason"))
+      // Without the GIL: abort writes the flight record (a file), and the heartbeat thread of
+      // a communicator over nodes calls it while the ranks' other threads run Python.
+      .def("abort", &HostComm::abort, py::arg("reason"), py::call_guard<py::gil_scoped_release>())
       .def("revoke", &HostComm::revoke)
       .def(
           "set_flight_dump",
