@@ -193,7 +193,8 @@ class Communicator:
         it, waiting now or started later, raises CollectiveError at once, instead of waiting
         for a rank that will not come. Call it when this rank saw a failure its peers may not
         see (a dead peer it alone waited for); then ``shrink``. Only ``agree`` and ``shrink``
-        still work on a revoked communicator. On one machine (shared memory)."""
+        still work on a revoked communicator. On one machine and across nodes (over the store);
+        the error names the first rank that revoked."""
         self._board("revoke").revoke()
 
     def agree(self, flag: int) -> int:

@@ -201,9 +201,11 @@ class StoreBoard:
 
     def revoke(self):
         """Every rank's operations on the communicator fail from now on (this rank's at once,
-        the others' once their heartbeat thread sees the key)."""
-        self.store.set(self.revoke_key, str(self.rank))
-        self.seen_revoked(self.rank)
+        the others' once their heartbeat thread sees the key). The key keeps the first
+        revoker: survivors that revoke in turn after seeing it (as each one's recovery does)
+        must not make a rank that has not looked yet name one of them instead."""
+        first = self.store.compare_set(self.revoke_key, "", str(self.rank))
+        self.seen_revoked(int(first))
 
     def seen_revoked(self, by: int):
         """The revocation by rank `by`, seen here: `on_revoke(by)`, once."""

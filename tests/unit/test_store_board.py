@@ -110,6 +110,23 @@ def test_a_revocation_reaches_every_board(stores):
         x.close()
 
 
+def test_a_revocation_names_the_first_revoker_whoever_revokes_after(stores):
+    # Survivors revoke in turn once they see a revocation (their recovery does); a rank whose
+    # heartbeat thread looks only after that must still name the first (it named the last).
+    _, clients = stores
+    seen = []
+    b = boards(clients[:2], on_revoke=lambda by: seen.append(by))
+    b[1].revoke()
+    b[0].revoke()
+    late = StoreBoard(clients[2], "t", 2, INSTANCES, 10.0, seen.append)
+    deadline = time.monotonic() + 2
+    while len(seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert seen == [1, 1, 1], seen
+    for x in [*b, late]:
+        x.close()
+
+
 def test_a_survivors_group_sees_a_lost_member_alike(stores):
     server, clients = stores
     groups = [BoardStoreGroup(c, INSTANCES, [0, 1, 2], r, "g", 10.0) for r, c in enumerate(clients)]
