@@ -63,6 +63,11 @@ PYCOLL_CUDA_HOST_EVENTS    1                GPU host mode: registered calls and 
 PYCOLL_CUDA_FENCE_COUNTERS 1                GPU host mode's fences on counters where every
                                             GPU has stream memory operations (0: always on
                                             interprocess events)
+PYCOLL_CUDA_REGISTER_BYTES 0 (off)          registration on first use: all-reduces,
+                                            reduces, broadcasts, reduce-scatters and
+                                            all-gathers of at least this many bytes on
+                                            arrays no one registered run zero-copy over
+                                            every rank's allocation (off until measured)
 =========================  ===============  ==================================================
 """
 
@@ -185,6 +190,7 @@ class Options:
     cuda_host_events: bool = True
     cuda_fence_counters: bool = True
     cuda_ll_bytes: int = 32 << 10
+    cuda_register_bytes: int = 0
     cuda_sync: str | None = None
 
     @classmethod
@@ -230,6 +236,9 @@ class Options:
             cuda_staging_slots=pick(None, "PYCOLL_CUDA_STAGING_SLOTS", d.cuda_staging_slots, int),
             cuda_blocks=pick(None, "PYCOLL_CUDA_BLOCKS", d.cuda_blocks, _blocks),
             cuda_ll_bytes=pick(None, "PYCOLL_CUDA_LL_BYTES", d.cuda_ll_bytes, int),
+            cuda_register_bytes=pick(
+                None, "PYCOLL_CUDA_REGISTER_BYTES", d.cuda_register_bytes, int
+            ),
             cuda_sync=None if sync == "auto" else sync,
             cuda_host_twoshot=switch("PYCOLL_CUDA_HOST_TWOSHOT", d.cuda_host_twoshot),
             cuda_lookahead=switch("PYCOLL_CUDA_LOOKAHEAD", d.cuda_lookahead),
@@ -263,6 +272,10 @@ class Options:
             )
         if self.cuda_ll_bytes < 0:
             raise ValueError(f"PYCOLL_CUDA_LL_BYTES must be >= 0, got {self.cuda_ll_bytes}")
+        if self.cuda_register_bytes < 0:
+            raise ValueError(
+                f"PYCOLL_CUDA_REGISTER_BYTES must be >= 0, got {self.cuda_register_bytes}"
+            )
         if not 0 <= self.flight_entries <= 1 << 20:
             raise ValueError(
                 f"PYCOLL_FLIGHT_RECORDER must be in [0, {1 << 20}], got {self.flight_entries}"
@@ -306,6 +319,7 @@ class Options:
         o.nblocks = blocks or self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), 1)
         o.ll_max_bytes = self.cuda_ll_bytes
         o.host_twoshot = self.cuda_host_twoshot
+        o.register_on_use_bytes = self.cuda_register_bytes
         o.lookahead = self.cuda_lookahead
         o.host_events = self.cuda_host_events
         if self.oneshot_bytes is not None:

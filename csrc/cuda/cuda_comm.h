@@ -80,6 +80,10 @@ struct CudaCommOptions {
   // and all-to-alls through scratch (run_scratch, host_scratch_eligible), two fences per
   // chunk, not a host round trip per step.
   bool host_twoshot = true;
+  // Registration on first use (device/first_use.h): calls of at least this many bytes whose
+  // buffers no one registered trade where they lie and run over them zero-copy where every
+  // rank's can be shared; 0: off (off until measured on a GPU).
+  size_t register_on_use_bytes = 0;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
   bool lookahead = false;
   // Host mode's registered calls and scratch fence on interprocess events (event_fence): the
@@ -221,6 +225,13 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t, CudaPlanMemory> {
   // `call` over registered buffers where they are (registered_call; off otherwise), which
   // run_registered runs (the two-shot for an all-reduce).
   RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
+  // Registration on first use (device/first_use.h, the registry's).
+  BufferRecord buffer_of(const void* p, size_t bytes, const SentAllocations& sent) {
+    return registry_.buffer_of(p, bytes, sent);
+  }
+  uint8_t* map_peer(int q, const BufferRecord& r) { return registry_.map_peer(q, r); }
+  void shared_everywhere(uint64_t) {}  // a handle needs no removing
+  const PeerMappings<IpcMapping>& peer_mappings() const { return registry_.peer_mappings(); }
   void stop_device();
   // A mismatch found on the host: our device segment's failure word stops peers' device waits.
   void stop_peers();

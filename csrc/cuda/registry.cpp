@@ -1,5 +1,6 @@
 #include "cuda/registry.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -25,6 +26,14 @@ GetAddressRange address_range_fn() {
   return fn;
 }
 
+// cuPointerGetAttributes, its attribute enum spelled as int.
+using GetAttributes = int (*)(unsigned count, int* attributes, void** data, unsigned long long ptr);
+
+GetAttributes attributes_fn() {
+  static GetAttributes fn = reinterpret_cast<GetAttributes>(driver_entry("cuPointerGetAttributes"));
+  return fn;
+}
+
 }  // namespace
 
 CudaAllocation::CudaAllocation(int device, size_t bytes) : device_(device), bytes_(bytes) {
@@ -37,6 +46,7 @@ namespace {
 struct Deferred {
   std::mutex mu;
   std::vector<std::pair<int, void*>> frees;              // (device, pointer; host: -1)
+  std::vector<std::pair<int, void*>> closes;             // (device, IPC-mapped pointer)
   std::vector<std::pair<const void*, QuietHook>> hooks;  // live communicators
 };
 
@@ -65,10 +75,15 @@ void free_on(int device, void* p) {
 
 // Frees what waits where every communicator is quiet (d.mu held); returns how many.
 size_t free_if_quiet(Deferred& d) {
-  if (d.frees.empty() || !all_quiet(d)) return 0;
+  if ((d.frees.empty() && d.closes.empty()) || !all_quiet(d)) return 0;
   for (const auto& [dev, q] : d.frees) free_on(dev, q);
-  const size_t n = d.frees.size();
+  for (const auto& [dev, q] : d.closes) {
+    DeviceGuard dg(dev);
+    cudaIpcCloseMemHandle(q);
+  }
+  const size_t n = d.frees.size() + d.closes.size();
   d.frees.clear();
+  d.closes.clear();
   return n;
 }
 
@@ -96,6 +111,14 @@ void defer_free(int device, void* p) {
 }
 
 void defer_free_host(void* p) { defer_free(-1, p); }
+void defer_close_ipc(int device, void* p) {
+  // Only queued: a mapping goes in the middle of a call (a newer allocation of its rank came),
+  // whose communicator's quiet hook must not be asked from within it; the next call's start or
+  // a close runs it (free_deferred).
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> g(d.mu);
+  d.closes.emplace_back(device, p);
+}
 
 size_t free_deferred() {
   Deferred& d = deferred();
@@ -106,7 +129,7 @@ size_t free_deferred() {
 size_t frees_deferred() {
   Deferred& d = deferred();
   std::lock_guard<std::mutex> g(d.mu);
-  return d.frees.size();
+  return d.frees.size() + d.closes.size();
 }
 
 CudaAllocation::~CudaAllocation() {
@@ -192,8 +215,54 @@ void IpcRegistry::release(uint64_t id) {
   table_.drop(id);
 }
 
+BufferRecord IpcRegistry::buffer_of(const void* p, size_t bytes, const SentAllocations& sent) {
+  const GetAttributes attributes = attributes_fn();
+  if (attributes == nullptr || p == nullptr) return BufferRecord{};
+  // One driver call: the allocation's id (never reused in the process), its range, and
+  // whether cudaIpcGetMemHandle can export it (not memory of the virtual memory management
+  // API, as torch's expandable segments are).
+  unsigned long long id = 0, start = 0;
+  size_t range_bytes = 0;
+  int ipc_capable = 0, ordinal = -1;
+  int which[] = {CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                 CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* data[] = {&id, &start, &range_bytes, &ipc_capable, &ordinal};
+  if (attributes(5, which, data, reinterpret_cast<uintptr_t>(p)) != 0 || ipc_capable == 0 ||
+      ordinal != device_)
+    return BufferRecord{};
+  return buffer_record(p, bytes, id, start, range_bytes, sent, [&] {
+    DeviceGuard dg(device_);
+    cudaIpcMemHandle_t h;
+    if (cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(start)) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      return std::string();
+    }
+    return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+  });
+}
+
+uint8_t* IpcRegistry::map_peer(int q, const BufferRecord& r) {
+  std::lock_guard<std::mutex> g(mu_);
+  return first_use_.map(q, r, [&](const std::string& handle, uint64_t) {
+    if (handle.size() != sizeof(cudaIpcMemHandle_t))
+      throw CollectiveError(str_cat("rank ", q, "'s IPC handle is malformed"));
+    cudaIpcMemHandle_t h;
+    std::copy(handle.begin(), handle.end(), reinterpret_cast<char*>(&h));
+    DeviceGuard dg(device_);
+    void* mapped = nullptr;
+    PYCOLL_CUDA_CHECK(cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess));
+    return std::make_pair(IpcMapping(device_, mapped), static_cast<uint8_t*>(mapped));
+  });
+}
+
+IpcMapping::~IpcMapping() {
+  if (p_ != nullptr) defer_close_ipc(device_, p_);
+}
+
 void IpcRegistry::close() {
   std::lock_guard<std::mutex> g(mu_);
+  first_use_.clear();
   if (opened_.empty() && external_.empty()) return;
   int previous = -1;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "device/first_use.h"
 #include "runtime/registrations.h"
 
 namespace pycoll {
@@ -37,6 +38,9 @@ namespace cuda {
 void defer_free(int device, void* p);
 // ... of page-locked host memory (cudaFreeHost), put off alike.
 void defer_free_host(void* p);
+// ... of a peer's allocation mapped here (cudaIpcCloseMemHandle unmaps it), put off until the
+// next free_deferred.
+void defer_close_ipc(int device, void* p);
 // Frees what was put off where the quiet hook says every communicator is quiet; returns how
 // many it freed.
 size_t free_deferred();
@@ -62,6 +66,24 @@ class CudaAllocation {
   uint8_t* data_ = nullptr;
 };
 
+// A peer's allocation mapped here (registration on first use), closed (put off, as a free) when
+// this goes.
+class IpcMapping {
+ public:
+  IpcMapping(int device, void* p) : device_(device), p_(p) {}
+  IpcMapping(IpcMapping&& o) noexcept : device_(o.device_), p_(o.p_) { o.p_ = nullptr; }
+  IpcMapping& operator=(IpcMapping&& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~IpcMapping();
+
+ private:
+  int device_;
+  void* p_;
+};
+
 class IpcRegistry {
  public:
   IpcRegistry(int rank, int size, int device)
@@ -80,6 +102,13 @@ class IpcRegistry {
   void release(uint64_t id);
   Registered find(const void* p, size_t bytes) const { return table_.find(p, bytes); }
   size_t live() const { return table_.live(); }
+  // Registration on first use (device/first_use.h): where [p, p + bytes) lies (the
+  // allocation's buffer id as its key; key 0 where cudaIpcGetMemHandle cannot export it), and
+  // rank q's allocation of a record, opened once and kept until a newer allocation of q
+  // overlaps it, or the close.
+  BufferRecord buffer_of(const void* p, size_t bytes, const SentAllocations& sent);
+  uint8_t* map_peer(int q, const BufferRecord& r);
+  const PeerMappings<IpcMapping>& peer_mappings() const { return first_use_; }
   // Closes every peer handle opened here; registrations end.
   void close();
 
@@ -91,6 +120,7 @@ class IpcRegistry {
   std::vector<std::weak_ptr<CudaAllocation>> allocs_;
   std::map<uint64_t, std::shared_ptr<const void>> external_;  // registrations kept for release
   Registrations table_;
+  PeerMappings<IpcMapping> first_use_{size_};
   std::mutex mu_;
 };
 

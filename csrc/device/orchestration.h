@@ -28,6 +28,10 @@
 //   LaunchSetup launch_setup(use_flags)    the device's pointers a launch needs
 //   uint32_t* finished_word()              KernelArgs::finished
 //   RegisteredCall registered_of(call, a)  the call over registered buffers, or off
+//   BufferRecord buffer_of(p, bytes, sent) where [p, p + bytes) lies, for registration on
+//                                          first use (first_use.h; key 0: not shareable)
+//   uint8_t* map_peer(q, record)           rank q's allocation of `record`, mapped here once
+//   void shared_everywhere(key)            our allocation `key` is mapped by every peer
 //   void stop_device()                     after abort: every device wait gives up
 //   void stop_peers()                      a mismatch found on the host: peers' waits stop
 //   bool closed()                          calls fail once the communicator is closed
@@ -38,6 +42,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,6 +51,7 @@
 
 #include "algo/call.h"
 #include "common/errors.h"
+#include "device/first_use.h"
 #include "device/host_steps.h"
 #include "device/kernel_args.h"
 #include "device/plan.h"
@@ -65,13 +71,14 @@ struct OrchestrationOptions {
   size_t slot_bytes = size_t{1} << 20;
   size_t oneshot_max_bytes = 64 * 1024;
   size_t direct_max_bytes = 256 * 1024;
-  size_t ll_max_bytes = 32 * 1024;  // kernel mode's LL limit (host mode: none)
-  bool check_mismatch = true;       // host mode compares every call on the host
-  bool host_twoshot = true;         // host mode through scratch (host_scratch_eligible)
-  bool lookahead = false;           // plan_params
-  bool host_events = true;          // host mode fences without the host waiting for the GPU
-  bool fence_counters = false;      // ... on counters (counter_fence), else events (event_fence)
-  size_t flight_entries = 1024;     // the flight recorder's ring (0: none)
+  size_t ll_max_bytes = 32 * 1024;   // kernel mode's LL limit (host mode: none)
+  bool check_mismatch = true;        // host mode compares every call on the host
+  bool host_twoshot = true;          // host mode through scratch (host_scratch_eligible)
+  size_t register_on_use_bytes = 0;  // registration on first use from this size (0: off)
+  bool lookahead = false;            // plan_params
+  bool host_events = true;           // host mode fences without the host waiting for the GPU
+  bool fence_counters = false;       // ... on counters (counter_fence), else events (event_fence)
+  size_t flight_entries = 1024;      // the flight recorder's ring (0: none)
 };
 
 // The orchestration's options out of a device's (CudaCommOptions, EmuOptions: the same names).
@@ -84,6 +91,7 @@ OrchestrationOptions orchestration_of(const O& o) {
   r.ll_max_bytes = o.ll_max_bytes;
   r.check_mismatch = o.check_mismatch;
   r.host_twoshot = o.host_twoshot;
+  r.register_on_use_bytes = o.register_on_use_bytes;
   r.lookahead = o.lookahead;
   r.host_events = o.host_events;
   r.fence_counters = o.fence_counters;
@@ -126,6 +134,12 @@ class DeviceComm {
   size_t plans_pinned() const { return plans_.pinned(); }
   uint64_t plans_built() const { return plans_built_; }
   uint64_t twoshot_runs() const { return twoshot_runs_; }
+  // Registration on first use (first_use.h): calls that ran over buffers registered so, the
+  // peers' allocations mapped here (ever, and now), and our allocations every peer has mapped.
+  uint64_t first_use_runs() const { return first_use_runs_; }
+  uint64_t first_use_opened() const { return d_const().peer_mappings().opened(); }
+  size_t first_use_mapped() const { return d_const().peer_mappings().live(); }
+  size_t first_use_sent() const { return first_use_sent_.size(); }
   uint64_t scratch_runs() const { return scratch_runs_; }
   uint64_t scratch_chunks() const { return scratch_chunks_; }
   bool poisoned() const { return aborted_.load(); }
@@ -185,14 +199,21 @@ class DeviceComm {
     const bool kernel = kernel_;
     const bool empty = moves_nothing(call, rank_, size_);
     // The two-shot reads no plan: a graph captures its launch arguments, pointers and all.
-    const RegisteredCall registered = d().registered_of(call, algo);
+    RegisteredCall registered = d().registered_of(call, algo);
     if (capturing)
       check_capturable(name, kernel, empty || registered.on || plans_.find(call, algo) != nullptr);
+    const bool first_use = !registered.on && !empty &&
+                           first_use_eligible(call, algo, o_.register_on_use_bytes, capturing);
     const uint64_t seq = ++seq_;
     d().trace(call, seq, algo);
     const uint64_t fid = flight_.begin(flight_call_of(call, seq, algo), FlightState::Queued);
     Fingerprint mine = Fingerprint::of_call(seq, call, algo);
     if (registered.on) mine = registered_fingerprint(mine, registered);
+    if (first_use) {
+      RegisteredCall marker;
+      marker.where[0] = kFirstUseWhere;
+      mine = registered_fingerprint(mine, marker);
+    }
     FingerprintGuard guard(shm_, mine);
     WaitContext w = wait_context(name, seq);
     try {
@@ -206,6 +227,7 @@ class DeviceComm {
       uint64_t widest = 0;  // the largest split of every rank's (scratch counts by it)
       if (!call.send_counts.empty())
         widest = check_split_matrix(shm_, guard, w, call.send_counts, call.recv_counts);
+      if (first_use) registered = trade_first_use(call, guard, w);
       if (meet) guard.finish(w);  // every peer runs this very call
       // Kernel mode, a blocking call outside a capture: one launch on the caller's stream (the
       // device reports its end in the done word). Otherwise the work goes on our stream,
@@ -412,6 +434,40 @@ class DeviceComm {
     return true;
   }
 
+  // Registration on first use (first_use.h): every rank's row of where its buffers lie,
+  // traded on the host; the call over every rank's buffers where every rank's are shareable,
+  // else off on every rank. The handles sent go on record once every peer has mapped them (the
+  // call runs zero-copy); an emulated allocation's name can go once every peer has read the
+  // rows of a later call (it has mapped this call's by then).
+  RegisteredCall trade_first_use(const CollectiveCall& call, FingerprintGuard& guard,
+                                 const WaitContext& w) {
+    const RegisteredBytes bytes = registered_bytes(call, size_);
+    FirstUseRow mine;
+    mine.in = d().buffer_of(call.in, bytes.in, first_use_sent_);
+    if (first_use_needs_output(call))
+      mine.out = d().buffer_of(call.out, bytes.out, first_use_sent_);
+    RegisteredCall t;
+    exchange_rows(shm_, guard, w, &mine, sizeof(mine), "a call registered on first use",
+                  [&](const uint8_t* raw) {
+                    std::vector<FirstUseRow> rows(size_);
+                    std::memcpy(static_cast<void*>(rows.data()), raw, size_ * sizeof(FirstUseRow));
+                    for (uint64_t key : first_use_mapped_by_peers_) d().shared_everywhere(key);
+                    first_use_mapped_by_peers_.clear();
+                    t = first_use_call(
+                        call, rows.data(), rank_, size_,
+                        [&](int q, const BufferRecord& r) { return d().map_peer(q, r); });
+                  });
+    if (t.on) {
+      ++first_use_runs_;
+      for (const BufferRecord* r : {&mine.in, &mine.out})
+        if (r->handle_bytes != 0) {
+          first_use_sent_.add(r->base, r->key);
+          first_use_mapped_by_peers_.push_back(r->key);
+        }
+    }
+    return t;
+  }
+
   // The collective over every rank's registered buffers (run_registered; the two-shot for an
   // all-reduce). Kernel mode: one launch on `stream` that compares the call with every peer's
   // first (its other blocks gated on that: launches_of), its entry synchronisation. Host mode
@@ -512,6 +568,9 @@ class DeviceComm {
   uint64_t seq_ = 0;
   uint64_t barrier_epoch_ = 0;  // host mode's meetings and fences (host_meet)
   uint64_t twoshot_runs_ = 0;
+  uint64_t first_use_runs_ = 0;
+  SentAllocations first_use_sent_;                   // our allocations every peer has mapped
+  std::vector<uint64_t> first_use_mapped_by_peers_;  // ... since the last trade
   uint64_t scratch_runs_ = 0;
   uint64_t scratch_chunks_ = 0;
   // The last eager kernel-mode launch: its stream and call number (0: none yet).

@@ -103,7 +103,8 @@ EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
     : DeviceComm(rank, size, checked(size, opts).nslots, cuda::orchestration_of(opts),
                  opts.timeout_s, EmuPlanMemory{}),
       opts_(opts),
-      registry_(rank, size) {
+      registry_(rank, size),
+      peer_maps_(size) {
   kernel_ = opts.kernel_mode;
   layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes,
                               opts.ll_flag_bits);
@@ -271,6 +272,21 @@ cuda::LaunchSetup EmuComm::launch_setup(bool use_flags) const {
 cuda::RegisteredCall EmuComm::registered_of(const CollectiveCall& call, Algo algo) const {
   return cuda::registered_call(call, algo, rank_, size_, [&](const void* p, size_t bytes) {
     return registry_.find(p, bytes);
+  });
+}
+
+cuda::BufferRecord EmuComm::buffer_of(const void* p, size_t bytes,
+                                      const cuda::SentAllocations& sent) {
+  const Registry::Found a = registry_.allocation_of(p, bytes);
+  return cuda::buffer_record(p, bytes, a.key, reinterpret_cast<uintptr_t>(a.data), a.bytes, sent,
+                             [&] { return a.name; });
+}
+
+uint8_t* EmuComm::map_peer(int q, const cuda::BufferRecord& r) {
+  return peer_maps_.map(q, r, [](const std::string& name, uint64_t bytes) {
+    ShmSegment seg = ShmSegment::open(name, std::max<uint64_t>(bytes, 1));
+    uint8_t* here = seg.data();
+    return std::make_pair(std::move(seg), here);
   });
 }
 

@@ -112,9 +112,10 @@ struct EmuOptions {
   // call's end is reported this much later.
   int finish_stagger_ms = 0;
   int previous_late_ms = 0;
-  bool host_twoshot = true;  // cuda::CudaCommOptions::host_twoshot
-  bool lookahead = false;    // cuda::CudaCommOptions::lookahead
-  bool host_events = true;   // cuda::CudaCommOptions::host_events
+  bool host_twoshot = true;          // cuda::CudaCommOptions::host_twoshot
+  size_t register_on_use_bytes = 0;  // cuda::CudaCommOptions::register_on_use_bytes
+  bool lookahead = false;            // cuda::CudaCommOptions::lookahead
+  bool host_events = true;           // cuda::CudaCommOptions::host_events
   // host_events: the fences on counters (cuda::counter_fence), as CudaComm's where the GPU has
   // 64-bit stream memory operations; false: on emulated interprocess events (event_fence),
   // whose queued waits bind when the queue reaches them, the weakest reading CUDA allows.
@@ -227,6 +228,12 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
   cuda::LaunchSetup launch_setup(bool use_flags) const;
   uint32_t* finished_word() { return &finished_; }
   cuda::RegisteredCall registered_of(const CollectiveCall& call, Algo algo) const;
+  // Registration on first use (device/first_use.h): an allocation's key is its number in the
+  // registry, its handle the segment's name; a peer's is mapped once (peer_maps_).
+  cuda::BufferRecord buffer_of(const void* p, size_t bytes, const cuda::SentAllocations& sent);
+  uint8_t* map_peer(int q, const cuda::BufferRecord& r);
+  void shared_everywhere(uint64_t key) { registry_.unlink_key(key); }
+  const cuda::PeerMappings<ShmSegment>& peer_mappings() const { return peer_maps_; }
   void stop_device() { __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE); }
   void stop_peers();
   bool closed() const { return false; }
@@ -267,6 +274,7 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
   uint64_t blocks_run_ = 0;
   uint64_t ll_steps_run_ = 0;
   Registry registry_;
+  cuda::PeerMappings<ShmSegment> peer_maps_;
   Traffic traffic_;
   cuda::DeviceStatus status_{};
   uint32_t error_claim_ = 0;

@@ -62,6 +62,27 @@ uint64_t Registry::add(const void* p, size_t bytes, const std::vector<RegisterHa
   return table_.add(p, bytes, std::move(at), std::move(extent), std::shared_ptr<const void>(mine));
 }
 
+Registry::Found Registry::allocation_of(const void* p, size_t bytes) const {
+  std::lock_guard<std::mutex> g(mu_);
+  Found f;
+  if (const std::shared_ptr<EmuAllocation> a = holding(allocs_, p, bytes)) {
+    f.key = a->key();
+    f.data = a->data();
+    f.bytes = a->bytes();
+    f.name = a->name();
+  }
+  return f;
+}
+
+void Registry::unlink_key(uint64_t key) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& w : allocs_)
+    if (const auto a = w.lock(); a && a->key() == key) {
+      a->seg_.unlink();
+      a->unlinked_ = true;
+    }
+}
+
 void Registry::unlink_exchanged() {
   std::lock_guard<std::mutex> g(mu_);
   for (const auto& w : allocs_)

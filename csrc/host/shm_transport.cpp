@@ -17,7 +17,7 @@ namespace pycoll {
 namespace {
 
 constexpr uint64_t kMagic = 0x4c4c4f4359434c50ull;  // "PYCOLLL" little-endian tag
-constexpr uint32_t kVersion = 7;
+constexpr uint32_t kVersion = 8;
 constexpr size_t kPage = 4096;
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -78,7 +78,7 @@ ShmTransport::Layout ShmTransport::layout(int size, size_t slot_bytes, int nslot
   l.flags = kPage;
   l.fingerprints = l.flags + static_cast<size_t>(flag_lines(size, p2p)) * kCacheLine;
   l.splits = l.fingerprints + fingerprint_bytes();
-  l.ft = round_up(l.splits + 2 * static_cast<size_t>(size) * sizeof(uint64_t), kCacheLine);
+  l.ft = round_up(l.splits + row_bytes(size), kCacheLine);
   l.data = round_up(l.ft + 2 * kFtSlotBytes, kPage);
   // One channel per peer (none to ourselves), then the broadcast channel.
   l.total = l.data + static_cast<size_t>(size) * nslots * slot_bytes;

@@ -15,6 +15,7 @@
 // and their posted/consumed counters, in flag lines after the collective ones.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -56,6 +57,8 @@ struct SegmentHeader {
 // One of a rank's two fault-tolerant board slots (host/fault_board.h): the round it belongs
 // to, the rank's value for it, and `bytes` of payload.
 constexpr size_t kFtSlotBytes = 4096;
+// A call's row (ShmTransport::row) holds at least this much, whatever the size.
+constexpr size_t kMinRowBytes = 256;
 struct FtSlot {
   uint64_t round;
   uint64_t value;
@@ -137,13 +140,15 @@ class ShmTransport {
 
   // `owner`'s fingerprint entry for collective #seq (a ring of recent entries).
   FingerprintSlot& fingerprint(int owner, uint64_t seq) const;
-  // `owner`'s split area: the collective its splits were published for, the latest collective
-  // for which `owner` has read every peer's area, and 2 * size counts (its send row, then its
-  // receive column).
+  // `owner`'s row for a call (runtime/splits.h, exchange_rows): the collective it was
+  // published for, the latest collective for which `owner` has read every peer's row, and the
+  // row, row_bytes(size) bytes (an all-to-all's 2 * size split counts: its send row, then its
+  // receive column; the buffers of a call registered on first use).
   std::atomic<uint64_t>& splits_seq(int owner) const { return flag(owner, size_ * 3 + 2); }
   std::atomic<uint64_t>& splits_read(int owner) const { return flag(owner, size_ * 3 + 3); }
-  uint64_t* splits(int owner) const {
-    return reinterpret_cast<uint64_t*>(base_[owner] + splits_offset_);
+  uint8_t* row(int owner) const { return base_[owner] + splits_offset_; }
+  static size_t row_bytes(int size) {
+    return std::max<size_t>(2 * static_cast<size_t>(size) * sizeof(uint64_t), kMinRowBytes);
   }
 
   // Non-zero once `owner` has revoked the communicator (host/fault_board.h).

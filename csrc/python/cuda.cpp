@@ -293,6 +293,7 @@ void bind_comm(py::module_& m) {
       .def_readwrite("debug", &CudaCommOptions::debug)
       .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch)
       .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot)
+      .def_readwrite("register_on_use_bytes", &CudaCommOptions::register_on_use_bytes)
       .def_readwrite("lookahead", &CudaCommOptions::lookahead)
       .def_readwrite("host_events", &CudaCommOptions::host_events)
       .def_readwrite("fence_counters", &CudaCommOptions::fence_counters)
@@ -384,6 +385,10 @@ void bind_comm(py::module_& m) {
           py::arg("id"))
       .def_property_readonly("registrations", [](CudaComm& c) { return c.registry().live(); })
       .def_property_readonly("twoshot_runs", &CudaComm::twoshot_runs)
+      .def_property_readonly("first_use_runs", &CudaComm::first_use_runs)
+      .def_property_readonly("first_use_opened", &CudaComm::first_use_opened)
+      .def_property_readonly("first_use_mapped", &CudaComm::first_use_mapped)
+      .def_property_readonly("first_use_sent", &CudaComm::first_use_sent)
       .def_property_readonly("scratch_runs", &CudaComm::scratch_runs)
       .def(
           "choose",

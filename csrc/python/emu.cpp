@@ -68,6 +68,7 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("finish_stagger_ms", &emu::EmuOptions::finish_stagger_ms)
       .def_readwrite("previous_late_ms", &emu::EmuOptions::previous_late_ms)
       .def_readwrite("host_twoshot", &emu::EmuOptions::host_twoshot)
+      .def_readwrite("register_on_use_bytes", &emu::EmuOptions::register_on_use_bytes)
       .def_readwrite("lookahead", &emu::EmuOptions::lookahead)
       .def_readwrite("host_events", &emu::EmuOptions::host_events)
       .def_readwrite("fence_counters", &emu::EmuOptions::fence_counters)
@@ -156,6 +157,10 @@ PYBIND11_MODULE(_emu, m) {
       .def("unlink_exchanged", [](emu::EmuComm& c) { c.registry().unlink_exchanged(); })
       .def_property_readonly("registrations", [](emu::EmuComm& c) { return c.registry().live(); })
       .def_property_readonly("twoshot_runs", &emu::EmuComm::twoshot_runs)
+      .def_property_readonly("first_use_runs", &emu::EmuComm::first_use_runs)
+      .def_property_readonly("first_use_opened", &emu::EmuComm::first_use_opened)
+      .def_property_readonly("first_use_mapped", &emu::EmuComm::first_use_mapped)
+      .def_property_readonly("first_use_sent", &emu::EmuComm::first_use_sent)
       .def_property_readonly("scratch_runs", &emu::EmuComm::scratch_runs)
       .def_property_readonly("scratch_chunks", &emu::EmuComm::scratch_chunks)
       // Bytes the device code's data loads and stores moved (emu/emu_checks.h, Traffic).

@@ -24,10 +24,11 @@ def test_registered_back_to_back_with_late_ranks(mode, nranks):
     assert f"registered back_to_back {mode} ranks={nranks}" in out, out
 
 
-def _traffic(nranks, count, part="traffic", names=("twoshot", "ring", "direct")):
+def _traffic(nranks, count, part="traffic", names=("twoshot", "ring", "direct"),
+             worker="emulated_registered.py"):  # fmt: skip
     """Every rank's counts per algorithm (or collective) of the worker's `part`: {name: {rank:
     (read_own, read_peer, write_own, write_peer)}} (emu Traffic, in bytes)."""
-    out = run_mpi(nranks, "emulated_registered.py", "kernel", part, str(count))
+    out = run_mpi(nranks, worker, "kernel", part, str(count))
     rows = {}
     for line in out.splitlines():
         if line.startswith("TRAFFIC "):

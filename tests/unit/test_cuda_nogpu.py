@@ -395,6 +395,20 @@ def test_ll_limit_reaches_the_cuda_transport():
         cuda_opts({"PYCOLL_CUDA_LL_BYTES": "lots"})
 
 
+def test_register_size_reaches_the_cuda_transport():
+    # PYCOLL_CUDA_REGISTER_BYTES: registration on first use from this size (0, the default and
+    # the native one: off until measured on a GPU).
+    cu = pytest.importorskip("pycollectives._cuda")
+
+    def size(env):
+        return Options.resolve(timeout=30.0, environ=env).cuda_options(cu).register_on_use_bytes
+
+    assert size({}) == cu.CudaCommOptions().register_on_use_bytes == 0
+    assert size({"PYCOLL_CUDA_REGISTER_BYTES": str(1 << 20)}) == 1 << 20
+    with pytest.raises(ValueError, match="PYCOLL_CUDA_REGISTER_BYTES"):
+        size({"PYCOLL_CUDA_REGISTER_BYTES": "-1"})
+
+
 def test_auto_block_count_splits_the_gpu_among_its_ranks():
     # PYCOLL_CUDA_BLOCKS=auto: a block per SM of the ranks' share of the GPU, 1 to 64. Worked by
     # hand: an H100 SXM has 132 SMs; 2 ranks on it get 66 each, capped at 64; 4 get 33; 8

@@ -215,6 +215,7 @@ class CudaComm:
                     opts.lookahead,
                     opts.host_events,
                     opts.fence_counters,
+                    opts.register_on_use_bytes,
                 ),
                 native.ipc_handle,
                 native.shm_name,
@@ -226,7 +227,7 @@ class CudaComm:
             same_on_every_rank(
                 [rep[0] for rep in reports],
                 "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
-                "lookahead, host events, fence counters)",
+                "lookahead, host events, fence counters, register-on-use bytes)",
             )
         except (CollectiveError, ValueError):
             if native is not None:
