@@ -103,8 +103,11 @@ def measure(coll, nbytes, comm, nccl, cp, mpi, iters, calls, registered=False) -
 
     row = {"size": max(give, get) * 4}  # reduce-scatter: its input, all-gather: its output
     sync = stream.synchronize
-    ours()  # the first call of a shape plans it
+    native = comm._cuda._native_comm()
+    before = native.first_use_runs
+    ours()  # the first call of a shape plans it (or registers its arrays on first use)
     sync()
+    row["first_use"] = native.first_use_runs > before  # ran zero-copy on unregistered arrays
     k = timing.calls_for(mpi, ours, sync, SYNC_BUDGET_S, iters)
     row["sync"] = timing.time_synchronised(mpi, ours, sync, k)
     k = timing.calls_for(mpi, ours, sync, B2B_BUDGET_S, calls, least=2)
@@ -189,6 +192,7 @@ def main():
     comm.all_reduce(warm)  # starts the CUDA transport
     cp.cuda.get_current_stream().synchronize()
     mode = comm._cuda.sync_mode  # kernel: one launch per call; host: the host drives steps
+    first_use = Options.resolve().cuda_register_bytes  # registration on first use (0: off)
     ll_bytes = Options.resolve().cuda_ll_bytes if mode == "kernel" else 0  # host mode: none
     copy_bw = gpu.copy_bandwidth(mpi, dev)
     floors = gpu.measure_floors(mpi, cp, kernel_mode=mode == "kernel")
@@ -211,8 +215,11 @@ def main():
         print(f"# nccl: {nccl.what}")
         if args.registered:
             print("# our arrays: registered buffers (comm.empty on the GPU): no staging")
+        elif first_use:
+            print(f"# our arrays: cupy's pool, registered on first use from {first_use} B "
+                  "(PYCOLL_CUDA_REGISTER_BYTES); rows marked * ran zero-copy")  # fmt: skip
     results = {"ranks": n, "device": dev.name, "sync_mode": mode, "ll_max_bytes": ll_bytes,
-               "registered": args.registered,
+               "registered": args.registered, "register_bytes": first_use,
                "copy_bw_gbs": copy_bw,
                "floors": vars(floors), "graph_per_call": graph, "nccl": nccl.what,
                "rows": {}}  # fmt: skip
@@ -234,7 +241,8 @@ def main():
                       f"{row['busbw']:>7.2f} {row['staged'] * 1e6:>10.1f} "
                       f"{row['nccl'] * 1e6:>8.1f} {row['bound'] * 1e6:>9.1f} "
                       f"{row['of_bound']:>8.1%} {row['x_floor']:>7.1f} "
-                      f"{row['staged_ratio']:>11.2f} {row['nccl_ratio']:>9.2f}",
+                      f"{row['staged_ratio']:>11.2f} {row['nccl_ratio']:>9.2f}"
+                      + (" *" if row["first_use"] else ""),
                       flush=True)  # fmt: skip
             dev.release()
         results["rows"][coll] = rows

@@ -218,6 +218,13 @@ def test_gpu_registered_buffers_in_host_mode(events):
     assert out.count("sync=host cases=") == 2, out
 
 
+def test_gpu_registration_on_first_use_in_host_mode():
+    # cupy's pool and torch's caching allocator, nothing registered: zero-copy from 4 KiB.
+    env = {"PYCOLL_CUDA_REGISTER_BYTES": "4096", "PYCOLL_CUDA_SYNC": "host"}
+    out = run_mpi(2, "gpu_extras.py", "first_use", env=env)
+    assert out.count("first_use rank=") == 2, out
+
+
 def test_gpu_one_rank_closes_at_once():
     # One rank, kernel mode: calls with nothing to launch never hold up close() (< 1 s).
     out = run_mpi(1, "gpu_extras.py", "one_rank", timeout=60)
@@ -371,6 +378,12 @@ class TestKernelMode:
         # this host: put off, not a hang until the timeout.
         out = run_mpi(2, "gpu_extras.py", "free_while_waiting", env=kernel_mode_env, timeout=120)
         assert out.count("free_while_waiting rank=") == 2, out
+
+    def test_gpu_registration_on_first_use(self, kernel_mode_env):
+        # As in host mode (test_gpu_registration_on_first_use_in_host_mode), one launch a call.
+        env = dict(kernel_mode_env, PYCOLL_CUDA_REGISTER_BYTES="4096")
+        out = run_mpi(2, "gpu_extras.py", "first_use", env=env)
+        assert out.count("first_use rank=") == 2, out
 
     def test_gpu_registered_two_shot(self, kernel_mode_env):
         # comm.empty / register and the two-shot all-reduce over them (device/twoshot_kernel.h).

@@ -112,7 +112,7 @@ TRAIN_EPOCHS=${TRAIN_EPOCHS:-3}
 # The GPU suite's tests of one path or protocol each (the first call), and the rest (the
 # second call's gpu stage); tests/gpu/conftest.py runs the path tests first in a whole suite.
 PATHS_K="not collective_matrix and not new_collectives and not training_job and not faults \
-and not bench_ and not call_cost"
+and not bench_ and not call_cost and not first_use_in_host_mode"
 if [ "$CALL" = second ]; then GPU_K="not ($PATHS_K)"; else GPU_K=""; fi
 
 # Resolved before the venv's bin goes first on PATH (it has a python3 of its own).
@@ -263,7 +263,8 @@ bench_mps() {
 }
 # The first call's figures, under an MPS daemon of its own (kernel mode on a shared GPU): what
 # the residency check finds on this GPU, then 8 B and 128 MiB all-reduces on 2 and 4 ranks,
-# synchronised, back to back and in a graph (gpu_bench.py), staged and registered.
+# synchronised, back to back and in a graph (gpu_bench.py), staged and registered; on 2 ranks
+# also registered on first use (cupy's pool, PYCOLL_CUDA_REGISTER_BYTES).
 figures() {
   local rc=0 one="--collectives all_reduce --iters 5 --calls 10"
   "$PY" - <<'EOF' || rc=1
@@ -288,6 +289,10 @@ EOF
         --min-bytes 128M --max-bytes 128M $one || rc=1
     done
   done
+  # cupy's pool, nothing registered: registration on first use (off by default until this
+  # measures it), against the staged and registered rows above.
+  PYCOLL_CUDA_SYNC=kernel PYCOLL_CUDA_REGISTER_BYTES=1M "$MPIEXEC" -n 2 "$PY" \
+    benchmarks/gpu_bench.py --min-bytes 128M --max-bytes 128M $one || rc=1
   echo quit | nvidia-cuda-mps-control # and clean_up_stage, should the stage not get here
   return $rc
 }

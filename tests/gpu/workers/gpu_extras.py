@@ -2,7 +2,7 @@
 
 Usage: mpiexec -n N python gpu_extras.py
     stream|streams|async|torch|mismatch|graph|ll|registered|one_rank|free_while_waiting|shapes|
-    event_probe
+    event_probe|first_use
 streams reads PYCOLL_TEST_CALLS (30: calls) and PYCOLL_TEST_LATE_MS (0: rank k % N sleeps this
 long before call k).
 """
@@ -435,6 +435,63 @@ def check_registered(comm: CudaComm):
     print(f"registered rank={r} sync={comm.sync_mode} cases={cases} twoshot={c.twoshot_runs}")
 
 
+def check_first_use(comm: CudaComm):
+    """Registration on first use (PYCOLL_CUDA_REGISTER_BYTES, set by the test): all-reduces,
+    reduce-scatters and all-gathers on cupy arrays from cupy's pool, at offsets that differ
+    between ranks, and on torch tensors from torch's caching allocator, run zero-copy
+    (first_use_runs counts them) and right (small integers: exact in any order); each
+    allocation is opened once per peer however many calls run over it; below the size, the
+    staged path."""
+    r, n, mpi = comm.rank, comm.size, MPI.COMM_WORLD
+    c = comm._native_comm()
+    rng = np.random.default_rng(62)
+    pool = cp.zeros(n * (1 << 20) + 64, cp.float32)  # one allocation of cupy's pool
+    cases = 0
+    for count in (1 << 10, 1 << 18, 1 << 20):
+        ins = [rng.integers(-8, 8, n * count).astype(np.float32) for _ in range(n)]
+        at = 3 * r + cases % 5  # differs between ranks
+        before = c.first_use_runs
+        x = pool[at : at + count]
+        x[...] = cp.asarray(ins[r][:count])
+        comm.all_reduce(x, None, 0, None, None, False)
+        assert np.array_equal(cp.asnumpy(x), sum(i[:count] for i in ins)), ("all_reduce", count)
+        x = pool[at : at + n * count]
+        x[...] = cp.asarray(ins[r])
+        out = cp.empty(count, cp.float32)
+        comm.reduce_scatter(x, out, op=0)
+        want = sum(i[r * count : (r + 1) * count] for i in ins)
+        assert np.array_equal(cp.asnumpy(out), want), ("reduce_scatter", count)
+        gathered = cp.empty(n * count, cp.float32)
+        comm.all_gather(out, gathered)
+        mine = mpi.allgather(cp.asnumpy(out))
+        assert np.array_equal(cp.asnumpy(gathered), np.concatenate(mine)), ("all_gather", count)
+        assert c.first_use_runs - before == 3, ("first-use calls", count, c.first_use_runs)
+        cases += 3
+    opened = c.first_use_opened
+    small = cp.full(16, r + 1, cp.float32)
+    before = c.first_use_runs
+    comm.all_reduce(small, None, 0, None, None, False)
+    assert c.first_use_runs == before and float(small[0].get()) == n * (n + 1) / 2
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        t = torch.full((1 << 20,), float(r + 1), device=f"cuda:{comm.device}")
+        for _ in range(3):
+            before = c.first_use_runs
+            comm.all_reduce(t, None, 0, None, None, False)
+            assert c.first_use_runs - before == 1, "torch tensor"
+        torch.cuda.synchronize()
+        assert float(t[0]) == (n * (n + 1) / 2) * n**2, float(t[0])
+        cases += 3
+    cp.cuda.get_current_stream().synchronize()
+    print(
+        f"first_use rank={r} sync={comm.sync_mode} cases={cases} runs={c.first_use_runs} "
+        f"opened={c.first_use_opened} (pool {opened})"
+    )
+
+
 def check_free_while_waiting(comm: CudaComm):
     """A registered array freed while a collective of this rank waits on the device for a peer
     that waits for this host: the free is put off (cudaFree would wait for that collective, and
@@ -504,6 +561,7 @@ def main():
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
     checks["registered"], checks["one_rank"] = check_registered, check_one_rank
     checks["free_while_waiting"] = check_free_while_waiting
+    checks["first_use"] = check_first_use
     checks["shapes"], checks["event_probe"] = check_shapes, check_event_probe
     try:
         checks[what](comm)
