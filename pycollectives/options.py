@@ -63,6 +63,9 @@ PYCOLL_CUDA_HOST_EVENTS    1                GPU host mode: registered calls and 
 PYCOLL_CUDA_FENCE_COUNTERS 1                GPU host mode's fences on counters where every
                                             GPU has stream memory operations (0: always on
                                             interprocess events)
+PYCOLL_CUDA_PUSH           0                GPU messages between two ranks by writes into the
+                                            receiver's memory, each rank polling its own
+                                            (1: on; off until measured)
 PYCOLL_CUDA_REGISTER_BYTES 0 (off)          registration on first use: all-reduces,
                                             reduces, broadcasts, reduce-scatters and
                                             all-gathers of at least this many bytes on
@@ -187,6 +190,7 @@ class Options:
     cuda_blocks: int = 16
     cuda_host_twoshot: bool = True
     cuda_lookahead: bool = False
+    cuda_push: bool = False
     cuda_host_events: bool = True
     cuda_fence_counters: bool = True
     cuda_ll_bytes: int = 32 << 10
@@ -242,6 +246,7 @@ class Options:
             cuda_sync=None if sync == "auto" else sync,
             cuda_host_twoshot=switch("PYCOLL_CUDA_HOST_TWOSHOT", d.cuda_host_twoshot),
             cuda_lookahead=switch("PYCOLL_CUDA_LOOKAHEAD", d.cuda_lookahead),
+            cuda_push=switch("PYCOLL_CUDA_PUSH", d.cuda_push),
             cuda_host_events=switch("PYCOLL_CUDA_HOST_EVENTS", d.cuda_host_events),
             cuda_fence_counters=switch("PYCOLL_CUDA_FENCE_COUNTERS", d.cuda_fence_counters),
         )
@@ -320,6 +325,7 @@ class Options:
         o.ll_max_bytes = self.cuda_ll_bytes
         o.host_twoshot = self.cuda_host_twoshot
         o.register_on_use_bytes = self.cuda_register_bytes
+        o.push = self.cuda_push
         o.lookahead = self.cuda_lookahead
         o.host_events = self.cuda_host_events
         if self.oneshot_bytes is not None:

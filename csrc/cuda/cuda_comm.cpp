@@ -37,6 +37,7 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
       registry_(rank, size, device),
       events_(std::make_shared<EventPool>(device)) {
   layout_ = make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes);
+  layout_.push = opts.push;
   try {
     DeviceGuard g(device_);
     PYCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&segment_), layout_.total_bytes()));

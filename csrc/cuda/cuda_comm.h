@@ -84,6 +84,10 @@ struct CudaCommOptions {
   // buffers no one registered trade where they lie and run over them zero-copy where every
   // rank's can be shared; 0: off (off until measured on a GPU).
   size_t register_on_use_bytes = 0;
+  // Messages between two ranks travel by writes into the receiver's segment, each rank polling
+  // its own memory (SegmentLayout::push), instead of the receiver reading the sender's; the
+  // same on every rank. Off until measured on a GPU (a remote read costs most over PCIe).
+  bool push = false;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
   bool lookahead = false;
   // Host mode's registered calls and scratch fence on interprocess events (event_fence): the

@@ -62,6 +62,16 @@ struct SegmentLayout {
   size_t ll_sub_slot_bytes = 0;
   int ll_blocks = 0;
   int ll_flag_bits = 32;  // an LL word's flag is message number mod 2^ll_flag_bits (tests: less)
+  // Where a message of a channel between two ranks (not a broadcast channel) travels. Pull
+  // (false): the sender writes it into its own segment's slot for the receiver and posts
+  // posted(to) there; the receiver polls that flag and reads the slot remotely, then posts
+  // consumed(from) in its own segment, which the sender polls remotely. Push (true): the sender
+  // writes the message into the receiver's segment, in the receiver's slot for it (channel =
+  // the sender), and posts pushed(sender) there; the receiver polls its own memory and reads
+  // its own slot, then posts freed(receiver) into the sender's segment, which the sender polls
+  // in its own memory: every remote access is a write. Both ends keep their counts in their own
+  // posted and consumed flags too (relaxed), as a launch reads them back (load_own_counts).
+  bool push = false;
   // Flag indices within a block's flag area (see CudaTransport for what each counts).
   PYCOLL_HD static constexpr int posted(int peer) { return 3 * peer; }
   PYCOLL_HD static constexpr int consumed(int peer) { return 3 * peer + 1; }
@@ -70,7 +80,11 @@ struct SegmentLayout {
   // A two-shot all-reduce over registered buffers (device/twoshot_kernel.h) counts its calls on
   // a flag of each block: its exit barrier's.
   PYCOLL_HD int reg_exit() const { return 3 * size + 1; }
-  PYCOLL_HD int flags_per_block() const { return 3 * size + 2; }
+  // Push (above): messages `peer` has written into this segment, and slots of this rank's in
+  // `peer`'s segment that `peer` has freed.
+  PYCOLL_HD int pushed(int peer) const { return 3 * size + 2 + 2 * peer; }
+  PYCOLL_HD int freed(int peer) const { return 3 * size + 3 + 2 * peer; }
+  PYCOLL_HD int flags_per_block() const { return 5 * size + 2; }
   PYCOLL_HD size_t flag_offset(int block, int index) const {
     return (static_cast<size_t>(block) * flags_per_block() + index) * kFlagStride;
   }

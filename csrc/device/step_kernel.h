@@ -207,6 +207,10 @@ PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block
 PYCOLL_DEVICE void post_flag(const KernelArgs& a, size_t off, uint64_t value) {
   st_release_sys(reinterpret_cast<uint64_t*>(a.segments[a.rank] + off), value);
 }
+// ... into rank q's segment (push: a remote write, ordered after the block's stores before it).
+PYCOLL_DEVICE void post_flag_to(const KernelArgs& a, int q, size_t off, uint64_t value) {
+  st_release_sys(reinterpret_cast<uint64_t*>(a.segments[q] + off), value);
+}
 // A count that nobody waits on (the posted flag of an LL message: its words carry their own
 // flags): kept only as the block's count for later launches (load_own_counts). No fence.
 PYCOLL_DEVICE void post_count(const KernelArgs& a, size_t off, uint64_t value) {
@@ -326,20 +330,25 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
   bool ok = true;
   // A block's slice of message m sits at the start of the block's own sub-slot of m's slot (of
   // its LL sub-slot, in the LL format: its words are polled by the threads, not waited for here).
+  // Pushed (L.push, not a broadcast): in our own segment, on the sender's channel; else in the
+  // sender's, on ours.
   auto incoming = [&](int q) -> const uint8_t* {
     const uint64_t m = s.c.next_in(q, bcast);
-    const int ch = bcast ? L.size : me;
+    const bool pushed = L.push && !bcast;
+    const uint8_t* seg = pushed ? a.segments[me] : a.segments[q];
+    const int ch = bcast ? L.size : pushed ? q : me;
     if (ll_in) {
       p.in_flag[q] = ll_flag(m, L);
-      const uint8_t* in = a.segments[q] + L.ll_slot_offset(b, ch, m);
-      PYCOLL_CHECK_LL_SLOT(in, 8 * ll_words(p.n, in_w), a.segments[q], L, b, ch, m);
+      const uint8_t* in = seg + L.ll_slot_offset(b, ch, m);
+      PYCOLL_CHECK_LL_SLOT(in, 8 * ll_words(p.n, in_w), seg, L, b, ch, m);
       return in;
     }
-    const size_t flag = L.flag_offset(b, bcast ? L.bcast_posted() : L.posted(me));
-    if (a.use_flags && ok)
-      ok = wait_flag(a, s, b, a.segments[q], flag, channel::posted_needed(m), q, i);
-    const uint8_t* in = a.segments[q] + L.slot_offset(b, ch, m);
-    PYCOLL_CHECK_SLOT(in, p.n * in_w, a.segments[q], L, b, ch, m);
+    const size_t flag = L.flag_offset(b, bcast    ? L.bcast_posted()
+                                         : pushed ? L.pushed(q)
+                                                  : L.posted(me));
+    if (a.use_flags && ok) ok = wait_flag(a, s, b, seg, flag, channel::posted_needed(m), q, i);
+    const uint8_t* in = seg + L.slot_offset(b, ch, m);
+    PYCOLL_CHECK_SLOT(in, p.n * in_w, seg, L, b, ch, m);
     return in;
   };
   auto outgoing = [&](int t, int k) -> uint8_t* {
@@ -351,19 +360,22 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
           ok =
               wait_flag(a, s, b, a.segments[q], L.flag_offset(b, L.bcast_consumed(me)), need, q, i);
     } else if (a.use_flags && need > 0 && ok) {
-      ok = wait_flag(a, s, b, a.segments[t], L.flag_offset(b, L.consumed(me)), need, t, i);
+      ok = L.push ? wait_flag(a, s, b, a.segments[me], L.flag_offset(b, L.freed(t)), need, t, i)
+                  : wait_flag(a, s, b, a.segments[t], L.flag_offset(b, L.consumed(me)), need, t, i);
     }
-    const int ch = t == kAllPeers ? L.size : t;
+    const bool pushed = L.push && t != kAllPeers;
+    uint8_t* const seg = pushed ? a.segments[t] : a.segments[me];
+    const int ch = t == kAllPeers ? L.size : pushed ? me : t;
     if (a.use_flags && b < L.ll_blocks && ll_sweeps(m, L))
-      p.sweep[k] = a.segments[me] + L.ll_slot_offset(b, ch, m);
+      p.sweep[k] = seg + L.ll_slot_offset(b, ch, m);
     p.out_flag[k] = ll_flag(m, L);  // of an LL message, or of the sweep's blank words
     if (ll_out) {
-      uint8_t* out = a.segments[me] + L.ll_slot_offset(b, ch, m);
-      PYCOLL_CHECK_LL_SLOT(out, 8 * ll_words(p.n, out_w), a.segments[me], L, b, ch, m);
+      uint8_t* out = seg + L.ll_slot_offset(b, ch, m);
+      PYCOLL_CHECK_LL_SLOT(out, 8 * ll_words(p.n, out_w), seg, L, b, ch, m);
       return out;
     }
-    uint8_t* out = a.segments[me] + L.slot_offset(b, ch, m);
-    PYCOLL_CHECK_SLOT(out, p.n * out_w, a.segments[me], L, b, ch, m);
+    uint8_t* out = seg + L.slot_offset(b, ch, m);
+    PYCOLL_CHECK_SLOT(out, p.n * out_w, seg, L, b, ch, m);
     return out;
   };
   int nout = 0;
@@ -400,16 +412,26 @@ PYCOLL_DEVICE void publish(const KernelArgs& a, BlockState& s, const DevStep& d,
       peers_of(d), me, L.size,
       [&](int q) {
         const uint64_t m = s.c.take_in(q, bcast);
-        if (a.use_flags)
+        if (!a.use_flags) return;
+        if (L.push && !bcast) {  // the sender polls its own memory; our count stays ours
+          post_flag_to(a, q, L.flag_offset(b, L.freed(me)), m);
+          post_count(a, L.flag_offset(b, L.consumed(q)), m);
+        } else {
           post_flag(a, L.flag_offset(b, bcast ? L.bcast_consumed(q) : L.consumed(q)), m);
+        }
       },
       [&](int t) {
         const uint64_t m = s.c.put_out(t);
         const size_t off = L.flag_offset(b, t == kAllPeers ? L.bcast_posted() : L.posted(t));
-        if (a.use_flags && (d.flags & kSendLL))
+        if (!a.use_flags) return;
+        if (d.flags & kSendLL) {
+          post_count(a, off, m);  // the words carry their flags, wherever they went
+        } else if (L.push && t != kAllPeers) {
+          post_flag_to(a, t, L.flag_offset(b, L.pushed(me)), m);
           post_count(a, off, m);
-        else if (a.use_flags)
+        } else {
           post_flag(a, off, m);
+        }
       });
 }
 

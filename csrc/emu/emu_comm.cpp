@@ -108,6 +108,7 @@ EmuComm::EmuComm(int rank, int size, const EmuOptions& opts)
   kernel_ = opts.kernel_mode;
   layout_ = cuda::make_layout(size, opts.nslots, opts.nblocks, opts.slot_bytes, opts.ll_max_bytes,
                               opts.ll_flag_bits);
+  layout_.push = opts.push;
   segment_ = ShmSegment::create("pycoll-emu", segment_bytes_of(layout_));
   // The flags, and the LL area: a word that was never written holds no message's flag.
   std::memset(segment_.data(), 0, layout_.flags_bytes);
@@ -295,7 +296,9 @@ Regions EmuComm::regions_of(const CollectiveCall& call, const cuda::KernelArgs& 
   const size_t esize = dtype_size(call.dtype);
   Regions r;
   for (int q = 0; q < size_; ++q)
-    r.list.push_back({segments_[q], layout_.total_bytes(), q == rank_, "device segment", q});
+    // Push: a sender writes messages and flags into its receivers' segments.
+    r.list.push_back(
+        {segments_[q], layout_.total_bytes(), q == rank_ || layout_.push, "device segment", q});
   r.list.push_back({static_cast<const uint8_t*>(call.in), ext.in * esize, false, "input", -1});
   r.list.push_back({static_cast<const uint8_t*>(call.out), ext.out * esize, true, "output", -1});
   r.list.push_back(

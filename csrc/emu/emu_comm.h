@@ -114,6 +114,7 @@ struct EmuOptions {
   int previous_late_ms = 0;
   bool host_twoshot = true;          // cuda::CudaCommOptions::host_twoshot
   size_t register_on_use_bytes = 0;  // cuda::CudaCommOptions::register_on_use_bytes
+  bool push = false;                 // cuda::CudaCommOptions::push
   bool lookahead = false;            // cuda::CudaCommOptions::lookahead
   bool host_events = true;           // cuda::CudaCommOptions::host_events
   // host_events: the fences on counters (cuda::counter_fence), as CudaComm's where the GPU has

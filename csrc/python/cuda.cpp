@@ -294,6 +294,7 @@ void bind_comm(py::module_& m) {
       .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch)
       .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot)
       .def_readwrite("register_on_use_bytes", &CudaCommOptions::register_on_use_bytes)
+      .def_readwrite("push", &CudaCommOptions::push)
       .def_readwrite("lookahead", &CudaCommOptions::lookahead)
       .def_readwrite("host_events", &CudaCommOptions::host_events)
       .def_readwrite("fence_counters", &CudaCommOptions::fence_counters)

@@ -69,6 +69,7 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("previous_late_ms", &emu::EmuOptions::previous_late_ms)
       .def_readwrite("host_twoshot", &emu::EmuOptions::host_twoshot)
       .def_readwrite("register_on_use_bytes", &emu::EmuOptions::register_on_use_bytes)
+      .def_readwrite("push", &emu::EmuOptions::push)
       .def_readwrite("lookahead", &emu::EmuOptions::lookahead)
       .def_readwrite("host_events", &emu::EmuOptions::host_events)
       .def_readwrite("fence_counters", &emu::EmuOptions::fence_counters)

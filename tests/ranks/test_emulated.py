@@ -99,14 +99,16 @@ def test_emulated_call_headers_are_not_overwritten_before_they_are_read(mode):
     assert f"headers {mode} ranks=3" in out, out
 
 
-def _drill(mode, what, nranks=3, size="large"):
-    out = run_mpi(nranks, "emulated.py", mode, what, size, mpiexec_args=("-disable-auto-cleanup",))
+def _drill(mode, what, nranks=3, size="large", env=None):
+    out = run_mpi(nranks, "emulated.py", mode, what, size, env=env,
+                  mpiexec_args=("-disable-auto-cleanup",))  # fmt: skip
     return ["RAISED" + part.split("\n")[0] for part in out.split("RAISED")[1:]]
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_emulated_peer_dies_mid_collective(mode):
-    raised = _drill(mode, "dies_mid")
+@pytest.mark.parametrize("mode,push", [("kernel", "0"), ("host", "0"), ("kernel", "1")])
+def test_emulated_peer_dies_mid_collective(mode, push):
+    # push: the survivors wait on flags in their own memory that the dead rank would write.
+    raised = _drill(mode, "dies_mid", env={"PYCOLL_CUDA_PUSH": push})
     assert len(raised) == 2, raised  # both survivors
     for line in raised:
         assert "CollectiveError" in line and "rank 1" in line and "no longer running" in line
@@ -276,6 +278,27 @@ def test_emulated_call_on_another_stream_waits_for_the_call_before(late_ms):
 def test_emulated_blocks_of_ranks_sharing_a_gpu_fit_its_sms(checked):
     out = run_mpi(4, "emulated.py", "kernel", "residency", checked)
     assert f"residency {checked} ranks=4" in out, out
+
+
+PUSH_CASES = [("kernel", c, 3) for c in COLLECTIVES] + [
+    ("host", "all_reduce", 3),
+    ("host", "reduce_scatter", 2),
+    ("kernel", "all_to_all", 3),
+    ("kernel", "ll_race", 3),
+    ("kernel", "ll_sizes", 2),
+    ("kernel", "ll_wrap", 2),
+]
+
+
+@pytest.mark.parametrize("mode,part,nranks", PUSH_CASES)
+def test_push(mode, part, nranks):
+    # PYCOLL_CUDA_PUSH=1: a message between two ranks goes by writes into the receiver's
+    # segment, each rank polling its own memory (SegmentLayout::push), LL words included; the
+    # emulated device lets a launch write peers' segments only then. Planted and caught: the
+    # receiver's freed flag posted in its own segment (every rank times out), the pushed flag
+    # posted without a release (weak stores: 2240 of 5000 elements wrong).
+    args = (part, "small") if part in COLLECTIVES else (part,)
+    run_mpi(nranks, "emulated.py", mode, *args, env={"PYCOLL_CUDA_PUSH": "1"})
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -25,10 +25,10 @@ def test_registered_back_to_back_with_late_ranks(mode, nranks):
 
 
 def _traffic(nranks, count, part="traffic", names=("twoshot", "ring", "direct"),
-             worker="emulated_registered.py"):  # fmt: skip
+             worker="emulated_registered.py", env=None):  # fmt: skip
     """Every rank's counts per algorithm (or collective) of the worker's `part`: {name: {rank:
     (read_own, read_peer, write_own, write_peer)}} (emu Traffic, in bytes)."""
-    out = run_mpi(nranks, worker, "kernel", part, str(count))
+    out = run_mpi(nranks, worker, "kernel", part, str(count), env=env)
     rows = {}
     for line in out.splitlines():
         if line.startswith("TRAFFIC "):
@@ -147,3 +147,19 @@ def test_registered_traffic_of_other_collectives(nranks, count):
         assert rows["broadcast"][r] == want, rows["broadcast"]
         want = (s, (n - 1) * s, s, 0) if r == 0 else (s, (n - 1) * s, 0, s)
         assert rows["reduce"][r] == want, rows["reduce"]
+
+
+def test_push_traffic():
+    """PYCOLL_CUDA_PUSH=1 moves the ring's bytes to other places, not other amounts: every
+    message a rank receives is in its own memory (its peers wrote it there), so no rank reads
+    a peer's memory; what pull reads from peers, push writes into them. Worked: n = 3, count
+    = 3072 float32 (S = 12288 B): pull, each rank reads 12288 own + 16384 peer and writes 28672
+    own; push, it reads 28672 own and writes 12288 own + 16384 peer (the 2(n-1) = 4 chunks of
+    S/n = 4096 B). The one-shot (direct) still reads its peers' broadcast slots."""
+    n, count = 3, 3072
+    pull = _traffic(n, count)
+    push = _traffic(n, count, env={"PYCOLL_CUDA_PUSH": "1"})
+    for r in range(n):
+        ro, rp, wo, wp = pull["ring"][r]
+        assert push["ring"][r] == (ro + rp, 0, wo - rp, rp) == (28672, 0, 12288, 16384), r
+        assert push["twoshot"][r] == pull["twoshot"][r] and push["direct"][r] == pull["direct"][r]

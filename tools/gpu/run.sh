@@ -258,6 +258,10 @@ bench_mps() {
   PYCOLL_CUDA_SYNC=kernel PYCOLL_CUDA_LOOKAHEAD=1 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
     --min-bytes 1M --max-bytes "$BENCH_MAX_BYTES" --collectives all_reduce --iters 5 \
     --calls 10 || rc=1
+  # Messages by writes into the receiver's memory (PYCOLL_CUDA_PUSH=1), small and large,
+  # beside the first run's reads of the sender's.
+  PYCOLL_CUDA_SYNC=kernel PYCOLL_CUDA_PUSH=1 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+    --max-bytes "$BENCH_MAX_BYTES" --collectives all_reduce --iters 5 --calls 10 || rc=1
   echo quit | nvidia-cuda-mps-control
   return $rc
 }

@@ -216,6 +216,7 @@ class CudaComm:
                     opts.host_events,
                     opts.fence_counters,
                     opts.register_on_use_bytes,
+                    opts.push,
                 ),
                 native.ipc_handle,
                 native.shm_name,
@@ -227,7 +228,7 @@ class CudaComm:
             same_on_every_rank(
                 [rep[0] for rep in reports],
                 "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
-                "lookahead, host events, fence counters, register-on-use bytes)",
+                "lookahead, host events, fence counters, register-on-use bytes, push)",
             )
         except (CollectiveError, ValueError):
             if native is not None:

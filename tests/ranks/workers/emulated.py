@@ -75,6 +75,7 @@ class EmulatedDevice:
         o.timeout = timeout
         o.oneshot_max_bytes = int(os.environ.get("PYCOLL_ONESHOT_BYTES", o.oneshot_max_bytes))
         o.lookahead = os.environ.get("PYCOLL_CUDA_LOOKAHEAD", "0") == "1"
+        o.push = os.environ.get("PYCOLL_CUDA_PUSH", "0") == "1"
         if fault is not None:  # (collective number, step, exit?) of a drill on this rank
             o.fault_seq, o.fault_step, o.fault_exit = fault
         # Kernel mode: every rank on one emulated GPU (as under MPS) whose SMs hold exactly one
