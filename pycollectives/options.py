@@ -66,6 +66,8 @@ PYCOLL_CUDA_FENCE_COUNTERS 1                GPU host mode's fences on counters w
 PYCOLL_CUDA_PUSH           0                GPU messages between two ranks by writes into the
                                             receiver's memory, each rank polling its own
                                             (1: on; off until measured)
+PYCOLL_CUDA_COPY_ENGINES   0                GPU host mode: all-gathers and broadcasts over
+                                            registered buffers by copies, no kernel (1: on)
 PYCOLL_CUDA_REGISTER_BYTES 0 (off)          registration on first use: all-reduces,
                                             reduces, broadcasts, reduce-scatters and
                                             all-gathers of at least this many bytes on
@@ -191,6 +193,7 @@ class Options:
     cuda_host_twoshot: bool = True
     cuda_lookahead: bool = False
     cuda_push: bool = False
+    cuda_copy_engines: bool = False
     cuda_host_events: bool = True
     cuda_fence_counters: bool = True
     cuda_ll_bytes: int = 32 << 10
@@ -247,6 +250,7 @@ class Options:
             cuda_host_twoshot=switch("PYCOLL_CUDA_HOST_TWOSHOT", d.cuda_host_twoshot),
             cuda_lookahead=switch("PYCOLL_CUDA_LOOKAHEAD", d.cuda_lookahead),
             cuda_push=switch("PYCOLL_CUDA_PUSH", d.cuda_push),
+            cuda_copy_engines=switch("PYCOLL_CUDA_COPY_ENGINES", d.cuda_copy_engines),
             cuda_host_events=switch("PYCOLL_CUDA_HOST_EVENTS", d.cuda_host_events),
             cuda_fence_counters=switch("PYCOLL_CUDA_FENCE_COUNTERS", d.cuda_fence_counters),
         )
@@ -326,6 +330,7 @@ class Options:
         o.host_twoshot = self.cuda_host_twoshot
         o.register_on_use_bytes = self.cuda_register_bytes
         o.push = self.cuda_push
+        o.copy_engines = self.cuda_copy_engines
         o.lookahead = self.cuda_lookahead
         o.host_events = self.cuda_host_events
         if self.oneshot_bytes is not None:

@@ -88,6 +88,10 @@ struct CudaCommOptions {
   // its own memory (SegmentLayout::push), instead of the receiver reading the sender's; the
   // same on every rank. Off until measured on a GPU (a remote read costs most over PCIe).
   bool push = false;
+  // Host mode: an all-gather or broadcast over registered buffers (or registered on first use)
+  // by cudaMemcpyAsync copies between its two fences (copy engines, no SM) instead of a
+  // launch. Off until measured on a GPU.
+  bool copy_engines = false;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
   bool lookahead = false;
   // Host mode's registered calls and scratch fence on interprocess events (event_fence): the

@@ -75,6 +75,7 @@ struct OrchestrationOptions {
   bool check_mismatch = true;        // host mode compares every call on the host
   bool host_twoshot = true;          // host mode through scratch (host_scratch_eligible)
   size_t register_on_use_bytes = 0;  // registration on first use from this size (0: off)
+  bool copy_engines = false;         // host mode: registered pure moves by copies
   bool lookahead = false;            // plan_params
   bool host_events = true;           // host mode fences without the host waiting for the GPU
   bool fence_counters = false;       // ... on counters (counter_fence), else events (event_fence)
@@ -92,6 +93,7 @@ OrchestrationOptions orchestration_of(const O& o) {
   r.check_mismatch = o.check_mismatch;
   r.host_twoshot = o.host_twoshot;
   r.register_on_use_bytes = o.register_on_use_bytes;
+  r.copy_engines = o.copy_engines;
   r.lookahead = o.lookahead;
   r.host_events = o.host_events;
   r.fence_counters = o.fence_counters;
@@ -137,6 +139,8 @@ class DeviceComm {
   // Registration on first use (first_use.h): calls that ran over buffers registered so, the
   // peers' allocations mapped here (ever, and now), and our allocations every peer has mapped.
   uint64_t first_use_runs() const { return first_use_runs_; }
+  // Registered all-gathers and broadcasts moved by copies instead of a launch (copy_registered).
+  uint64_t copy_engine_runs() const { return copy_engine_runs_; }
   uint64_t first_use_opened() const { return d_const().peer_mappings().opened(); }
   size_t first_use_mapped() const { return d_const().peer_mappings().live(); }
   size_t first_use_sent() const { return first_use_sent_.size(); }
@@ -473,7 +477,8 @@ class DeviceComm {
   // first (its other blocks gated on that: launches_of), its entry synchronisation. Host mode
   // (the call compared on the host already): a fence (every rank's input is ready: our stream
   // follows the caller's), the launch on our stream (no device wait in it), a fence (no rank
-  // touches its buffers again before every launch has ended).
+  // touches its buffers again before every launch has ended). With copy engines, a pure move
+  // (an all-gather, a broadcast) is copies between the fences instead of the launch.
   void run_on_registered(const CollectiveCall& call, const RegisteredCall& t, const Fingerprint& f,
                          const WaitContext& w, Stream stream, bool eager) {
     KernelArgs a = kernel_args(call, nullptr);
@@ -486,9 +491,28 @@ class DeviceComm {
     }
     d().drill(w, FaultPoint::CallStart, 0);
     fence(w);
-    d().launch(call, a, d().own_stream(), w);
+    if (!(o_.copy_engines && copy_registered(call, t))) d().launch(call, a, d().own_stream(), w);
     d().drill(w, FaultPoint::ChunkEnd, 0);
     fence(w);
+  }
+
+  // Host mode, between a registered call's fences: an all-gather or a broadcast as device-to-
+  // device copies on our stream (copy engines: no SM, no kernel), each byte read once from
+  // where it lies and written once into this rank's output. False for a call that reduces.
+  bool copy_registered(const CollectiveCall& call, const RegisteredCall& t) {
+    const size_t bytes = call.count * dtype_size(call.dtype);
+    uint8_t* const out = static_cast<uint8_t*>(call.out);
+    if (call.collective == Collective::AllGather) {
+      for (int q = 0; q < size_; ++q)
+        if (t.in[q] != out + q * bytes) d().copy(out + q * bytes, t.in[q], bytes);
+    } else if (call.collective == Collective::Broadcast) {
+      if (rank_ != call.root && t.out[rank_] != t.in[call.root])
+        d().copy(t.out[rank_], t.in[call.root], bytes);
+    } else {
+      return false;
+    }
+    ++copy_engine_runs_;
+    return true;
   }
 
   // Host mode through scratch (host_steps.h, run_scratch): the copies and the two-shot on our
@@ -569,6 +593,7 @@ class DeviceComm {
   uint64_t barrier_epoch_ = 0;  // host mode's meetings and fences (host_meet)
   uint64_t twoshot_runs_ = 0;
   uint64_t first_use_runs_ = 0;
+  uint64_t copy_engine_runs_ = 0;
   SentAllocations first_use_sent_;                   // our allocations every peer has mapped
   std::vector<uint64_t> first_use_mapped_by_peers_;  // ... since the last trade
   uint64_t scratch_runs_ = 0;

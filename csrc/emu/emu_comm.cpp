@@ -354,6 +354,7 @@ void EmuComm::launch(const CollectiveCall& call, const cuda::KernelArgs& a, int,
 }
 
 void EmuComm::copy(void* dst, const void* src, size_t bytes) {
+  copied_ += bytes;
   enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
 }
 

@@ -115,6 +115,7 @@ struct EmuOptions {
   bool host_twoshot = true;          // cuda::CudaCommOptions::host_twoshot
   size_t register_on_use_bytes = 0;  // cuda::CudaCommOptions::register_on_use_bytes
   bool push = false;                 // cuda::CudaCommOptions::push
+  bool copy_engines = false;         // cuda::CudaCommOptions::copy_engines
   bool lookahead = false;            // cuda::CudaCommOptions::lookahead
   bool host_events = true;           // cuda::CudaCommOptions::host_events
   // host_events: the fences on counters (cuda::counter_fence), as CudaComm's where the GPU has
@@ -201,7 +202,12 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
   Registry& registry() { return registry_; }
   // Data the device code has moved since the last reset (emu_checks.h, Traffic).
   const Traffic& traffic() const { return traffic_; }
-  void reset_traffic() { traffic_.reset(); }
+  void reset_traffic() {
+    traffic_.reset();
+    copied_ = 0;
+  }
+  // Bytes queued as device-to-device copies (copy engines: no device code) since the reset.
+  uint64_t copied() const { return copied_; }
 
  private:
   friend class cuda::DeviceComm<EmuComm, int, EmuPlanMemory>;
@@ -277,6 +283,7 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
   Registry registry_;
   cuda::PeerMappings<ShmSegment> peer_maps_;
   Traffic traffic_;
+  uint64_t copied_ = 0;
   cuda::DeviceStatus status_{};
   uint32_t error_claim_ = 0;
   uint32_t finished_ = 0;          // cuda::KernelArgs::finished

@@ -46,3 +46,13 @@ def test_first_use_traffic():
 def test_first_use_mismatch(mode):
     out = run_mpi(2, "emulated_first_use.py", mode, "mismatch")
     assert f"first_use mismatch {mode} ranks=2" in out, out
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_copy_engines_in_host_mode(nranks):
+    # PYCOLL_CUDA_COPY_ENGINES: host mode's registered (and first-use) all-gathers and
+    # broadcasts as copies between the fences, no launch; the bytes copied counted; back to
+    # back with every queue late in turn. Planted and caught: the second fence skipped (a
+    # peer's copy read an input already overwritten: 3000 of 3000 elements wrong).
+    out = run_mpi(nranks, "emulated_first_use.py", "host", "copy_engines")
+    assert f"first_use copy_engines host ranks={nranks}" in out, out

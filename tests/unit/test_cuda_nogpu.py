@@ -499,6 +499,7 @@ def test_residency_fits_every_ranks_launch_on_its_gpu():
         ("PYCOLL_CUDA_HOST_EVENTS", "host_events", True),  # host mode's fences on events
         ("PYCOLL_CUDA_LOOKAHEAD", "lookahead", False),  # two ring messages in flight
         ("PYCOLL_CUDA_PUSH", "push", False),  # messages by writes into the receiver's memory
+        ("PYCOLL_CUDA_COPY_ENGINES", "copy_engines", False),  # registered moves by copies
     ],
 )
 def test_switches_reach_the_cuda_transport(variable, field, default):

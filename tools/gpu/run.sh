@@ -318,6 +318,11 @@ bench_host() {
     PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_HOST_EVENTS=0 "$MPIEXEC" -n 2 "$PY" \
       benchmarks/gpu_bench.py $reg --min-bytes 1M --max-bytes "$BENCH_MAX_BYTES" $h || rc=1
   done
+  # Registered all-gathers by copy engines (PYCOLL_CUDA_COPY_ENGINES=1), beside the kernel's
+  # above.
+  PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_COPY_ENGINES=1 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+    --registered --min-bytes 16M --max-bytes "$BENCH_MAX_BYTES" --collectives all_gather \
+    --iters 5 --calls 10 || rc=1
   return $rc
 }
 export -f show_env build_package start_mps commit_of result bench_mps bench_host figures

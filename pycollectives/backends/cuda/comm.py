@@ -217,6 +217,7 @@ class CudaComm:
                     opts.fence_counters,
                     opts.register_on_use_bytes,
                     opts.push,
+                    opts.copy_engines,
                 ),
                 native.ipc_handle,
                 native.shm_name,
@@ -228,7 +229,8 @@ class CudaComm:
             same_on_every_rank(
                 [rep[0] for rep in reports],
                 "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
-                "lookahead, host events, fence counters, register-on-use bytes, push)",
+                "lookahead, host events, fence counters, register-on-use bytes, push, "
+                "copy engines)",
             )
         except (CollectiveError, ValueError):
             if native is not None:

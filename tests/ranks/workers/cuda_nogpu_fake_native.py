@@ -117,7 +117,7 @@ class FakeOptions:
         self.debug, self.check_mismatch = False, True
         self.oneshot_max_bytes, self.direct_max_bytes = 64 * 1024, 256 * 1024
         self.ll_max_bytes, self.host_twoshot, self.lookahead, self.host_events = 0, 1, 0, True
-        self.register_on_use_bytes, self.push = 0, False
+        self.register_on_use_bytes, self.push, self.copy_engines = 0, False, False
 
 
 REAL_CHECK = None

@@ -8,7 +8,8 @@ Usage: mpiexec -n N python emulated_first_use.py MODE PART [COUNT]
   offsets that differ between ranks, every dtype, against numpy's rank-order reduction; each
   allocation sent once and mapped once per peer; below the size the staged path; one rank's
   plain host array sends every rank down the staged path), realloc (an allocation freed and
-  made again at the same address: peers must map the new one), traffic COUNT (the bytes a
+  made again at the same address: peers must map the new one), copy_engines (host mode's
+  registered all-gathers and broadcasts as copies, back to back), traffic COUNT (the bytes a
   first-use all-reduce moves; printed), mismatch (ranks that disagree on the size from which
   calls register raise CollectiveMismatch).
 """
@@ -181,10 +182,53 @@ def mismatch(mpi, mode):
     say(f"first_use mismatch {mode} ranks={mpi.size}")
 
 
+def copy_engines(mpi, mode):
+    """Host mode with copy engines (copy_engines): registered all-gathers and broadcasts, and
+    on arrays registered on first use, are copies between the call's two fences, no launch (no
+    device code runs: its traffic stays 0), each block copied once into this rank's output
+    ((n-1) blocks of the peers' in place, n not; a broadcast's buffer on every rank but the
+    root). Calls back to back, inputs rewritten as soon as a call returns, every rank's queue
+    late in turn (queue_delay_ms): a rank must not return, and rewrite its input, before its
+    peers' copies of it have run (the second fence)."""
+    dev = device(mpi, mode, copy_engines=True, queue_delay_ms=2)
+    c, n, r = dev.dev, mpi.size, mpi.rank
+    count = 3000
+    block = 4 * count
+    registered = dev.empty(n * count, F32), dev.empty(n * count, F32)
+    plain = (
+        dev.device_array(n * count + 5 * n, F32)[5 * r :][: n * count],
+        dev.device_array(n * count, F32),
+    )
+    for i in range(24):
+        src, out = registered if i % 2 else plain
+        mine = [make_input(q, count, F32, "sum", salt=i) for q in range(n)]
+        in_place = i % 4 >= 2
+        x = out[r * count : (r + 1) * count] if in_place else src[:count]
+        x[...] = mine[r]
+        c.reset_traffic()
+        before = c.copy_engine_runs
+        dev.all_gather(x, out)
+        assert c.copy_engine_runs - before == 1, ("all_gather", i)
+        assert sum(dict(c.traffic).values()) == 0, dict(c.traffic)
+        assert c.copied == (n - in_place) * block, (c.copied, i)
+        same_bytes(out, np.concatenate(mine), f"all_gather {i} (rank {r})")
+        out[...] = -1  # at once: a peer still copying from this rank would copy -1
+        root = i % n
+        y = src[:count]
+        y[...] = mine[r]
+        c.reset_traffic()
+        dev.broadcast(y, root)
+        assert c.copied == (0 if r == root else block), (c.copied, i)
+        same_bytes(y, mine[root], f"broadcast {i} root={root} (rank {r})")
+        y[...] = -1
+    mpi.Barrier()
+    say(f"first_use copy_engines {mode} ranks={n}: {c.copy_engine_runs} calls by copies")
+
+
 def main():
     mode, part = sys.argv[1], sys.argv[2]
     parts = {"collectives": collectives, "realloc": realloc, "traffic": traffic,
-             "mismatch": mismatch}  # fmt: skip
+             "mismatch": mismatch, "copy_engines": copy_engines}  # fmt: skip
     parts[part](MPI.COMM_WORLD, mode)
 
 
