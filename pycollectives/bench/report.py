@@ -87,12 +87,13 @@ def comparison(
     memory: str = "memory copy bandwidth per rank, all ranks copying",
     notes: list = (),
 ) -> str:
-    """Each peer's time / ours per size, the bound, then why peers were skipped and `notes`
-    ((peer, text) pairs: what each peer is)."""
+    """Each peer's time / ours per size and its share of the bound, the bound, then why peers
+    were skipped and `notes` ((peer, text) pairs: what each peer is)."""
     lines = [
         f"# {memory}: {copy_bw:.2f} GB/s",
         "# peers' time / ours timed again just before each peer at the same size "
-        "(>1: ours is faster); bound = least possible time, of bound = bound / ours",
+        "(>1: ours is faster), then the peer's share of the bound (bound / its time); "
+        "bound = least possible time, of bound = bound / ours",
         "#{:>12} {:>10} {:>10} {:>8} {}".format(
             "size", "ours us", "bound us", "of bound", " ".join(f"{n:>14}" for n in names)
         ),
@@ -101,7 +102,10 @@ def comparison(
         cells = []
         for n in names:
             c = r["compare"].get(n, {})
+            bound = r["bound"]["time_us"]
             cell = "n/a" if "ratio" not in c else f"{c['ratio']:.2f}x"
+            if c.get("time_us"):
+                cell += f" {percent(bound / c['time_us']):>4}"
             cells.append(f"{cell + (' WRONG' if c.get('wrong') else ''):>14}")
         ours, bound = r["oop"]["time_us"], r["bound"]["time_us"]
         lines.append(
@@ -111,6 +115,11 @@ def comparison(
     lines += [f"# {n}: {text}" for n, text in notes]
     lines += [f"# {n}: {why}" for n, why in sorted(reasons)]
     return "\n".join(lines)
+
+
+def percent(v: float) -> str:
+    """A share of the bound: "<1%" below one percent."""
+    return "<1%" if v < 0.01 else f"{v:.0%}"
 
 
 def write_json(path: str, meta: dict, rows: list):

@@ -195,15 +195,23 @@ def test_rounds_keep_each_sizes_best_time_for_ours_and_each_peer():
 
 
 def test_comparison_reports_the_fraction_of_the_bound():
+    # Ours: bound 150 us / 200 us = 75%. MPI: 2.0x ours re-timed, its own 600 us = 25% of the
+    # bound; oneCCL at 30000 us: under 1%.
     row = {
         "size": 1 << 20,
         "oop": {"time_us": 200.0},
         "bound": {"time_us": 150.0},
-        "compare": {"mpi": {"ratio": 2.0, "wrong": 0}, "gloo": {"skipped": "no gloo"}},
+        "compare": {
+            "mpi": {"ratio": 2.0, "wrong": 0, "time_us": 600.0},
+            "oneccl": {"ratio": 150.0, "wrong": 0, "time_us": 30000.0},
+            "gloo": {"skipped": "no gloo"},
+        },
     }
-    text = report.comparison([row], ["mpi", "gloo"], 10.0)
+    text = report.comparison([row], ["mpi", "oneccl", "gloo"], 10.0)
     line = next(x for x in text.splitlines() if x.split()[:1] == [str(1 << 20)])
-    assert line.split() == [str(1 << 20), "200.00", "150.00", "75%", "2.00x", "n/a"]
+    assert line.split() == [
+        str(1 << 20), "200.00", "150.00", "75%", "2.00x", "25%", "150.00x", "<1%", "n/a"
+    ]  # fmt: skip
     assert "# gloo: no gloo" in text
 
 
