@@ -21,6 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from pycollectives.bench.report import percent
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "performance.md"
@@ -116,10 +118,6 @@ def allreduce_vs_mpi() -> list[str]:
         out.append([size(n), ours, mpi, ratio(r["speedup"])])
     head = ["all-reduce float32, 2 ranks", "pycollectives", "MPI_Allreduce", "MPI / ours"]
     return table(head, out) + ["", made_from([name], VM)]
-
-
-def percent(v: float) -> str:
-    return "<1%" if v < 0.01 else f"{v:.0%}"
 
 
 def sweep_rows(name: str) -> tuple[list[str], dict[int, dict]]:

@@ -211,13 +211,9 @@ class DeviceComm {
     const uint64_t seq = ++seq_;
     d().trace(call, seq, algo);
     const uint64_t fid = flight_.begin(flight_call_of(call, seq, algo), FlightState::Queued);
+    if (first_use) registered.where[0] = kFirstUseWhere;  // the trade below fills the rest
     Fingerprint mine = Fingerprint::of_call(seq, call, algo);
-    if (registered.on) mine = registered_fingerprint(mine, registered);
-    if (first_use) {
-      RegisteredCall marker;
-      marker.where[0] = kFirstUseWhere;
-      mine = registered_fingerprint(mine, marker);
-    }
+    if (registered.on || first_use) mine = registered_fingerprint(mine, registered);
     FingerprintGuard guard(shm_, mine);
     WaitContext w = wait_context(name, seq);
     try {

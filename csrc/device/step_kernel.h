@@ -204,12 +204,13 @@ PYCOLL_DEVICE bool wait_flag(const KernelArgs& a, const BlockState& s, int block
       grace_ns);
 }
 
-PYCOLL_DEVICE void post_flag(const KernelArgs& a, size_t off, uint64_t value) {
-  st_release_sys(reinterpret_cast<uint64_t*>(a.segments[a.rank] + off), value);
-}
-// ... into rank q's segment (push: a remote write, ordered after the block's stores before it).
+// Into rank q's segment (push: a remote write), ordered after the block's stores before it.
 PYCOLL_DEVICE void post_flag_to(const KernelArgs& a, int q, size_t off, uint64_t value) {
   st_release_sys(reinterpret_cast<uint64_t*>(a.segments[q] + off), value);
+}
+// ... into our own.
+PYCOLL_DEVICE void post_flag(const KernelArgs& a, size_t off, uint64_t value) {
+  post_flag_to(a, a.rank, off, value);
 }
 // A count that nobody waits on (the posted flag of an LL message: its words carry their own
 // flags): kept only as the block's count for later launches (load_own_counts). No fence.
@@ -351,19 +352,20 @@ PYCOLL_DEVICE void prepare(const KernelArgs& a, BlockState& s, const DevStep& d,
     PYCOLL_CHECK_SLOT(in, p.n * in_w, seg, L, b, ch, m);
     return in;
   };
+  // Pushed: into the receiver's segment, on our channel there, its slot freed by a flag in ours.
   auto outgoing = [&](int t, int k) -> uint8_t* {
     const uint64_t m = s.c.next_out(t);
     const uint64_t need = channel::consumed_needed(m, L.nslots);
+    const bool pushed = L.push && t != kAllPeers;
     if (t == kAllPeers) {
       for (int q = 0; q < L.size && a.use_flags && need > 0 && ok; ++q)
         if (q != me)
           ok =
               wait_flag(a, s, b, a.segments[q], L.flag_offset(b, L.bcast_consumed(me)), need, q, i);
     } else if (a.use_flags && need > 0 && ok) {
-      ok = L.push ? wait_flag(a, s, b, a.segments[me], L.flag_offset(b, L.freed(t)), need, t, i)
-                  : wait_flag(a, s, b, a.segments[t], L.flag_offset(b, L.consumed(me)), need, t, i);
+      const size_t freed = L.flag_offset(b, pushed ? L.freed(t) : L.consumed(me));
+      ok = wait_flag(a, s, b, pushed ? a.segments[me] : a.segments[t], freed, need, t, i);
     }
-    const bool pushed = L.push && t != kAllPeers;
     uint8_t* const seg = pushed ? a.segments[t] : a.segments[me];
     const int ch = t == kAllPeers ? L.size : pushed ? me : t;
     if (a.use_flags && b < L.ll_blocks && ll_sweeps(m, L))

@@ -278,9 +278,10 @@ cuda::RegisteredCall EmuComm::registered_of(const CollectiveCall& call, Algo alg
 
 cuda::BufferRecord EmuComm::buffer_of(const void* p, size_t bytes,
                                       const cuda::SentAllocations& sent) {
-  const Registry::Found a = registry_.allocation_of(p, bytes);
-  return cuda::buffer_record(p, bytes, a.key, reinterpret_cast<uintptr_t>(a.data), a.bytes, sent,
-                             [&] { return a.name; });
+  const std::shared_ptr<EmuAllocation> a = registry_.allocation_of(p, bytes);
+  if (!a) return cuda::BufferRecord{};
+  return cuda::buffer_record(p, bytes, a->key(), reinterpret_cast<uintptr_t>(a->data()), a->bytes(),
+                             sent, [&] { return a->name(); });
 }
 
 uint8_t* EmuComm::map_peer(int q, const cuda::BufferRecord& r) {

@@ -62,16 +62,9 @@ uint64_t Registry::add(const void* p, size_t bytes, const std::vector<RegisterHa
   return table_.add(p, bytes, std::move(at), std::move(extent), std::shared_ptr<const void>(mine));
 }
 
-Registry::Found Registry::allocation_of(const void* p, size_t bytes) const {
+std::shared_ptr<EmuAllocation> Registry::allocation_of(const void* p, size_t bytes) const {
   std::lock_guard<std::mutex> g(mu_);
-  Found f;
-  if (const std::shared_ptr<EmuAllocation> a = holding(allocs_, p, bytes)) {
-    f.key = a->key();
-    f.data = a->data();
-    f.bytes = a->bytes();
-    f.name = a->name();
-  }
-  return f;
+  return holding(allocs_, p, bytes);
 }
 
 void Registry::unlink_key(uint64_t key) {

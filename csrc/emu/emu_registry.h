@@ -56,15 +56,8 @@ class Registry {
   uint64_t add(const void* p, size_t bytes, const std::vector<RegisterHandle>& all);
   // Removes the names of our allocations that every peer has mapped (after add, on every rank).
   void unlink_exchanged();
-  // The live allocation that holds [p, p + bytes) (registration on first use): its key, data
-  // and size, and its name; key 0 where none does.
-  struct Found {
-    uint64_t key = 0;
-    const uint8_t* data = nullptr;
-    size_t bytes = 0;
-    std::string name;
-  };
-  Found allocation_of(const void* p, size_t bytes) const;
+  // The live allocation that holds [p, p + bytes), or null (registration on first use).
+  std::shared_ptr<EmuAllocation> allocation_of(const void* p, size_t bytes) const;
   // Removes the name of our allocation `key` (every peer has mapped it), if it lives. (By key:
   // a new allocation at a freed one's address is not mapped yet.)
   void unlink_key(uint64_t key);

@@ -99,15 +99,14 @@ def comparison(
         ),
     ]
     for r in rows:
+        ours, bound = r["oop"]["time_us"], r["bound"]["time_us"]
         cells = []
         for n in names:
             c = r["compare"].get(n, {})
-            bound = r["bound"]["time_us"]
             cell = "n/a" if "ratio" not in c else f"{c['ratio']:.2f}x"
             if c.get("time_us"):
                 cell += f" {percent(bound / c['time_us']):>4}"
             cells.append(f"{cell + (' WRONG' if c.get('wrong') else ''):>14}")
-        ours, bound = r["oop"]["time_us"], r["bound"]["time_us"]
         lines.append(
             f" {r['size']:>12} {ours:>10.2f} {bound:>10.2f} {bound / ours:>8.0%} " + " ".join(cells)
         )
