@@ -14,8 +14,11 @@ TOPOLOGIES = [(4, 2), (6, 2)]
 UNEVEN = {"PYCOLL_RANKS_PER_NODE": "3", "PYCOLL_TEST_ROTATE": "1"}
 
 
-@pytest.mark.parametrize("nranks,env", [(n, {"PYCOLL_RANKS_PER_NODE": str(k)})
-                                        for n, k in TOPOLOGIES] + [(5, UNEVEN)])  # fmt: skip
+# Every rank the odd one in every case on 2 x 2; on 3 x 2 and 3 + 2 in turn.
+@pytest.mark.parametrize("nranks,env", [(4, {"PYCOLL_RANKS_PER_NODE": "2"}),
+                                        (6, {"PYCOLL_RANKS_PER_NODE": "2",
+                                             "PYCOLL_TEST_ROTATE": "1"}),
+                                        (5, UNEVEN)])  # fmt: skip
 def test_mismatch_matrix_over_mpi(nranks, env):
     before = our_segments()
     out = run_mpi(nranks, "mismatch_nodes.py", env=env)

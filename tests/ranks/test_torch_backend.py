@@ -39,13 +39,14 @@ def test_every_operation_matches_gloo(nranks, native):
     run_mpi(nranks, "torch_backend.py", "ops", timeout=240, env=env)
 
 
-def test_operations_pipelining_and_ddp_across_nodes_as_on_gloo():
-    # 2 nodes x 2 ranks, emulated: shared memory inside each, MPI between them (the Python
-    # backend serves groups over several nodes). The operations suite, point-to-point and
-    # async included, then ZeRO, FSDP2, tensor parallel, pipelining (GPipe, 1F1B) and stock
-    # DDP against gloo, and without ml_dtypes.
+def test_operations_and_pipelining_across_nodes_as_on_gloo():
+    # 2 nodes x 2 ranks: shared memory inside each, MPI between them (the Python backend
+    # serves groups over several nodes). The operations suite, point-to-point and async
+    # included, and the pipeline's exchanges against gloo, without ml_dtypes. The training
+    # on top (ZeRO, FSDP2, tensor parallel, pipelining, stock DDP) runs across nodes under
+    # torchrun below, on the same backend.
     env = {**TWO_NODES, **NO_ML_DTYPES}
-    run_mpi(4, "torch_backend.py", "ops,exchange,parallel,ddp", timeout=300, env=env)
+    run_mpi(4, "torch_backend.py", "ops,exchange", timeout=300, env=env)
 
 
 def test_pipeline_exchange_on_three_nodes_as_on_gloo():
@@ -57,15 +58,15 @@ def test_pipeline_exchange_on_three_nodes_as_on_gloo():
 @pytest.mark.emulated
 @pytest.mark.parametrize(
     "nranks,delay_ms,cases",
-    [(2, 3, "device,device_ddp,ops,ddp,errors"), (3, 0, "device,device_ddp")],
+    [(2, 1, "device,device_ddp,ops,ddp,errors"), (3, 0, "device")],
 )
 def test_device_path_on_the_emulated_device(nranks, delay_ms, cases):
     # The C++ backend's CUDA path (device/device_capi.h: calls queued while the host goes on,
     # Work and futures ending when the device's calls do) run on the emulated device, CPU
     # tensors standing for CUDA ones: every native operation goes there and none to the host
-    # communicator; on 2 ranks also the operations suite, stock DDP and the error cases as on
-    # gloo. With a delay, each queued call starts late: a result read before its call has
-    # ended is wrong.
+    # communicator; on 2 ranks also DDP on the device path, the operations suite, stock DDP
+    # and the error cases as on gloo (3 ranks: the device operations). With a delay, each
+    # queued call starts late: a result read before its call has ended is wrong.
     env = {
         "PYCOLL_TORCH_DEVICE": "emulated",
         "PYCOLL_EMU_STREAM_DELAY_MS": str(delay_ms),
@@ -90,12 +91,14 @@ def test_unsupported_ops_and_layouts_are_refused_and_errors_named(native):
 
 
 def test_torchrun_with_stock_init_process_group():
+    # torch's own init_process_group("pycollectives") under torchrun on one machine, then stock
+    # DDP against gloo's (the operations, on the same C++ backend, run under mpiexec above).
     torchrun = Path(sys.executable).parent / "torchrun"
     if not torchrun.exists():
         pytest.skip("torchrun not installed")
     cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(free_port()), str(WORKER)]
     proc = subprocess.run(
-        cmd + ["ops", "stock"], capture_output=True, text=True, timeout=240, env=clean_env()
+        cmd + ["ddp", "stock"], capture_output=True, text=True, timeout=240, env=clean_env()
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

@@ -7,6 +7,7 @@ ALGO: ring, tree, direct or auto (default: all of them that have the collective)
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -39,6 +40,19 @@ class Checker:
         self.algorithms = [None if a == "auto" else a for a in algorithms]
         self.rank, self.size = comm.rank, comm.size
         self.checks = 0
+        # PYCOLL_TEST_COVER=rotate: each case (dtype, op, count, root) runs one of its variants
+        # (algorithm, in place or not) in turn instead of all of them. The counts, innermost,
+        # are 5, prime to every collective's number of variants (2-8): every variant meets
+        # every count and op, and every dtype but in all-gather (5 cases a dtype, 6 variants).
+        # The configurations a matrix runs in full cover the rest.
+        self.rotate = os.environ.get("PYCOLL_TEST_COVER", "full") == "rotate"
+        self.case = 0
+
+    def variants(self, in_place=(False, True)) -> list[tuple]:
+        """The (algorithm, in place) pairs the next case runs."""
+        every = [(a, p) for a in self.algorithms for p in in_place]
+        self.case += 1
+        return every if not self.rotate else [every[(self.case - 1) % len(every)]]
 
     def counts(self, staging: str) -> list[int]:
         n = self.size
@@ -96,22 +110,21 @@ class Checker:
                 ref = np.empty_like(mine)
                 self.mpi.Allreduce(mine, ref, op=MPI_OPS[op])
             case, outputs = f"{dt} {op} count={count}", []
-            for algo in self.algorithms:
-                for in_place in (False, True):
-                    what = f"all_reduce {algo or 'auto'} {case} in_place={in_place}"
-                    x = mine.copy()
-                    if in_place:
-                        out = self.comm.all_reduce(x, op=op, algorithm=algo)
-                    else:
-                        out = np.zeros_like(x)
-                        self.comm.all_reduce(x, out, op=op, algorithm=algo)
-                        assert np.array_equal(x, mine), f"{what}: x modified"
-                    outputs.append((what, out))
-                    if checking:
-                        check_close(out, want, dt, n, what, op)
-                        if ref is not None:
-                            self.against_mpi(out, ref, dt, what + " vs MPI", op)
-                    self.checks += 1
+            for algo, in_place in self.variants():
+                what = f"all_reduce {algo or 'auto'} {case} in_place={in_place}"
+                x = mine.copy()
+                if in_place:
+                    out = self.comm.all_reduce(x, op=op, algorithm=algo)
+                else:
+                    out = np.zeros_like(x)
+                    self.comm.all_reduce(x, out, op=op, algorithm=algo)
+                    assert np.array_equal(x, mine), f"{what}: x modified"
+                outputs.append((what, out))
+                if checking:
+                    check_close(out, want, dt, n, what, op)
+                    if ref is not None:
+                        self.against_mpi(out, ref, dt, what + " vs MPI", op)
+                self.checks += 1
             self.same_everywhere(outputs)
 
     def reduce_scatter(self, staging):
@@ -126,17 +139,16 @@ class Checker:
             if self.mpi_ok(dt, op) and count:
                 ref = np.empty(count, dt)
                 self.mpi.Reduce_scatter_block(mine, ref, op=MPI_OPS[op])
-            for algo in self.algorithms:
-                for in_place in (False, True):
-                    what = f"reduce_scatter {algo or 'auto'} {case} in_place={in_place}"
-                    x = mine.copy()
-                    mine_r = x[r * count : (r + 1) * count]
-                    out = mine_r if in_place else np.zeros(count, dt)
-                    self.comm.reduce_scatter(x, out, op=op, algorithm=algo)
-                    check_close(out, want, dt, n, what, op)
-                    if ref is not None:
-                        self.against_mpi(out, ref, dt, what + " vs MPI", op)
-                    self.checks += 1
+            for algo, in_place in self.variants():
+                what = f"reduce_scatter {algo or 'auto'} {case} in_place={in_place}"
+                x = mine.copy()
+                mine_r = x[r * count : (r + 1) * count]
+                out = mine_r if in_place else np.zeros(count, dt)
+                self.comm.reduce_scatter(x, out, op=op, algorithm=algo)
+                check_close(out, want, dt, n, what, op)
+                if ref is not None:
+                    self.against_mpi(out, ref, dt, what + " vs MPI", op)
+                self.checks += 1
 
     def all_gather(self, staging):
         r, n = self.rank, self.size
@@ -150,18 +162,17 @@ class Checker:
                     ref = np.empty(n * count, dt)
                     self.mpi.Allgather(inputs[r], ref)
                     assert np.array_equal(want, ref), f"all_gather: MPI gathers {dt} otherwise"
-                for algo in self.algorithms:
-                    for in_place in (False, True):
-                        what = f"all_gather {algo or 'auto'} {case} in_place={in_place}"
-                        out = np.zeros(n * count, dt)
-                        if in_place:
-                            x = out[r * count : (r + 1) * count]
-                            x[...] = inputs[r]
-                        else:
-                            x = inputs[r].copy()
-                        self.comm.all_gather(x, out, algorithm=algo)
-                        same_bytes(out, want, what)
-                        self.checks += 1
+                for algo, in_place in self.variants():
+                    what = f"all_gather {algo or 'auto'} {case} in_place={in_place}"
+                    out = np.zeros(n * count, dt)
+                    if in_place:
+                        x = out[r * count : (r + 1) * count]
+                        x[...] = inputs[r]
+                    else:
+                        x = inputs[r].copy()
+                    self.comm.all_gather(x, out, algorithm=algo)
+                    same_bytes(out, want, what)
+                    self.checks += 1
 
     def broadcast(self, staging):
         r, n = self.rank, self.size
@@ -174,7 +185,7 @@ class Checker:
                         ref = inputs[r].copy()
                         self.mpi.Bcast(ref, root=root)
                         assert np.array_equal(ref, inputs[root]), f"MPI broadcasts {dt} otherwise"
-                    for algo in self.algorithms:
+                    for algo, _ in self.variants(in_place=(None,)):
                         what = f"broadcast {algo or 'auto'} {case} root={root}"
                         x = inputs[r].copy()
                         self.comm.broadcast(x, root=root, algorithm=algo)
@@ -193,23 +204,22 @@ class Checker:
                 if self.mpi_ok(dt, op) and count and root == n - 1:
                     ref = np.empty_like(inputs[r])
                     self.mpi.Reduce(inputs[r], ref, op=MPI_OPS[op], root=root)
-                for algo in self.algorithms:
-                    for in_place in (False, True):
-                        what = f"reduce {algo or 'auto'} {case} root={root} in_place={in_place}"
-                        x = inputs[r].copy()
-                        out = None if in_place else sentinel.copy()
-                        res = self.comm.reduce(x, out, root=root, op=op, algorithm=algo)
-                        if r == root:
-                            check_close(res, want, dt, n, what, op)
-                            if ref is not None:
-                                self.against_mpi(res, ref, dt, what + " vs MPI", op)
-                        elif in_place:
-                            same_bytes(x, inputs[r], f"{what}: non-root x")
-                        else:
-                            same_bytes(out, sentinel, f"{what}: non-root out")
-                        if not in_place:
-                            same_bytes(x, inputs[r], f"{what}: x (an input)")
-                        self.checks += 1
+                for algo, in_place in self.variants():
+                    what = f"reduce {algo or 'auto'} {case} root={root} in_place={in_place}"
+                    x = inputs[r].copy()
+                    out = None if in_place else sentinel.copy()
+                    res = self.comm.reduce(x, out, root=root, op=op, algorithm=algo)
+                    if r == root:
+                        check_close(res, want, dt, n, what, op)
+                        if ref is not None:
+                            self.against_mpi(res, ref, dt, what + " vs MPI", op)
+                    elif in_place:
+                        same_bytes(x, inputs[r], f"{what}: non-root x")
+                    else:
+                        same_bytes(out, sentinel, f"{what}: non-root out")
+                    if not in_place:
+                        same_bytes(x, inputs[r], f"{what}: x (an input)")
+                    self.checks += 1
 
 
 TREE_COLLECTIVES = ("all_reduce", "broadcast", "reduce")
