@@ -168,7 +168,7 @@ def test_plain_pip_install_has_the_inter_node_transport(installs):
     for module in built:
         assert_exports_only_init(module)
     # 2 nodes x 2 ranks, emulated: hierarchical collectives over the built _net
-    env.update(PYCOLL_RANKS_PER_NODE="2", PYCOLL_NET_PIECE_BYTES="256")
+    env.update(PYCOLL_RANKS_PER_NODE="2", PYCOLL_NET_PIECE_BYTES="256", PYCOLL_TEST_COVER="rotate")
     env["PYTHONPATH"] = str(ROOT / "tests" / "harness")  # the worker's checks, not the package
     for coll in ("all_reduce", "all_gather"):  # a reducing one and a moving one; the rest
         # run over the same _net in test_hierarchy.py
