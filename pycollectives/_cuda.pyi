@@ -64,6 +64,7 @@ class CudaCommOptions:
     host_twoshot: bool
     lookahead: bool
     host_events: bool
+    reproducible: bool
     flight_entries: int
     fence_counters: bool
     def __init__(self) -> None: ...

@@ -18,6 +18,7 @@ class EmuOptions:
     fault_exit: bool
     sms: int
     flight_entries: int
+    reproducible: bool
     def __init__(self) -> None: ...
 
 class EmuComm:

@@ -27,6 +27,13 @@ _AR, _RS, _AG, _BC, _RED = map(
 )
 
 
+def _flag(value):
+    """A call's reproducible=: None (the communicator's setting), True or False."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"reproducible must be True, False or None, got {value!r}")
+
+
 def _not_now(*args) -> bool:
     """The one-step path where there is none (several nodes, closed, traced): never taken."""
     return False
@@ -51,6 +58,12 @@ class Communicator:
         staging_bytes: size of one staging slot; messages are pipelined through slots of this
             size (env ``PYCOLL_STAGING_BYTES``, default 256 KiB).
         staging_slots: slots per peer channel (env ``PYCOLL_STAGING_SLOTS``, default 4).
+        reproducible: every reduction (all-reduce, reduce-scatter, reduce) sums each element
+            in rank order, ``((x0 + x1) + x2) + ...`` in the accumulation type, so its result's
+            bits depend on the ranks' inputs alone, not on the algorithm, path, slot or block
+            sizes or node placement (env ``PYCOLL_REPRODUCIBLE``, default off). Reductions
+            then run the direct schedules (or the shared buffers', which sum in that order),
+            whatever ``algorithm=`` says; across nodes, flat over all ranks.
 
     Every other knob is read once from the environment (``pycollectives.options``). Every rank
     must call the same collectives in the same order, with matching sizes, dtype, op and root;
@@ -64,9 +77,15 @@ class Communicator:
         comm.close()
     """
 
-    def __init__(self, mpi_comm=None, *, timeout=None, staging_bytes=None, staging_slots=None):
+    def __init__(
+        self, mpi_comm=None, *, timeout=None, staging_bytes=None, staging_slots=None,
+        reproducible=None,
+    ):  # fmt: skip
         self.options = Options.resolve(
-            timeout=timeout, staging_bytes=staging_bytes, staging_slots=staging_slots
+            timeout=timeout,
+            staging_bytes=staging_bytes,
+            staging_slots=staging_slots,
+            reproducible=reproducible,
         )
         self._host = self._host_run = None
         self._run_now = _not_now
@@ -323,7 +342,8 @@ class Communicator:
         over this one's timeout and staging."""
         o = self.options
         return {"timeout": o.timeout, "staging_bytes": o.staging_bytes,
-                "staging_slots": o.staging_slots, **kw}  # fmt: skip
+                "staging_slots": o.staging_slots, "reproducible": o.reproducible,
+                **kw}  # fmt: skip
 
     def _board(self, what: str):
         """The fault-tolerant board: shared memory on one machine, the store between nodes
@@ -432,25 +452,38 @@ class Communicator:
     # ``__cuda_array_interface__`` or DLPack) on the GPU, queued on `stream` (default: the array
     # library's current stream); the call returns without waiting for the GPU.
 
-    def all_reduce(self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None):
+    def all_reduce(
+        self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None,
+        reproducible=None,
+    ):  # fmt: skip
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`),
-        bitwise identical on every rank. Returns the output array."""
-        if self._run_now(_AR, x, out, op, 0, algorithm, async_op, stream):
+        bitwise identical on every rank. Returns the output array. `reproducible` (True or
+        False; None: the communicator's setting) sums every element in rank order, whatever
+        the algorithm and path (see ``Communicator``)."""
+        if reproducible is None and self._run_now(_AR, x, out, op, 0, algorithm, async_op, stream):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
-        call = Call("all_reduce", x, out, op, 0, algorithm, async_op, stream)
+        call = Call("all_reduce", x, out, op, 0, algorithm, async_op, stream,
+                    reproducible=_flag(reproducible))  # fmt: skip
         return self._run(call, x if out is None else out)
 
     def reduce_scatter(
-        self, x, out, op=SUM, counts=None, algorithm=None, async_op=False, stream=None
-    ):
+        self, x, out, op=SUM, counts=None, algorithm=None, async_op=False, stream=None,
+        reproducible=None,
+    ):  # fmt: skip
         """Reduces `x` over all ranks; rank r gets block r in `out`. Blocks are ``out.size``
-        elements each, or ``counts[r]`` (a list of per-rank sizes, ``x.size == sum(counts)``)."""
-        if counts is None and self._run_now(_RS, x, out, op, 0, algorithm, async_op, stream):
+        elements each, or ``counts[r]`` (a list of per-rank sizes, ``x.size == sum(counts)``).
+        `reproducible` as for ``all_reduce``."""
+        if (
+            counts is None
+            and reproducible is None
+            and self._run_now(_RS, x, out, op, 0, algorithm, async_op, stream)
+        ):
             return out
         counts = _sizes(counts, "counts")
         op, algorithm = op_code(op), algo_code(algorithm)
-        call = Call("reduce_scatter", x, out, op, 0, algorithm, async_op, stream, counts)
+        call = Call("reduce_scatter", x, out, op, 0, algorithm, async_op, stream, counts,
+                    reproducible=_flag(reproducible))  # fmt: skip
         return self._run(call, out)
 
     def all_gather(self, x, out, counts=None, algorithm=None, async_op=False, stream=None):
@@ -470,13 +503,20 @@ class Communicator:
         call = Call("broadcast", x, None, 0, root, algorithm, async_op, stream)
         return self._run(call, x)
 
-    def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None):
+    def reduce(
+        self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None,
+        reproducible=None,
+    ):  # fmt: skip
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
-        Elsewhere `out` is checked but not written. Returns the output array."""
-        if self._run_now(_RED, x, out, op, root, algorithm, async_op, stream):
+        Elsewhere `out` is checked but not written. Returns the output array. `reproducible`
+        as for ``all_reduce``."""
+        if reproducible is None and self._run_now(
+            _RED, x, out, op, root, algorithm, async_op, stream
+        ):
             return x if out is None else out
         op, algorithm = op_code(op), algo_code(algorithm)
-        call = Call("reduce", x, out, op, root, algorithm, async_op, stream)
+        call = Call("reduce", x, out, op, root, algorithm, async_op, stream,
+                    reproducible=_flag(reproducible))  # fmt: skip
         return self._run(call, x if out is None else out)
 
     def all_to_all(

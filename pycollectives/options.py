@@ -19,6 +19,9 @@ PYCOLL_SLOT_STORES         auto             host staging slots written with ordi
 PYCOLL_ONESHOT_BYTES       (native)         direct all-reduce: one-shot up to here (host, GPU)
 PYCOLL_ALGO                (auto)           force ring, tree or direct where it exists
 PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
+PYCOLL_REPRODUCIBLE        0                1: every reduction sums in rank order, so its
+                                            bits depend on the inputs alone, whatever the
+                                            algorithm, path or node placement
 PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
 PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
 PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it),
@@ -174,6 +177,7 @@ class Options:
     oneshot_bytes: int | None = None  # None: each transport's own default
     algorithm: str | None = None
     inter_algorithm: str | None = None
+    reproducible: bool = False
     net_piece_bytes: int = 1 << 20
     debug: bool = False
     check_mismatch: bool = True
@@ -201,7 +205,10 @@ class Options:
     cuda_sync: str | None = None
 
     @classmethod
-    def resolve(cls, *, timeout=None, staging_bytes=None, staging_slots=None, environ=None):
+    def resolve(
+        cls, *, timeout=None, staging_bytes=None, staging_slots=None, reproducible=None,
+        environ=None,
+    ):  # fmt: skip
         """The options of a communicator: the arguments given, else the environment, else the
         defaults; ValueError for anything out of range."""
         env = os.environ if environ is None else environ
@@ -229,6 +236,11 @@ class Options:
             oneshot_bytes=pick(None, "PYCOLL_ONESHOT_BYTES", None, int),
             algorithm=_algorithm("PYCOLL_ALGO", env),
             inter_algorithm=_algorithm("PYCOLL_INTER_ALGO", env),
+            reproducible=(
+                switch("PYCOLL_REPRODUCIBLE", d.reproducible)
+                if reproducible is None
+                else bool(reproducible)
+            ),
             net_piece_bytes=pick(None, "PYCOLL_NET_PIECE_BYTES", d.net_piece_bytes, int),
             debug=env.get("PYCOLL_DEBUG", "").upper() in ("INFO", "TRACE"),
             check_mismatch=env.get("PYCOLL_CHECK_MISMATCH", "1") != "0",
@@ -333,6 +345,7 @@ class Options:
         o.copy_engines = self.cuda_copy_engines
         o.lookahead = self.cuda_lookahead
         o.host_events = self.cuda_host_events
+        o.reproducible = self.reproducible
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug

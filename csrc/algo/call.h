@@ -30,6 +30,12 @@ struct CollectiveCall {
   // A node-local phase of a call across nodes: that call's record (runtime/fingerprint.h,
   // Fingerprint::record), compared with the peers' along with this call's own fingerprint.
   std::array<uint64_t, 4> outer{};
+  // Reproducible mode for this call (rank_ordered, algo/schedule.h): 1 on, 0 off, -1 the
+  // communicator's setting.
+  int8_t reproducible = -1;
+  bool reproducible_or(bool communicator) const {
+    return reproducible < 0 ? communicator : reproducible != 0;
+  }
 
   bool uneven() const { return !counts.empty() || !send_counts.empty(); }
   // Points `p` at this call's uneven counts (they must outlive the schedule).

@@ -31,6 +31,14 @@ bool algo_supports(Algo a, Collective c);
 bool has_root(Collective c);
 // Whether messages of `c` carry partial reductions (and so travel in the accumulation type).
 bool carries_partials(Collective c);
+// Reproducible mode's algorithm for `c`, where `a` was asked for or chosen: a reduction runs
+// the direct schedules, which reduce every element once, on one rank, in rank order
+// (((x0 op x1) op x2) ..., in the accumulation type, an average divided once at the end):
+// one-shot, two-shot, reduce-scatter and reduce, and the paths built on them (shared buffers,
+// the device's two-shot over registered buffers). Its bits then depend on the ranks' inputs
+// alone, not on the algorithm, path, block count, slot size or node placement. Collectives
+// that do not reduce keep `a`.
+inline Algo rank_ordered(Collective c, Algo a) { return carries_partials(c) ? Algo::Direct : a; }
 
 // Names and codes as the API edges take them (every binding parses through these); an unknown
 // name or a code the collective has no schedule for is an InvalidArgument.

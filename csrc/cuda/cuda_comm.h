@@ -103,6 +103,8 @@ struct CudaCommOptions {
   // (stream_value_ops), the same on every rank.
   bool fence_counters = false;
   size_t flight_entries = 1024;  // the flight recorder's ring (0: none)
+  // Every reduction runs a rank-order schedule (rank_ordered, algo/schedule.h).
+  bool reproducible = false;
 };
 // Host mode's fences on interprocess events: host_events without fence_counters.
 inline bool uses_events(const CudaCommOptions& o) { return o.host_events && !o.fence_counters; }

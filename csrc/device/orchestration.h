@@ -80,6 +80,7 @@ struct OrchestrationOptions {
   bool host_events = true;           // host mode fences without the host waiting for the GPU
   bool fence_counters = false;       // ... on counters (counter_fence), else events (event_fence)
   size_t flight_entries = 1024;      // the flight recorder's ring (0: none)
+  bool reproducible = false;         // reductions in rank order (rank_ordered)
 };
 
 // The orchestration's options out of a device's (CudaCommOptions, EmuOptions: the same names).
@@ -98,6 +99,7 @@ OrchestrationOptions orchestration_of(const O& o) {
   r.host_events = o.host_events;
   r.fence_counters = o.fence_counters;
   r.flight_entries = o.flight_entries;
+  r.reproducible = o.reproducible;
   return r;
 }
 
@@ -130,7 +132,8 @@ class DeviceComm {
   double timeout() const { return timeout_s_.load(); }
   void set_timeout(double s) { timeout_s_.store(s); }
   Algo choose(Collective c, size_t bytes) const {
-    return device_choose(c, bytes, o_.direct_max_bytes);
+    const Algo a = device_choose(c, bytes, o_.direct_max_bytes);
+    return o_.reproducible ? rank_ordered(c, a) : a;
   }
   size_t plans_cached() const { return plans_.size(); }
   size_t plans_pinned() const { return plans_.pinned(); }
@@ -346,10 +349,15 @@ class DeviceComm {
     return WaitContext::start(name, seq, timeout_s_.load(), &shm_, &aborted_);
   }
 
+  // The algorithm `call` runs: the one asked for, else the automatic choice; in rank order in
+  // reproducible mode (the call's own setting, else the communicator's).
   Algo algo_of(const CollectiveCall& call) const {
-    return call.algo == Algo::Auto
-               ? choose(call.collective, choice_count(call, size_) * dtype_size(call.dtype))
-               : call.algo;
+    const Algo a =
+        call.algo != Algo::Auto
+            ? call.algo
+            : device_choose(call.collective, choice_count(call, size_) * dtype_size(call.dtype),
+                            o_.direct_max_bytes);
+    return call.reproducible_or(o_.reproducible) ? rank_ordered(call.collective, a) : a;
   }
 
   // A new plan's steps are uploaded on `stream`, that of the launch that first reads them.

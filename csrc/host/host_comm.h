@@ -123,6 +123,10 @@ class HostComm {
   void set_tuning(std::vector<TuningRule> rules) { tuning_ = std::move(rules); }
   // An algorithm Auto uses wherever it exists (PYCOLL_ALGO); Auto to clear.
   void set_forced(Algo a) { forced_ = a; }
+  // Reproducible mode (PYCOLL_REPRODUCIBLE): every reduction, whatever algorithm it asks for,
+  // runs a rank-order schedule (rank_ordered, algo/schedule.h).
+  void set_reproducible(bool on) { reproducible_.store(on); }
+  bool reproducible() const { return reproducible_.load(); }
   // The algorithm Auto picks for this collective and size (bytes of the element type).
   Algo choose(Collective c, size_t bytes) const;
 
@@ -196,6 +200,9 @@ class HostComm {
   std::atomic<bool> shared_enabled_{false};
   std::vector<TuningRule> tuning_;
   Algo forced_ = Algo::Auto;
+  std::atomic<bool> reproducible_{false};
+  // choose() without reproducible mode: PYCOLL_ALGO, single copy, the tuning table.
+  Algo choose_fastest(Collective c, size_t bytes) const;
   std::atomic<uint64_t> seq_{0};
   uint64_t barrier_epoch_ = 0;
   std::atomic<double> timeout_s_;

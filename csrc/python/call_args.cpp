@@ -296,7 +296,10 @@ CallFields call_fields(py::handle obj) {
                     call[kCallRoot].cast<int>(),
                     call[kCallAlgorithm].cast<int>(),
                     call[kCallAsyncOp].cast<bool>(),
-                    Splits{list(kCallCounts), list(kCallInSplits), list(kCallOutSplits)}};
+                    Splits{list(kCallCounts), list(kCallInSplits), list(kCallOutSplits)},
+                    static_cast<int8_t>(call[kCallReproducible].is_none()
+                                            ? -1
+                                            : (call[kCallReproducible].cast<bool>() ? 1 : 0))};
 }
 
 // A call on numpy arrays: each array checked (type, dtype, layout, writability), then the
@@ -326,8 +329,10 @@ CollectiveCall parse_call(Collective c, py::handle x_obj, py::handle out_obj, in
 CollectiveCall parse_call(const py::tuple& call, int rank, int size, bool* async_op) {
   const CallFields f = call_fields(call);
   if (async_op != nullptr) *async_op = f.async_op;
-  return parse_call(f.collective, call[kCallX], call[kCallOut], f.root, f.op, f.algo, rank, size,
-                    f.splits);
+  CollectiveCall c = parse_call(f.collective, call[kCallX], call[kCallOut], f.root, f.op, f.algo,
+                                rank, size, f.splits);
+  c.reproducible = f.reproducible;
+  return c;
 }
 
 std::pair<size_t, int> check_args(const py::tuple& call, int rank, int size) {
@@ -375,7 +380,10 @@ CollectiveCall described_call(const py::tuple& call, const Described& x, const D
                               int rank, int size, bool* async_op) {
   const CallFields f = call_fields(call);
   if (async_op != nullptr) *async_op = f.async_op;
-  return described_call(f.collective, x, out, f.root, f.op, f.algo, rank, size, f.splits);
+  CollectiveCall c =
+      described_call(f.collective, x, out, f.root, f.op, f.algo, rank, size, f.splits);
+  c.reproducible = f.reproducible;
+  return c;
 }
 
 // p2p ops as ("send"|"recv", array, peer, tag), every one checked before anything moves.

@@ -42,11 +42,12 @@ enum CallField : int {
   kCallCounts,
   kCallInSplits,
   kCallOutSplits,
+  kCallReproducible,
   kNumCallFields
 };
 inline constexpr const char* kCallFieldNames[kNumCallFields] = {
-    "collective", "x",      "out",    "op",        "root",      "algorithm",
-    "async_op",   "stream", "counts", "in_splits", "out_splits"};
+    "collective", "x",      "out",    "op",        "root",       "algorithm",
+    "async_op",   "stream", "counts", "in_splits", "out_splits", "reproducible"};
 
 // A Call's fields other than its arrays, read and typed.
 struct CallFields {
@@ -54,6 +55,7 @@ struct CallFields {
   int op, root, algo;
   bool async_op;
   Splits splits;
+  int8_t reproducible;  // CollectiveCall::reproducible: -1 (None: the communicator's), 0, 1
 };
 // Throws InvalidArgument when `call` is not a Call (not a tuple of kNumCallFields fields).
 CallFields call_fields(pybind11::handle call);

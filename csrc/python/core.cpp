@@ -12,11 +12,13 @@
 #include <stdexcept>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "algo/messages.h"
 #include "algo/schedule.h"
 #include "common/coverage.h"
 #include "common/errors.h"
+#include "common/reduce.h"
 #include "host/host_capi.h"
 #include "host/host_comm.h"
 #include "python/call_args.h"
@@ -337,6 +339,8 @@ void bind_host_comm(py::module_& m) {
           "set_forced",
           [](HostComm& c, const std::string& algo) { c.set_forced(algo_from_name(algo)); },
           py::arg("algorithm"))
+      .def_property("reproducible", &HostComm::reproducible, &HostComm::set_reproducible,
+                    "Every reduction runs a rank-order schedule (PYCOLL_REPRODUCIBLE).")
       .def(
           "choose",
           [](const HostComm& c, const std::string& coll, size_t bytes) {
@@ -560,6 +564,38 @@ PYBIND11_MODULE(_C, m) {
       py::arg("size"), py::arg("slot_bytes"), py::arg("nslots"),
       "Bytes of /dev/shm one rank's segment takes on a machine where `size` ranks share a "
       "communicator, with staging slots of `slot_bytes` and `nslots` per channel.");
+  m.def(
+      "fold_rows",
+      [](py::array rows, py::array out, int dtype, int op, int divisor) {
+        if (!valid_dtype(dtype) || !valid_redop(op))
+          throw InvalidArgument("fold_rows: bad dtype or op code");
+        const auto t = static_cast<DType>(dtype);
+        const size_t esize = dtype_size(t);
+        const size_t bytes = static_cast<size_t>(out.nbytes());
+        const size_t count = bytes / esize;
+        const bool c_order = py::array::c_style;
+        if (!(rows.flags() & c_order) || !(out.flags() & c_order) || !out.writeable() ||
+            bytes % esize != 0 || static_cast<size_t>(rows.itemsize()) != esize ||
+            static_cast<size_t>(out.itemsize()) != esize ||
+            (count == 0 ? rows.nbytes() != 0 : static_cast<size_t>(rows.nbytes()) % bytes != 0))
+          throw InvalidArgument(
+              "fold_rows: rows must be whole rows of out's size, both contiguous");
+        const size_t n = count == 0 ? 0 : static_cast<size_t>(rows.nbytes()) / bytes;
+        if (n == 0) return;
+        const auto* from = static_cast<const uint8_t*>(rows.data());
+        void* into = out.mutable_data();
+        py::gil_scoped_release nogil;
+        // As the direct schedules fold: row 0 loaded into the accumulator, rows 1.. in order,
+        // the element type (an average divided) once at the end.
+        const ReduceKernels& k = reduce_kernels(t, static_cast<RedOp>(op));
+        std::vector<uint8_t> acc(count * acc_size(t));
+        k.load(acc.data(), from, count);
+        for (size_t q = 1; q < n; ++q) k.reduce(acc.data(), acc.data(), from + q * bytes, count);
+        k.finalize(into, nullptr, acc.data(), count, divisor);
+      },
+      py::arg("rows"), py::arg("out"), py::arg("dtype"), py::arg("op"), py::arg("divisor"),
+      "out = op over the rows of `rows` (each out's size) in row order, accumulated as the "
+      "direct schedules accumulate; an average divided by `divisor` once at the end.");
   m.def(
       "call_record",
       [](const py::tuple& call, int rank, int size, uint64_t seq) {

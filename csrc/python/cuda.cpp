@@ -298,6 +298,7 @@ void bind_comm(py::module_& m) {
       .def_readwrite("copy_engines", &CudaCommOptions::copy_engines)
       .def_readwrite("lookahead", &CudaCommOptions::lookahead)
       .def_readwrite("host_events", &CudaCommOptions::host_events)
+      .def_readwrite("reproducible", &CudaCommOptions::reproducible)
       .def_readwrite("fence_counters", &CudaCommOptions::fence_counters)
       .def_readwrite("flight_entries", &CudaCommOptions::flight_entries);
 

@@ -73,6 +73,7 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("copy_engines", &emu::EmuOptions::copy_engines)
       .def_readwrite("lookahead", &emu::EmuOptions::lookahead)
       .def_readwrite("host_events", &emu::EmuOptions::host_events)
+      .def_readwrite("reproducible", &emu::EmuOptions::reproducible)
       .def_readwrite("fence_counters", &emu::EmuOptions::fence_counters)
       .def_readwrite("flight_entries", &emu::EmuOptions::flight_entries)
       .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)

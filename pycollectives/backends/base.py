@@ -22,6 +22,7 @@ _CALL_DEFAULTS = {
     "counts": None,  # uneven all_gather / reduce_scatter
     "in_splits": None,  # all_to_all
     "out_splits": None,
+    "reproducible": None,  # reductions in rank order; None: the communicator's setting
 }
 
 
@@ -31,9 +32,9 @@ class Call(
     """One collective as the Communicator hands it to a backend, the one descriptor every
     backend takes (host, nodes, CUDA, the emulated device): ``Call(collective, x, out=None,
     op=0, root=0, algorithm=0, async_op=False, stream=None, counts=None, in_splits=None,
-    out_splits=None)``. Names and codes are checked; arrays not yet (each backend checks its
-    own kind of array before anything moves). A tuple, which the native layers read by
-    position."""
+    out_splits=None, reproducible=None)``. Names and codes are checked; arrays not yet (each
+    backend checks its own kind of array before anything moves). A tuple, which the native
+    layers read by position."""
 
     __slots__ = ()
 

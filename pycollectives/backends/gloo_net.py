@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from pycollectives import ops
+from pycollectives import _C, ops
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from pycollectives.runtime import arrays
 
@@ -155,11 +155,16 @@ class GlooNet:
     def run(self, collective, algorithm, members, x, out, count, dtype, op, root, divisor, seq,
             counts=(), send_counts=(), recv_counts=()):  # fmt: skip
         """One collective among `members`, which the check across nodes has found every one
-        of them to call alike; `algorithm` is gloo's to choose."""
+        of them to call alike; `algorithm` is gloo's to choose, but for "direct" reductions
+        (reproducible mode), which sum in rank order (_rank_ordered)."""
         self.check_usable()
         what = f"{collective} #{seq}"
         pg = self.process_group(members)
         me, n = members.index(self.rank), len(members)
+        if algorithm == "direct" and collective in ops.REDUCING:
+            self._rank_ordered(pg, collective, me, n, x, out, dtype, op, root, counts, divisor,
+                               what)  # fmt: skip
+            return
         try:
             work, then = self._start(pg, collective, me, n, x, out, op, root, counts,
                                      send_counts, recv_counts)  # fmt: skip
@@ -218,6 +223,38 @@ class GlooNet:
             got = list(recv_counts) if recv_counts else []
             return pg.alltoall_base(T(out), T(x), got, sent, dist.AllToAllOptions()), None
         raise CollectiveError(f"{c}: not a collective the gloo engine runs")
+
+    def _rank_ordered(self, pg, c, me, n, x, out, dtype, op, root, counts, divisor, what):
+        """A reduction whose every element is summed in rank order, as the direct schedules
+        sum on one machine (gloo's own reductions sum in an order of their own, and half
+        precision in itself): block q of every rank's input goes to rank q (an all-to-all),
+        which folds the rows in rank order natively (_C.fold_rows, the accumulation type, an
+        average divided once); an all-reduce or reduce then gathers the folded blocks."""
+        _, dist = _torch()
+        flat = x.reshape(-1)
+        total = len(flat)
+        if c == "reduce_scatter":
+            sizes = [int(k) for k in counts] if counts else [total // n] * n
+        else:  # blocks of ceil(total / n), the last ones shorter
+            per = -(-total // n)
+            sizes = [max(0, min(per, total - q * per)) for q in range(n)]
+        mine = sizes[me]
+        rows = np.empty(n * mine, x.dtype)
+        try:
+            work = pg.alltoall_base(_tensor(rows), _tensor(flat), [mine] * n, sizes,
+                                    dist.AllToAllOptions())  # fmt: skip
+        except RuntimeError as e:
+            self.fail(e, what)
+        self.wait(work, what)
+        if c == "reduce_scatter":
+            _C.fold_rows(rows, out.reshape(-1), dtype, op, divisor)
+            return
+        folded = np.empty(mine, x.dtype)
+        _C.fold_rows(rows, folded, dtype, op, divisor)
+        into = out if c == "all_reduce" or me == root else np.empty(total, x.dtype)
+        work, pack = self._all_gather_uneven(pg, me, n, folded, into, sizes)
+        self.wait(work, what)
+        pack()
 
     def _all_gather_uneven(self, pg, me, n, x, out, counts):
         """Gloo gathers equal blocks: each rank's block padded to the largest, then packed."""

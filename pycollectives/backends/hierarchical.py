@@ -39,7 +39,7 @@ from pycollectives.backends import Call, call_check
 from pycollectives.backends.hierarchical_flat import BlocksAndMessages
 from pycollectives.backends.hierarchical_uneven import UnevenNodes
 from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
-from pycollectives.ops import ALGORITHMS_FOR, AVG, collective_code
+from pycollectives.ops import ALGORITHMS_FOR, AVG, REDUCING, algo_code, collective_code
 from pycollectives.runtime.bootstrap import StoreGroup
 from pycollectives.runtime.store_board import BoardStoreGroup, board_for, dead_after
 from pycollectives.runtime.topology import Topology
@@ -50,6 +50,7 @@ from pycollectives.trace import flight
 # 38 us at 32 KiB, 90 against 63 us at 64 KiB (benchmarks/check_across_nodes.py, unchecked
 # against before).
 _RIDE_MAX_BYTES = 16 << 10
+_DIRECT = algo_code("direct")
 
 
 class _FutureWork:
@@ -156,6 +157,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         flight.attach(host, opts, ident, rank, group.size)  # one directory for every node's ranks
         inter = opts.inter_algorithm or opts.algorithm
         hier = cls(topology, rank, host, net, inter_algo=inter)
+        hier.reproducible = opts.reproducible
         hier._node_group, hier._p2p, hier._group = node_group, p2p, group
         if not p2p.takes_arrays:  # MPI's engine: blocking batches to other nodes in one call
             p2p.set_nodes(topology.node_of, topology.node_of[rank])
@@ -197,6 +199,9 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         self.size = topology.size
         self.host = host
         self.net = net
+        # Reductions flat over all ranks in the direct schedules, which sum in rank order
+        # (PYCOLL_REPRODUCIBLE): a node's partial sums would add the ranks out of order.
+        self.reproducible = False
         self.nodes = topology.num_nodes
         self.local_size = topology.ranks_per_node  # None: nodes differ (hierarchical_uneven)
         self.even = self.local_size is not None
@@ -316,7 +321,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
             self._p2p.timeout = seconds
 
     def algorithm_for(self, collective: str, nbytes: int) -> str:
-        return "hierarchical"
+        return "direct" if self._rank_ordered(collective) else "hierarchical"
 
     def _local(self, collective, x, out=None, op=0, root=0, outer=None):
         """`collective` among this node's ranks over shared memory, blocking (the node-local
@@ -324,10 +329,19 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         record of the call it is a phase of (compared by the node's ranks with its own)."""
         self.host.run_call(Call(collective, x, out, op, root), outer)
 
+    def _rank_ordered(self, collective, asked=None) -> bool:
+        """Whether `collective` runs in rank order: `asked` (a call's reproducible=), else
+        this communicator's setting."""
+        on = self.reproducible if asked is None else asked
+        return bool(on) and collective in REDUCING
+
     def run(self, call):
         """Runs a ``backends.Call``; algorithm code 0 means hierarchical, others flat."""
-        a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
         c = call.collective
+        if self._rank_ordered(c, call.reproducible):  # before the record: ranks that disagree
+            # raise there
+            call = call._replace(algorithm=_DIRECT)
+        a = None if call.algorithm == 0 else _C.ALGORITHMS[call.algorithm]
         # The caller's error, or these (the record: this call as every rank must make it).
         count, dtype, record = _C.call_record(call, self.rank, self.size, self.seq + 1)
         record = record if self.checking else None

@@ -94,11 +94,15 @@ def rendezvous(group, opts: Options):
         host = _C.HostComm(group.rank, group.size, opts.host_options())
     except (CollectiveError, ValueError) as e:
         error = str(e)
-    config = (opts.staging_bytes, opts.staging_slots)
+    config = (opts.staging_bytes, opts.staging_slots, opts.reproducible)
     name = None if host is None else host.segment_name
     reports = gathered_or_raise(group, "cannot set up shared memory", (config, name), error)
     configs = [config for config, _ in reports]
-    same_on_every_rank(configs, "the staging configuration (staging_bytes, staging_slots)")
+    same_on_every_rank(
+        configs,
+        "the staging configuration and reproducible mode (staging_bytes, staging_slots, "
+        "reproducible)",
+    )
     error = None
     try:
         host.attach([name for _, name in reports])
@@ -112,6 +116,7 @@ def rendezvous(group, opts: Options):
     host.set_tuning(load_tuning())
     if opts.algorithm is not None:
         host.set_forced(opts.algorithm)
+    host.reproducible = opts.reproducible
     return host
 
 

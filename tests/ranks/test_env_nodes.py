@@ -13,8 +13,8 @@ pytest.importorskip("torch")
 # 4 ranks, machines a, a, b, b. mismatch leaves the communicator unusable: it comes last.
 TWO_NODES = ["collectives", "blocks", "mismatch"]
 # 6 ranks, machines a, b, c, a, b, c: each node's ranks are apart in rank order; random splits
-# place their members unevenly on the nodes.
-THREE_NODES = ["split", "random_splits", "messages", "p2p_mismatch"]
+# place their members unevenly on the nodes; reductions in rank order (reproducible=True).
+THREE_NODES = ["split", "random_splits", "messages", "reproducible", "p2p_mismatch"]
 
 
 def launch(nprocs, cases, machines):

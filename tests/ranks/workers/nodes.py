@@ -7,8 +7,8 @@ nodes: MPI between them.
 
 Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. PYCOLL_HOST_ID=.. python nodes.py CASE
    or: PYCOLL_RANKS_PER_NODE=k mpiexec -n N python nodes.py CASE
-CASE: collectives, blocks, messages, split, random_splits, mismatch, p2p_mismatch, or several,
-comma-separated (a mismatch last: it leaves the communicator unusable).
+CASE: collectives, blocks, messages, split, random_splits, reproducible, mismatch, p2p_mismatch,
+or several, comma-separated (a mismatch last: it leaves the communicator unusable).
 """
 
 from __future__ import annotations
@@ -18,7 +18,17 @@ import socket
 import sys
 
 import numpy as np
-from checks import DTYPES, check_close, digest, expect, make_input, reference, run_main, valid
+from checks import (
+    DTYPES,
+    check_close,
+    digest,
+    expect,
+    is_float,
+    make_input,
+    reference,
+    run_main,
+    valid,
+)
 
 import pycollectives as pc
 
@@ -308,8 +318,18 @@ def mismatch(comm):
     expect(pc.CollectiveMismatch, lambda: comm.all_reduce(x), "count")
 
 
+def reproducible(comm):
+    """Reductions in rank order (a call's reproducible=): workers/reproducible.py's matrix, one
+    algorithm per case in turn, the float dtypes and int32. Over gloo, whose own reductions
+    add in an order of their own, the ranks trade blocks and fold them in rank order."""
+    from reproducible import matrix
+
+    dtypes = [dt for dt in DTYPES if is_float(dt) or dt == np.dtype(np.int32)]
+    matrix(comm, dtypes, (3001,), rotate=True, reproducible=True)
+
+
 CASES = {"collectives": collectives, "blocks": blocks, "messages": messages, "split": split,
-         "random_splits": random_splits, "mismatch": mismatch,
+         "random_splits": random_splits, "reproducible": reproducible, "mismatch": mismatch,
          "p2p_mismatch": p2p_mismatch}  # fmt: skip
 LAST = ("mismatch", "p2p_mismatch")  # they leave the communicator unusable
 
