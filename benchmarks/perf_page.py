@@ -452,6 +452,21 @@ def flight_overhead() -> list[str]:
     return table(head, out) + ["", made_from([name], VM)]
 
 
+def reproducible_cost() -> list[str]:
+    """All-reduce times by default and in reproducible mode, 2 and 4 ranks."""
+    out = []
+    names = [f"reproducible_cost-{n}ranks.txt" for n in (2, 4)]
+    for n, name in zip((2, 4), names):
+        need(r"reproducible", text(name), name)
+        for line in text(name).splitlines():
+            v = line.split()
+            if len(v) == 8 and v[1] in ("B", "MiB"):
+                label, kind, a, algo_a, b, algo_b, r = f"{v[0]} {v[1]}", *v[2:]
+                out.append([str(n), label, kind, f"{a} µs ({algo_a})", f"{b} µs ({algo_b})", r])
+    head = ["ranks", "all-reduce float32", "arrays", "default", "reproducible", "ratio"]
+    return table(head, out) + ["", made_from(names, VM)]
+
+
 def small_shm_slots() -> list[str]:
     """All-reduce times with the default slots against the 32 KiB slots 8 ranks take in a
     64 MB /dev/shm: the file holds the two sweeps one after the other."""
@@ -593,6 +608,7 @@ TABLES = {
     "elastic-nodes": elastic_nodes,
     "trace-overhead": trace_overhead,
     "flight-overhead": flight_overhead,
+    "reproducible-cost": reproducible_cost,
     "small-shm-slots": small_shm_slots,
     "dp-vs-ddp": dp_vs_ddp,
     "model-scaling": model_scaling,
