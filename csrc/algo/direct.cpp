@@ -29,15 +29,25 @@ void twoshot_allreduce(const ScheduleParams& p, StepSink& sink) {
     const size_t b = static_cast<size_t>(k) * ss;
     return b < p.count ? std::min(ss, p.count - b) : size_t{0};
   };
-  for (size_t o = 0; o < ss; o += p.piece) {
-    auto off = [&](int k) { return static_cast<size_t>(k) * ss + o; };
-    // Peers in a rotated order, so that not every rank starts with rank 0.
+  // Piece o of every peer's shard, to its owner; peers in a rotated order, so that not every
+  // rank starts with rank 0.
+  auto sends = [&](size_t o) {
     for (int d = 1; d < n; ++d) {
       const int q = mod(r + d, n);
-      emit(sink, send(q, in(off(q)), piece_len(shard_len(q), o, p.piece), Wire::Acc));
+      const size_t at = static_cast<size_t>(q) * ss + o;
+      emit(sink, send(q, in(at), piece_len(shard_len(q), o, p.piece), Wire::Acc));
     }
+  };
+  if (p.lookahead) sends(0);
+  for (size_t o = 0; o < ss; o += p.piece) {
+    auto off = [&](int k) { return static_cast<size_t>(k) * ss + o; };
+    if (!p.lookahead) sends(o);
     emit(sink, recv_reduce_copy_send(kAllPeers, in(off(r)), out(off(r)), kAllPeers,
                                      piece_len(shard_len(r), o, p.piece)));
+    // With lookahead, as in the ring: the next piece's partials go out before this piece's
+    // reduced shards come in, so the peers' reductions overlap our copies (every channel
+    // carries the same messages in the same order; 2 slots a channel).
+    if (p.lookahead && o + p.piece < ss) sends(o + p.piece);
     for (int d = 1; d < n; ++d) {
       const int q = mod(r - d, n);
       emit(sink, recv(q, out(off(q)), piece_len(shard_len(q), o, p.piece), /*bcast=*/true));

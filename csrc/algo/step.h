@@ -78,8 +78,9 @@ struct ScheduleParams {
   // All-to-all, gather, scatter: blocks between different ranks of at least this many
   // elements are left out (the caller moves them point-to-point; host/direct_blocks.h). 0: none.
   size_t direct_min_count = 0;
-  // Ring all-reduce: each piece's first message goes out before the previous piece's last
-  // receive (needs 2 slots per channel; the order of messages on every channel is the same).
+  // Ring and two-shot all-reduce: each piece's first messages go out before the previous
+  // piece's last receives (needs 2 slots per channel; the order of messages on every channel
+  // is the same).
   bool lookahead = false;
 };
 

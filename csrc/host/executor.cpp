@@ -134,6 +134,9 @@ void HostExecutor::write_out(uint8_t* dst, const uint8_t* src, size_t n) {
 // there is no dst2): straight into both where nothing is streamed, else a cache-resident block
 // at a time that is then copied out, streamed where it should be.
 constexpr size_t kBlockBytes = 8192;
+// The accumulator tile of reduce_all_out: in L1 beside a tile of each input. Steps of at most
+// this much reduce into the scratch buffer, which stays in L1 too (a small call's cost).
+constexpr size_t kTileBytes = 8192;
 
 template <class Produce>
 void HostExecutor::produce_out(uint8_t* dst, uint8_t* dst2, size_t n, Produce&& produce) {
@@ -156,6 +159,48 @@ void HostExecutor::finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc,
   produce_out(dst, dst2, n, [&](uint8_t* out, uint8_t* out2, size_t i, size_t m) {
     kernels_->finalize(out, out2, acc + i * acc_size_, m, call_.divisor);
   });
+}
+
+void HostExecutor::reduce_all_out(uint8_t* dst, const Step& s, bool send) {
+  const int size = t_.size(), me = t_.rank();
+  const size_t n = s.count, in_bytes = wire_bytes(s.recv_wire, n);
+  const uint8_t* few[16];
+  std::vector<const uint8_t*> many;
+  const uint8_t** ins = few;
+  if (size > 16) {
+    many.resize(static_cast<size_t>(size));
+    ins = many.data();
+  }
+  // Every message first, then our slot, as reduce_into then wait_send would.
+  for (int q = 0; q < size; ++q)
+    ins[q] = q == me ? src_ptr(s) : wait_recv(q, s.recv_bcast, in_bytes);
+  const size_t out_bytes = n * elem_size_;
+  uint8_t* slot = send ? wait_send(s.to, out_bytes) : nullptr;
+  const size_t tile = kTileBytes / acc_size_;
+  produce_out(dst, slot, n, [&](uint8_t* out, uint8_t* out2, size_t first, size_t count) {
+    alignas(64) uint8_t acc[kTileBytes];
+    for (size_t t = 0; t < count; t += tile) {
+      const size_t i = first + t, m = std::min(tile, count - t);
+      // As reduce_step folds: rank 0 loaded, then every other rank in order.
+      for (int q = 0; q < size; ++q) {
+        if (q == me) {
+          if (q == 0)
+            kernels_->load(acc, ins[q] + i * elem_size_, m);
+          else
+            kernels_->reduce(acc, acc, ins[q] + i * elem_size_, m);
+        } else if (q == 0) {
+          copy_bytes(acc, ins[q] + i * acc_size_, m * acc_size_);
+        } else {
+          kernels_->combine(acc, acc, ins[q] + i * acc_size_, m);
+        }
+      }
+      kernels_->finalize(out + t * elem_size_, out2 ? out2 + t * elem_size_ : nullptr, acc, m,
+                         call_.divisor);
+    }
+  });
+  for (int q = 0; q < size; ++q)
+    if (q != me) release_recv(q, s.recv_bcast);
+  if (send) send_to_all(s, slot, out_bytes);
 }
 
 void HostExecutor::reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b,
@@ -238,6 +283,8 @@ void HostExecutor::step(const Step& s) {
         const uint8_t* in = wait_recv(s.from, s.recv_bcast, wire_bytes(Wire::Acc, n));
         reduce_out(dst_ptr(s), nullptr, in, src_ptr(s), n);
         release_recv(s.from, s.recv_bcast);
+      } else if (s.from == kAllPeers && n * acc_size_ > kTileBytes) {
+        reduce_all_out(dst_ptr(s), s, false);
       } else {
         reduce_into(scratch_, s);
         finalize_out(dst_ptr(s), nullptr, scratch_, n);
@@ -253,6 +300,8 @@ void HostExecutor::step(const Step& s) {
         reduce_out(dst_ptr(s), slot, in, src_ptr(s), n);
         send_to_all(s, slot, bytes);
         release_recv(s.from, s.recv_bcast);
+      } else if (s.from == kAllPeers && n * acc_size_ > kTileBytes) {
+        reduce_all_out(dst_ptr(s), s, true);
       } else {
         reduce_into(scratch_, s);
         uint8_t* slot = wait_send(s.to, bytes);

@@ -93,6 +93,11 @@ class HostExecutor final : public StepSink {
   void reduce_into(uint8_t* acc, const Step& s);
   // dst (and dst2, a slot) = finalised acc; streamed for large outputs (and streamed slots).
   void finalize_out(uint8_t* dst, uint8_t* dst2, const uint8_t* acc, size_t n);
+  // A step's reduction over every rank (from kAllPeers), written out: every peer's message
+  // and our input folded in rank order a cache-resident tile at a time and finalized into dst
+  // (and, with `send`, the step's outgoing slot, then sent): one pass over memory where
+  // reduce_into then finalize_out make three.
+  void reduce_all_out(uint8_t* dst, const Step& s, bool send);
   // dst (and dst2) = finalised op(in_acc, b): the one-input fast path.
   void reduce_out(uint8_t* dst, uint8_t* dst2, const uint8_t* in, const uint8_t* b, size_t n);
   void write_out(uint8_t* dst, const uint8_t* src, size_t n);

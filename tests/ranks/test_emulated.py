@@ -309,9 +309,11 @@ def test_push(mode, part, nranks):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("nranks,staging", [(2, "small"), (3, "small"), (4, "default")])
-def test_ring_lookahead(mode, nranks, staging):
-    # PYCOLL_CUDA_LOOKAHEAD=1: the ring all-reduce's next piece's first message goes out before
-    # this piece's last receive, two messages in flight per channel (small staging: 2 slots).
-    env = {"PYCOLL_CUDA_LOOKAHEAD": "1"}
-    out = run_mpi(nranks, "emulated.py", mode, "all_reduce", staging, "ring", env=env)
-    assert f"all_reduce ring {mode} ranks={nranks}" in out, out
+@pytest.mark.parametrize("algo", ["ring", "direct"])
+def test_lookahead(mode, nranks, staging, algo):
+    # PYCOLL_CUDA_LOOKAHEAD=1: the ring's and the two-shot's next piece's first messages go out
+    # before this piece's last receives, two messages in flight per channel (small staging: 2
+    # slots). Direct all-reduces are all two-shot here (PYCOLL_ONESHOT_BYTES=0).
+    env = {"PYCOLL_CUDA_LOOKAHEAD": "1", "PYCOLL_ONESHOT_BYTES": "0"}
+    out = run_mpi(nranks, "emulated.py", mode, "all_reduce", staging, algo, env=env)
+    assert f"all_reduce {algo} {mode} ranks={nranks}" in out, out

@@ -279,9 +279,13 @@ def test_ring_all_reduce_with_lookahead():
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 7])
-def test_twoshot_all_reduce(n):
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_twoshot_all_reduce(n, lookahead):
+    # With lookahead (the host's), each piece's partials go out before the previous piece's
+    # reduced shards come in: no deadlock with 2 slots a channel either.
     for count, piece, k in itertools.product([1, 7, 13, 40], [1, 4], [2, 3]):
-        Sim("direct", "all_reduce", n, count, 0, piece, k, oneshot=0).run().check()
+        Sim("direct", "all_reduce", n, count, 0, piece, k, oneshot=0,
+            lookahead=lookahead).run().check()  # fmt: skip
 
 
 def test_large_rank_counts():
