@@ -225,6 +225,13 @@ def test_gpu_registration_on_first_use_in_host_mode():
     assert out.count("first_use rank=") == 2, out
 
 
+def test_gpu_reproducible_mode():
+    # PYCOLL_REPRODUCIBLE=1: every algorithm's all-reduce and reduce-scatter, on cupy's pool's
+    # arrays and registered ones, bit for bit the rank-order fold.
+    out = run_mpi(3, "gpu_extras.py", "reproducible", env={"PYCOLL_REPRODUCIBLE": "1"})
+    assert out.count("reproducible rank=") == 3, out
+
+
 def test_gpu_one_rank_closes_at_once():
     # One rank, kernel mode: calls with nothing to launch never hold up close() (< 1 s).
     out = run_mpi(1, "gpu_extras.py", "one_rank", timeout=60)

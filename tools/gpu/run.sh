@@ -112,7 +112,7 @@ TRAIN_EPOCHS=${TRAIN_EPOCHS:-3}
 # The GPU suite's tests of one path or protocol each (the first call), and the rest (the
 # second call's gpu stage); tests/gpu/conftest.py runs the path tests first in a whole suite.
 PATHS_K="not collective_matrix and not new_collectives and not training_job and not faults \
-and not bench_ and not call_cost and not first_use_in_host_mode"
+and not bench_ and not call_cost and not first_use_in_host_mode and not reproducible"
 if [ "$CALL" = second ]; then GPU_K="not ($PATHS_K)"; else GPU_K=""; fi
 
 # Resolved before the venv's bin goes first on PATH (it has a python3 of its own).

@@ -2,7 +2,7 @@
 
 Usage: mpiexec -n N python gpu_extras.py
     stream|streams|async|torch|mismatch|graph|ll|registered|one_rank|free_while_waiting|shapes|
-    event_probe|first_use
+    event_probe|first_use|reproducible
 streams reads PYCOLL_TEST_CALLS (30: calls) and PYCOLL_TEST_LATE_MS (0: rank k % N sleeps this
 long before call k).
 """
@@ -551,6 +551,44 @@ def check_one_rank(comm: CudaComm):
     print(f"one_rank sync={comm.sync_mode} closed in {took:.3f} s")
 
 
+def check_reproducible(comm: CudaComm):
+    """Reproducible mode (PYCOLL_REPRODUCIBLE=1, set by the test): all-reduces and
+    reduce-scatters of cupy's pool's arrays and of registered ones, LL, one-shot and staged
+    sizes, every algorithm asked for, bit for bit the inputs folded in rank order (float32
+    accumulation for float16), as the emulated device shows (workers/reproducible.py)."""
+    n, r = comm.size, comm.rank
+    cases = 0
+    for dt in (np.dtype(np.float32), np.dtype(np.float16)):
+        for count in (1000, 12345, 1 << 20):
+            rng = np.random.default_rng([count, dt.num])
+            rows = rng.standard_normal((n, n * count)) * 10.0 ** rng.integers(-3, 4, (n, n * count))
+            rows = rows.astype(dt)
+            acc = rows[0].astype(np.float32 if dt.itemsize == 2 else dt)
+            for q in range(1, n):
+                acc = acc + rows[q].astype(acc.dtype)
+            want = acc.astype(dt)
+            for make in (cp.empty, comm.empty):
+                for algo in (None, "ring", "tree", "direct"):
+                    x = make(n * count, dt)
+                    x[...] = cp.asarray(rows[r])
+                    comm.all_reduce(x, None, SUM, algo, None, False)
+                    got = cp.asnumpy(x)
+                    bad = int((got.view(f"u{dt.itemsize}") != want.view(f"u{dt.itemsize}")).sum())
+                    assert bad == 0, f"all_reduce {dt} {count} {algo} {make}: {bad} differ"
+                    if algo != "tree":
+                        x[...] = cp.asarray(rows[r])
+                        out = make(count, dt)
+                        comm.reduce_scatter(x, out, SUM, algo, None, False)
+                        got = cp.asnumpy(out)
+                        mine = want[r * count : (r + 1) * count]
+                        bad = int(
+                            (got.view(f"u{dt.itemsize}") != mine.view(f"u{dt.itemsize}")).sum()
+                        )
+                        assert bad == 0, f"reduce_scatter {dt} {count} {algo} {make}: {bad} differ"
+                    cases += 1
+    print(f"reproducible rank={r} cases={cases}", flush=True)
+
+
 def main():
     what = sys.argv[1]
     use_local_device()
@@ -561,7 +599,7 @@ def main():
     checks["mismatch"], checks["graph"], checks["ll"] = check_mismatch, check_graph, check_ll
     checks["registered"], checks["one_rank"] = check_registered, check_one_rank
     checks["free_while_waiting"] = check_free_while_waiting
-    checks["first_use"] = check_first_use
+    checks["first_use"], checks["reproducible"] = check_first_use, check_reproducible
     checks["shapes"], checks["event_probe"] = check_shapes, check_event_probe
     try:
         checks[what](comm)
