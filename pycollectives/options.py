@@ -327,6 +327,7 @@ class Options:
         o.single_copy_min_bytes = self.single_copy_bytes
         o.shared_min_bytes = self.shared_bytes
         o.flight_entries = self.flight_entries
+        o.reproducible = self.reproducible
         return o
 
     def cuda_options(self, native, device=0, blocks=None):

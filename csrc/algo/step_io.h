@@ -46,17 +46,10 @@ void reduce_step(const ReduceKernels& k, size_t acc_bytes, uint8_t* acc, const u
   if (s.from == kAllPeers) {
     for (int q = 0; q < size; ++q) {
       if (q == me) {
-        if (q == 0)
-          k.load(acc, local, n);
-        else
-          k.reduce(acc, acc, local, n);
+        fold_rank(k, acc_bytes, acc, q, /*elems=*/true, local, n);
         continue;
       }
-      const uint8_t* in = take(q);
-      if (q == 0)
-        copy_bytes(acc, in, n * acc_bytes);
-      else
-        k.combine(acc, acc, in, n);
+      fold_rank(k, acc_bytes, acc, q, /*elems=*/false, take(q), n);
       done(q);
     }
     return;

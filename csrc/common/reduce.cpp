@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -362,6 +363,18 @@ void stream_fence() {
 #if defined(__SSE2__)
   _mm_sfence();
 #endif
+}
+
+void fold_rows(DType t, RedOp op, const void* rows, size_t nrows, size_t count, void* out,
+               int divisor) {
+  if (nrows == 0) return;
+  const ReduceKernels& k = reduce_kernels(t, op);
+  const size_t row_bytes = count * dtype_size(t);
+  std::vector<uint8_t> acc(count * acc_size(t));
+  for (size_t q = 0; q < nrows; ++q)
+    fold_rank(k, acc_size(t), acc.data(), static_cast<int>(q), /*elems=*/true,
+              static_cast<const uint8_t*>(rows) + q * row_bytes, count);
+  k.finalize(out, nullptr, acc.data(), count, divisor);
 }
 
 }  // namespace pycoll

@@ -52,4 +52,28 @@ void copy_bytes(void* dst, const void* src, size_t bytes);
 void stream_copy(void* dst, const void* src, size_t bytes);
 void stream_fence();
 
+// One rank's part of a reduction over every rank, folded into `acc` (n elements) in rank
+// order: rank q's `p` is in the element type where `elems` (our own input), else in the
+// accumulation type (a peer's message, acc_bytes an element); rank 0's is loaded, each later
+// rank's reduced in. Calls for q = 0, 1, ... give ((x0 op x1) op x2) ..., the order every
+// reduction over all ranks keeps (the direct schedules, reproducible mode).
+inline void fold_rank(const ReduceKernels& k, size_t acc_bytes, void* acc, int q, bool elems,
+                      const void* p, size_t n) {
+  if (elems) {
+    if (q == 0)
+      k.load(acc, p, n);
+    else
+      k.reduce(acc, acc, p, n);
+  } else if (q == 0) {
+    copy_bytes(acc, p, n * acc_bytes);
+  } else {
+    k.combine(acc, acc, p, n);
+  }
+}
+
+// out = the `nrows` rows of `count` elements of type t at `rows` folded in row order
+// (fold_rank), finalized into the element type (an average divided by `divisor`) once.
+void fold_rows(DType t, RedOp op, const void* rows, size_t nrows, size_t count, void* out,
+               int divisor);
+
 }  // namespace pycoll

@@ -181,19 +181,9 @@ void HostExecutor::reduce_all_out(uint8_t* dst, const Step& s, bool send) {
     alignas(64) uint8_t acc[kTileBytes];
     for (size_t t = 0; t < count; t += tile) {
       const size_t i = first + t, m = std::min(tile, count - t);
-      // As reduce_step folds: rank 0 loaded, then every other rank in order.
-      for (int q = 0; q < size; ++q) {
-        if (q == me) {
-          if (q == 0)
-            kernels_->load(acc, ins[q] + i * elem_size_, m);
-          else
-            kernels_->reduce(acc, acc, ins[q] + i * elem_size_, m);
-        } else if (q == 0) {
-          copy_bytes(acc, ins[q] + i * acc_size_, m * acc_size_);
-        } else {
-          kernels_->combine(acc, acc, ins[q] + i * acc_size_, m);
-        }
-      }
+      for (int q = 0; q < size; ++q)  // as reduce_step folds, a tile at a time
+        fold_rank(*kernels_, acc_size_, acc, q, q == me,
+                  ins[q] + i * (q == me ? elem_size_ : acc_size_), m);
       kernels_->finalize(out + t * elem_size_, out2 ? out2 + t * elem_size_ : nullptr, acc, m,
                          call_.divisor);
     }

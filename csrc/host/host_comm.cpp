@@ -116,7 +116,7 @@ void HostComm::check_usable(const char* name) const {
 
 Algo HostComm::choose(Collective c, size_t bytes) const {
   const Algo a = choose_fastest(c, bytes);
-  return reproducible_.load() ? rank_ordered(c, a) : a;
+  return opts_.reproducible ? rank_ordered(c, a) : a;
 }
 
 Algo HostComm::choose_fastest(Collective c, size_t bytes) const {
@@ -168,7 +168,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   const CallExtents ext = call_extents(call, rank(), n);
   const size_t choice_bytes = choice_count(call, n) * esize;
   Algo algo = call.algo == Algo::Auto ? choose_fastest(call.collective, choice_bytes) : call.algo;
-  if (call.reproducible_or(reproducible_.load())) algo = rank_ordered(call.collective, algo);
+  if (call.reproducible_or(opts_.reproducible)) algo = rank_ordered(call.collective, algo);
   flight_.set_algo(flight_id_, static_cast<uint32_t>(algo));
   const bool timed = slot_stores_.measures(choice_bytes);  // small calls read no clock
   const auto started = timed ? Clock::now() : Clock::time_point{};

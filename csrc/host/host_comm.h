@@ -66,6 +66,9 @@ struct HostCommOptions {
   SlotStores slot_stores = SlotStores::Auto;
   // Entries of the flight recorder's ring (runtime/flight_recorder.h); 0: no recorder.
   size_t flight_entries = 1024;
+  // Reproducible mode (PYCOLL_REPRODUCIBLE): every reduction, whatever algorithm it asks for,
+  // runs a rank-order schedule (rank_ordered, algo/schedule.h), unless the call says otherwise.
+  bool reproducible = false;
 };
 
 // One line of the tuning table: for `collective` on `min_ranks..max_ranks` ranks, messages of
@@ -123,10 +126,6 @@ class HostComm {
   void set_tuning(std::vector<TuningRule> rules) { tuning_ = std::move(rules); }
   // An algorithm Auto uses wherever it exists (PYCOLL_ALGO); Auto to clear.
   void set_forced(Algo a) { forced_ = a; }
-  // Reproducible mode (PYCOLL_REPRODUCIBLE): every reduction, whatever algorithm it asks for,
-  // runs a rank-order schedule (rank_ordered, algo/schedule.h).
-  void set_reproducible(bool on) { reproducible_.store(on); }
-  bool reproducible() const { return reproducible_.load(); }
   // The algorithm Auto picks for this collective and size (bytes of the element type).
   Algo choose(Collective c, size_t bytes) const;
 
@@ -200,7 +199,6 @@ class HostComm {
   std::atomic<bool> shared_enabled_{false};
   std::vector<TuningRule> tuning_;
   Algo forced_ = Algo::Auto;
-  std::atomic<bool> reproducible_{false};
   // choose() without reproducible mode: PYCOLL_ALGO, single copy, the tuning table.
   Algo choose_fastest(Collective c, size_t bytes) const;
   std::atomic<uint64_t> seq_{0};

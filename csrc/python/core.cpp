@@ -190,6 +190,7 @@ void bind_host_comm(py::module_& m) {
       .def_readwrite("single_copy_min_bytes", &HostCommOptions::single_copy_min_bytes)
       .def_readwrite("shared_min_bytes", &HostCommOptions::shared_min_bytes)
       .def_readwrite("flight_entries", &HostCommOptions::flight_entries)
+      .def_readwrite("reproducible", &HostCommOptions::reproducible)
       .def_property(
           "p2p_cma",
           [](const HostCommOptions& o) {
@@ -339,8 +340,6 @@ void bind_host_comm(py::module_& m) {
           "set_forced",
           [](HostComm& c, const std::string& algo) { c.set_forced(algo_from_name(algo)); },
           py::arg("algorithm"))
-      .def_property("reproducible", &HostComm::reproducible, &HostComm::set_reproducible,
-                    "Every reduction runs a rank-order schedule (PYCOLL_REPRODUCIBLE).")
       .def(
           "choose",
           [](const HostComm& c, const std::string& coll, size_t bytes) {
@@ -581,17 +580,10 @@ PYBIND11_MODULE(_C, m) {
           throw InvalidArgument(
               "fold_rows: rows must be whole rows of out's size, both contiguous");
         const size_t n = count == 0 ? 0 : static_cast<size_t>(rows.nbytes()) / bytes;
-        if (n == 0) return;
-        const auto* from = static_cast<const uint8_t*>(rows.data());
+        const void* from = rows.data();
         void* into = out.mutable_data();
         py::gil_scoped_release nogil;
-        // As the direct schedules fold: row 0 loaded into the accumulator, rows 1.. in order,
-        // the element type (an average divided) once at the end.
-        const ReduceKernels& k = reduce_kernels(t, static_cast<RedOp>(op));
-        std::vector<uint8_t> acc(count * acc_size(t));
-        k.load(acc.data(), from, count);
-        for (size_t q = 1; q < n; ++q) k.reduce(acc.data(), acc.data(), from + q * bytes, count);
-        k.finalize(into, nullptr, acc.data(), count, divisor);
+        fold_rows(t, static_cast<RedOp>(op), from, n, count, into, divisor);
       },
       py::arg("rows"), py::arg("out"), py::arg("dtype"), py::arg("op"), py::arg("divisor"),
       "out = op over the rows of `rows` (each out's size) in row order, accumulated as the "

@@ -232,12 +232,8 @@ PYBIND11_MODULE(_net, m) {
                                                 [&](const std::string& s) { return s == mine; });
               if (reduced) {
                 // In node order, the same on every member: results bitwise identical.
-                const ReduceKernels& k = reduce_kernels(t, static_cast<RedOp>(op));
-                std::vector<uint8_t> acc(count * acc_size(t));
-                k.load(acc.data(), from.data(), count);
-                for (size_t q = 1; q < n; ++q)
-                  k.reduce(acc.data(), acc.data(), from.data() + q * bytes, count);
-                k.finalize(array_data(out), nullptr, acc.data(), count, divisor);
+                fold_rows(t, static_cast<RedOp>(op), from.data(), n, count, array_data(out),
+                          divisor);
               }
             }
             py::list statuses;

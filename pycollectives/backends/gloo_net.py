@@ -156,14 +156,14 @@ class GlooNet:
             counts=(), send_counts=(), recv_counts=()):  # fmt: skip
         """One collective among `members`, which the check across nodes has found every one
         of them to call alike; `algorithm` is gloo's to choose, but for "direct" reductions
-        (reproducible mode), which sum in rank order (_rank_ordered)."""
+        (reproducible mode), which sum in rank order (_reduce_in_rank_order)."""
         self.check_usable()
         what = f"{collective} #{seq}"
         pg = self.process_group(members)
         me, n = members.index(self.rank), len(members)
         if algorithm == "direct" and collective in ops.REDUCING:
-            self._rank_ordered(pg, collective, me, n, x, out, dtype, op, root, counts, divisor,
-                               what)  # fmt: skip
+            self._reduce_in_rank_order(pg, collective, me, n, x, out, dtype, op, root, counts,
+                                       divisor, what)  # fmt: skip
             return
         try:
             work, then = self._start(pg, collective, me, n, x, out, op, root, counts,
@@ -224,7 +224,7 @@ class GlooNet:
             return pg.alltoall_base(T(out), T(x), got, sent, dist.AllToAllOptions()), None
         raise CollectiveError(f"{c}: not a collective the gloo engine runs")
 
-    def _rank_ordered(self, pg, c, me, n, x, out, dtype, op, root, counts, divisor, what):
+    def _reduce_in_rank_order(self, pg, c, me, n, x, out, dtype, op, root, counts, divisor, what):
         """A reduction whose every element is summed in rank order, as the direct schedules
         sum on one machine (gloo's own reductions sum in an order of their own, and half
         precision in itself): block q of every rank's input goes to rank q (an all-to-all),

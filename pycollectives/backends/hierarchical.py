@@ -156,8 +156,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
                 raise
         flight.attach(host, opts, ident, rank, group.size)  # one directory for every node's ranks
         inter = opts.inter_algorithm or opts.algorithm
-        hier = cls(topology, rank, host, net, inter_algo=inter)
-        hier.reproducible = opts.reproducible
+        hier = cls(topology, rank, host, net, inter_algo=inter, reproducible=opts.reproducible)
         hier._node_group, hier._p2p, hier._group = node_group, p2p, group
         if not p2p.takes_arrays:  # MPI's engine: blocking batches to other nodes in one call
             p2p.set_nodes(topology.node_of, topology.node_of[rank])
@@ -189,7 +188,9 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         # collective: each duplicates `mpi`
         return net, _net.NetP2P(mpi, opts.timeout), _net.NetCheck(mpi, opts.timeout)
 
-    def __init__(self, topology: Topology, rank: int, host, net, inter_algo=None):
+    def __init__(
+        self, topology: Topology, rank: int, host, net, inter_algo=None, reproducible=False
+    ):
         self._node_group = None
         self._p2p = None  # messages to other nodes
         self._p2p_run_away = None
@@ -201,7 +202,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         self.net = net
         # Reductions flat over all ranks in the direct schedules, which sum in rank order
         # (PYCOLL_REPRODUCIBLE): a node's partial sums would add the ranks out of order.
-        self.reproducible = False
+        self.reproducible = reproducible
         self.nodes = topology.num_nodes
         self.local_size = topology.ranks_per_node  # None: nodes differ (hierarchical_uneven)
         self.even = self.local_size is not None

@@ -116,7 +116,6 @@ def rendezvous(group, opts: Options):
     host.set_tuning(load_tuning())
     if opts.algorithm is not None:
         host.set_forced(opts.algorithm)
-    host.reproducible = opts.reproducible
     return host
 
 
