@@ -193,10 +193,10 @@ def main():
     cp.cuda.get_current_stream().synchronize()
     mode = comm._cuda.sync_mode  # kernel: one launch per call; host: the host drives steps
     first_use = Options.resolve().cuda_register_bytes  # registration on first use (0: off)
-    ll_bytes = Options.resolve().cuda_ll_bytes if mode == "kernel" else 0  # host mode: none
+    ll_bytes = Options.resolve().cuda_ll_bytes if mode == "kernel" else 0  # stepped mode: none
     copy_bw = gpu.copy_bandwidth(mpi, dev)
     floors = gpu.measure_floors(mpi, cp, kernel_mode=mode == "kernel")
-    graph, graph_why = None, "kernel mode only (host mode cannot be captured)"
+    graph, graph_why = None, "kernel mode only (stepped mode cannot be captured)"
     if mode == "kernel":
         graph, graph_why = gpu.graph_per_call(mpi, cp, comm)
     nccl = gpu.Nccl(mpi, dev)

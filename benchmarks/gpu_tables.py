@@ -69,6 +69,7 @@ def parse(path: Path) -> BenchFile:
     commit = need(r"^# commit ([0-9a-f]+)", "commit line").group(1)
     command = need(r"^\$ (.*)$", "command line").group(1)
     ranks, sync = need(r"^# (\d+) ranks on .*sync=(\w+)", "ranks line").groups()
+    sync = {"host": "stepped"}.get(sync, sync)  # stepped mode's old name, in older files
     floor = float(need(r"^# floors: launch\+sync ([0-9.]+) us", "floors line").group(1))
     block = need(r"^## all_reduce .*\n(.*\n)((?: *\d+ .*\n?)+)", "all_reduce table")
     if block.group(1).split() != " ".join(COLUMNS).split():

@@ -61,9 +61,9 @@ class CudaCommOptions:
     ll_max_bytes: int
     debug: bool
     check_mismatch: bool
-    host_twoshot: bool
+    stepped_twoshot: bool
     lookahead: bool
-    host_events: bool
+    stepped_events: bool
     reproducible: bool
     flight_entries: int
     fence_counters: bool

@@ -446,14 +446,16 @@ class Communicator:
         return host, call
 
     # -- collectives --------------------------------------------------------------------------
-    # Each takes algorithm= ("ring", "tree", "direct"; None: automatic) and async_op=: with
-    # async_op=True it returns a Work instead of the output array. numpy arrays (and torch CPU
-    # tensors) run over shared memory (and MPI between nodes); CUDA arrays (cupy, torch, any
-    # ``__cuda_array_interface__`` or DLPack) on the GPU, queued on `stream` (default: the array
-    # library's current stream); the call returns without waiting for the GPU.
+    # Each takes algorithm= ("ring", "tree", "direct"; None: automatic), then async_op= and
+    # stream= by keyword only (CudaComm's collectives take the same arguments in the same
+    # order): with async_op=True it returns a Work instead of the output array. numpy arrays
+    # (and torch CPU tensors) run over shared memory (and MPI between nodes); CUDA arrays
+    # (cupy, torch, any ``__cuda_array_interface__`` or DLPack) on the GPU, queued on `stream`
+    # (default: the array library's current stream); the call returns without waiting for the
+    # GPU.
 
     def all_reduce(
-        self, x, out=None, op=SUM, algorithm=None, async_op=False, stream=None,
+        self, x, out=None, op=SUM, algorithm=None, *, async_op=False, stream=None,
         reproducible=None,
     ):  # fmt: skip
         """Reduces `x` over all ranks; every rank gets the result in `out` (default: in `x`),
@@ -468,7 +470,7 @@ class Communicator:
         return self._run(call, x if out is None else out)
 
     def reduce_scatter(
-        self, x, out, op=SUM, counts=None, algorithm=None, async_op=False, stream=None,
+        self, x, out, op=SUM, counts=None, algorithm=None, *, async_op=False, stream=None,
         reproducible=None,
     ):  # fmt: skip
         """Reduces `x` over all ranks; rank r gets block r in `out`. Blocks are ``out.size``
@@ -486,7 +488,7 @@ class Communicator:
                     reproducible=_flag(reproducible))  # fmt: skip
         return self._run(call, out)
 
-    def all_gather(self, x, out, counts=None, algorithm=None, async_op=False, stream=None):
+    def all_gather(self, x, out, counts=None, algorithm=None, *, async_op=False, stream=None):
         """Gathers every rank's `x` into `out`, rank-major: ``size * x.size`` elements, or
         ``sum(counts)`` with rank r contributing ``counts[r]``."""
         if counts is None and self._run_now(_AG, x, out, 0, 0, algorithm, async_op, stream):
@@ -495,7 +497,7 @@ class Communicator:
         call = Call("all_gather", x, out, 0, 0, algorithm, async_op, stream, counts)
         return self._run(call, out)
 
-    def broadcast(self, x, root=0, algorithm=None, async_op=False, stream=None):
+    def broadcast(self, x, root=0, algorithm=None, *, async_op=False, stream=None):
         """Copies the root's `x` into `x` on every rank."""
         if self._run_now(_BC, x, None, 0, root, algorithm, async_op, stream):
             return x
@@ -504,7 +506,7 @@ class Communicator:
         return self._run(call, x)
 
     def reduce(
-        self, x, out=None, root=0, op=SUM, algorithm=None, async_op=False, stream=None,
+        self, x, out=None, root=0, op=SUM, algorithm=None, *, async_op=False, stream=None,
         reproducible=None,
     ):  # fmt: skip
         """Reduces `x` over all ranks into the root's `out` (default: the root's `x`).
@@ -520,8 +522,9 @@ class Communicator:
         return self._run(call, x if out is None else out)
 
     def all_to_all(
-        self, x, out, in_splits=None, out_splits=None, algorithm=None, async_op=False, stream=None
-    ):
+        self, x, out, in_splits=None, out_splits=None, algorithm=None, *, async_op=False,
+        stream=None,
+    ):  # fmt: skip
         """Block j of `x` goes to rank j; `out` receives rank i's block as block i. Blocks are
         ``x.size / size`` elements, or as `in_splits` (what this rank sends to each rank) and
         `out_splits` (what it receives from each) say."""
@@ -530,14 +533,14 @@ class Communicator:
                     out_splits=_sizes(out_splits, "out_splits"))  # fmt: skip
         return self._run(call, out)
 
-    def gather(self, x, out=None, root=0, algorithm=None, async_op=False, stream=None):
+    def gather(self, x, out=None, root=0, algorithm=None, *, async_op=False, stream=None):
         """Gathers every rank's `x` into the root's `out` (``size * x.size``, rank-major);
         `out` is None off the root."""
         algorithm = algo_code(algorithm)
         call = Call("gather", x, out, 0, root, algorithm, async_op, stream)
         return self._run(call, out)
 
-    def scatter(self, x, out, root=0, algorithm=None, async_op=False, stream=None):
+    def scatter(self, x, out, root=0, algorithm=None, *, async_op=False, stream=None):
         """Block r of the root's `x` (``size * out.size`` elements) goes to rank r's `out`;
         `x` is None off the root."""
         algorithm = algo_code(algorithm)

@@ -5,78 +5,79 @@ the host, hierarchical and CUDA paths are configured from (``host_options()`` an
 ``cuda_options()`` fill the native option structs). Explicit arguments win over the
 environment; the environment wins over the defaults.
 
-=========================  ===============  ==================================================
-variable                   default          what
-=========================  ===============  ==================================================
-PYCOLL_TIMEOUT             300              seconds a wait for a peer may last
-PYCOLL_STAGING_BYTES       256 KiB          one host staging slot (a multiple of 64)
-PYCOLL_STAGING_SLOTS       4                slots per host channel (2..64)
-PYCOLL_STREAM_BYTES        16 MiB           out-of-place host outputs this large bypass
-                                            the cache
-PYCOLL_SLOT_STORES         auto             host staging slots written with ordinary
-                                            (cached) or non-temporal (streamed) stores;
-                                            auto measures which is faster, per kind of call
-PYCOLL_ONESHOT_BYTES       (native)         direct all-reduce: one-shot up to here (host, GPU)
-PYCOLL_ALGO                (auto)           force ring, tree or direct where it exists
-PYCOLL_INTER_ALGO          (hierarchical)   flat algorithm between nodes
-PYCOLL_REPRODUCIBLE        0                1: every reduction sums in rank order, so its
-                                            bits depend on the inputs alone, whatever the
-                                            algorithm, path or node placement
-PYCOLL_NET_PIECE_BYTES     1 MiB            MPI message size between nodes
-PYCOLL_DEBUG               (off)            INFO or TRACE: a line per collective on stderr
-PYCOLL_CHECK_MISMATCH      1                0 turns mismatch detection off (to measure it),
-                                            but for GPU kernel mode, which checks on the device
-PYCOLL_P2P_CMA             on               access to peers' memory: cross-memory attach for
-                                            send/recv and large all-gathers, mapping shared
-                                            buffers (on, off; fail: test)
-PYCOLL_P2P_EAGER_BYTES     4 KiB            send/recv: eager sends up to here (one slot at most)
-PYCOLL_P2P_DIRECT_BYTES    4 MiB            send/recv, all-to-all, gather, scatter: direct
-                                            writes from this size up (and all-to-all, gather,
-                                            scatter blocks over send/recv from 64 KiB or it)
-PYCOLL_SINGLE_COPY_BYTES   4 MiB            all-gather blocks this large (2 ranks) are
-                                            written straight into the peer's output
-PYCOLL_SHARED_BYTES        16 KiB           all-reduces this large on Communicator.empty
-                                            buffers run over the mapped buffers (reduce-
-                                            scatter, all-gather, broadcast, reduce: 8x)
-PYCOLL_FLIGHT_RECORDER     1024             entries of each communicator's flight recorder,
-                                            the ring of its last calls (0: off)
-PYCOLL_FLIGHT_DIR          $TMPDIR/         where a failing communicator (or SIGUSR1)
-                           pycollectives-   writes its ring: DIR/<communicator>/rank<R>.json
-                           flight
-PYCOLL_CUDA_STAGING_BYTES  1 MiB            one GPU staging slot
-PYCOLL_CUDA_STAGING_SLOTS  4                slots per GPU channel
-PYCOLL_CUDA_BLOCKS         16               thread blocks per launch; ``auto``: the GPU's
-                                            SMs over the ranks that share it, at most 64;
-                                            kernel mode takes fewer (or host mode) where
-                                            not every rank's can be resident at once
-PYCOLL_CUDA_LL_BYTES       32 KiB           GPU kernel mode: messages up to here in the LL
-                                            format, data and flag in one store (0: off)
-PYCOLL_CUDA_SYNC           (auto)           kernel or host synchronisation
-PYCOLL_CUDA_HOST_TWOSHOT   1                GPU host mode: all-reduce, reduce, broadcast,
-                                            all-gather, reduce-scatter, gather, scatter and
-                                            all-to-all through scratch a chunk at a time
-                                            (0: the steps)
-PYCOLL_CUDA_LOOKAHEAD      0                GPU ring all-reduce: the next piece's first
-                                            message before this piece's last, two in flight
-                                            per channel (1: on)
-PYCOLL_CUDA_HOST_EVENTS    1                GPU host mode: registered calls and scratch
-                                            fence on the GPU (counters or interprocess
-                                            events), the host never waiting for the GPU
-                                            (0: the host waits, then meets the peers)
-PYCOLL_CUDA_FENCE_COUNTERS 1                GPU host mode's fences on counters where every
-                                            GPU has stream memory operations (0: always on
-                                            interprocess events)
-PYCOLL_CUDA_PUSH           0                GPU messages between two ranks by writes into the
-                                            receiver's memory, each rank polling its own
-                                            (1: on; off until measured)
-PYCOLL_CUDA_COPY_ENGINES   0                GPU host mode: all-gathers and broadcasts over
-                                            registered buffers by copies, no kernel (1: on)
-PYCOLL_CUDA_REGISTER_BYTES 0 (off)          registration on first use: all-reduces,
-                                            reduces, broadcasts, reduce-scatters and
-                                            all-gathers of at least this many bytes on
-                                            arrays no one registered run zero-copy over
-                                            every rank's allocation (off until measured)
-=========================  ===============  ==================================================
+============================  ===============  ==================================================
+variable                      default          what
+============================  ===============  ==================================================
+PYCOLL_TIMEOUT                300              seconds a wait for a peer may last
+PYCOLL_STAGING_BYTES          256 KiB          one host staging slot (a multiple of 64)
+PYCOLL_STAGING_SLOTS          4                slots per host channel (2..64)
+PYCOLL_STREAM_BYTES           16 MiB           out-of-place host outputs this large bypass
+                                               the cache
+PYCOLL_SLOT_STORES            auto             host staging slots written with ordinary
+                                               (cached) or non-temporal (streamed) stores;
+                                               auto measures which is faster, per kind of call
+PYCOLL_ONESHOT_BYTES          (native)         direct all-reduce: one-shot up to here (host, GPU)
+PYCOLL_ALGO                   (auto)           force ring, tree or direct where it exists
+PYCOLL_INTER_ALGO             (hierarchical)   flat algorithm between nodes
+PYCOLL_REPRODUCIBLE           0                1: every reduction sums in rank order, so its
+                                               bits depend on the inputs alone, whatever the
+                                               algorithm, path or node placement
+PYCOLL_NET_PIECE_BYTES        1 MiB            MPI message size between nodes
+PYCOLL_DEBUG                  (off)            INFO or TRACE: a line per collective on stderr
+PYCOLL_CHECK_MISMATCH         1                0 turns mismatch detection off (to measure it),
+                                               but for GPU kernel mode, which checks on the device
+PYCOLL_P2P_CMA                on               access to peers' memory: cross-memory attach for
+                                               send/recv and large all-gathers, mapping shared
+                                               buffers (on, off; fail: test)
+PYCOLL_P2P_EAGER_BYTES        4 KiB            send/recv: eager sends up to here (one slot at most)
+PYCOLL_P2P_DIRECT_BYTES       4 MiB            send/recv, all-to-all, gather, scatter: direct
+                                               writes from this size up (and all-to-all, gather,
+                                               scatter blocks over send/recv from 64 KiB or it)
+PYCOLL_SINGLE_COPY_BYTES      4 MiB            all-gather blocks this large (2 ranks) are
+                                               written straight into the peer's output
+PYCOLL_SHARED_BYTES           16 KiB           all-reduces this large on Communicator.empty
+                                               buffers run over the mapped buffers (reduce-
+                                               scatter, all-gather, broadcast, reduce: 8x)
+PYCOLL_FLIGHT_RECORDER        1024             entries of each communicator's flight recorder,
+                                               the ring of its last calls (0: off)
+PYCOLL_FLIGHT_DIR             $TMPDIR/         where a failing communicator (or SIGUSR1)
+                              pycollectives-   writes its ring: DIR/<communicator>/rank<R>.json
+                              flight
+PYCOLL_CUDA_STAGING_BYTES     1 MiB            one GPU staging slot
+PYCOLL_CUDA_STAGING_SLOTS     4                slots per GPU channel
+PYCOLL_CUDA_BLOCKS            16               thread blocks per launch; ``auto``: the GPU's
+                                               SMs over the ranks that share it, at most 64;
+                                               kernel mode takes fewer (or stepped mode) where
+                                               not every rank's can be resident at once
+PYCOLL_CUDA_LL_BYTES          32 KiB           GPU kernel mode: messages up to here in the LL
+                                               format, data and flag in one store (0: off)
+PYCOLL_CUDA_SYNC              (auto)           kernel or stepped (one launch per step, the
+                                               host waiting between them)
+PYCOLL_CUDA_STEPPED_TWOSHOT   1                GPU stepped mode: all-reduce, reduce, broadcast,
+                                               all-gather, reduce-scatter, gather, scatter and
+                                               all-to-all through scratch a chunk at a time
+                                               (0: the steps)
+PYCOLL_CUDA_LOOKAHEAD         0                GPU ring all-reduce: the next piece's first
+                                               message before this piece's last, two in flight
+                                               per channel (1: on)
+PYCOLL_CUDA_STEPPED_EVENTS    1                GPU stepped mode: registered calls and scratch
+                                               fence on the GPU (counters or interprocess
+                                               events), the host never waiting for the GPU
+                                               (0: the host waits, then meets the peers)
+PYCOLL_CUDA_FENCE_COUNTERS    1                GPU stepped mode's fences on counters where every
+                                               GPU has stream memory operations (0: always on
+                                               interprocess events)
+PYCOLL_CUDA_PUSH              0                GPU messages between two ranks by writes into the
+                                               receiver's memory, each rank polling its own
+                                               (1: on; off until measured)
+PYCOLL_CUDA_COPY_ENGINES      0                GPU stepped mode: all-gathers and broadcasts over
+                                               registered buffers by copies, no kernel (1: on)
+PYCOLL_CUDA_REGISTER_BYTES    0 (off)          registration on first use: all-reduces,
+                                               reduces, broadcasts, reduce-scatters and
+                                               all-gathers of at least this many bytes on
+                                               arrays no one registered run zero-copy over
+                                               every rank's allocation (off until measured)
+============================  ===============  ==================================================
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ from pycollectives import _C
 from pycollectives.ops import ALGORITHMS
 
 TUNING_FILE = Path(__file__).with_name("tuning.json")
-SYNC_MODES = ("kernel", "host")
+SYNC_MODES = ("kernel", "stepped")
 SLOT_STORES = ("auto", "cached", "streamed")
 
 
@@ -138,6 +139,22 @@ def env_choice(name, default, choices, environ, aliases=None):
         expected = f"{', '.join(choices[:-1])} or {choices[-1]}"
         raise ValueError(f"{name}={value!r}: expected {expected}")
     return value
+
+
+# Settings whose names changed: set under the old name, they are refused with the new one
+# rather than ignored. "host" named the GPU's stepped mode, which only "host memory" now does.
+RENAMED = {
+    "PYCOLL_CUDA_HOST_TWOSHOT": "PYCOLL_CUDA_STEPPED_TWOSHOT",
+    "PYCOLL_CUDA_HOST_EVENTS": "PYCOLL_CUDA_STEPPED_EVENTS",
+}
+
+
+def _refuse_renamed(environ):
+    for old, new in RENAMED.items():
+        if environ.get(old):
+            raise ValueError(f"{old} is now {new}")
+    if (environ.get("PYCOLL_CUDA_SYNC") or "").strip().lower() == "host":
+        raise ValueError("PYCOLL_CUDA_SYNC=host is now PYCOLL_CUDA_SYNC=stepped")
 
 
 def _algorithm(name, environ):
@@ -194,11 +211,11 @@ class Options:
     cuda_staging_bytes: int = 1 << 20
     cuda_staging_slots: int = 4
     cuda_blocks: int = 16
-    cuda_host_twoshot: bool = True
+    cuda_stepped_twoshot: bool = True
     cuda_lookahead: bool = False
     cuda_push: bool = False
     cuda_copy_engines: bool = False
-    cuda_host_events: bool = True
+    cuda_stepped_events: bool = True
     cuda_fence_counters: bool = True
     cuda_ll_bytes: int = 32 << 10
     cuda_register_bytes: int = 0
@@ -221,6 +238,7 @@ class Options:
             on = env_choice(name, "1" if default else "0", ("0", "1"), env, {"off": "0", "on": "1"})
             return on == "1"
 
+        _refuse_renamed(env)
         sync = env_choice("PYCOLL_CUDA_SYNC", "auto", (*SYNC_MODES, "auto"), env, {"": "auto"})
         cma = env_choice(
             "PYCOLL_P2P_CMA", "on", ("on", "off", "fail"), env, {"0": "off", "1": "on"}
@@ -259,11 +277,11 @@ class Options:
                 None, "PYCOLL_CUDA_REGISTER_BYTES", d.cuda_register_bytes, int
             ),
             cuda_sync=None if sync == "auto" else sync,
-            cuda_host_twoshot=switch("PYCOLL_CUDA_HOST_TWOSHOT", d.cuda_host_twoshot),
+            cuda_stepped_twoshot=switch("PYCOLL_CUDA_STEPPED_TWOSHOT", d.cuda_stepped_twoshot),
             cuda_lookahead=switch("PYCOLL_CUDA_LOOKAHEAD", d.cuda_lookahead),
             cuda_push=switch("PYCOLL_CUDA_PUSH", d.cuda_push),
             cuda_copy_engines=switch("PYCOLL_CUDA_COPY_ENGINES", d.cuda_copy_engines),
-            cuda_host_events=switch("PYCOLL_CUDA_HOST_EVENTS", d.cuda_host_events),
+            cuda_stepped_events=switch("PYCOLL_CUDA_STEPPED_EVENTS", d.cuda_stepped_events),
             cuda_fence_counters=switch("PYCOLL_CUDA_FENCE_COUNTERS", d.cuda_fence_counters),
         )
         opts.check()
@@ -340,12 +358,12 @@ class Options:
         o.nslots = self.cuda_staging_slots
         o.nblocks = blocks or self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), 1)
         o.ll_max_bytes = self.cuda_ll_bytes
-        o.host_twoshot = self.cuda_host_twoshot
+        o.stepped_twoshot = self.cuda_stepped_twoshot
         o.register_on_use_bytes = self.cuda_register_bytes
         o.push = self.cuda_push
         o.copy_engines = self.cuda_copy_engines
         o.lookahead = self.cuda_lookahead
-        o.host_events = self.cuda_host_events
+        o.stepped_events = self.cuda_stepped_events
         o.reproducible = self.reproducible
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes

@@ -1,6 +1,6 @@
 // What a step does on the wire, and the slot protocol every transport follows: defined once,
 // for the host executor, the MPI executor, the CUDA kernel (and its host-compiled emulation),
-// the CUDA planner and host-synchronised mode, and, through _C.schedule, the cost model and
+// the CUDA planner and stepped mode, and, through _C.schedule, the cost model and
 // the schedule simulator.
 //
 // Channels. Each rank has a channel of `nslots` staging slots towards every peer, and one

@@ -7,7 +7,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
 #include "cuda/launch.h"
-#include "device/host_steps.h"
+#include "device/stepped.h"
 #include "runtime/fingerprint.h"
 
 namespace pycoll {
@@ -56,7 +56,7 @@ void CudaComm::trace(const CollectiveCall& call, uint64_t seq, Algo algo) const 
                rank_, size_, device_, collective_name(call.collective),
                static_cast<unsigned long long>(seq), call.count, dtype_name(call.dtype),
                redop_name(call.op), call.root, algo_name(algo),
-               call.algo == Algo::Auto ? " (auto)" : "", kernel_ ? "kernel" : "host");
+               call.algo == Algo::Auto ? " (auto)" : "", kernel_ ? "kernel" : "stepped");
 }
 
 LaunchSetup CudaComm::launch_setup(bool use_flags) const {

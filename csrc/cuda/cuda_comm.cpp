@@ -64,11 +64,11 @@ CudaComm::CudaComm(int rank, int size, int device, const CudaCommOptions& opts)
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&launch_end_, cudaEventDisableTiming));
     PYCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&replay_end_, cudaEventDisableTiming));
-    if (opts_.host_events && opts_.fence_counters) {
+    if (opts_.stepped_events && opts_.fence_counters) {
       value_ops_ = stream_value_ops(device_);
       if (!value_ops_)
         throw CollectiveError(str_cat("device ", device_,
-                                      " has no 64-bit stream memory operations for host mode's "
+                                      " has no 64-bit stream memory operations for stepped mode's "
                                       "fence counters"));
     }
     if (uses_events(opts_))
@@ -186,7 +186,7 @@ void CudaComm::attach(const std::vector<std::string>& handles,
                                     " (the GPUs need peer access to each other)"));
     segments_[r] = static_cast<uint8_t*>(p);
   }
-  // Host mode's fences wait on the peers' events (event_fence).
+  // Stepped mode's fences wait on the peers' events (event_fence).
   peer_fence_events_.assign(size_, {nullptr, nullptr});
   for (int r = 0; !kernel_ && uses_events(opts_) && r < size_; ++r) {
     if (r == rank_) continue;
@@ -197,7 +197,7 @@ void CudaComm::attach(const std::vector<std::string>& handles,
       if (e != cudaSuccess)
         throw CollectiveError(str_cat("cannot open the interprocess events of rank ", r, ": ",
                                       cudaGetErrorString(e),
-                                      " (PYCOLL_CUDA_HOST_EVENTS=0 fences without them)"));
+                                      " (PYCOLL_CUDA_STEPPED_EVENTS=0 fences without them)"));
     }
   }
   shm_.attach(shm_names);

@@ -13,8 +13,8 @@
 //           counters in POSIX shared memory. No kernel ever waits for another process, so
 //           ranks that time-slice one GPU cannot deadlock.
 // Every call is compared with every peer's before anything moves (runtime/fingerprint.h): in
-// kernel mode by the launch itself, on the device (step_kernel.h, check_call); in host mode, for
-// all-to-all and in captures, on the host flags (device/host_steps.h, meets_on_host). Ranks that
+// kernel mode by the launch itself, on the device (step_kernel.h, check_call); in stepped mode, for
+// all-to-all and in captures, on the host flags (device/stepped.h, meets_on_host). Ranks that
 // disagree get CollectiveMismatch, and no kernel runs with counters its peers do not share.
 //
 // The decision tree from a call to its launches, fences and waits is device/orchestration.h's,
@@ -26,7 +26,7 @@
 // which the host reads instead of querying an event; a launch on another stream than the call
 // before is queued behind an event recorded after that call's launch, so a rank's collectives
 // still run one at a time, in issue order, and never hold SMs while waiting for each other. Other
-// calls (async, captured, host mode, the barrier) are queued on the communicator's own stream,
+// calls (async, captured, stepped mode, the barrier) are queued on the communicator's own stream,
 // behind the caller's, which then waits for them (or, for async work, when asked).
 #pragma once
 
@@ -48,10 +48,10 @@
 #include "common/dtypes.h"
 #include "cuda/plan_arena.h"
 #include "cuda/registry.h"
-#include "device/host_steps.h"
 #include "device/kernel_args.h"
 #include "device/orchestration.h"
 #include "device/plan.h"
+#include "device/stepped.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
@@ -60,7 +60,7 @@
 namespace pycoll {
 namespace cuda {
 
-enum class SyncMode { Kernel, Host };
+enum class SyncMode { Kernel, Stepped };
 
 struct CudaCommOptions {
   size_t slot_bytes = size_t{1} << 20;
@@ -71,15 +71,15 @@ struct CudaCommOptions {
   size_t direct_max_bytes = 256 * 1024;  // automatic choice: direct up to here, ring above
   // Kernel mode: messages of up to this many bytes (in their wire type) travel in the LL format,
   // data and flag in one store, where a block's slice fits (device/plan.h, ll_message); 0: none.
-  // Host mode never uses it: the host has waited for every message before the launch that
+  // Stepped mode never uses it: the host has waited for every message before the launch that
   // reads it, so there is no wait for the format to save.
   size_t ll_max_bytes = 32 * 1024;
   bool debug = false;
   bool check_mismatch = true;  // every call's fingerprint checked before anything is queued
-  // Host mode: all-reduces, reduces, broadcasts, all-gathers, reduce-scatters, gathers, scatters
-  // and all-to-alls through scratch (run_scratch, host_scratch_eligible), two fences per
+  // Stepped mode: all-reduces, reduces, broadcasts, all-gathers, reduce-scatters, gathers, scatters
+  // and all-to-alls through scratch (run_scratch, stepped_scratch_eligible), two fences per
   // chunk, not a host round trip per step.
-  bool host_twoshot = true;
+  bool stepped_twoshot = true;
   // Registration on first use (device/first_use.h): calls of at least this many bytes whose
   // buffers no one registered trade where they lie and run over them zero-copy where every
   // rank's can be shared; 0: off (off until measured on a GPU).
@@ -88,16 +88,16 @@ struct CudaCommOptions {
   // its own memory (SegmentLayout::push), instead of the receiver reading the sender's; the
   // same on every rank. Off until measured on a GPU (a remote read costs most over PCIe).
   bool push = false;
-  // Host mode: an all-gather or broadcast over registered buffers (or registered on first use)
+  // Stepped mode: an all-gather or broadcast over registered buffers (or registered on first use)
   // by cudaMemcpyAsync copies between its two fences (copy engines, no SM) instead of a
   // launch. Off until measured on a GPU.
   bool copy_engines = false;
   // Ring all-reduces: two messages in flight per channel (plan_params; off until measured).
   bool lookahead = false;
-  // Host mode's registered calls and scratch fence on interprocess events (event_fence): the
+  // Stepped mode's registered calls and scratch fence on interprocess events (event_fence): the
   // host queues a whole call without waiting for the GPU. Off: the host waits for the GPU and
   // meets the peers at every fence.
-  bool host_events = true;
+  bool stepped_events = true;
   // ... on fence counters (counter_fence: cuStreamWriteValue64 / cuStreamWaitValue64) instead
   // of interprocess events; set where every rank's GPU offers 64-bit stream memory operations
   // (stream_value_ops), the same on every rank.
@@ -106,8 +106,8 @@ struct CudaCommOptions {
   // Every reduction runs a rank-order schedule (rank_ordered, algo/schedule.h).
   bool reproducible = false;
 };
-// Host mode's fences on interprocess events: host_events without fence_counters.
-inline bool uses_events(const CudaCommOptions& o) { return o.host_events && !o.fence_counters; }
+// Stepped mode's fences on interprocess events: stepped_events without fence_counters.
+inline bool uses_events(const CudaCommOptions& o) { return o.stepped_events && !o.fence_counters; }
 
 // The driver's 64-bit stream memory operations (cuStreamWriteValue64, cuStreamWaitValue64),
 // reached through the runtime (no link to libcuda). Null where `device` lacks them or the
@@ -176,11 +176,11 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t, CudaPlanMemory> {
   CudaComm& operator=(const CudaComm&) = delete;
 
   int device() const { return device_; }
-  SyncMode mode() const { return kernel_ ? SyncMode::Kernel : SyncMode::Host; }
+  SyncMode mode() const { return kernel_ ? SyncMode::Kernel : SyncMode::Stepped; }
   const CudaCommOptions& options() const { return opts_; }
 
-  // What the rendezvous exchanges: the segment's IPC handle (and host mode's fence events':
-  // host_events), the host flags' name, the GPU.
+  // What the rendezvous exchanges: the segment's IPC handle (and stepped mode's fence events':
+  // stepped_events), the host flags' name, the GPU.
   std::string ipc_handle() const;
   std::string device_uuid() const;
   const std::string& shm_name() const { return shm_.name(); }
@@ -196,7 +196,7 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t, CudaPlanMemory> {
   std::shared_ptr<CudaWork> run(const CollectiveCall& call, cudaStream_t stream, bool async_op);
   // Registered buffers (cuda/registry.h). A call whose buffers are registered as
   // registered_call needs them, with the algorithm automatic or direct, runs over them
-  // (device/twoshot_kernel.h, run_registered; an all-reduce: the two-shot; in host mode
+  // (device/twoshot_kernel.h, run_registered; an all-reduce: the two-shot; in stepped mode
   // between two fences); the fingerprint says so, and where they lie.
   IpcRegistry& registry() { return registry_; }
   // Waits for this rank's queued collectives, then for every rank to arrive.
@@ -278,7 +278,7 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t, CudaPlanMemory> {
   cudaStream_t side_ = nullptr;  // writes the failure word while stream_ may be stuck
   cudaEvent_t ready_ = nullptr;  // the caller's stream, at the collective's issue
   cudaEvent_t step_done_ = nullptr;
-  // host_events: ours (interprocess), and every peer's as opened here (ours: null).
+  // stepped_events: ours (interprocess), and every peer's as opened here (ours: null).
   cudaEvent_t fence_events_[2] = {nullptr, nullptr};
   StreamValueOps value_ops_;  // fence_counters
   std::vector<std::array<cudaEvent_t, 2>> peer_fence_events_;

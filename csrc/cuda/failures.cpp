@@ -8,7 +8,7 @@
 #include "common/errors.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_comm.h"
-#include "device/host_steps.h"
+#include "device/stepped.h"
 
 namespace pycoll {
 namespace cuda {
@@ -20,7 +20,7 @@ void CudaComm::stop_device() {
 // Waits until `reached()` says our own device has got there, up to the deadline. Our own
 // launches never wait without bound: kernel-mode waits give up at the timeout or when aborted.
 void CudaComm::wait_device(const std::function<bool()>& reached, const WaitContext& w) {
-  Sleeper sleeper(kHostModeMaxSleepNs);
+  Sleeper sleeper(kSteppedMaxSleepNs);
   for (unsigned i = 0; !reached(); ++i) {
     if (i < 64) {
       sched_yield();

@@ -31,7 +31,7 @@
 
 #include "algo/call.h"
 #include "common/errors.h"
-#include "device/host_steps.h"
+#include "device/stepped.h"
 
 namespace pycoll {
 namespace cuda {

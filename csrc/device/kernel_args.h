@@ -92,13 +92,13 @@ struct SegmentLayout {
   // per peer for the header the segment's owner writes for that peer (CallHeader), one line
   // per peer for the number of that peer's headers the owner has read (its acknowledgement),
   // the owner's failure word (kFailMismatch...), its gate: the number of the last eager
-  // call whose block 0 has compared it with every peer (KernelArgs::gate), and host mode's
+  // call whose block 0 has compared it with every peer (KernelArgs::gate), and stepped mode's
   // fence counter.
   PYCOLL_HD size_t header_offset(int peer) const { return flag_offset(nblocks, peer); }
   PYCOLL_HD size_t ack_offset(int peer) const { return flag_offset(nblocks, size + peer); }
   PYCOLL_HD size_t fail_offset() const { return flag_offset(nblocks, 2 * size); }
   PYCOLL_HD size_t gate_offset() const { return flag_offset(nblocks, 2 * size + 1); }
-  // Host mode's fence counter (host_steps.h, counter_fence): the last fence whose work before
+  // Stepped mode's fence counter (stepped.h, counter_fence): the last fence whose work before
   // it the owner's stream has run.
   PYCOLL_HD size_t fence_offset() const { return flag_offset(nblocks, 2 * size + 2); }
   PYCOLL_HD size_t headers_end() const { return flag_offset(nblocks, 2 * size + 3); }
@@ -122,7 +122,7 @@ struct SegmentLayout {
   }
 };
 
-// Messages moved on each channel before a launch, for host mode (where every block takes the
+// Messages moved on each channel before a launch, for stepped mode (where every block takes the
 // same count from the host). In kernel mode each block counts for itself, on its own flags.
 struct LaunchCounters : MessageCounts<uint64_t[kMaxRanks]> {};
 
@@ -184,7 +184,7 @@ struct KernelArgs {
   const DevStep* steps;
   uint32_t first_step, end_step;
   int grid;        // blocks launched, the first `grid` of layout.nblocks (plan_grid)
-  bool use_flags;  // false: the host orders the steps (host-synchronised mode)
+  bool use_flags;  // false: the host orders the steps (stepped mode)
   int rank;
   int op;       // RedOp
   int divisor;  // avg divides by this
@@ -198,11 +198,11 @@ struct KernelArgs {
   uint64_t timeout_ns;    // a device wait gives up after this long
   uint64_t max_spins;     // ... or after this many polls, whichever comes first
   // Kernel mode: block 0 trades call headers with every peer before its first step and
-  // compares them (step_kernel.h, check_call); false in host mode, where the host compares.
+  // compares them (step_kernel.h, check_call); false in stepped mode, where the host compares.
   bool check_calls;
   uint64_t seq;             // the host's number of the call, for its error message
   uint64_t fingerprint[3];  // CallHeader::words of this call
-  // Kernel mode, eager launches (0 in a capture and in host mode): the last block of the
+  // Kernel mode, eager launches (0 in a capture and in stepped mode): the last block of the
   // launch to end writes done_seq into status->done; `finished` (device memory) counts the
   // blocks that have ended, back to 0 once the last has. No block waits for this rank's call
   // before: a launch on another stream than that call's is ordered after it by the host (an

@@ -7,7 +7,7 @@
 // The plans' steps live in a PlanArena over the device's `Memory` (device/plan_arena.h).
 // What a device D provides (its `Stream` type: cudaStream_t, or the emulated device's number):
 //   Stream own_stream()                    the communicator's own stream (async, captured and
-//                                          host-mode work go there)
+//                                          stepped-mode work go there)
 //   void queue_behind(Stream s)            our stream's later work waits for `s`'s work so far
 //   void launch(call, args, Stream s, w)   queues one launch of `args` (launches_of) on `s`
 //   void copy(dst, src, bytes)             queues a device-to-device copy on our stream
@@ -52,10 +52,10 @@
 #include "algo/call.h"
 #include "common/errors.h"
 #include "device/first_use.h"
-#include "device/host_steps.h"
 #include "device/kernel_args.h"
 #include "device/plan.h"
 #include "device/plan_arena.h"
+#include "device/stepped.h"
 #include "host/executor.h"
 #include "host/shm_transport.h"
 #include "runtime/fingerprint.h"
@@ -71,13 +71,13 @@ struct OrchestrationOptions {
   size_t slot_bytes = size_t{1} << 20;
   size_t oneshot_max_bytes = 64 * 1024;
   size_t direct_max_bytes = 256 * 1024;
-  size_t ll_max_bytes = 32 * 1024;   // kernel mode's LL limit (host mode: none)
-  bool check_mismatch = true;        // host mode compares every call on the host
-  bool host_twoshot = true;          // host mode through scratch (host_scratch_eligible)
+  size_t ll_max_bytes = 32 * 1024;   // kernel mode's LL limit (stepped mode: none)
+  bool check_mismatch = true;        // stepped mode compares every call on the host
+  bool stepped_twoshot = true;       // stepped mode through scratch (stepped_scratch_eligible)
   size_t register_on_use_bytes = 0;  // registration on first use from this size (0: off)
-  bool copy_engines = false;         // host mode: registered pure moves by copies
+  bool copy_engines = false;         // stepped mode: registered pure moves by copies
   bool lookahead = false;            // plan_params
-  bool host_events = true;           // host mode fences without the host waiting for the GPU
+  bool stepped_events = true;        // stepped mode fences without the host waiting for the GPU
   bool fence_counters = false;       // ... on counters (counter_fence), else events (event_fence)
   size_t flight_entries = 1024;      // the flight recorder's ring (0: none)
   bool reproducible = false;         // reductions in rank order (rank_ordered)
@@ -92,11 +92,11 @@ OrchestrationOptions orchestration_of(const O& o) {
   r.direct_max_bytes = o.direct_max_bytes;
   r.ll_max_bytes = o.ll_max_bytes;
   r.check_mismatch = o.check_mismatch;
-  r.host_twoshot = o.host_twoshot;
+  r.stepped_twoshot = o.stepped_twoshot;
   r.register_on_use_bytes = o.register_on_use_bytes;
   r.copy_engines = o.copy_engines;
   r.lookahead = o.lookahead;
-  r.host_events = o.host_events;
+  r.stepped_events = o.stepped_events;
   r.fence_counters = o.fence_counters;
   r.flight_entries = o.flight_entries;
   r.reproducible = o.reproducible;
@@ -110,8 +110,8 @@ struct CachedPlan {
 };
 
 // Where the emulated device's fault drills may strike (D::drill): before a call's first fence
-// (host mode), before step `step` (host mode's launches per step), at the end of a chunk's work
-// (through scratch, over registered buffers).
+// (stepped mode), before step `step` (stepped mode's launches per step), at the end of a chunk's
+// work (through scratch, over registered buffers).
 enum class FaultPoint { CallStart, Step, ChunkEnd };
 
 // A call as issued: its number, whether its launch went on the caller's stream (a blocking
@@ -183,7 +183,7 @@ class DeviceComm {
       : rank_(rank),
         size_(size),
         o_(o),
-        shm_(rank, size, 64, nslots),  // flags only: host-mode steps, barrier, liveness
+        shm_(rank, size, 64, nslots),  // flags only: stepped-mode steps, barrier, liveness
         counters_(size),
         arena_(std::move(memory)),
         timeout_s_(timeout_s),
@@ -246,15 +246,15 @@ class DeviceComm {
         if (kernel) launched = run_kernel_mode(call, nullptr, mine, on, !capturing, w);
       } else if (registered.on) {
         run_on_registered(call, registered, mine, w, on, !capturing);
-      } else if (host_scratch_eligible(call, algo, kernel, o_.host_twoshot, widest != 0)) {
-        run_host_scratch(call, w, meet, widest);
+      } else if (stepped_scratch_eligible(call, algo, kernel, o_.stepped_twoshot, widest != 0)) {
+        run_stepped_scratch(call, w, meet, widest);
       } else if (capturing) {
         // The graph reads the plan: never freed.
         run_kernel_mode(call, &plans_.pin(call, algo), mine, on, false, w);
       } else if (kernel) {
         launched = run_kernel_mode(call, &plan_for(call, algo, on), mine, on, true, w);
       } else {
-        run_host_mode(call, plan_for(call, algo, d().own_stream()), w);
+        run_stepped(call, plan_for(call, algo, d().own_stream()), w);
       }
       return finish(Issued{seq, direct, launched});
     } catch (const CollectiveMismatch& e) {
@@ -278,7 +278,7 @@ class DeviceComm {
 
   // Kernel mode: a launch that only compares calls with every peer (check_call) is the
   // barrier: it runs once this rank's queued work has, and ends once every peer's has reached
-  // it. Host mode meets on the host flags.
+  // it. Stepped mode meets on the host flags.
   void barrier_call() {
     check_usable("barrier");
     const uint64_t seq = ++seq_;
@@ -478,7 +478,7 @@ class DeviceComm {
 
   // The collective over every rank's registered buffers (run_registered; the two-shot for an
   // all-reduce). Kernel mode: one launch on `stream` that compares the call with every peer's
-  // first (its other blocks gated on that: launches_of), its entry synchronisation. Host mode
+  // first (its other blocks gated on that: launches_of), its entry synchronisation. Stepped mode
   // (the call compared on the host already): a fence (every rank's input is ready: our stream
   // follows the caller's), the launch on our stream (no device wait in it), a fence (no rank
   // touches its buffers again before every launch has ended). With copy engines, a pure move
@@ -500,7 +500,7 @@ class DeviceComm {
     fence(w);
   }
 
-  // Host mode, between a registered call's fences: an all-gather or a broadcast as device-to-
+  // Stepped mode, between a registered call's fences: an all-gather or a broadcast as device-to-
   // device copies on our stream (copy engines: no SM, no kernel), each byte read once from
   // where it lies and written once into this rank's output. False for a call that reduces.
   bool copy_registered(const CollectiveCall& call, const RegisteredCall& t) {
@@ -519,10 +519,10 @@ class DeviceComm {
     return true;
   }
 
-  // Host mode through scratch (host_steps.h, run_scratch): the copies and the two-shot on our
+  // Stepped mode through scratch (stepped.h, run_scratch): the copies and the two-shot on our
   // stream, behind the caller's, and the fences between them.
-  void run_host_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
-                        uint64_t widest) {
+  void run_stepped_scratch(const CollectiveCall& call, const WaitContext& w, bool met,
+                           uint64_t widest) {
     struct Ops {
       DeviceComm& c;
       const CollectiveCall& call;
@@ -548,26 +548,26 @@ class DeviceComm {
   // One launch per step; between launches the host waits for the peers. A launch never waits
   // for another process, so ranks time-slicing one GPU make progress whatever the scheduler
   // does.
-  void run_host_mode(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w) {
+  void run_stepped(const CollectiveCall& call, const CachedPlan& cp, const WaitContext& w) {
     const std::vector<DevStep>& steps = cp.plan.steps;
     for (uint32_t i = 0; i < steps.size(); ++i) {
       d().drill(w, FaultPoint::Step, static_cast<int>(i));
-      host_wait_step(shm_, counters_, steps[i], w);
+      stepped_wait_step(shm_, counters_, steps[i], w);
       KernelArgs a = kernel_args(call, &cp);
       a.first_step = i;
       a.end_step = i + 1;
       a.grid = active_channels(steps[i].count, layout_);  // this step's message alone
       d().launch(call, a, d().own_stream(), w);
       d().wait_stream(w);
-      host_publish_step(shm_, counters_, steps[i]);
+      stepped_publish_step(shm_, counters_, steps[i]);
     }
   }
 
-  // Host mode: what is queued on our stream after this runs once what every rank queued
-  // before it has run (host_steps.h: counter_fence, event_fence; without host_events the host
+  // Stepped mode: what is queued on our stream after this runs once what every rank queued
+  // before it has run (stepped.h: counter_fence, event_fence; without stepped_events the host
   // waits for our stream, then meets every peer).
   void fence(const WaitContext& w) {
-    if (!o_.host_events) {
+    if (!o_.stepped_events) {
       d().wait_stream(w);
       host_meet(shm_, ++barrier_epoch_, w);
       return;
@@ -588,13 +588,13 @@ class DeviceComm {
   bool kernel_ = true;
   SegmentLayout layout_;
   std::vector<uint8_t*> segments_;  // every rank's, as mapped here
-  ShmTransport shm_;                // host flags: host-mode steps, fingerprints, liveness
+  ShmTransport shm_;                // host flags: stepped-mode steps, fingerprints, liveness
   ChannelCounters counters_;
   PlanCache<CachedPlan> plans_;
   PlanArena<Memory> arena_;  // the plans' steps
   uint64_t plans_built_ = 0;
   uint64_t seq_ = 0;
-  uint64_t barrier_epoch_ = 0;  // host mode's meetings and fences (host_meet)
+  uint64_t barrier_epoch_ = 0;  // stepped mode's meetings and fences (host_meet)
   uint64_t twoshot_runs_ = 0;
   uint64_t first_use_runs_ = 0;
   uint64_t copy_engine_runs_ = 0;

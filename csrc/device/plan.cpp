@@ -126,7 +126,7 @@ void mark_ll(Plan& plan, size_t elem_bytes, size_t acc_bytes, const SegmentLayou
 
 void check_capturable(const char* name, bool kernel_mode, bool plan_ready) {
   if (!kernel_mode)
-    throw CollectiveError(str_cat(name, ": cannot be captured into a CUDA graph in host mode, ",
+    throw CollectiveError(str_cat(name, ": cannot be captured into a CUDA graph in stepped mode, ",
                                   "where the host drives every step (kernel mode needs a GPU ",
                                   "per rank, or MPS)"));
   if (!plan_ready)

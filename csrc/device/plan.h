@@ -50,7 +50,7 @@ Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const Seg
                bool lookahead = false);
 
 // Refuses, with a CollectiveError and before anything is exchanged, a call that a CUDA graph
-// capture could not replay right: in host mode (the host drives every step, between launches),
+// capture could not replay right: in stepped mode (the host drives every step, between launches),
 // or one whose plan is not built yet (it would be built and uploaded inside the capture).
 void check_capturable(const char* name, bool kernel_mode, bool plan_ready);
 

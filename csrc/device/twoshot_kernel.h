@@ -148,7 +148,7 @@ PYCOLL_DEVICE void run_registered(const KernelArgs& a, BlockState& s, int b, con
     }
   });
   th.sync();
-  // Host mode (no flags): the fence after the launch (host_steps.h) stands for this.
+  // Stepped mode (no flags): the fence after the launch (stepped.h) stands for this.
   if (th.leader()) s.p.failed = a.use_flags && !twoshot_exit(a, s, b);
   th.sync();
 }

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "common/errors.h"
-#include "device/host_steps.h"
+#include "device/stepped.h"
 #include "emu/emu_device.h"
 #include "runtime/fingerprint.h"
 #include "runtime/splits.h"
@@ -149,7 +149,7 @@ void EmuComm::attach(const std::vector<std::string>& segments,
     sms_ = reinterpret_cast<EmuSms*>(segments_[first] + sms_at(layout_));
   }
   shm_.attach(flags);
-  if (!kernel_ && opts_.host_events) queue_ = std::make_unique<OpQueue>();
+  if (!kernel_ && opts_.stepped_events) queue_ = std::make_unique<OpQueue>();
 }
 
 void EmuComm::unlink() {
@@ -325,7 +325,7 @@ Regions EmuComm::regions_of(const CollectiveCall& call, const cuda::KernelArgs& 
 }
 
 // A launch as the GPU's stream would run it: kernel mode's at once on the block threads (or,
-// capturing, recorded for replay); host mode's blocks in turn, on the queue (a call over
+// capturing, recorded for replay); stepped mode's blocks in turn, on the queue (a call over
 // registered buffers or scratch) or after it (a step).
 void EmuComm::launch(const CollectiveCall& call, const cuda::KernelArgs& a, int,
                      const WaitContext& w) {
@@ -340,9 +340,9 @@ void EmuComm::launch(const CollectiveCall& call, const cuda::KernelArgs& a, int,
     return run_launch(call.dtype, a, regions, w, std::exchange(drill_now_, false));
   }
   if (!a.reg.on) {
-    // A host-mode step (run_host_mode): it starts once the stream's earlier work has run, and
+    // A stepped-mode step (run_stepped): it starts once the stream's earlier work has run, and
     // here runs on the host thread, which waits for the stream right after it anyway (a
-    // hand-off to the queue's thread per step cost the emulated suite a fifth of its host-mode
+    // hand-off to the queue's thread per step cost the emulated suite a fifth of its stepped-mode
     // time). step_delay_ms: its launch comes this late after the host has seen its inputs.
     drain_queue();
     if (opts_.step_delay_ms > 0)
@@ -609,7 +609,7 @@ void EmuComm::stop_peers() {
                               __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
 
-// Fault drills (EmuOptions::fault_seq): in host mode the process dies before step fault_step,
+// Fault drills (EmuOptions::fault_seq): in stepped mode the process dies before step fault_step,
 // or with fault_step 0 before a queued call's first fence, else after its (first) chunk's work.
 void EmuComm::drill(const WaitContext& w, cuda::FaultPoint at, int step) {
   if (opts_.fault_seq != w.seq) return;

@@ -7,9 +7,9 @@
 //   Kernel mode: one "launch" per collective; every block is a thread of its own that waits
 //                on its peers' flags in their segments, as on the GPU. The calling thread
 //                watches the peers meanwhile and aborts the blocks' waits when one has died.
-//   Host mode:   one launch per step, blocks run in turn; between launches the host waits on
-//                the counters in the host flags segment (device/host_steps.h), as CudaComm does.
-//                With host_events, host mode's work goes on a queue (op_queue.h) that runs it
+//   Stepped mode:   one launch per step, blocks run in turn; between launches the host waits on
+//                the counters in the host flags segment (device/stepped.h), as CudaComm does.
+//                With stepped_events, stepped mode's work goes on a queue (op_queue.h) that runs it
 //                as a stream would, ordered across ranks by fences on counters or on emulated
 //                interprocess events (EmuEvents), as CudaComm's; the call waits for its queue
 //                before it returns.
@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "algo/call.h"
-#include "device/host_steps.h"
 #include "device/kernel_args.h"
 #include "device/orchestration.h"
 #include "device/plan.h"
+#include "device/stepped.h"
 #include "emu/emu_checks.h"
 #include "emu/emu_registry.h"
 #include "emu/op_queue.h"
@@ -112,26 +112,26 @@ struct EmuOptions {
   // call's end is reported this much later.
   int finish_stagger_ms = 0;
   int previous_late_ms = 0;
-  bool host_twoshot = true;          // cuda::CudaCommOptions::host_twoshot
+  bool stepped_twoshot = true;       // cuda::CudaCommOptions::stepped_twoshot
   size_t register_on_use_bytes = 0;  // cuda::CudaCommOptions::register_on_use_bytes
   bool push = false;                 // cuda::CudaCommOptions::push
   bool copy_engines = false;         // cuda::CudaCommOptions::copy_engines
   bool lookahead = false;            // cuda::CudaCommOptions::lookahead
-  bool host_events = true;           // cuda::CudaCommOptions::host_events
-  // host_events: the fences on counters (cuda::counter_fence), as CudaComm's where the GPU has
+  bool stepped_events = true;        // cuda::CudaCommOptions::stepped_events
+  // stepped_events: the fences on counters (cuda::counter_fence), as CudaComm's where the GPU has
   // 64-bit stream memory operations; false: on emulated interprocess events (event_fence),
   // whose queued waits bind when the queue reaches them, the weakest reading CUDA allows.
   bool fence_counters = true;
   size_t flight_entries = 1024;  // the flight recorder's ring (0: none)
   bool reproducible = false;     // cuda::CudaCommOptions::reproducible
-  // Host mode's queue (tests): in calls of odd number on even ranks and of even number on odd
+  // Stepped mode's queue (tests): in calls of odd number on even ranks and of even number on odd
   // ranks, every queued op starts this much late, so that a rank whose queue does not wait
   // for a peer's reads what that peer has not written yet.
   int queue_delay_ms = 0;
-  // Host mode (tests): the host pauses this long between a step's inputs arriving and its
+  // Stepped mode (tests): the host pauses this long between a step's inputs arriving and its
   // launch, so that its peers run ahead of it.
   int step_delay_ms = 0;
-  // Host mode: every call's fingerprints compared on the host before anything moves
+  // Stepped mode: every call's fingerprints compared on the host before anything moves
   // (cuda::meets_on_host; PYCOLL_CHECK_MISMATCH=0 turns that off on the GPU).
   bool check_mismatch = true;
   // Data stores visible to peers only at a release or a fence, or at the block's end
@@ -159,8 +159,8 @@ struct EmuPlanMemory {
 
 // The emulated device under the orchestration a GPU runs (device/orchestration.h): its
 // streams are numbers (the caller's: 1, or 1 and 2 by turns with previous_late_ms; ours: 0), a
-// kernel-mode launch runs at once on block threads, host mode's work goes on an OpQueue (with
-// host_events) that runs it in order as a stream would.
+// kernel-mode launch runs at once on block threads, stepped mode's work goes on an OpQueue (with
+// stepped_events) that runs it in order as a stream would.
 class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
  public:
   EmuComm(int rank, int size, const EmuOptions& opts);
@@ -170,7 +170,7 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
 
   const EmuOptions& options() const { return opts_; }
   size_t segment_bytes() const { return layout_.total_bytes(); }
-  // The segment's data area (its staging slots): host mode's scratch (cuda::scratch_of).
+  // The segment's data area (its staging slots): stepped mode's scratch (cuda::scratch_of).
   size_t segment_data_bytes() const { return layout_.data_end() - layout_.flags_bytes; }
 
   // What the rendezvous exchanges: the device segment's and the host flags' names.
@@ -259,10 +259,10 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
                   const WaitContext& w, bool drill);
   void launch_one(DType dtype, const cuda::KernelArgs& a, const Regions& regions,
                   const WaitContext& w, bool drill);
-  // Host mode's launch: its blocks one after another on this thread, within `regions`.
+  // Stepped mode's launch: its blocks one after another on this thread, within `regions`.
   void run_in_turn(DType dtype, const cuda::KernelArgs& a, const Regions& regions);
   void check_launch(const char* name, uint64_t seq);
-  // Host mode's queue: `op` on it (with host_events; else run now), and the wait for it.
+  // Stepped mode's queue: `op` on it (with stepped_events; else run now), and the wait for it.
   void enqueue(std::function<void()> op);
   void drain_queue();
   EmuEvents* events_of(int rank) const;
@@ -296,7 +296,7 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
   std::atomic<bool> late_stop_{false};
   EmuSms* sms_ = nullptr;                 // our GPU's SMs (sms > 0), in a segment on it
   std::unique_ptr<BlockThreads> blocks_;  // kernel mode's block threads, from the first launch
-  std::unique_ptr<OpQueue> queue_;        // host mode with host_events; last: it stops first
+  std::unique_ptr<OpQueue> queue_;        // stepped mode with stepped_events; last: it stops first
 };
 
 }  // namespace emu

@@ -1,5 +1,5 @@
 // Work queued in order on a thread of its own, as a CUDA stream runs what is queued on it
-// while the host goes on: the emulated device's streams (emu_stream.h, and host mode's queue
+// while the host goes on: the emulated device's streams (emu_stream.h, and stepped mode's queue
 // in EmuComm, whose fences wait on the peers' emulated events).
 #pragma once
 

@@ -88,8 +88,8 @@ void set_counts(CollectiveCall& call, const CountList& counts, const CountList& 
 
 SyncMode mode_arg(const std::string& m) {
   if (m == "kernel") return SyncMode::Kernel;
-  if (m == "host") return SyncMode::Host;
-  throw InvalidArgument(str_cat("sync mode must be 'kernel' or 'host', got '", m, "'"));
+  if (m == "stepped") return SyncMode::Stepped;
+  throw InvalidArgument(str_cat("sync mode must be 'kernel' or 'stepped', got '", m, "'"));
 }
 
 py::dict plan_dict(const Plan& p) {
@@ -238,7 +238,7 @@ void bind_runtime(py::module_& m) {
   });
   // Frees of registered arrays put off while a collective was in flight (cuda/registry.h).
   m.def("frees_deferred", []() { return frees_deferred(); });
-  // Whether `device` offers the 64-bit stream memory operations of host mode's fence counters.
+  // Whether `device` offers the 64-bit stream memory operations of stepped mode's fence counters.
   m.def("has_stream_value_ops",
         [](int device) { return static_cast<bool>(stream_value_ops(device)); });
   // Blocks of the step kernel one SM of `device` holds at once (cuda/launch.h).
@@ -292,12 +292,12 @@ void bind_comm(py::module_& m) {
       .def_readwrite("ll_max_bytes", &CudaCommOptions::ll_max_bytes)
       .def_readwrite("debug", &CudaCommOptions::debug)
       .def_readwrite("check_mismatch", &CudaCommOptions::check_mismatch)
-      .def_readwrite("host_twoshot", &CudaCommOptions::host_twoshot)
+      .def_readwrite("stepped_twoshot", &CudaCommOptions::stepped_twoshot)
       .def_readwrite("register_on_use_bytes", &CudaCommOptions::register_on_use_bytes)
       .def_readwrite("push", &CudaCommOptions::push)
       .def_readwrite("copy_engines", &CudaCommOptions::copy_engines)
       .def_readwrite("lookahead", &CudaCommOptions::lookahead)
-      .def_readwrite("host_events", &CudaCommOptions::host_events)
+      .def_readwrite("stepped_events", &CudaCommOptions::stepped_events)
       .def_readwrite("reproducible", &CudaCommOptions::reproducible)
       .def_readwrite("fence_counters", &CudaCommOptions::fence_counters)
       .def_readwrite("flight_entries", &CudaCommOptions::flight_entries);
@@ -339,10 +339,11 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("size", &CudaComm::size)
       .def_property_readonly("device", &CudaComm::device)
       .def_property_readonly("seq", &CudaComm::seq)
-      .def_property_readonly("sync_mode",
-                             [](const CudaComm& c) {
-                               return std::string(c.mode() == SyncMode::Kernel ? "kernel" : "host");
-                             })
+      .def_property_readonly(
+          "sync_mode",
+          [](const CudaComm& c) {
+            return std::string(c.mode() == SyncMode::Kernel ? "kernel" : "stepped");
+          })
       .def_property("timeout", &CudaComm::timeout, &CudaComm::set_timeout)
       .def_property_readonly("poisoned", &CudaComm::poisoned)
       .def_property_readonly("poison_reason", &CudaComm::poison_reason)

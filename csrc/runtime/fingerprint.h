@@ -42,7 +42,7 @@ struct Fingerprint {
   uint64_t splits = 0;
   // Whether the call starts by trading shared-buffer descriptors (host/shared_buffers.h); on
   // the device transports, whether it runs over registered buffers (then `splits` says where:
-  // device/host_steps.h, registered_fingerprint).
+  // device/stepped.h, registered_fingerprint).
   bool shared = false;
   // The record of the call across nodes this is a node-local phase of (its packed form, see
   // record()); all zeros for a call of this communicator's own.

@@ -505,7 +505,7 @@ def measure_floors(mpi, cp, kernel_mode: bool, iters: int = 200, calls: int = 20
 def graph_per_call(mpi, cp, comm, calls: int = 100, reps: int = 5):
     """(seconds per call, "") of 8 B all-reduces through `comm` (a Communicator) captured into
     one CUDA graph of `calls` and launched `reps` times, the slowest rank's median; or (None,
-    why not). Kernel mode only: host mode refuses to be captured."""
+    why not). Kernel mode only: stepped mode refuses to be captured."""
     error, per = None, []
     s = cp.cuda.Stream(non_blocking=True)
     x, out = cp.ones(2, cp.float32), cp.empty(2, cp.float32)

@@ -210,17 +210,17 @@ def test_gpu_streams_and_async(what):
 
 
 @pytest.mark.parametrize("events", ["1", "0"])
-def test_gpu_registered_buffers_in_host_mode(events):
-    # Host mode: the launch between two fences (no kernel waits for a peer), on interprocess
-    # events or with the host waiting for the GPU (PYCOLL_CUDA_HOST_EVENTS=0).
-    env = {"PYCOLL_CUDA_SYNC": "host", "PYCOLL_CUDA_HOST_EVENTS": events}
+def test_gpu_registered_buffers_in_stepped_mode(events):
+    # Stepped mode: the launch between two fences (no kernel waits for a peer), on interprocess
+    # events or with the host waiting for the GPU (PYCOLL_CUDA_STEPPED_EVENTS=0).
+    env = {"PYCOLL_CUDA_SYNC": "stepped", "PYCOLL_CUDA_STEPPED_EVENTS": events}
     out = run_mpi(2, "gpu_extras.py", "registered", env=env)
-    assert out.count("sync=host cases=") == 2, out
+    assert out.count("sync=stepped cases=") == 2, out
 
 
-def test_gpu_registration_on_first_use_in_host_mode():
+def test_gpu_registration_on_first_use_in_stepped_mode():
     # cupy's pool and torch's caching allocator, nothing registered: zero-copy from 4 KiB.
-    env = {"PYCOLL_CUDA_REGISTER_BYTES": "4096", "PYCOLL_CUDA_SYNC": "host"}
+    env = {"PYCOLL_CUDA_REGISTER_BYTES": "4096", "PYCOLL_CUDA_SYNC": "stepped"}
     out = run_mpi(2, "gpu_extras.py", "first_use", env=env)
     assert out.count("first_use rank=") == 2, out
 
@@ -247,9 +247,9 @@ def test_gpu_event_probe():
     print(found.group(0))  # the kit's paths stage shows it (-rP)
 
 
-def test_gpu_graph_capture_refused_in_host_mode():
-    out = run_mpi(2, "gpu_extras.py", "graph", env={"PYCOLL_CUDA_SYNC": "host"})
-    assert out.count("sync=host refused") == 2, out
+def test_gpu_graph_capture_refused_in_stepped_mode():
+    out = run_mpi(2, "gpu_extras.py", "graph", env={"PYCOLL_CUDA_SYNC": "stepped"})
+    assert out.count("sync=stepped refused") == 2, out
 
 
 def test_gpu_torch_tensors():
@@ -305,16 +305,16 @@ def run_gpu_bench(tmp_path, env: dict | None = None) -> dict:
     return got
 
 
-def test_gpu_bench_host_mode(tmp_path):
-    got = run_gpu_bench(tmp_path, {"PYCOLL_CUDA_SYNC": "host"})
-    assert got["sync_mode"] == "host" and got["floors"]["ping_pong"] is None, got["floors"]
+def test_gpu_bench_stepped_mode(tmp_path):
+    got = run_gpu_bench(tmp_path, {"PYCOLL_CUDA_SYNC": "stepped"})
+    assert got["sync_mode"] == "stepped" and got["floors"]["ping_pong"] is None, got["floors"]
     assert got["graph_per_call"] is None, got
 
 
 # -- faults ------------------------------------------------------------------------------------
 # As tests/ranks/test_faults.py on the host path. "fingerprints": the host rendezvous before each
 # launch meets the fault; "device": without it (PYCOLL_CHECK_MISMATCH=0), the device waits
-# (kernel mode) or the host-driven steps (host mode) must.
+# (kernel mode) or the host-driven steps (stepped mode) must.
 
 FAULT_TIMEOUT = {"die": "10", "skip": "3"}
 
@@ -332,8 +332,8 @@ def run_fault(fault: str, check: str, env: dict, mode: str):
 
 @pytest.mark.parametrize("check", ["fingerprints", "device"])
 @pytest.mark.parametrize("fault", ["die", "skip"])
-def test_gpu_faults_host_mode(fault, check):
-    run_fault(fault, check, {"PYCOLL_CUDA_SYNC": "host"}, "host")
+def test_gpu_faults_stepped_mode(fault, check):
+    run_fault(fault, check, {"PYCOLL_CUDA_SYNC": "stepped"}, "stepped")
 
 
 class TestKernelMode:
@@ -387,7 +387,8 @@ class TestKernelMode:
         assert out.count("free_while_waiting rank=") == 2, out
 
     def test_gpu_registration_on_first_use(self, kernel_mode_env):
-        # As in host mode (test_gpu_registration_on_first_use_in_host_mode), one launch a call.
+        # As in stepped mode (test_gpu_registration_on_first_use_in_stepped_mode), one launch
+        # a call.
         env = dict(kernel_mode_env, PYCOLL_CUDA_REGISTER_BYTES="4096")
         out = run_mpi(2, "gpu_extras.py", "first_use", env=env)
         assert out.count("first_use rank=") == 2, out

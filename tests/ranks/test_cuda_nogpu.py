@@ -66,7 +66,7 @@ def test_cuda_comm_device_is_decided_collectively(case):
 def test_cuda_comm_blocks_fit_every_launch_on_a_gpu():
     # Every rank's GPU (its UUID and SMs) decides the blocks per launch and the mode, the same
     # on every rank: fewer blocks where the request would not be resident beside the other
-    # ranks' launches on the GPU, host mode where not even one block of each would.
+    # ranks' launches on the GPU, stepped mode where not even one block of each would.
     env = {"PYCOLL_DEVICE": "", "PYCOLL_CUDA_SYNC": "kernel"}
     run_mpi(3, "cuda_nogpu_fake_native.py", "residency", env=env, timeout=120)
 

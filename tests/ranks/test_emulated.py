@@ -1,7 +1,7 @@
 """The CUDA transport's device code on the CPU (the emulated device, csrc/emu/): the step
 kernel compiled for the host, run by every rank over shared memory with the GPU's segment
 layout, every access bounds-checked, in kernel mode (blocks waiting on peers' device flags)
-and host mode (one launch per step). See workers/emulated.py."""
+and stepped mode (one launch per step). See workers/emulated.py."""
 
 import pytest
 from harness.launch import run_mpi
@@ -9,7 +9,7 @@ from harness.launch import run_mpi
 pytestmark = pytest.mark.emulated
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]
-MODES = ["kernel", "host"]
+MODES = ["kernel", "stepped"]
 
 
 def _algos(collective):
@@ -111,7 +111,7 @@ def _drill(mode, what, nranks=3, size="large", env=None):
     return ["RAISED" + part.split("\n")[0] for part in out.split("RAISED")[1:]]
 
 
-@pytest.mark.parametrize("mode,push", [("kernel", "0"), ("host", "0"), ("kernel", "1")])
+@pytest.mark.parametrize("mode,push", [("kernel", "0"), ("stepped", "0"), ("kernel", "1")])
 def test_emulated_peer_dies_mid_collective(mode, push):
     # push: the survivors wait on flags in their own memory that the dead rank would write.
     raised = _drill(mode, "dies_mid", env={"PYCOLL_CUDA_PUSH": push})
@@ -146,7 +146,7 @@ def test_emulated_mismatch(mode):
 
 
 # The LL format (device/plan.h, ll_message): data and flag in one store, polled by the
-# receiver's threads. Kernel mode only; host mode runs the same cases without it.
+# receiver's threads. Kernel mode only; stepped mode runs the same cases without it.
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -156,20 +156,20 @@ def test_emulated_ll_sizes_and_dtypes(mode, nranks):
     assert f"ll_sizes {mode} ranks={nranks}" in out, out
 
 
-@pytest.mark.parametrize("mode", ["kernel"])  # host mode plans no LL message
+@pytest.mark.parametrize("mode", ["kernel"])  # stepped mode plans no LL message
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_emulated_ll_back_to_back_with_late_ranks(mode, nranks):
     out = run_mpi(nranks, "emulated.py", mode, "ll_race")
     assert f"ll_race {mode} ranks={nranks}" in out, out
 
 
-@pytest.mark.parametrize("mode", ["kernel"])  # host mode plans no LL message
+@pytest.mark.parametrize("mode", ["kernel"])  # stepped mode plans no LL message
 def test_emulated_ll_flags_wrap(mode):
     out = run_mpi(3, "emulated.py", mode, "ll_wrap")
     assert f"ll_wrap {mode} ranks=3" in out, out
 
 
-@pytest.mark.parametrize("mode", ["kernel"])  # host mode plans no LL message
+@pytest.mark.parametrize("mode", ["kernel"])  # stepped mode plans no LL message
 def test_emulated_ll_peer_dies_mid_collective(mode):
     raised = _drill(mode, "dies_mid", size="ll")
     assert len(raised) == 2, raised
@@ -177,7 +177,7 @@ def test_emulated_ll_peer_dies_mid_collective(mode):
         assert "CollectiveError" in line and "rank 1" in line and "no longer running" in line
 
 
-@pytest.mark.parametrize("mode", ["kernel"])  # host mode plans no LL message
+@pytest.mark.parametrize("mode", ["kernel"])  # stepped mode plans no LL message
 def test_emulated_ll_peer_stalls_mid_collective(mode):
     raised = _drill(mode, "stalls_mid", size="ll")
     assert len(raised) == 2, raised
@@ -186,7 +186,7 @@ def test_emulated_ll_peer_stalls_mid_collective(mode):
         assert float(line.split(" after ")[1].split("s:")[0]) < 6  # the timeout is 1.5 s
 
 
-@pytest.mark.parametrize("mode", ["kernel"])  # host mode plans no LL message
+@pytest.mark.parametrize("mode", ["kernel"])  # stepped mode plans no LL message
 def test_emulated_ll_mismatch(mode):
     raised = _drill(mode, "mismatch", nranks=2, size="ll")
     assert len(raised) == 2, raised
@@ -196,7 +196,7 @@ def test_emulated_ll_mismatch(mode):
 # Kernel mode's launch end (step_kernel.h, finish_launch) and its order across streams (the
 # host's: an event after the launch before): a blocking call is one launch on the caller's
 # stream.
-@pytest.mark.parametrize("mode", ["kernel"])  # host mode launches on the communicator's stream
+@pytest.mark.parametrize("mode", ["kernel"])  # stepped mode launches on the communicator's stream
 def test_emulated_launch_end_is_reported_after_every_block(mode):
     out = run_mpi(3, "emulated.py", mode, "launch_end")
     assert f"launch_end {mode} ranks=3" in out, out
@@ -222,35 +222,35 @@ def test_emulated_mismatched_call_of_several_blocks_moves_nothing(mode, tmp_path
     assert "rank(s) 2: all_gather #1 (4984 x float32)" in report, report
 
 
-# Host mode through scratch (device/host_steps.h, run_scratch): all-reduce, reduce and
+# Stepped mode through scratch (device/stepped.h, run_scratch): all-reduce, reduce and
 # reduce-scatter (the two-shot in place over every rank's segment data area), all-gather and
 # broadcast (copies), a chunk at a time between host meetings: two waits for the GPU per chunk
 # instead of one per step.
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_emulated_host_all_reduce_through_scratch(nranks):
-    out = run_mpi(nranks, "emulated.py", "host", "host_scratch")
-    assert f"host_scratch ranks={nranks}" in out, out
+def test_emulated_stepped_all_reduce_through_scratch(nranks):
+    out = run_mpi(nranks, "emulated.py", "stepped", "stepped_scratch")
+    assert f"stepped_scratch ranks={nranks}" in out, out
 
 
-def test_emulated_host_all_reduce_through_scratch_after_a_late_call_of_steps():
-    out = run_mpi(2, "emulated.py", "host", "host_scratch_after_steps")
-    assert "host_scratch_after_steps ranks=2" in out, out
+def test_emulated_stepped_all_reduce_through_scratch_after_a_late_call_of_steps():
+    out = run_mpi(2, "emulated.py", "stepped", "stepped_scratch_after_steps")
+    assert "stepped_scratch_after_steps ranks=2" in out, out
 
 
-# Host mode's fences (device/host_steps.h, counter_fence): the work of a call goes on each
+# Stepped mode's fences (device/stepped.h, counter_fence): the work of a call goes on each
 # rank's queue, ordered across ranks by waits on their fence counters, every rank's queue late
-# in turn; the same calls with the fences of PYCOLL_CUDA_HOST_EVENTS=0; and the fences on
+# in turn; the same calls with the fences of PYCOLL_CUDA_STEPPED_EVENTS=0; and the fences on
 # interprocess events whose waits bind when the queue reaches them (weak_events): a cycle,
 # every rank raising within the timeout.
 @pytest.mark.parametrize("events", ["on", "off", "weak_events"])
-def test_emulated_host_fences_order_every_ranks_queue(events):
-    out = run_mpi(3, "emulated.py", "host", "host_events", events)
-    assert f"host_events {events} ranks=3" in out, out
+def test_emulated_stepped_fences_order_every_ranks_queue(events):
+    out = run_mpi(3, "emulated.py", "stepped", "stepped_events", events)
+    assert f"stepped_events {events} ranks=3" in out, out
 
 
 @pytest.mark.parametrize("what", ["dies_mid", "stalls_mid"])
-def test_emulated_peer_fails_in_host_all_reduce_through_scratch(what):
-    raised = _drill("host", what, size="scratch")
+def test_emulated_peer_fails_in_stepped_all_reduce_through_scratch(what):
+    raised = _drill("stepped", what, size="scratch")
     assert len(raised) == 2, raised
     kind = "CollectiveError" if what == "dies_mid" else "CollectiveTimeout"
     for line in raised:
@@ -264,7 +264,7 @@ def test_emulated_one_rank_skips_launches_and_waits_for_none():
 
 
 # The barrier a GPU runs (device/orchestration.h): nobody leaves early, a mismatch raises.
-@pytest.mark.parametrize("mode", ["kernel", "host"])
+@pytest.mark.parametrize("mode", ["kernel", "stepped"])
 def test_emulated_barrier(mode):
     out = run_mpi(3, "emulated.py", mode, "barrier")
     assert f"barrier {mode} ranks=3: 3 barriers right" in out, out
@@ -287,8 +287,8 @@ def test_emulated_blocks_of_ranks_sharing_a_gpu_fit_its_sms(checked):
 
 
 PUSH_CASES = [("kernel", c, 3) for c in COLLECTIVES] + [
-    ("host", "all_reduce", 3),
-    ("host", "reduce_scatter", 2),
+    ("stepped", "all_reduce", 3),
+    ("stepped", "reduce_scatter", 2),
     ("kernel", "all_to_all", 3),
     ("kernel", "ll_race", 3),
     ("kernel", "ll_sizes", 2),

@@ -10,7 +10,7 @@ from .test_emulated_registered import _shard, _traffic
 pytestmark = pytest.mark.emulated
 
 
-@pytest.mark.parametrize("mode,nranks", [("kernel", 3), ("host", 2)])
+@pytest.mark.parametrize("mode,nranks", [("kernel", 3), ("stepped", 2)])
 def test_first_use_collectives(mode, nranks):
     # The five collectives that run over shared buffers, every dtype and op, in place and not,
     # at offsets that differ between ranks; each allocation sent and mapped once; below the
@@ -19,7 +19,7 @@ def test_first_use_collectives(mode, nranks):
     assert f"first_use collectives {mode} ranks={nranks}" in out, out
 
 
-@pytest.mark.parametrize("mode", ["kernel", "host"])
+@pytest.mark.parametrize("mode", ["kernel", "stepped"])
 def test_first_use_after_free_and_reallocation(mode):
     # Every round each rank frees its buffer and allocates one of the same size at the same
     # address: the peers map the new allocation. (Keyed by address, the mapping of the freed
@@ -42,17 +42,17 @@ def test_first_use_traffic():
     assert sum(sum(t) for t in got.values()) == 2 * n * 4 * count
 
 
-@pytest.mark.parametrize("mode", ["kernel", "host"])
+@pytest.mark.parametrize("mode", ["kernel", "stepped"])
 def test_first_use_mismatch(mode):
     out = run_mpi(2, "emulated_first_use.py", mode, "mismatch")
     assert f"first_use mismatch {mode} ranks=2" in out, out
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_copy_engines_in_host_mode(nranks):
-    # PYCOLL_CUDA_COPY_ENGINES: host mode's registered (and first-use) all-gathers and
+def test_copy_engines_in_stepped_mode(nranks):
+    # PYCOLL_CUDA_COPY_ENGINES: stepped mode's registered (and first-use) all-gathers and
     # broadcasts as copies between the fences, no launch; the bytes copied counted; back to
     # back with every queue late in turn. Planted and caught: the second fence skipped (a
     # peer's copy read an input already overwritten: 3000 of 3000 elements wrong).
-    out = run_mpi(nranks, "emulated_first_use.py", "host", "copy_engines")
-    assert f"first_use copy_engines host ranks={nranks}" in out, out
+    out = run_mpi(nranks, "emulated_first_use.py", "stepped", "copy_engines")
+    assert f"first_use copy_engines stepped ranks={nranks}" in out, out

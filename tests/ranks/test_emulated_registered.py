@@ -6,7 +6,7 @@ from harness.launch import run_mpi
 
 pytestmark = pytest.mark.emulated
 
-MODES = ["kernel", "host"]
+MODES = ["kernel", "stepped"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -18,7 +18,7 @@ def test_registered_all_reduce(mode, nranks):
     assert f"registered matrix {mode} ranks={nranks}" in out, out
 
 
-@pytest.mark.parametrize("mode,nranks", [("kernel", 2), ("kernel", 4), ("host", 3)])
+@pytest.mark.parametrize("mode,nranks", [("kernel", 2), ("kernel", 4), ("stepped", 3)])
 def test_registered_back_to_back_with_late_ranks(mode, nranks):
     out = run_mpi(nranks, "emulated_registered.py", mode, "back_to_back")
     assert f"registered back_to_back {mode} ranks={nranks}" in out, out

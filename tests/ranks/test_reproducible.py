@@ -23,6 +23,6 @@ def test_reductions_in_rank_order_on_interleaved_nodes():
 
 @pytest.mark.emulated
 def test_device_reductions_in_rank_order():
-    # Kernel and host mode, 1 and 3 blocks; staged, registered and first-use arrays.
+    # Kernel and stepped mode, 1 and 3 blocks; staged, registered and first-use arrays.
     out = run_mpi(3, "reproducible.py", "device", "rotate")
     assert out.count("ok device") == 3, out

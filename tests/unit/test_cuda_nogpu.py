@@ -251,19 +251,28 @@ def test_check_call():
 def test_sync_mode_decision():
     a, b = b"\x01" * 16, b"\x02" * 16
     assert choose_sync_mode([a, b], [False, False]) == "kernel"  # a GPU each
-    assert choose_sync_mode([a, a], [False, False]) == "host"  # time-sliced GPU
-    assert choose_sync_mode([a, a, b], [False, False, False]) == "host"
+    assert choose_sync_mode([a, a], [False, False]) == "stepped"  # time-sliced GPU
+    assert choose_sync_mode([a, a, b], [False, False, False]) == "stepped"
     assert choose_sync_mode([a, a], [True, True]) == "kernel"  # MPS runs them side by side
-    assert choose_sync_mode([a, a], [True, False]) == "host"
+    assert choose_sync_mode([a, a], [True, False]) == "stepped"
     assert choose_sync_mode([a, a], [False, False], ["kernel", "kernel"]) == "kernel"
-    assert choose_sync_mode([a, b], [False, False], ["host", "host"]) == "host"
+    assert choose_sync_mode([a, b], [False, False], ["stepped", "stepped"]) == "stepped"
     with pytest.raises(ValueError, match="disagree"):
-        choose_sync_mode([a, b], [False, False], ["host", None])
+        choose_sync_mode([a, b], [False, False], ["stepped", None])
     assert Options.resolve(environ={}).cuda_sync is None
-    assert Options.resolve(environ={"PYCOLL_CUDA_SYNC": "Host"}).cuda_sync == "host"
+    assert Options.resolve(environ={"PYCOLL_CUDA_SYNC": "Stepped"}).cuda_sync == "stepped"
     assert Options.resolve(environ={"PYCOLL_CUDA_SYNC": "auto"}).cuda_sync is None
     with pytest.raises(ValueError, match="PYCOLL_CUDA_SYNC"):
         Options.resolve(environ={"PYCOLL_CUDA_SYNC": "spin"})
+    # "host" names host memory only: the GPU's stepped mode under its old names is refused
+    # with the new one, not read as something else or ignored.
+    renamed = [({"PYCOLL_CUDA_SYNC": "host"}, "PYCOLL_CUDA_SYNC=stepped"),
+               ({"PYCOLL_CUDA_HOST_TWOSHOT": "0"}, "PYCOLL_CUDA_STEPPED_TWOSHOT"),
+               ({"PYCOLL_CUDA_HOST_EVENTS": "0"}, "PYCOLL_CUDA_STEPPED_EVENTS")]  # fmt: skip
+    for environ, new in renamed:
+        with pytest.raises(ValueError, match=f"is now {new}"):
+            Options.resolve(environ=environ)
+    assert not Options.resolve(environ={"PYCOLL_CUDA_STEPPED_EVENTS": "0"}).cuda_stepped_events
 
 
 def test_mps_detection(tmp_path):
@@ -481,22 +490,22 @@ def test_residency_fits_every_ranks_launch_on_its_gpu():
     assert mps_sm_limit(132, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "x"}) == 132
     r = plan_residency(gpus(2, limit=33), 64, "kernel")
     assert (r.blocks, "33 SMs per process under MPS" in r.why) == (33, True), r
-    # More ranks than SMs: not one block of each fits: host mode, and it says so.
+    # More ranks than SMs: not one block of each fits: stepped mode, and it says so.
     r = plan_residency(gpus(140), 4, "kernel")
-    assert (r.mode, r.blocks) == ("host", 4) and "host mode instead of kernel mode" in r.why
+    assert (r.mode, r.blocks) == ("stepped", 4) and "stepped mode instead of kernel mode" in r.why
     # A kernel that no SM can hold.
-    assert plan_residency(gpus(1, per_sm=0), 0, "kernel").mode == "host"
-    # Host mode keeps any request: its launches never wait for another process.
-    r = plan_residency(gpus(8), 128, "host")
-    assert (r.mode, r.blocks, r.why) == ("host", 128, "")
-    assert plan_residency(gpus(8), 0, "host").blocks == 16
+    assert plan_residency(gpus(1, per_sm=0), 0, "kernel").mode == "stepped"
+    # Stepped mode keeps any request: its launches never wait for another process.
+    r = plan_residency(gpus(8), 128, "stepped")
+    assert (r.mode, r.blocks, r.why) == ("stepped", 128, "")
+    assert plan_residency(gpus(8), 0, "stepped").blocks == 16
 
 
 @pytest.mark.parametrize(
     "variable, field, default",
     [
-        ("PYCOLL_CUDA_HOST_TWOSHOT", "host_twoshot", True),  # host mode through scratch
-        ("PYCOLL_CUDA_HOST_EVENTS", "host_events", True),  # host mode's fences on events
+        ("PYCOLL_CUDA_STEPPED_TWOSHOT", "stepped_twoshot", True),  # stepped mode through scratch
+        ("PYCOLL_CUDA_STEPPED_EVENTS", "stepped_events", True),  # stepped mode's fences on events
         ("PYCOLL_CUDA_LOOKAHEAD", "lookahead", False),  # two ring messages in flight
         ("PYCOLL_CUDA_PUSH", "push", False),  # messages by writes into the receiver's memory
         ("PYCOLL_CUDA_COPY_ENGINES", "copy_engines", False),  # registered moves by copies
@@ -535,3 +544,26 @@ def test_lookahead_plans():
     assert [s[0] for s in plain] == ["send", rrcs, "recv"] * 3, plain
     want = ["send", rrcs, "send", "recv", rrcs, "send", "recv", rrcs, "recv"]
     assert [s[0] for s in ahead] == want, ahead
+
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
+               "all_to_all", "gather", "scatter")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_cuda_collectives_take_the_communicators_arguments(name):
+    # One order on every public collective: the same names, kinds and defaults, with async_op
+    # and stream by keyword only, so that a call written for one can never hand the other a
+    # stream as async_op (they were (stream, async_op) on CudaComm, the reverse here).
+    import inspect
+
+    from pycollectives.backends.cuda.comm import CudaComm
+
+    def params(cls, drop=()):
+        sig = inspect.signature(getattr(cls, name))
+        return [(p.name, p.kind, p.default) for p in sig.parameters.values() if p.name not in drop]
+
+    ours = params(pycollectives.Communicator, drop=("reproducible",))
+    assert params(CudaComm) == ours
+    keyword_only = [n for n, kind, _ in ours if kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keyword_only == ["async_op", "stream"]

@@ -10,7 +10,7 @@
 # A GPU comes with 15 minutes of machine time in all, so the work is cut into calls of at
 # most 5 minutes each (limits plus grace), every one useful on its own:
 #   first   env, build (for this GPU's architecture only), paths (every path of the GPU suite
-#           once, each with a check of its result: one rank, host mode, kernel mode under MPS
+#           once, each with a check of its result: one rank, stepped mode, kernel mode under MPS
 #           with auto blocks, a late rank and calls on alternating streams, registered two-shot,
 #           LL, graph replay, torch's CUDA tensors, mismatches, 300 shapes past the plan cache
 #           with replays between, the event probe), figures (the residency the
@@ -25,10 +25,10 @@
 #             `pip install -e .` with the CUDA transport required
 #   paths     pytest -m gpu, the tests of one path or protocol each (not the matrices)
 #   figures   the key figures under an MPS daemon the stage starts and stops
-#   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (host mode), its
-#             all-reduces up to 1 MiB again by the steps (PYCOLL_CUDA_HOST_TWOSHOT=0), on
+#   bench-2   benchmarks/gpu_bench.py on 2 ranks sharing the GPU without MPS (stepped mode), its
+#             all-reduces up to 1 MiB again by the steps (PYCOLL_CUDA_STEPPED_TWOSHOT=0), on
 #             registered buffers, and from 1 MiB with the host waiting for the GPU at every
-#             fence (PYCOLL_CUDA_HOST_EVENTS=0)
+#             fence (PYCOLL_CUDA_STEPPED_EVENTS=0)
 #   bench-mps the benchmark on 2 and then 4 ranks in kernel mode, its small all-reduces again
 #             on 2 ranks without the LL format (PYCOLL_CUDA_LL_BYTES=0), and the host's cost of
 #             one small call layer by layer (gpu_call_cost.py), all-reduces on registered
@@ -38,7 +38,7 @@
 #   train     the training job on the GPU, 4 ranks
 #   gpu       the GPU test suite (second call: what paths did not run), last
 #   emulated  the emulated-device suite (CI runs it on every change; only when asked)
-#   bench-4   the benchmark on 4 ranks in host mode (only when asked)
+#   bench-4   the benchmark on 4 ranks in stepped mode (only when asked)
 # Every stage runs in a session of its own, killed whole at its limit, and is followed by a
 # clean-up (stages.sh): MPS daemons it left are asked to quit (then killed), segments removed.
 # OUTDIR/summary.txt gets one line per stage: status, exit code, seconds, limit. A failed stage
@@ -77,8 +77,8 @@ fi
 cd "$(dirname "$0")/../.." || exit 2
 . tools/gpu/stages.sh
 
-# The emulated-device suite runs in every CI run, and host mode on 4 ranks adds little to
-# host mode on 2; here they are stages to ask for (STAGES=...). The benchmarks run before the
+# The emulated-device suite runs in every CI run, and stepped mode on 4 ranks adds little to
+# stepped mode on 2; here they are stages to ask for (STAGES=...). The benchmarks run before the
 # GPU suite, so that a suite that runs long never costs the figures. Each call's limits plus
 # 5 s of grace per stage add up to at most 300 s (all: 570 s, under the 10 minutes a remote
 # runner gives one command).
@@ -112,7 +112,7 @@ TRAIN_EPOCHS=${TRAIN_EPOCHS:-3}
 # The GPU suite's tests of one path or protocol each (the first call), and the rest (the
 # second call's gpu stage); tests/gpu/conftest.py runs the path tests first in a whole suite.
 PATHS_K="not collective_matrix and not new_collectives and not training_job and not faults \
-and not bench_ and not call_cost and not first_use_in_host_mode and not reproducible"
+and not bench_ and not call_cost and not first_use_in_stepped_mode and not reproducible"
 if [ "$CALL" = second ]; then GPU_K="not ($PATHS_K)"; else GPU_K=""; fi
 
 # Resolved before the venv's bin goes first on PATH (it has a python3 of its own).
@@ -215,7 +215,7 @@ build_package() {
   "$PY" -c 'import pycollectives._net' 2>/dev/null ||
     echo "note: pycollectives._net (the inter-node MPI transport) was not built"
 }
-# Ranks that share a GPU run host mode unless MPS is running; kernel mode (one launch per
+# Ranks that share a GPU run stepped mode unless MPS is running; kernel mode (one launch per
 # collective) needs a daemon, started with private pipe and log directories (under
 # /tmp/pycoll-mps-*, where clean_up_stage finds it) and always asked to quit afterwards.
 start_mps() {
@@ -300,32 +300,32 @@ EOF
   echo quit | nvidia-cuda-mps-control # and clean_up_stage, should the stage not get here
   return $rc
 }
-# Host mode on 2 ranks: the benchmark, then its all-reduces up to 1 MiB again by the steps
-# (PYCOLL_CUDA_HOST_TWOSHOT=0), to set beside the first run's all-reduces through scratch; the
+# Stepped mode on 2 ranks: the benchmark, then its all-reduces up to 1 MiB again by the steps
+# (PYCOLL_CUDA_STEPPED_TWOSHOT=0), to set beside the first run's all-reduces through scratch; the
 # registered collectives (one launch between two fences); and all-reduces from 1 MiB, through
-# scratch and registered, with the fences of PYCOLL_CUDA_HOST_EVENTS=0 (the host waits for the
+# scratch and registered, with the fences of PYCOLL_CUDA_STEPPED_EVENTS=0 (the host waits for the
 # GPU, then meets the peers) beside the first runs' on interprocess events.
-bench_host() {
+bench_stepped() {
   local rc=0 h="--collectives all_reduce --iters 5 --calls 10"
-  result gpu_bench-@-2ranks-host bench-2 env PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" \
+  result gpu_bench-@-2ranks-stepped bench-2 env PYCOLL_CUDA_SYNC=stepped "$MPIEXEC" -n 2 "$PY" \
     benchmarks/gpu_bench.py --max-bytes "$BENCH_MAX_BYTES" || rc=1
-  PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_HOST_TWOSHOT=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+  PYCOLL_CUDA_SYNC=stepped PYCOLL_CUDA_STEPPED_TWOSHOT=0 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
     --max-bytes 1M $h || rc=1
-  PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py --registered \
+  PYCOLL_CUDA_SYNC=stepped "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py --registered \
     --max-bytes "$BENCH_MAX_BYTES" --collectives all_reduce,all_gather,reduce_scatter \
     --iters 5 --calls 10 || rc=1
   for reg in "" --registered; do
-    PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_HOST_EVENTS=0 "$MPIEXEC" -n 2 "$PY" \
+    PYCOLL_CUDA_SYNC=stepped PYCOLL_CUDA_STEPPED_EVENTS=0 "$MPIEXEC" -n 2 "$PY" \
       benchmarks/gpu_bench.py $reg --min-bytes 1M --max-bytes "$BENCH_MAX_BYTES" $h || rc=1
   done
   # Registered all-gathers by copy engines (PYCOLL_CUDA_COPY_ENGINES=1), beside the kernel's
   # above.
-  PYCOLL_CUDA_SYNC=host PYCOLL_CUDA_COPY_ENGINES=1 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
+  PYCOLL_CUDA_SYNC=stepped PYCOLL_CUDA_COPY_ENGINES=1 "$MPIEXEC" -n 2 "$PY" benchmarks/gpu_bench.py \
     --registered --min-bytes 16M --max-bytes "$BENCH_MAX_BYTES" --collectives all_gather \
     --iters 5 --calls 10 || rc=1
   return $rc
 }
-export -f show_env build_package start_mps commit_of result bench_mps bench_host figures
+export -f show_env build_package start_mps commit_of result bench_mps bench_stepped figures
 
 SUMMARY=$OUTDIR/summary.txt
 FAILED=() # stages that failed, timed out or were skipped
@@ -398,8 +398,8 @@ fi
 # -rP: the output of the tests that print what they measured (the event probe).
 stage paths "$T_PATHS" "$PY" -m pytest -m gpu tests -v -ra -rP --durations=10 -k "$PATHS_K"
 stage figures "$T_FIGURES" bash -c figures
-stage bench-2 "$T_BENCH2" bash -c bench_host
-stage bench-4 "$T_BENCH4" env PYCOLL_CUDA_SYNC=host "$MPIEXEC" -n 4 "$PY" \
+stage bench-2 "$T_BENCH2" bash -c bench_stepped
+stage bench-4 "$T_BENCH4" env PYCOLL_CUDA_SYNC=stepped "$MPIEXEC" -n 4 "$PY" \
   benchmarks/gpu_bench.py --max-bytes "$BENCH_MAX_BYTES"
 stage bench-mps "$T_BENCH_MPS" bash -c bench_mps
 stage train "$T_TRAIN" "$MPIEXEC" -n 4 "$PY" -m pycollectives.examples.train --device gpu \

@@ -11,9 +11,9 @@ chosen one are an error on every rank, raised while the communicator is set up.
 ``nvidia-smi`` lists, with a driver too old for the CUDA runtime, say), and why.
 
 Ranks that share one GPU without MPS cannot run kernels that wait for one another (the GPU
-time-slices processes), so they run in the host-synchronised mode: one short launch per step,
+time-slices processes), so they run in the stepped mode: one short launch per step,
 with the waiting done by the host between launches. Elsewhere one kernel runs the whole
-collective. ``PYCOLL_CUDA_SYNC=kernel|host`` forces either.
+collective. ``PYCOLL_CUDA_SYNC=kernel|stepped`` forces either.
 
 Example (``mpiexec -n 2 python example.py``)::
 
@@ -22,7 +22,7 @@ Example (``mpiexec -n 2 python example.py``)::
     from pycollectives.backends.cuda import CudaComm
     comm = CudaComm(MPI.COMM_WORLD, MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, timeout=60)
     x = cupy.full(1024, comm.rank, cupy.float32)
-    comm.all_reduce(x, None, pc.ops.op_code("sum"), 0, None, False)
+    comm.all_reduce(x, op=pc.SUM)   # in place, on cupy's current stream
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pycollectives.backends.cuda.env import (
 )
 from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_residency
 from pycollectives.errors import CollectiveError
-from pycollectives.ops import ALGORITHMS_FOR, algo_code, op_code
+from pycollectives.ops import ALGORITHMS_FOR, SUM, algo_code, op_code
 from pycollectives.options import Options
 from pycollectives.runtime import arrays
 from pycollectives.runtime.bootstrap import as_group
@@ -98,21 +98,22 @@ class CudaComm:
     Methods (codes as ``pycollectives.ops.op_code`` / ``algo_code`` return them; `stream` is an
     int handle, a cupy or torch stream, or None for the array library's current stream)::
 
-        all_reduce(x, out, op, algorithm, stream, async_op)       # out None: in place
-        reduce_scatter(x, out, op, algorithm, stream, async_op)   # x: size * out.size
-        all_gather(x, out, algorithm, stream, async_op)           # out: size * x.size
-        broadcast(x, root, algorithm, stream, async_op)
-        reduce(x, out, root, op, algorithm, stream, async_op)     # out None: in place
-        all_to_all(x, out, in_splits, out_splits, algorithm, stream, async_op)
-        gather(x, out, root, algorithm, stream, async_op)         # out: the root's only
-        scatter(x, out, root, algorithm, stream, async_op)        # x: the root's only
+        all_reduce(x, out, op, algorithm)                 # out None: in place
+        reduce_scatter(x, out, op, counts, algorithm)     # x: size * out.size
+        all_gather(x, out, counts, algorithm)             # out: size * x.size
+        broadcast(x, root, algorithm)
+        reduce(x, out, root, op, algorithm)               # out None: in place
+        all_to_all(x, out, in_splits, out_splits, algorithm)
+        gather(x, out, root, algorithm)                   # out: the root's only
+        scatter(x, out, root, algorithm)                  # x: the root's only
         barrier()
         empty(shape, dtype) / zeros(shape, dtype)  # registered cupy arrays (collective)
         register(array)                            # registers an existing CUDA array
-
-    ``all_gather`` and ``reduce_scatter`` also take ``counts=`` (each rank's block, uneven);
-    ``all_to_all`` splits are what this rank sends to / receives from each rank (None: even).
         close()
+
+    These are ``Communicator``'s signatures: every collective also takes ``async_op=`` and
+    ``stream=``, by keyword only. `counts` are each rank's block (uneven); ``all_to_all``
+    splits are what this rank sends to / receives from each rank (None: even).
 
     Each returns the output array, or a ``pycollectives.Work`` with ``async_op=True``. The
     collective is ordered after the work already queued on the stream; without `async_op`,
@@ -194,15 +195,15 @@ class CudaComm:
         report = None
         try:
             opts = options.cuda_options(cu, self.device, blocks=self.residency.blocks)
-            # Interprocess events are host mode's fences only: kernel mode neither creates nor
+            # Interprocess events are stepped mode's fences only: kernel mode neither creates nor
             # exports them, so a machine that cannot export them (MPS, some containers) still
             # runs it.
-            opts.host_events = opts.host_events and self.sync_mode == "host"
+            opts.stepped_events = opts.stepped_events and self.sync_mode == "stepped"
             # ... on fence counters where every rank's GPU has the stream memory operations
             # (safe however a GPU binds a wait), else on interprocess events.
             # (PYCOLL_CUDA_FENCE_COUNTERS=0: on the events everywhere.)
             opts.fence_counters = (
-                opts.host_events and options.cuda_fence_counters and all(p[4] for p in probes)
+                opts.stepped_events and options.cuda_fence_counters and all(p[4] for p in probes)
             )
             native = cu.CudaComm(rank, size, self.device, opts)
             report = (
@@ -211,9 +212,9 @@ class CudaComm:
                     opts.nslots,
                     opts.nblocks,
                     opts.ll_max_bytes,
-                    opts.host_twoshot,
+                    opts.stepped_twoshot,
                     opts.lookahead,
-                    opts.host_events,
+                    opts.stepped_events,
                     opts.fence_counters,
                     opts.register_on_use_bytes,
                     opts.push,
@@ -228,8 +229,8 @@ class CudaComm:
             reports = gathered_or_raise(group, "cannot set up the CUDA transport", report, error)
             same_on_every_rank(
                 [rep[0] for rep in reports],
-                "the CUDA staging configuration (bytes, slots, blocks, LL bytes, host two-shot, "
-                "lookahead, host events, fence counters, register-on-use bytes, push, "
+                "the CUDA staging configuration (bytes, slots, blocks, LL bytes, stepped two-shot, "
+                "lookahead, stepped events, fence counters, register-on-use bytes, push, "
                 "copy engines)",
             )
         except (CollectiveError, ValueError):
@@ -389,41 +390,45 @@ class CudaComm:
         # One native call checks the collective (as the host path does) and queues it.
         return _CudaCompletion(c.run(call, xd, od, s), self, s)
 
-    def all_reduce(self, x, out=None, op=0, algorithm=None, stream=None, async_op=False):
+    # The same signatures as Communicator's: the arrays, root, op and counts by position, then
+    # algorithm; async_op and stream by keyword only.
+
+    def all_reduce(self, x, out=None, op=SUM, algorithm=None, *, async_op=False, stream=None):
         res = x if out is None else out
         return self._queue("all_reduce", x, out, op, None, algorithm, stream, async_op, res)
 
     def reduce_scatter(
-        self, x, out, op=0, algorithm=None, stream=None, async_op=False, counts=None
+        self, x, out, op=SUM, counts=None, algorithm=None, *, async_op=False, stream=None
     ):
         return self._queue(
             "reduce_scatter", x, out, op, None, algorithm, stream, async_op, out, counts=counts
         )
 
-    def all_gather(self, x, out, algorithm=None, stream=None, async_op=False, counts=None):
+    def all_gather(self, x, out, counts=None, algorithm=None, *, async_op=False, stream=None):
         return self._queue(
             "all_gather", x, out, None, None, algorithm, stream, async_op, out, counts=counts
         )
 
-    def broadcast(self, x, root=0, algorithm=None, stream=None, async_op=False):
+    def broadcast(self, x, root=0, algorithm=None, *, async_op=False, stream=None):
         return self._queue("broadcast", x, None, None, root, algorithm, stream, async_op, x)
 
-    def reduce(self, x, out=None, root=0, op=0, algorithm=None, stream=None, async_op=False):
+    def reduce(self, x, out=None, root=0, op=SUM, algorithm=None, *, async_op=False, stream=None):
         res = x if out is None else out
         return self._queue("reduce", x, out, op, root, algorithm, stream, async_op, res)
 
     def all_to_all(
-        self, x, out, in_splits=None, out_splits=None, algorithm=None, stream=None, async_op=False
-    ):
+        self, x, out, in_splits=None, out_splits=None, algorithm=None, *, async_op=False,
+        stream=None,
+    ):  # fmt: skip
         return self._queue(
             "all_to_all", x, out, None, None, algorithm, stream, async_op, out,
             in_splits=in_splits, out_splits=out_splits,
         )  # fmt: skip
 
-    def gather(self, x, out=None, root=0, algorithm=None, stream=None, async_op=False):
+    def gather(self, x, out=None, root=0, algorithm=None, *, async_op=False, stream=None):
         return self._queue("gather", x, out, None, root, algorithm, stream, async_op, out)
 
-    def scatter(self, x, out, root=0, algorithm=None, stream=None, async_op=False):
+    def scatter(self, x, out, root=0, algorithm=None, *, async_op=False, stream=None):
         return self._queue("scatter", x, out, None, root, algorithm, stream, async_op, out)
 
     def barrier(self):

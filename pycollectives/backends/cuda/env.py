@@ -152,7 +152,7 @@ def choose_sync_mode(uuids: list, mps: list, forced: list | None = None) -> str:
     override (lists indexed by rank, the same on every rank).
 
     "kernel" (device-side waits in one launch) when every rank has a GPU of its own, or when
-    MPS runs everywhere so that kernels of different processes run side by side; "host"
+    MPS runs everywhere so that kernels of different processes run side by side; "stepped"
     (host-side waits between launches) when ranks time-slice a shared GPU.
     """
     wanted = {f for f in (forced or []) if f is not None}
@@ -163,7 +163,7 @@ def choose_sync_mode(uuids: list, mps: list, forced: list | None = None) -> str:
     shared = len(set(uuids)) < len(uuids)
     if not shared:
         return "kernel"
-    return "kernel" if all(mps) else "host"
+    return "kernel" if all(mps) else "stepped"
 
 
 def choose_device(

@@ -67,11 +67,11 @@ def gpu_name(uuid: bytes) -> str:
 def plan_residency(shares: list[GpuShare], requested: int, mode: str) -> Residency:
     """The blocks per launch (and the mode) for ranks that report `shares` (indexed by rank),
     `requested` blocks (0: ``auto``, as many as fit, at most AUTO_CUDA_BLOCKS_MAX) in `mode`
-    ("kernel" or "host", from choose_sync_mode).
+    ("kernel" or "stepped", from choose_sync_mode).
 
     Kernel mode takes the request where it fits, fewer blocks where one block per rank still
-    fits, and host mode (whose launches never wait for another process) where not even that
-    does. Host mode keeps any request (``auto``: the same split of the SMs, at least 1)."""
+    fits, and stepped mode (whose launches never wait for another process) where not even that
+    does. Stepped mode keeps any request (``auto``: the same split of the SMs, at least 1)."""
     if not shares:
         raise ValueError("plan_residency: no rank reported its GPU")
     sharing: dict[bytes, int] = {}
@@ -93,15 +93,15 @@ def plan_residency(shares: list[GpuShare], requested: int, mode: str) -> Residen
         + (f", {s.sm_limit} SMs per process under MPS" if s.sm_limit < s.sms else "")
         + ")"
     )
-    if mode == "host":
-        return Residency("host", requested or max(1, min(AUTO_CUDA_BLOCKS_MAX, fit)))
+    if mode == "stepped":
+        return Residency("stepped", requested or max(1, min(AUTO_CUDA_BLOCKS_MAX, fit)))
     if mode != "kernel":
         raise ValueError(f"plan_residency: unknown mode {mode!r}")
     if fit < 1:
         return Residency(
-            "host",
+            "stepped",
             requested or 1,
-            f"host mode instead of kernel mode: {where}, so not even one block of every "
+            f"stepped mode instead of kernel mode: {where}, so not even one block of every "
             "rank's launch can be resident at once",
         )
     if requested == 0:

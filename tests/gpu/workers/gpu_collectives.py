@@ -55,7 +55,7 @@ class Checker:
                         what = f"all_reduce {dt} {op} count={count} in_place={in_place}"
                         x = cp.asarray(inputs[self.rank])
                         out = None if in_place else cp.zeros_like(x)
-                        res = self.comm.all_reduce(x, out, op_code(op), self.algo, None, False)
+                        res = self.comm.all_reduce(x, out, op_code(op), self.algo)
                         got = cp.asnumpy(res)
                         if not in_place:
                             assert np.array_equal(cp.asnumpy(x), inputs[self.rank]), what
@@ -76,7 +76,7 @@ class Checker:
                         what = f"reduce_scatter {dt} {op} count={count} in_place={in_place}"
                         x = cp.asarray(inputs[r])
                         out = x[r * count : (r + 1) * count] if in_place else cp.zeros(count, dt)
-                        self.comm.reduce_scatter(x, out, op_code(op), self.algo, None, False)
+                        self.comm.reduce_scatter(x, out, op_code(op), algorithm=self.algo)
                         check_close(cp.asnumpy(out), want, dt, n, what, op)
                         self.checks += 1
 
@@ -94,7 +94,7 @@ class Checker:
                         x[...] = cp.asarray(inputs[r])
                     else:
                         x = cp.asarray(inputs[r])
-                    self.comm.all_gather(x, out, self.algo, None, False)
+                    self.comm.all_gather(x, out, algorithm=self.algo)
                     got = cp.asnumpy(out)
                     assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), what
                     self.checks += 1
@@ -107,7 +107,7 @@ class Checker:
                 for root in range(n):
                     what = f"broadcast {dt} count={count} root={root}"
                     x = cp.asarray(inputs[r])
-                    self.comm.broadcast(x, root, self.algo, None, False)
+                    self.comm.broadcast(x, root, self.algo)
                     got = cp.asnumpy(x)
                     assert np.array_equal(got.view(np.uint8), inputs[root].view(np.uint8)), what
                     self.checks += 1
@@ -127,9 +127,7 @@ class Checker:
                             x = cp.asarray(inputs[r])
                             sentinel = make_input(r + 100, count, dt, op)
                             out = None if in_place else cp.asarray(sentinel)
-                            res = self.comm.reduce(
-                                x, out, root, op_code(op), self.algo, None, False
-                            )
+                            res = self.comm.reduce(x, out, root, op_code(op), self.algo)
                             if r == root:
                                 check_close(cp.asnumpy(res), want, dt, n, what, op)
                             elif in_place:
@@ -155,7 +153,7 @@ class Checker:
                 inputs = [make_input(q, n * count, dt, "sum") for q in range(n)]
                 want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(n)])
                 out = cp.zeros(n * count, dt)
-                self.comm.all_to_all(cp.asarray(inputs[r]), out, None, None, self.algo, None, False)
+                self.comm.all_to_all(cp.asarray(inputs[r]), out, None, None, self.algo)
                 self.same_bits(out, want, f"all_to_all {dt} count={count}")
             for seed in range(3):
                 m = self.splits(seed)
@@ -166,7 +164,7 @@ class Checker:
                 )
                 out = cp.zeros(sum(recv), dt)
                 x = cp.asarray(inputs[r])
-                self.comm.all_to_all(x, out, send, recv, self.algo, None, False)
+                self.comm.all_to_all(x, out, send, recv, self.algo)
                 self.same_bits(out, want, f"all_to_all {dt} splits {send} {recv}")
 
     def gather(self):
@@ -177,7 +175,7 @@ class Checker:
                 for root in range(n):
                     out = cp.zeros(n * count, dt) if r == root else None
                     x = cp.asarray(inputs[r])
-                    self.comm.gather(x, out, root, self.algo, None, False)
+                    self.comm.gather(x, out, root, self.algo)
                     if r == root:
                         what = f"gather {dt} count={count} root={root}"
                         self.same_bits(out, np.concatenate(inputs), what)
@@ -190,7 +188,7 @@ class Checker:
                     full = make_input(root, n * count, dt, "sum", salt=1)
                     x = cp.asarray(full) if r == root else None
                     out = cp.zeros(count, dt)
-                    self.comm.scatter(x, out, root, self.algo, None, False)
+                    self.comm.scatter(x, out, root, self.algo)
                     what = f"scatter {dt} count={count} root={root}"
                     self.same_bits(out, full[r * count : (r + 1) * count], what)
 
@@ -202,7 +200,7 @@ class Checker:
                 inputs = [make_input(q, counts[q], dt, "sum", salt=seed) for q in range(n)]
                 out = cp.zeros(sum(counts), dt)
                 x = cp.asarray(inputs[r])
-                self.comm.all_gather(x, out, self.algo, None, False, counts=counts)
+                self.comm.all_gather(x, out, counts, self.algo)
                 self.same_bits(out, np.concatenate(inputs), f"all_gather {dt} counts={counts}")
 
     def reduce_scatter_v(self):
@@ -217,7 +215,7 @@ class Checker:
                 want = reference(inputs, op, dt)[start : start + counts[r]]
                 out = cp.zeros(counts[r], dt)
                 x = cp.asarray(inputs[r])
-                self.comm.reduce_scatter(x, out, op_code(op), self.algo, None, False, counts=counts)
+                self.comm.reduce_scatter(x, out, op_code(op), counts, self.algo)
                 what = f"reduce_scatter {dt} {op} counts={counts}"
                 check_close(cp.asnumpy(out), want, dt, n, what, op)
                 self.checks += 1

@@ -33,7 +33,7 @@ def check_stream(comm: CudaComm):
     for it in range(5):
         with s:
             x.fill(comm.rank + it)
-        comm.all_reduce(x, None, SUM, None, s, False)
+        comm.all_reduce(x, None, SUM, stream=s)
         with s:
             x *= 2  # queued after the collective on the same stream: sees its result
         s.synchronize()
@@ -42,7 +42,7 @@ def check_stream(comm: CudaComm):
     # The array library's current stream is used when none is given.
     with s:
         x.fill(1)
-        comm.all_reduce(x, None, SUM, None, None, False)
+        comm.all_reduce(x, None, SUM)
         got = float(x.sum())
     assert got == n * x.size, got
     print(f"stream rank={comm.rank}")
@@ -67,9 +67,9 @@ def check_streams(comm: CudaComm):
         if late and k % n == r:
             time.sleep(late)
         if k % 5 == 4:
-            comm.all_reduce(x, None, SUM, None, s, True).wait()
+            comm.all_reduce(x, None, SUM, stream=s, async_op=True).wait()
         else:
-            comm.all_reduce(x, None, SUM, None, s, False)
+            comm.all_reduce(x, None, SUM, stream=s)
         pending.append((k, x))
     for s in streams:
         s.synchronize()
@@ -83,13 +83,13 @@ def check_streams(comm: CudaComm):
 def check_async(comm: CudaComm):
     x = cp.full(1 << 18, comm.rank + 1, cp.float64)
     out = cp.empty_like(x)
-    work = comm.all_reduce(x, out, SUM, None, None, True)
+    work = comm.all_reduce(x, out, SUM, async_op=True)
     work.wait()  # later work on the current stream waits for the collective
     total = float(out.sum())
     assert total == x.size * sum(range(1, comm.size + 1)), total
     assert work.is_completed()
     bufs = [cp.full(100, comm.rank, cp.int32) for _ in range(4)]
-    works = [comm.broadcast(b, 0, None, None, True) for b in bufs]
+    works = [comm.broadcast(b, 0, async_op=True) for b in bufs]
     for w in works:
         w.wait()
     cp.cuda.get_current_stream().synchronize()
@@ -106,7 +106,7 @@ def check_torch(comm: CudaComm):
     for dt in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
         x = (base * (comm.rank + 1)).to(dt).to(dev)
         want = sum((base * (r + 1)).to(dt).double() for r in range(comm.size))
-        comm.all_reduce(x, None, SUM, None, None, False)
+        comm.all_reduce(x, None, SUM)
         got = x.double().cpu().numpy()
         tol = 0.02 if dt in (torch.bfloat16, torch.float16) else 1e-6
         assert np.allclose(got, want.numpy(), rtol=tol, atol=tol), dt
@@ -117,14 +117,14 @@ def check_torch(comm: CudaComm):
     y = torch.empty(1 << 16, device=dev)
     with torch.cuda.stream(s):
         y.fill_(comm.rank)
-    comm.all_reduce(y, None, SUM, None, s, False)
+    comm.all_reduce(y, None, SUM, stream=s)
     s.synchronize()
     assert float(y[0]) == sum(range(comm.size))
     print(f"torch rank={comm.rank}")
 
 
 def check_mismatch(comm: CudaComm):
-    """Ranks that disagree: CollectiveMismatch on every rank, naming what differs. Host mode
+    """Ranks that disagree: CollectiveMismatch on every rank, naming what differs. Stepped mode
     finds it on the host before any launch. Kernel mode finds it on the device, in the launch,
     and the call returns once queued: the next call on the communicator (here the barrier)
     raises it. A rank that finds it on the host (all-to-all, whose splits meet there) leaves a
@@ -175,29 +175,29 @@ def capture(stream, fn):
 
 def check_graph(comm: CudaComm):
     """Collectives captured into a CUDA graph and replayed: right every time, with eager calls
-    between launches; refused in host mode and for a shape never run before."""
+    between launches; refused in stepped mode and for a shape never run before."""
     r, n = comm.rank, comm.size
     s = cp.cuda.Stream(non_blocking=True)
     x = cp.zeros(5000, cp.float32)
     small = cp.zeros(2, cp.float32)
-    if comm.sync_mode == "host":
-        comm.all_reduce(x, None, SUM, None, s, False)
-        captured = lambda: comm.all_reduce(x, None, SUM, None, s, False)  # noqa: E731
-        expect(CollectiveError, lambda: capture(s, captured), "host mode")
-        print(f"graph rank={r} sync=host refused")
+    if comm.sync_mode == "stepped":
+        comm.all_reduce(x, None, SUM, stream=s)
+        captured = lambda: comm.all_reduce(x, None, SUM, stream=s)  # noqa: E731
+        expect(CollectiveError, lambda: capture(s, captured), "stepped mode")
+        print(f"graph rank={r} sync=stepped refused")
         return
-    never_run = lambda: comm.all_reduce(small, None, SUM, None, s, False)  # noqa: E731
+    never_run = lambda: comm.all_reduce(small, None, SUM, stream=s)  # noqa: E731
     expect(CollectiveError, lambda: capture(s, never_run), "once")
     for buf in (x, small):
-        comm.all_reduce(buf, None, SUM, None, s, False)  # the plan is built outside the capture
+        comm.all_reduce(buf, None, SUM, stream=s)  # the plan is built outside the capture
     out = cp.empty(4 * n, cp.int32)
     part = cp.zeros(4, cp.int32)
-    comm.all_gather(part, out, None, s, False)
+    comm.all_gather(part, out, stream=s)
 
     def body():
-        comm.all_reduce(x, None, SUM, None, s, False)
-        comm.all_reduce(small, None, SUM, None, s, False)
-        comm.all_gather(part, out, None, s, False)
+        comm.all_reduce(x, None, SUM, stream=s)
+        comm.all_reduce(small, None, SUM, stream=s)
+        comm.all_gather(part, out, stream=s)
 
     graph = capture(s, body)
     for k in range(5):
@@ -213,7 +213,7 @@ def check_graph(comm: CudaComm):
         want_g = np.repeat([10 * q + k for q in range(n)], 4).astype(np.int32)
         assert np.array_equal(cp.asnumpy(out), want_g), f"launch {k}: the captured all-gather"
         y = cp.full(333, r + 1, cp.float64)
-        comm.all_reduce(y, None, SUM, None, s, False)  # an eager call between launches
+        comm.all_reduce(y, None, SUM, stream=s)  # an eager call between launches
         s.synchronize()
         assert float(y[0]) == n * (n + 1) / 2, float(y[0])
     print(f"graph rank={r} sync=kernel replays=5")
@@ -228,12 +228,12 @@ def check_shapes(comm: CudaComm):
     r, n = comm.rank, comm.size
     s, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     x = cp.zeros(4099, cp.float32)
-    comm.all_reduce(x, None, SUM, None, s, False)  # the plan, built outside the capture
-    graph = capture(s, lambda: comm.all_reduce(x, None, SUM, None, s, False))
+    comm.all_reduce(x, None, SUM, stream=s)  # the plan, built outside the capture
+    graph = capture(s, lambda: comm.all_reduce(x, None, SUM, stream=s))
     replays = 0
     for i in range(300):
         y = cp.full(1 + i, r + 1, cp.int32)
-        comm.all_reduce(y, None, SUM, None, other, False)
+        comm.all_reduce(y, None, SUM, stream=other)
         replay = i % 50 == 0
         if replay:
             with s:
@@ -260,7 +260,7 @@ extern "C" __global__ void spin(long long cycles) {
 def check_event_probe(comm: CudaComm):
     """How this GPU binds a stream's wait on a peer's interprocess event that the peer records
     again before the GPU reaches the wait: to the record current when the wait was queued (as
-    cudaStreamWaitEvent documents within a process; host mode's event fences assume it), or to
+    cudaStreamWaitEvent documents within a process; stepped mode's event fences assume it), or to
     the one current when the GPU reaches it (then those fences could form a cycle; the fence
     counters are right either way). Rank 0 records its event after a short spin, rank 1 queues
     a longer spin and then the wait, rank 0 records again after a 3 s spin: rank 1's wait ends
@@ -337,7 +337,7 @@ def check_ll(comm: CudaComm):
                 x = cp.asarray(host)
                 if r == late:
                     time.sleep(float(rng.uniform(0, 0.002)))
-                comm.all_reduce(x, None, SUM, None, s, False)
+                comm.all_reduce(x, None, SUM, stream=s)
                 pending.append((x, sum(((np.arange(count) * 7 + k) % 5 + q) for q in range(n))))
                 calls += 1
             s.synchronize()
@@ -349,7 +349,7 @@ def check_ll(comm: CudaComm):
 
 def check_registered(comm: CudaComm):
     """Registered buffers (comm.empty / zeros / register) and the two-shot all-reduce over them
-    (kernel mode: one launch; host mode: between two host meetings): dtypes x ops x counts 0,
+    (kernel mode: one launch; stepped mode: between two host meetings): dtypes x ops x counts 0,
     1, < n, uneven, 4 MiB, in place and not, views at offsets, against numpy's rank-order
     reduction bit for bit and equal on every rank; reduce-scatter, all-gather, broadcast and
     reduce over them against numpy; a cupy array registered at an offset of its
@@ -375,7 +375,7 @@ def check_registered(comm: CudaComm):
                     inputs = [(rng.standard_normal(count) * 4).astype(dt) for _ in range(n)]
                     x[...] = cp.asarray(inputs[r])
                     before = c.twoshot_runs
-                    comm.all_reduce(x, out, code, None, None, False)
+                    comm.all_reduce(x, out, code)
                     cp.cuda.get_current_stream().synchronize()
                     assert c.twoshot_runs - before == (count > 0), (dt, op, count)
                     want = inputs[0].astype(acc)
@@ -417,15 +417,15 @@ def check_registered(comm: CudaComm):
     memory = cp.zeros(1000, cp.float32)  # cupy's allocation: registered at an offset of it
     view = comm.register(memory[37:337])
     view[...] = r + 1
-    comm.all_reduce(view, None, 0, None, None, False)
+    comm.all_reduce(view, None, 0)
     assert float(view[0].get()) == n * (n + 1) / 2
     # Kernel mode finds it on the device (the call returns once queued, the barrier after it
-    # raises), host mode on the host.
+    # raises), stepped mode on the host.
     fresh = Comm(mpi, r, n, timeout=10)
     mine = fresh.zeros(4096, np.float32) if r == 0 else cp.zeros(4096, cp.float32)
 
     def call():
-        fresh.all_reduce(mine, None, 0, None, None, False)
+        fresh.all_reduce(mine, None, 0)
         fresh.barrier()
 
     try:
@@ -453,7 +453,7 @@ def check_first_use(comm: CudaComm):
         before = c.first_use_runs
         x = pool[at : at + count]
         x[...] = cp.asarray(ins[r][:count])
-        comm.all_reduce(x, None, 0, None, None, False)
+        comm.all_reduce(x, None, 0)
         assert np.array_equal(cp.asnumpy(x), sum(i[:count] for i in ins)), ("all_reduce", count)
         x = pool[at : at + n * count]
         x[...] = cp.asarray(ins[r])
@@ -470,7 +470,7 @@ def check_first_use(comm: CudaComm):
     opened = c.first_use_opened
     small = cp.full(16, r + 1, cp.float32)
     before = c.first_use_runs
-    comm.all_reduce(small, None, 0, None, None, False)
+    comm.all_reduce(small, None, 0)
     assert c.first_use_runs == before and float(small[0].get()) == n * (n + 1) / 2
     try:
         import torch
@@ -480,7 +480,7 @@ def check_first_use(comm: CudaComm):
         t = torch.full((1 << 20,), float(r + 1), device=f"cuda:{comm.device}")
         for _ in range(3):
             before = c.first_use_runs
-            comm.all_reduce(t, None, 0, None, None, False)
+            comm.all_reduce(t, None, 0)
             assert c.first_use_runs - before == 1, "torch tensor"
         torch.cuda.synchronize()
         assert float(t[0]) == (n * (n + 1) / 2) * n**2, float(t[0])
@@ -503,12 +503,12 @@ def check_free_while_waiting(comm: CudaComm):
     r, mpi = comm.rank, MPI.COMM_WORLD
     x = comm.empty(1 << 20, "float32")
     x.fill(1)
-    comm.all_reduce(x, None, SUM, None, None, False)
+    comm.all_reduce(x, None, SUM)
     cp.cuda.get_current_stream().synchronize()
     y = cp.ones(4, cp.float32)
     took = 0.0
     if r == 0:
-        comm.all_reduce(y, None, SUM, None, None, False)  # waits on the device for rank 1
+        comm.all_reduce(y, None, SUM)  # waits on the device for rank 1
         start = time.perf_counter()
         del x
         gc.collect()
@@ -518,7 +518,7 @@ def check_free_while_waiting(comm: CudaComm):
     else:
         del x
         mpi.Barrier()
-        comm.all_reduce(y, None, SUM, None, None, False)
+        comm.all_reduce(y, None, SUM)
     cp.cuda.get_current_stream().synchronize()
     assert float(y[0]) == comm.size, float(y[0])
     assert took < 1.0, f"freeing a registered array took {took:.1f} s"
@@ -536,9 +536,9 @@ def check_one_rank(comm: CudaComm):
     s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     x = cp.arange(5, dtype=cp.float32)
     for k, s in enumerate((s1, s2, s1, s2)):
-        comm.broadcast(x, 0, None, s, False)
-        comm.all_reduce(x[:0], None, SUM, None, s, False)
-        comm.all_reduce(x, None, SUM, None, s, False)
+        comm.broadcast(x, 0, stream=s)
+        comm.all_reduce(x[:0], None, SUM, stream=s)
+        comm.all_reduce(x, None, SUM, stream=s)
         if k % 2:
             comm.barrier()
     s1.synchronize()
@@ -571,14 +571,14 @@ def check_reproducible(comm: CudaComm):
                 for algo in (None, "ring", "tree", "direct"):
                     x = make(n * count, dt)
                     x[...] = cp.asarray(rows[r])
-                    comm.all_reduce(x, None, SUM, algo, None, False)
+                    comm.all_reduce(x, None, SUM, algo)
                     got = cp.asnumpy(x)
                     bad = int((got.view(f"u{dt.itemsize}") != want.view(f"u{dt.itemsize}")).sum())
                     assert bad == 0, f"all_reduce {dt} {count} {algo} {make}: {bad} differ"
                     if algo != "tree":
                         x[...] = cp.asarray(rows[r])
                         out = make(count, dt)
-                        comm.reduce_scatter(x, out, SUM, algo, None, False)
+                        comm.reduce_scatter(x, out, SUM, algorithm=algo)
                         got = cp.asnumpy(out)
                         mine = want[r * count : (r + 1) * count]
                         bad = int(

@@ -2,9 +2,9 @@
 peer is in a collective, and a rank that never arrives. No wait may be unbounded.
 
 Usage: mpiexec -n 2 python gpu_faults.py die|skip
-Environment: PYCOLL_TIMEOUT (the communicator's timeout), PYCOLL_CUDA_SYNC (kernel or host: the
+Environment: PYCOLL_TIMEOUT (the communicator's timeout), PYCOLL_CUDA_SYNC (kernel or stepped: the
 mode checked), PYCOLL_CHECK_MISMATCH=0 to skip the host rendezvous before each launch, so that
-the fault is met by the device waits (kernel mode) or the host-driven steps (host mode).
+the fault is met by the device waits (kernel mode) or the host-driven steps (stepped mode).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ class FakeOptions:
         self.slot_bytes, self.nslots, self.nblocks, self.timeout = 1 << 20, 4, 8, 60.0
         self.debug, self.check_mismatch = False, True
         self.oneshot_max_bytes, self.direct_max_bytes = 64 * 1024, 256 * 1024
-        self.ll_max_bytes, self.host_twoshot, self.lookahead, self.host_events = 0, 1, 0, True
+        self.ll_max_bytes, self.stepped_twoshot, self.lookahead, self.stepped_events = 0, 1, 0, True
         self.register_on_use_bytes, self.push, self.copy_engines = 0, False, False
 
 
@@ -260,8 +260,8 @@ def residency(mpi, CudaComm):
     # rank 1 alone on GPU 1 (2 SMs) fits 2: every rank takes 2, and auto says nothing.
     mode, blocks, told = made(None, "auto")
     assert (mode, blocks, told) == ("kernel", 2, []), (mode, blocks, told)
-    # Kernel mode makes no interprocess events (host mode's fences); host mode does.
-    assert FakeNativeComm.made[-1].opts.host_events is False
+    # Kernel mode makes no interprocess events (stepped mode's fences); stepped mode does.
+    assert FakeNativeComm.made[-1].opts.stepped_events is False
     # 4 asked, all 3 on GPU 0: 8 // 3 = 2 each; rank 0 says why.
     mode, blocks, told = made(0, "4")
     assert (mode, blocks) == ("kernel", 2), (mode, blocks)
@@ -270,22 +270,22 @@ def residency(mpi, CudaComm):
         assert "3 ranks share GPU-00000000 (8 SMs, 1 block of the kernel per SM)" in told[0]
     else:
         assert told == [], told
-    # All 3 on GPU 1 (2 SMs): not one block of each fits: host mode, every rank.
+    # All 3 on GPU 1 (2 SMs): not one block of each fits: stepped mode, every rank.
     mode, blocks, told = made(1, "4")
-    assert (mode, blocks) == ("host", 4), (mode, blocks)
-    # Host mode's fences: on counters where every rank's GPU has stream memory operations
+    assert (mode, blocks) == ("stepped", 4), (mode, blocks)
+    # Stepped mode's fences: on counters where every rank's GPU has stream memory operations
     # (all on GPU 1 here), else on interprocess events.
     opts = FakeNativeComm.made[-1].opts
-    assert (opts.host_events, opts.fence_counters) == (True, True), vars(opts)
-    made(None, "4", sync="host")  # ranks 0 and 2 on GPU 0, which has none: events everywhere
+    assert (opts.stepped_events, opts.fence_counters) == (True, True), vars(opts)
+    made(None, "4", sync="stepped")  # ranks 0 and 2 on GPU 0, which has none: events everywhere
     opts = FakeNativeComm.made[-1].opts
-    assert (opts.host_events, opts.fence_counters) == (True, False), vars(opts)
+    assert (opts.stepped_events, opts.fence_counters) == (True, False), vars(opts)
     os.environ["PYCOLL_CUDA_FENCE_COUNTERS"] = "0"  # and where the user says so
-    made(1, "4", sync="host")
+    made(1, "4", sync="stepped")
     del os.environ["PYCOLL_CUDA_FENCE_COUNTERS"]
     opts = FakeNativeComm.made[-1].opts
-    assert (opts.host_events, opts.fence_counters) == (True, False), vars(opts)
-    assert r != 0 or "host mode instead of kernel mode" in told[0], told
+    assert (opts.stepped_events, opts.fence_counters) == (True, False), vars(opts)
+    assert r != 0 or "stepped mode instead of kernel mode" in told[0], told
     # Ranks that ask for different counts hear of it before anything is made.
     env = {**os.environ, "PYCOLL_CUDA_BLOCKS": "3" if r == 1 else "4"}
     expect(
@@ -310,7 +310,7 @@ def main():
         comm = CudaComm(mpi, r, n, timeout=20, arrays=(x, None))
         assert comm.device == other, (comm.device, other)
         assert FakeNativeComm.made[-1].device == other
-        comm.all_reduce(x, None, 0, None, None, False)  # the arrays' device: accepted
+        comm.all_reduce(x, None, 0)  # the arrays' device: accepted
         comm.close()
     elif case in ("forced", "explicit", "split"):
         out, device = None, None

@@ -1,12 +1,12 @@
 """The CUDA transport's device code, run on the CPU: the emulated device (see csrc/emu/).
 
 Every rank runs the step kernel compiled for the host over shared memory laid out as the GPU
-segment, in kernel mode (a thread per block, waiting on its peers' flags) or host mode (one
+segment, in kernel mode (a thread per block, waiting on its peers' flags) or stepped mode (one
 launch per step, the host waiting between launches). The test bodies are those of the host
 collectives (workers/collectives.py), run through an adapter with the Communicator's API.
 
 Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS]
-  MODE: kernel or host; STAGING: small (4 KiB slots: multi-piece messages) or default (64 KiB);
+  MODE: kernel or stepped; STAGING: small (4 KiB slots: multi-piece messages) or default (64 KiB);
   ALGOS: comma-separated (default ring,tree,direct,auto); BLOCKS: blocks per launch (default 4).
   Special COLLECTIVE values: shapes (more than 256 distinct call shapes, back to back),
   replay (collectives captured once and replayed, as CUDA graphs are), grid (the blocks a
@@ -14,9 +14,9 @@ Usage: mpiexec -n N python emulated.py MODE COLLECTIVE [STAGING] [ALGOS] [BLOCKS
   resize (sizes changing within the slot window), headers (calls whose fingerprints alternate,
   back to back), ll_sizes (sizes around the LL limit, every dtype), ll_race (LL calls back to
   back, ranks delayed at random), ll_wrap (LL flags of 4 bits, wrapping every 16 messages),
-  gate (a mismatched call of several blocks moves nothing), host_scratch (host mode's
-  all-reduces through scratch, in chunks), host_scratch_after_steps (each right after a call
-  of steps that one rank finishes late), host_events on|off (host mode's fences, every
+  gate (a mismatched call of several blocks moves nothing), stepped_scratch (stepped mode's
+  all-reduces through scratch, in chunks), stepped_scratch_after_steps (each right after a call
+  of steps that one rank finishes late), stepped_events on|off (stepped mode's fences, every
   rank's queue late in turn), launch_end (each call's end
   reported once every block has ended), previous_stream LATE_MS
   (every call queued as if on another stream than the call before, whose end is reported
@@ -187,7 +187,7 @@ def matrix(mpi, mode, collective, staging, algos, blocks):
 def shapes(mpi, mode):
     """More distinct call shapes than the plan cache holds, and every one still right (host
     mode's all-reduces through scratch off: they have no plan)."""
-    dev = EmulatedDevice(mpi, mode, "small", blocks=2, host_twoshot=False)
+    dev = EmulatedDevice(mpi, mode, "small", blocks=2, stepped_twoshot=False)
     n = mpi.size
     for i in range(300):
         count = 1 + i * 7
@@ -276,7 +276,7 @@ def faults(mpi, mode, what, size="large"):
     # reported "rank 2 is no longer running" instead of the timeout.
     faulty = what in ("dies_mid", "stalls_mid", "dead_peer", "timeout")
     survivors = mpi.Split(MPI.UNDEFINED if faulty and mpi.rank == 1 else 0, mpi.rank)
-    # size "scratch" (host mode): an all-reduce through scratch of 3 chunks, rank 1 failing
+    # size "scratch" (stepped mode): an all-reduce through scratch of 3 chunks, rank 1 failing
     # after its first chunk's launch, so its peers' host meetings are what must give up.
     count = 64 if ll else 20000 if scratch else 5000
     algo = "direct" if ll else None if scratch else "ring"
@@ -398,7 +398,7 @@ def split_mismatch(mpi, mode):
 def replay(mpi, mode):
     """Collectives captured once and replayed, as CUDA graphs replay a kernel-mode launch: the
     same launch arguments every time, the flags advancing on the device, eager calls between
-    replays, the plan cache flooded meanwhile (captured plans are pinned). Host mode refuses
+    replays, the plan cache flooded meanwhile (captured plans are pinned). Stepped mode refuses
     to capture, and so does kernel mode for a shape not run before."""
     from pycollectives.errors import CollectiveError
 
@@ -406,12 +406,14 @@ def replay(mpi, mode):
     c, r, n = dev.dev, mpi.rank, mpi.size
     total = op_code("sum")
     first = np.zeros(64, np.int64)
-    if mode == "host":
+    if mode == "stepped":
         dev.all_reduce(first)
         expect(
-            CollectiveError, lambda: c.capture(Call("all_reduce", first, None, total)), "host mode"
+            CollectiveError,
+            lambda: c.capture(Call("all_reduce", first, None, total)),
+            "stepped mode",
         )
-        say(f"replay host ranks={n}: capture refused")
+        say(f"replay stepped ranks={n}: capture refused")
         return
     expect(CollectiveError, lambda: c.capture(Call("all_reduce", first, None, total)), "once")
     graphs = []  # (buffer, graph): in-place all-reduces, ring, direct and tree, several sizes
@@ -551,7 +553,7 @@ def ll_sizes(mpi, mode):
     """Every dtype, and sizes around the LL limit (a message of exactly the limit, an element
     either side, a quarter of it, twice it), all-reduce, reduce-scatter, all-gather and
     broadcast, direct and auto, against numpy. Kernel mode runs one-element calls in the LL
-    format and no direct call whose messages are all over the limit; host mode never uses it."""
+    format and no direct call whose messages are all over the limit; stepped mode never uses it."""
     dev = EmulatedDevice(mpi, mode, "default", blocks=4)
     c = dev.dev
     calls = 0
@@ -566,7 +568,7 @@ def ll_sizes(mpi, mode):
                     calls += 1
                     ran = c.ll_steps_run - before
                     what = f"{collective} {dt.name} count={count} {algo}: {ran} LL steps"
-                    if mode == "host":
+                    if mode == "stepped":
                         assert ran == 0, what
                     elif algo == "direct" and count == 1:
                         assert ran > 0, what
@@ -618,7 +620,7 @@ LL_TESTS = {"ll_sizes": ll_sizes, "ll_race": ll_race, "ll_wrap": ll_wrap}
 
 def gate(mpi, mode):
     """A call of several blocks moves nothing before block 0 has compared it with every peer's
-    (kernel mode: the other blocks wait at the gate; host mode: the host compares first). Rank 2
+    (kernel mode: the other blocks wait at the gate; stepped mode: the host compares first). Rank 2
     calls all-gather with fewer elements, late: ranks 0 and 1 agree with each other, and
     without the gate their other blocks would trade their slices while block 0 waits for rank
     2's call. Every rank raises CollectiveMismatch, and no output element was written."""
@@ -636,8 +638,8 @@ def gate(mpi, mode):
     say(f"gate {mode} ranks={n}: nothing moved")
 
 
-def host_scratch(mpi, mode):
-    """Host mode's all-reduce through scratch (device/host_steps.h): every rank's segment data
+def stepped_scratch(mpi, mode):
+    """Stepped mode's all-reduce through scratch (device/stepped.h): every rank's segment data
     area holds a chunk at a time (5120 float64 elements for n = 3: 2 slots on each of n + 1
     channels of 4 blocks, 1280 B each), the two-shot runs in place over them between two host
     meetings. Sizes of
@@ -647,7 +649,7 @@ def host_scratch(mpi, mode):
     reduces from every root and reduce-scatters (a chunk holds a piece of every block),
     uneven all-gathers and reduce-scatters (empty blocks, one block far longer than the rest),
     gathers, scatters and all-to-alls (with splits too)."""
-    assert mode == "host", mode
+    assert mode == "stepped", mode
     dev = EmulatedDevice(mpi, mode, "small", blocks=4)
     c, n, r = dev.dev, mpi.size, mpi.rank
     rng = np.random.default_rng(38)
@@ -800,15 +802,15 @@ def host_scratch(mpi, mode):
         widest = max(max(row) for row in split)
         assert c.scratch_runs == before[0] + 1, c.scratch_runs
         assert c.scratch_chunks == before[1] + -(-widest // (cap // n)), c.scratch_chunks
-    say(f"host_scratch ranks={n}: {calls} calls, {chunks} all-reduce chunks")
+    say(f"stepped_scratch ranks={n}: {calls} calls, {chunks} all-reduce chunks")
 
 
-def host_scratch_after_steps(mpi, mode):
+def stepped_scratch_after_steps(mpi, mode):
     """An all-reduce through scratch right after a call of steps, whose last messages rank 1
     reads 3 ms late each: the scratch is the slots those messages are in, so no rank may copy
     into it before every rank has finished the call before. With the host's fingerprint
     checks on, their meeting sees to that; off, as here, a meeting of its own."""
-    assert mode == "host", mode
+    assert mode == "stepped", mode
     r, n = mpi.rank, mpi.size
     delay = 3 if r == 1 else 0
     dev = EmulatedDevice(mpi, mode, "small", blocks=4, step_delay_ms=delay, host_checks=False)
@@ -820,11 +822,11 @@ def host_scratch_after_steps(mpi, mode):
         scratch = dev.all_reduce(inputs[r].copy())
         check_close(scratch, reference(inputs, "sum", f32), f32, n, f"scratch #{i}", "sum")
     assert dev.dev.scratch_runs == 6, dev.dev.scratch_runs
-    say(f"host_scratch_after_steps ranks={n}")
+    say(f"stepped_scratch_after_steps ranks={n}")
 
 
-def host_events(mpi, mode, events):
-    """Host mode's fences (cuda::event_fence): registered calls and calls through scratch go
+def stepped_events(mpi, mode, events):
+    """Stepped mode's fences (cuda::event_fence): registered calls and calls through scratch go
     on each rank's queue, and in every call the queues of the even or of the odd ranks start
     each op 3 ms late, so that a queue that did not wait for a peer's fence would read a
     scratch before the peer copied into it, or copy into its own while a peer still reads it,
@@ -833,10 +835,12 @@ def host_events(mpi, mode, events):
     all-gathers and reduce-scatters, back to back and with new data each time; against numpy,
     bitwise alike on every rank. `events` "on": the fences on counters (cuda::counter_fence);
     "off": without (the host waits for its queue, then meets); "weak_events": see weak_events."""
-    assert mode == "host", mode
+    assert mode == "stepped", mode
     if events == "weak_events":
         return weak_events(mpi)
-    dev = EmulatedDevice(mpi, mode, "small", blocks=2, host_events=events == "on", queue_delay_ms=3)
+    dev = EmulatedDevice(
+        mpi, mode, "small", blocks=2, stepped_events=events == "on", queue_delay_ms=3
+    )
     c, n, r = dev.dev, mpi.size, mpi.rank
     f64, i32 = np.dtype(np.float64), np.dtype(np.int32)
     cap = c.segment_data_bytes // f64.itemsize // 16 * 16
@@ -877,7 +881,7 @@ def host_events(mpi, mode, events):
         whole = np.sum([b[: count // n * n] for b in blocks], axis=0, dtype=i32)
         same_bytes(piece, np.split(whole, n)[r], f"registered reduce_scatter #{i}")
     assert c.twoshot_runs == 12, c.twoshot_runs
-    say(f"host_events {events} ranks={n}")
+    say(f"stepped_events {events} ranks={n}")
 
 
 def launch_end(mpi, mode):
@@ -961,14 +965,14 @@ def raised_everywhere(mpi, fn):
 
 
 def weak_events(mpi):
-    """Host mode's fences on interprocess events (cuda::event_fence) where a queued wait binds
+    """Stepped mode's fences on interprocess events (cuda::event_fence) where a queued wait binds
     to the peer's record current when the queue reaches it, the weakest reading CUDA leaves
     open: a queue that lags its host by two fences waits for a record its peer makes only
     after waiting for this queue, and the queues wait for each other in a cycle. Every rank
     raises within the timeout (on a GPU nothing would end it); the fences on counters run the
-    same calls right (host_events on)."""
+    same calls right (stepped_events on)."""
     n, r = mpi.size, mpi.rank
-    dev = EmulatedDevice(mpi, "host", "small", blocks=2, queue_delay_ms=3, fence_counters=False,
+    dev = EmulatedDevice(mpi, "stepped", "small", blocks=2, queue_delay_ms=3, fence_counters=False,
                          timeout=2.0)  # fmt: skip
     f64 = np.dtype(np.float64)
     cap = dev.dev.segment_data_bytes // f64.itemsize // 16 * 16
@@ -983,7 +987,7 @@ def weak_events(mpi):
     if r == 0:
         assert all(s is not None and "CollectiveTimeout" in s for s, _ in everyone), everyone
         assert max(t for _, t in everyone) < 8, everyone
-        say(f"host_events weak_events ranks={n}: every rank timed out, the last after "
+        say(f"stepped_events weak_events ranks={n}: every rank timed out, the last after "
             f"{max(t for _, t in everyone):.1f} s")  # fmt: skip
 
 
@@ -1028,7 +1032,7 @@ def residency(mpi, mode, checked):
 
 def barrier(mpi, mode):
     """The device's barrier (CudaComm's: a launch that only compares the call in kernel mode, a
-    meeting on the host flags in host mode): no rank leaves before the last has arrived, calls
+    meeting on the host flags in stepped mode): no rank leaves before the last has arrived, calls
     between barriers are right, and a barrier against another rank's collective raises
     CollectiveMismatch on every rank, bounded."""
     dev = EmulatedDevice(mpi, mode, "small", blocks=3, timeout=5.0)
@@ -1062,10 +1066,10 @@ SPECIAL = {
     "headers": lambda mpi, mode, _c, _s: headers(mpi, mode),
     "split_mismatch": lambda mpi, mode, _c, _s: split_mismatch(mpi, mode),
     "gate": lambda mpi, mode, _c, _s: gate(mpi, mode),
-    "host_scratch": lambda mpi, mode, _c, _s: host_scratch(mpi, mode),
-    "host_scratch_after_steps": lambda mpi, mode, _c, _s: host_scratch_after_steps(mpi, mode),
+    "stepped_scratch": lambda mpi, mode, _c, _s: stepped_scratch(mpi, mode),
+    "stepped_scratch_after_steps": lambda mpi, mode, _c, _s: stepped_scratch_after_steps(mpi, mode),
     "launch_end": lambda mpi, mode, _c, _s: launch_end(mpi, mode),
-    "host_events": lambda mpi, mode, _c, events: host_events(mpi, mode, events),
+    "stepped_events": lambda mpi, mode, _c, events: stepped_events(mpi, mode, events),
     "previous_stream": lambda mpi, mode, _c, staging: previous_stream(mpi, mode, int(staging)),
     "residency": lambda mpi, mode, _c, checked: residency(mpi, mode, checked),
     **{c: (lambda mpi, mode, c, _s: new_collectives(mpi, mode, c)) for c in NEW_COLLECTIVES},

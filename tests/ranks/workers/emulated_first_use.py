@@ -3,12 +3,12 @@ device arrays that no one registered (what cupy's pool and torch's caching alloc
 run zero-copy over every rank's allocation once the ranks have traded where their buffers lie.
 
 Usage: mpiexec -n N python emulated_first_use.py MODE PART [COUNT]
-  MODE: kernel or host.
+  MODE: kernel or stepped.
   PART: collectives (all-reduce, reduce-scatter, all-gather, broadcast and reduce on views at
   offsets that differ between ranks, every dtype, against numpy's rank-order reduction; each
   allocation sent once and mapped once per peer; below the size the staged path; one rank's
   plain host array sends every rank down the staged path), realloc (an allocation freed and
-  made again at the same address: peers must map the new one), copy_engines (host mode's
+  made again at the same address: peers must map the new one), copy_engines (stepped mode's
   registered all-gathers and broadcasts as copies, back to back), traffic COUNT (the bytes a
   first-use all-reduce moves; printed), mismatch (ranks that disagree on the size from which
   calls register raise CollectiveMismatch).
@@ -183,7 +183,7 @@ def mismatch(mpi, mode):
 
 
 def copy_engines(mpi, mode):
-    """Host mode with copy engines (copy_engines): registered all-gathers and broadcasts, and
+    """Stepped mode with copy engines (copy_engines): registered all-gathers and broadcasts, and
     on arrays registered on first use, are copies between the call's two fences, no launch (no
     device code runs: its traffic stays 0), each block copied once into this rank's output
     ((n-1) blocks of the peers' in place, n not; a broadcast's buffer on every rank but the

@@ -3,7 +3,7 @@ them (csrc/device/twoshot_kernel.h: the two-shot all-reduce, reduce-scatter, all
 broadcast and reduce reading peers' buffers directly).
 
 Usage: mpiexec -n N python emulated_registered.py MODE PART
-  MODE: kernel or host (host mode: the host meets the peers before and after the launch).
+  MODE: kernel or stepped (the host meets the peers before and after the launch).
   PART: back_to_back (calls in a row, ranks late at random), matrix (dtypes x ops x counts,
   in place and not, views at offsets, against numpy, bitwise equal across ranks and to numpy's
   rank-order reduction), others (reduce-scatter, all-gather, broadcast and reduce the same
@@ -311,7 +311,7 @@ def mismatch(mpi, mode):
 def faults(mpi, mode, what):
     """Rank 1 dies (or stalls past the timeout) at the start of its second two-shot call,
     running none of it: its peers wait for it (kernel mode: at the call comparison or the exit
-    barrier, on the device; host mode: at the host's first meeting) and must give up."""
+    barrier, on the device; stepped mode: at the host's first meeting) and must give up."""
     fault = (2, 0, what == "dies_mid") if mpi.rank == 1 else None
     dev = EmulatedDevice(mpi, mode, "small", blocks=2, timeout=DRILL_TIMEOUT, fault=fault)
     survivors = mpi.Split(MPI.UNDEFINED if mpi.rank == 1 else 0, mpi.rank)

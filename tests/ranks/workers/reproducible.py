@@ -19,7 +19,7 @@ Usage: mpiexec -n N python reproducible.py PART [rotate]
           reproducible= on a communicator without it, PYCOLL_REPRODUCIBLE, and ranks that
           disagree on a call's setting (CollectiveMismatch, not a silent difference). On one
           node, namespace or emulated nodes under mpiexec, or nodes over gloo (env:// launch).
-  device: the emulated device in kernel and host mode, 1 and 3 blocks: staged, registered
+  device: the emulated device in kernel and stepped mode, 1 and 3 blocks: staged, registered
           and first-use arrays, every algorithm, all-reduce, reduce-scatter and reduce.
 """
 
@@ -204,7 +204,7 @@ def device():
     n, r = mpi.size, mpi.rank
     dts = [np.dtype(np.float32), np.dtype(np.float16)] + ([BFLOAT16] if BFLOAT16 else [])
     counts = (1, 333, 3001)  # LL, one-shot and staged sizes (small slots)
-    for mode, blocks in (("kernel", 3), ("host", 1)):
+    for mode, blocks in (("kernel", 3), ("stepped", 1)):
         dev = EmulatedDevice(mpi, mode, "small", blocks=blocks, reproducible=True,
                              register_on_use_bytes=1 << 14)  # fmt: skip
         arrays = {"staged": np.empty, "registered": dev.empty, "first use": dev.device_array}

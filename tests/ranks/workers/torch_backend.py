@@ -669,7 +669,7 @@ def check_device(gloo):
     ran = device_transport_seq(backend.fallback, dev)
     assert ran == backend.device_calls, f"the device ran {ran} calls of {backend.device_calls}"
     # Ranks that disagree: CollectiveMismatch on every rank, from the call itself where the
-    # host finds it (a GPU's host mode), else from a wait on it (found by the device: on a GPU
+    # host finds it (a GPU's stepped mode), else from a wait on it (found by the device: on a GPU
     # in kernel mode, in the launch, the call returning once queued).
     odd = dist.new_group()
     try:

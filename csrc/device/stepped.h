@@ -1,4 +1,4 @@
-// Host-synchronised steps of the device executor: one launch per step, and between launches
+// Stepped mode of the device executor: one launch per step, and between launches
 // the host waits for the peers on counters in POSIX shared memory. Shared by the CUDA
 // communicator and the emulated device. No launch ever waits for another process, so ranks
 // that time-slice one GPU make progress whatever the scheduler does.
@@ -21,16 +21,16 @@
 namespace pycoll {
 namespace cuda {
 
-// Between the launches of host mode a wait sleeps at most this long: a step of a small message
+// Between the launches of stepped mode a wait sleeps at most this long: a step of a small message
 // takes a few microseconds, and the polling must not cost more than the step.
-constexpr long kHostModeMaxSleepNs = 10000;
+constexpr long kSteppedMaxSleepNs = 10000;
 
 // Waits until step `d`'s messages have arrived and its outgoing slots are free: exactly the
 // conditions the kernel checks on device flags in kernel mode.
-void host_wait_step(const ShmTransport& shm, const ChannelCounters& c, const DevStep& d,
-                    const WaitContext& w);
+void stepped_wait_step(const ShmTransport& shm, const ChannelCounters& c, const DevStep& d,
+                       const WaitContext& w);
 // Once the step's launch has finished: frees the slots it read, publishes what it sent.
-void host_publish_step(const ShmTransport& shm, ChannelCounters& c, const DevStep& d);
+void stepped_publish_step(const ShmTransport& shm, ChannelCounters& c, const DevStep& d);
 
 }  // namespace cuda
 }  // namespace pycoll
@@ -57,7 +57,7 @@ KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call
 // step (step_kernel.h, check_call). A launch that checks runs even with no steps to run.
 void check_on_device(KernelArgs& a, const Fingerprint& f);
 // Whether the ranks meet on the host before `call` is queued and compare their fingerprints
-// there (all-to-all's split matrix too): in host mode (unless `host_checks` is off), for a
+// there (all-to-all's split matrix too): in stepped mode (unless `host_checks` is off), for a
 // capture, and for all-to-all, whose split matrix only the host compares. Kernel mode compares
 // every other call on the device (step_kernel.h, check_call), with no host wait.
 inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool capturing,
@@ -154,7 +154,7 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
   t.on = true;
   return t;
 }
-// Host mode through scratch (run_scratch): every rank's segment data area (its staging slots,
+// Stepped mode through scratch (run_scratch): every rank's segment data area (its staging slots,
 // as one flat buffer that every peer maps already) holds a chunk of the message at a time, and
 // between two fences per chunk the GPU copies and reduces over every rank's scratch, no
 // device wait in it: two fences per chunk, not a host round trip per step. For host
@@ -163,8 +163,8 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
 // scatters and all-to-alls; unless turned off. An all-to-all with splits only where the host
 // has read every rank's (check_split_matrix: `splits_met`): every rank's chunks are counted
 // by the widest split of all.
-inline bool host_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode, bool on,
-                                  bool splits_met = false) {
+inline bool stepped_scratch_eligible(const CollectiveCall& call, Algo algo, bool kernel_mode,
+                                     bool on, bool splits_met = false) {
   // (An all-to-all with splits has count 0: its splits say what moves.)
   if (!on || kernel_mode || call.barrier || (call.count == 0 && call.send_counts.empty()))
     return false;
@@ -189,8 +189,8 @@ size_t scratch_elems(const SegmentLayout& L, size_t esize);
 // Every rank's scratch (its data area), from its segment as this process maps it.
 std::vector<uint8_t*> scratch_of(const SegmentLayout& L, uint8_t* const* segments);
 
-// Runs host_scratch_eligible's `call` through every rank's scratch, a chunk at a time, on a
-// transport that provides (DeviceComm::run_host_scratch: the device's own stream):
+// Runs stepped_scratch_eligible's `call` through every rank's scratch, a chunk at a time, on a
+// transport that provides (DeviceComm::run_stepped_scratch: the device's own stream):
 //   copy(dst, src, bytes)   queued behind what is queued (the GPU's copy engines; a peer's
 //                           scratch is read through its mapping)
 //   twoshot(len, scratch)   queues the two-shot all-reduce of `len` elements in place over
@@ -325,13 +325,13 @@ void run_scratch(const CollectiveCall& call, const SegmentLayout& L, uint8_t* co
     }
   }
 }
-// Host mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
+// Stepped mode's meeting of every rank on the host barrier flags (ShmTransport::barrier): posts
 // `epoch` (one more than this rank's last), then waits, bounded, until every peer has posted
-// it. Host mode's registered calls and scratch fence with it (a fence: the host waits for the
-// GPU, then meets; or counter_fence, event_fence): no launch of host mode waits for another
+// it. Stepped mode's registered calls and scratch fence with it (a fence: the host waits for the
+// GPU, then meets; or counter_fence, event_fence): no launch of stepped mode waits for another
 // process.
 void host_meet(const ShmTransport& shm, uint64_t epoch, const WaitContext& w);
-// Host mode's fence on counters (CudaCommOptions::host_events, where the GPU offers 64-bit
+// Stepped mode's fence on counters (CudaCommOptions::stepped_events, where the GPU offers 64-bit
 // stream memory operations), the host never waiting for the GPU: every rank has a fence
 // counter in its device segment (SegmentLayout::fence_offset), which every peer maps. The fence
 // queues on this rank's stream a write of `epoch` into its counter, after everything queued
@@ -350,8 +350,8 @@ void counter_fence(const ShmTransport& shm, uint64_t epoch, const WaitContext& w
   for (int q = 0; q < shm.size(); ++q)
     if (q != shm.rank()) wait_peer(q, epoch);
 }
-// Host mode's fence on interprocess events (CudaCommOptions::host_events, where the GPU has no
-// 64-bit stream memory operations), the host never waiting for the GPU: every rank has two
+// Stepped mode's fence on interprocess events (CudaCommOptions::stepped_events, where the GPU has
+// no 64-bit stream memory operations), the host never waiting for the GPU: every rank has two
 // events that every peer has opened. It assumes that a queued wait on a peer's event waits for
 // the record current when it was queued, as cudaStreamWaitEvent documents within a process;
 // were a GPU to bind it when it reaches the wait, a wait queued long before could take a

@@ -1,4 +1,4 @@
-#include "device/host_steps.h"
+#include "device/stepped.h"
 
 #include "common/errors.h"
 #include "device/plan.h"
@@ -6,13 +6,13 @@
 namespace pycoll {
 namespace cuda {
 
-void host_wait_step(const ShmTransport& shm, const ChannelCounters& c, const DevStep& d,
-                    const WaitContext& w) {
+void stepped_wait_step(const ShmTransport& shm, const ChannelCounters& c, const DevStep& d,
+                       const WaitContext& w) {
   const int me = shm.rank(), size = shm.size();
   const bool bcast = (d.flags & kRecvBcast) != 0;
   auto wait_for = [&](const std::atomic<uint64_t>& counter, uint64_t need, int peer, WaitFor why) {
     wait_until([&] { return counter.load(std::memory_order_acquire) >= need; }, w, peer, why,
-               kHostModeMaxSleepNs);
+               kSteppedMaxSleepNs);
   };
   for_each_message(
       peers_of(d), me, size,
@@ -31,7 +31,7 @@ void host_wait_step(const ShmTransport& shm, const ChannelCounters& c, const Dev
       });
 }
 
-void host_publish_step(const ShmTransport& shm, ChannelCounters& c, const DevStep& d) {
+void stepped_publish_step(const ShmTransport& shm, ChannelCounters& c, const DevStep& d) {
   const int me = shm.rank();
   const bool bcast = (d.flags & kRecvBcast) != 0;
   for_each_message(
