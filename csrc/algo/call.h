@@ -38,6 +38,8 @@ struct CollectiveCall {
   }
 
   bool uneven() const { return !counts.empty() || !send_counts.empty(); }
+  // The call's bytes: `count` elements of `dtype` (with `counts`, their sum).
+  size_t bytes() const { return count * dtype_size(dtype); }
   // Points `p` at this call's uneven counts (they must outlive the schedule).
   void apply_counts(ScheduleParams& p) const {
     p.counts = counts.empty() ? nullptr : counts.data();

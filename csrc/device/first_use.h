@@ -70,7 +70,7 @@ static_assert(sizeof(FirstUseRow) <= 256, "a row must fit ShmTransport's (kMinRo
 inline bool first_use_eligible(const CollectiveCall& call, Algo algo, size_t min_bytes,
                                bool capturing) {
   return min_bytes != 0 && !capturing && registered_eligible(call, algo) &&
-         call.count * dtype_size(call.dtype) >= min_bytes;
+         call.bytes() >= min_bytes;
 }
 
 // Which of a call's buffers must lie in a shared allocation on every rank: its input always; its

@@ -504,7 +504,7 @@ class DeviceComm {
   // device copies on our stream (copy engines: no SM, no kernel), each byte read once from
   // where it lies and written once into this rank's output. False for a call that reduces.
   bool copy_registered(const CollectiveCall& call, const RegisteredCall& t) {
-    const size_t bytes = call.count * dtype_size(call.dtype);
+    const size_t bytes = call.bytes();
     uint8_t* const out = static_cast<uint8_t*>(call.out);
     if (call.collective == Collective::AllGather) {
       for (int q = 0; q < size_; ++q)

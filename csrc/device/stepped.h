@@ -91,7 +91,7 @@ struct RegisteredBytes {
   size_t in, out;
 };
 inline RegisteredBytes registered_bytes(const CollectiveCall& call, int size) {
-  const size_t one = call.count * dtype_size(call.dtype), all = one * static_cast<size_t>(size);
+  const size_t one = call.bytes(), all = one * static_cast<size_t>(size);
   switch (call.collective) {
     case Collective::ReduceScatter:
       return {all, one};
@@ -120,7 +120,7 @@ RegisteredCall registered_call(const CollectiveCall& call, Algo algo, int rank, 
   RegisteredCall t;
   if (!registered_eligible(call, algo)) return t;
   const RegisteredBytes bytes = registered_bytes(call, size);
-  const size_t block = call.count * dtype_size(call.dtype);
+  const size_t block = call.bytes();
   uint8_t* const out = static_cast<uint8_t*>(call.out);
   const bool own_output =
       call.collective == Collective::ReduceScatter || call.collective == Collective::AllGather;

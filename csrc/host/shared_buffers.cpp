@@ -180,7 +180,7 @@ bool SharedCollectives::eligible(const CollectiveCall& call) const {
   if (mode_ == CmaMode::Off || t_.size() < 2 || call.algo != Algo::Auto) return false;
   if (!call.counts.empty() || !call.send_counts.empty()) return false;  // even forms only
   // The message as nccl-tests counts it: all-gather's output, reduce-scatter's input.
-  size_t bytes = call.count * dtype_size(call.dtype), min_bytes = min_bytes_ * kOtherMinFactor;
+  size_t bytes = call.bytes(), min_bytes = min_bytes_ * kOtherMinFactor;
   switch (call.collective) {
     case Collective::AllReduce:
       min_bytes = min_bytes_;
