@@ -36,6 +36,7 @@ NO_CMA = {"MPIR_CVAR_CH4_CMA_ENABLE": "0"}
 def variants(comm, mpi, nbytes, mpi_only):
     """(operation, {variant: fn}, check, busbw factor, bytes per rank) for one size."""
     import pycollectives as pc
+    from pycollectives.backends import Call
     from pycollectives.bench.formulas import bus_factor
 
     peer = 1 - mpi.rank
@@ -52,7 +53,7 @@ def variants(comm, mpi, nbytes, mpi_only):
         api_ops = [pc.P2POp("send", x, peer, 0), pc.P2POp("recv", y, peer, 0)]
         sr["native"] = lambda: host.p2p(ops)
         sr["api"] = lambda: comm.batch_p2p(api_ops)
-        call = ("all_to_all", xa, ya, 0, 0, 0, False, None, None, None, None)
+        call = Call("all_to_all", xa, ya)
         a2a["native"] = lambda: host.run_call(call)
         a2a["api"] = lambda: comm.all_to_all(xa, ya)
 
