@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "host/p2p.h"
+
 namespace pycoll {
 
 size_t direct_min_count(const CollectiveCall& call, Algo algo, size_t min_bytes) {

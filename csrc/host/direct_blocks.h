@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "algo/call.h"
-#include "host/p2p.h"
+#include "runtime/p2p_core.h"
 
 namespace pycoll {
 

@@ -12,25 +12,14 @@ namespace pycoll {
 namespace {
 
 constexpr auto kCheckEvery = std::chrono::milliseconds(10);
-
-std::string what_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-}
+constexpr long kMaxSleepNs = 200000;  // the progress thread's longest pause between passes
 
 }  // namespace
 
-std::string P2PEngine::Op::describe() const {
-  return str_cat(kind == P2PKind::Send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
-                 ", ", count, " x ", dtype_name(dtype), ")");
-}
-
 P2PEngine::P2PEngine(HostComm& comm, const ShmTransport& t, size_t eager_max_bytes,
                      size_t cma_min_bytes, CmaMode cma)
-    : comm_(comm),
+    : P2PProgress(std::chrono::microseconds(0), kMaxSleepNs),
+      comm_(comm),
       t_(t),
       eager_max_bytes_(std::min(eager_max_bytes, t.slot_bytes())),
       cma_min_bytes_(cma_min_bytes),
@@ -46,28 +35,14 @@ P2PEngine::~P2PEngine() {
       fail_all(nullptr, std::make_exception_ptr(CollectiveError(
                             "communicator closed with point-to-point operations in flight")));
   }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  join();
 }
 
 void P2PEngine::run(const std::vector<P2POp>& ops) {
   std::unique_lock<std::mutex> g(mu_);
   const std::shared_ptr<Batch> b = enqueue(ops, false);
-  ++blocking_;
-  Backoff backoff;
-  while (!b->done) {
-    const bool moved = progress();
-    if (b->done) break;
-    g.unlock();
-    if (moved)
-      backoff.reset();
-    else
-      backoff.pause();
-    g.lock();
-  }
-  --blocking_;
-  g.unlock();
-  cv_.notify_all();  // the progress thread takes over what is left
+  progress_until(g, *b, Clock::time_point::max());  // the batch's deadline bounds it
+  end_call(g, *b);                                  // the progress thread takes over what is left
   if (b->error) std::rethrow_exception(b->error);
 }
 
@@ -75,26 +50,9 @@ std::shared_ptr<Work> P2PEngine::start(const std::vector<P2POp>& ops) {
   std::unique_lock<std::mutex> g(mu_);
   const std::shared_ptr<Batch> b = enqueue(ops, true);
   progress();  // requests and first pieces go out now, not when the thread wakes
-  if (!b->done && !thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
-  g.unlock();
-  cv_.notify_all();
-  return b->work;
-}
-
-void P2PEngine::progress_loop() {
-  Backoff backoff;
-  std::unique_lock<std::mutex> g(mu_);
-  while (!stopping_) {
-    if (pending_ == 0 || blocking_ > 0) {
-      cv_.wait(g, [&] { return stopping_ || (pending_ > 0 && blocking_ == 0); });
-      backoff.reset();
-      continue;
-    }
-    if (progress()) backoff.reset();
-    g.unlock();
-    backoff.pause();
-    g.lock();
-  }
+  std::shared_ptr<Work> work = b->work;
+  end_call(g, *b);
+  return work;
 }
 
 std::shared_ptr<P2PEngine::Batch> P2PEngine::enqueue(const std::vector<P2POp>& ops, bool async) {
@@ -164,7 +122,7 @@ void P2PEngine::complete(const OpPtr& op) {
 }
 
 void P2PEngine::finish(Batch& b) {
-  b.done = true;
+  b.done.store(true, std::memory_order_release);
   if (b.work) b.work->complete(b.error);
 }
 

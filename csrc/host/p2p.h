@@ -26,13 +26,11 @@
 // unexpected queue, at most one slot's payload per message), and a sender only waits for room
 // in it, so progress of both ranks suffices for every op to complete.
 //
-// Progress: one thread at a time (mu_) advances every pending op of the rank. A blocking call
-// progresses on the calling thread until its own batch is done (no hand-off to another
-// thread); asynchronous batches are progressed by a thread started on first use, which sleeps
-// while nothing is pending and stands aside while a blocking call progresses.
+// Progress: the core of runtime/p2p_core.h, as between nodes. A blocking call progresses on the
+// calling thread until its own batch is done; asynchronous batches are progressed by the thread
+// (no quiet period here: it pauses as a wait does, spinning briefly first).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -40,13 +38,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "common/dtypes.h"
 #include "host/shm_transport.h"
+#include "runtime/p2p_core.h"
 #include "runtime/wait.h"
 
 namespace pycoll {
@@ -54,23 +52,11 @@ namespace pycoll {
 class HostComm;
 class Work;
 
-enum class P2PKind { Send, Recv };
-
-// One operation of a batch, validated by the caller.
-struct P2POp {
-  P2PKind kind = P2PKind::Send;
-  uint8_t* buf = nullptr;
-  size_t count = 0;
-  DType dtype = DType::Float32;
-  int peer = 0;
-  uint64_t tag = 0;
-};
-
 // How to use cross-memory attach: Off never, Fail pretend the kernel refused (which exercises
 // the fallback to slots).
 enum class CmaMode { Use, Off, Fail };
 
-class P2PEngine {
+class P2PEngine : P2PProgress<P2PEngine, Backoff> {
  public:
   // Tags from kInternalTag up are the communicator's own (collectives moving large blocks
   // through this engine); users' tags stay below it.
@@ -89,15 +75,8 @@ class P2PEngine {
   std::shared_ptr<Work> start(const std::vector<P2POp>& ops);
 
  private:
-  // Ops submitted together; complete when all of theirs are.
-  struct Batch {
-    size_t remaining = 0;
-    bool done = false;
-    std::exception_ptr error;
-    std::shared_ptr<Work> work;  // asynchronous batches only
-    Clock::time_point deadline;
-    double timeout_s = 0;
-  };
+  friend class P2PProgress<P2PEngine, Backoff>;
+  using Batch = P2PBatch;
   struct Op : P2POp {
     std::shared_ptr<Batch> batch;
     size_t done_bytes = 0;   // moved so far
@@ -108,8 +87,6 @@ class P2PEngine {
     bool eager = false, written = false, matched = false, mismatch = false;
     uint64_t want_count = 0;  // the matching recv's count and dtype (for the error message)
     DType want_dtype = DType::Float32;
-    size_t bytes() const { return count * dtype_size(dtype); }
-    std::string describe() const;  // "send to rank 1 (tag 3, 10 x float32)"
   };
   using OpPtr = std::shared_ptr<Op>;
   struct Request {
@@ -155,6 +132,7 @@ class P2PEngine {
   // One pass over every peer; true if anything moved. Errors poison the communicator and fail
   // every pending op.
   bool progress();
+  bool busy() const { return pending_ != 0; }
   void complete(const OpPtr& op);
   void check_stalled();
   // Throws E(msg) as the failure of `op` (progress() hands it to that op's batch).
@@ -165,7 +143,6 @@ class P2PEngine {
   }
   void finish(Batch& b);
   void fail_all(const OpPtr& culprit, std::exception_ptr e);
-  void progress_loop();
 
   // Channels (p2p_wire.cpp).
   bool progress_peer(int q, Peer& p);
@@ -196,12 +173,6 @@ class P2PEngine {
   size_t pending_ = 0;  // ops not yet complete
   OpPtr culprit_;       // the op whose failure is being thrown
   Clock::time_point next_check_;
-
-  std::mutex mu_;  // one thread progresses at a time
-  std::condition_variable cv_;
-  int blocking_ = 0;  // blocking calls progressing now
-  bool stopping_ = false;
-  std::thread thread_;
 };
 
 }  // namespace pycoll

@@ -29,14 +29,6 @@ void check_mpi(int code, const char* what) {
   if (code != MPI_SUCCESS) throw CollectiveError(str_cat("p2p: ", mpi_error(code, what)));
 }
 
-std::string what_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-}
-
 std::string shape(int64_t count, int64_t dtype) {
   return str_cat(count, " x ",
                  valid_dtype(static_cast<int>(dtype)) ? dtype_name(static_cast<DType>(dtype))
@@ -51,13 +43,9 @@ bool mpi_live() {
 
 }  // namespace
 
-std::string NetP2P::Op::describe() const {
-  return str_cat(io.send ? "send to" : "recv from", " rank ", io.peer, " (tag ", io.tag, ", ",
-                 io.count, " x ", dtype_name(io.dtype), ")");
-}
-
 NetP2P::NetP2P(MPI_Comm comm, double timeout_s, size_t block_bytes, size_t inline_bytes)
-    : block_bytes_(std::max<size_t>(1, std::min<size_t>(block_bytes, INT_MAX))),
+    : P2PProgress(kQuiet, kIdleSleepNs),
+      block_bytes_(std::max<size_t>(1, std::min<size_t>(block_bytes, INT_MAX))),
       inline_bytes_(std::min<size_t>(inline_bytes, size_t{1} << 20)),
       timeout_s_(timeout_s),
       next_check_(Clock::now()) {
@@ -86,8 +74,7 @@ void NetP2P::close() {
       fail_all(nullptr, std::make_exception_ptr(CollectiveError(
                             "communicator closed with point-to-point operations in flight")));
   }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  join();
   std::lock_guard<std::mutex> g(mu_);
   if (!mpi_live()) return;  // MPI is gone, and everything with it
   // Verdicts still travelling: their receivers have the data; MPI may finish them alone.
@@ -119,8 +106,8 @@ std::pair<MPI_Datatype, int> NetP2P::bytes_type(size_t bytes) const {
   return {whole, 1};
 }
 
-std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops, bool waited) {
-  for (const NetP2POp& o : ops) {
+std::shared_ptr<P2PBatch> NetP2P::start(const std::vector<P2POp>& ops, bool waited) {
+  for (const P2POp& o : ops) {
     if (o.peer < 0 || o.peer >= size_ || o.peer == rank_)
       throw InvalidArgument(str_cat("p2p: peer ", o.peer, " is not another rank of ", size_));
     if (o.tag > static_cast<uint64_t>(tag_ub_))
@@ -132,19 +119,19 @@ std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops, boo
     throw CollectiveError(
         str_cat("p2p: communicator is unusable after an earlier error: ", poisoned_));
   if (closed_) throw CollectiveError("p2p: the communicator is closed");
-  auto b = std::make_shared<NetP2PBatch>();
+  auto b = std::make_shared<P2PBatch>();
   b->remaining = ops.size();
   b->timeout_s = timeout_s_.load();
   b->deadline = deadline_after(b->timeout_s);
   try {
-    for (const NetP2POp& in : ops) {
+    for (const P2POp& in : ops) {
       auto o = std::make_shared<Op>();
       o->io = in;
       o->batch = b;
       o->mine[0] = static_cast<int64_t>(in.count);
       o->mine[1] = static_cast<int64_t>(in.dtype);
       ++pending_;
-      if (in.send) {
+      if (in.kind == P2PKind::Send) {
         sends_.push_back(o);
         post_send(o);
       } else {
@@ -163,11 +150,7 @@ std::shared_ptr<NetP2PBatch> NetP2P::start(const std::vector<NetP2POp>& ops, boo
   // One pass now: an inline send is usually out at once, and then nothing is left to wake
   // the progress thread for.
   if (!waited && !b->done.load()) progress();
-  last_call_ = Clock::now();
-  if (!b->done.load() && !thread_.joinable()) thread_ = std::thread([this] { progress_loop(); });
-  const bool wake = idle_ && !waited && (pending_ != 0 || !answering_.empty());
-  g.unlock();
-  if (wake) cv_.notify_all();
+  end_call(g, *b, /*wake=*/!waited);
   return b;
 }
 
@@ -379,7 +362,7 @@ void NetP2P::complete(const OpPtr& o) {
   if (--o->batch->remaining == 0) finish(*o->batch, nullptr);
 }
 
-void NetP2P::finish(NetP2PBatch& b, std::exception_ptr error) {
+void NetP2P::finish(P2PBatch& b, std::exception_ptr error) {
   b.error = error;
   b.done.store(true, std::memory_order_release);
 }
@@ -401,8 +384,8 @@ void NetP2P::fail_all(const OpPtr& culprit, std::exception_ptr e) {
   const std::string aborted = str_cat("p2p: communicator was aborted: ", reason);
   const auto others = mismatch ? std::make_exception_ptr(CollectiveMismatch(aborted))
                                : std::make_exception_ptr(CollectiveError(aborted));
-  std::unordered_set<NetP2PBatch*> seen;
-  std::vector<std::shared_ptr<NetP2PBatch>> batches;
+  std::unordered_set<P2PBatch*> seen;
+  std::vector<std::shared_ptr<P2PBatch>> batches;
   auto add = [&](const OpPtr& o) {
     if (seen.insert(o->batch.get()).second) batches.push_back(o->batch);
   };
@@ -462,65 +445,16 @@ std::string NetP2P::poison_reason() const {
   return poisoned_;
 }
 
-bool NetP2P::wait(NetP2PBatch& b, double timeout_s) {
+bool NetP2P::wait(P2PBatch& b, double timeout_s) {
   if (!b.done.load(std::memory_order_acquire)) {
-    const bool bounded = timeout_s >= 0;
-    const auto until = bounded ? deadline_after(timeout_s) : Clock::time_point::max();
+    const auto until = timeout_s >= 0 ? deadline_after(timeout_s) : Clock::time_point::max();
     std::unique_lock<std::mutex> g(mu_);
-    ++waiters_;
-    Backoff backoff;
-    while (!b.done.load(std::memory_order_acquire)) {
-      const bool moved = progress();
-      if (b.done.load(std::memory_order_acquire)) break;
-      g.unlock();
-      if (bounded && Clock::now() >= until) {
-        g.lock();
-        break;
-      }
-      if (moved)
-        backoff.reset();
-      else
-        backoff.pause();
-      g.lock();
-    }
-    --waiters_;
-    last_call_ = Clock::now();
-    const bool wake = idle_ && (pending_ != 0 || !answering_.empty());
-    g.unlock();
-    if (wake) cv_.notify_all();  // the progress thread takes over what is left
-    if (!b.done.load(std::memory_order_acquire)) return false;
+    const bool done = progress_until(g, b, until);
+    end_call(g, b);  // the progress thread takes over what is left
+    if (!done) return false;
   }
   if (b.error) std::rethrow_exception(b.error);
   return true;
-}
-
-// The program progresses its operations itself while it issues and waits for them; this
-// thread covers the time it spends elsewhere (computing, inside a collective). It stands aside
-// while the program is making calls, and sleeps between passes instead of spinning: where
-// ranks outnumber cores, every wake-up takes a core from some rank.
-void NetP2P::progress_loop() {
-  Sleeper sleeper(kIdleSleepNs);
-  std::unique_lock<std::mutex> g(mu_);
-  auto busy = [&] { return pending_ != 0 || !answering_.empty(); };
-  while (!stopping_) {
-    if (!busy() || waiters_ > 0) {
-      idle_ = true;
-      cv_.wait(g, [&] { return stopping_ || (busy() && waiters_ == 0); });
-      idle_ = false;
-      sleeper.reset();
-      continue;
-    }
-    const auto quiet = last_call_ + kQuiet;
-    if (Clock::now() < quiet) {
-      cv_.wait_until(g, quiet);
-      sleeper.reset();
-      continue;
-    }
-    if (progress()) sleeper.reset();
-    g.unlock();
-    sleeper.sleep();
-    g.lock();
-  }
 }
 
 }  // namespace pycoll

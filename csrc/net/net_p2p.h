@@ -24,16 +24,17 @@
 // rule for headers and data, and data receives posted in the order their headers were posted.
 // Different tags complete in any order.
 //
-// Progress: one thread at a time advances every pending operation. A thread waiting on a batch
-// progresses while it waits; otherwise a thread started on first use does, sleeping while
-// nothing is pending. Each batch has a deadline (the timeout when it was issued). An error
-// (timeout, mismatch, abort, MPI failure) poisons the engine and fails every pending operation.
+// Progress: the core of runtime/p2p_core.h, as within a node. A thread waiting on a batch
+// progresses while it waits; otherwise the progress thread does, once the program has made no
+// call for a moment (it covers the time the program spends elsewhere: computing, inside a
+// collective), sleeping between passes. Each batch has a deadline (the timeout when it was
+// issued). An error (timeout, mismatch, abort, MPI failure) poisons the engine and fails every
+// pending operation.
 #pragma once
 
 #include <mpi.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -41,36 +42,17 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/dtypes.h"
+#include "runtime/p2p_core.h"
 #include "runtime/wait.h"
 
 namespace pycoll {
 
-// One operation as the caller checked it: a send of, or receive into, `count` x `dtype` at
-// `buf`, with MPI rank `peer` of the engine's communicator.
-struct NetP2POp {
-  bool send = true;
-  uint8_t* buf = nullptr;
-  size_t count = 0;
-  DType dtype = DType::Float32;
-  int peer = 0;
-  uint64_t tag = 0;
-};
-
-// Operations issued together: complete when all of theirs are.
-struct NetP2PBatch {
-  size_t remaining = 0;
-  std::atomic<bool> done{false};
-  std::exception_ptr error;  // written before `done` is set
-  Clock::time_point deadline;
-  double timeout_s = 0;
-};
-
-class NetP2P {
+// The operations' `peer` is an MPI rank of the engine's communicator.
+class NetP2P : P2PProgress<NetP2P, Sleeper> {
  public:
   // Collective over `comm` (which must outlive this engine): duplicates it four times.
   // Messages of more than `block_bytes` are described to MPI as blocks of that size and a tail
@@ -89,11 +71,11 @@ class NetP2P {
 
   // Posts `ops`, every one checked first (InvalidArgument: nothing is posted). `waited`: the
   // caller waits for them next, progressing them itself, so the progress thread stays asleep.
-  std::shared_ptr<NetP2PBatch> start(const std::vector<NetP2POp>& ops, bool waited = false);
+  std::shared_ptr<P2PBatch> start(const std::vector<P2POp>& ops, bool waited = false);
   // Waits for `b` up to `timeout_s` (< 0: until it completes or fails, which its deadline
   // bounds), progressing every pending operation meanwhile. False if still pending; rethrows
   // the batch's error.
-  bool wait(NetP2PBatch& b, double timeout_s);
+  bool wait(P2PBatch& b, double timeout_s);
   // Poisons the engine: every pending operation fails with CollectiveError(reason).
   void abort(const std::string& reason);
   // Why the engine is unusable, or "".
@@ -102,10 +84,11 @@ class NetP2P {
   void close();
 
  private:
+  friend class P2PProgress<NetP2P, Sleeper>;
   static constexpr size_t kHeaderBytes = 3 * sizeof(int64_t);
   struct Op {
-    NetP2POp io;
-    std::shared_ptr<NetP2PBatch> batch;
+    P2POp io;
+    std::shared_ptr<P2PBatch> batch;
     int64_t mine[2] = {0, 0};                 // this end's (count, dtype)
     int64_t theirs[3] = {0, 0, 0};            // recv: the sender's header; send: the verdict
     int64_t verdict[6] = {0, 0, 0, 0, 0, 0};  // or the poison
@@ -114,8 +97,8 @@ class NetP2P {
     std::vector<uint8_t> scratch;  // a message that does not fit drains here
     bool fits = true;
     bool inlined = false;  // the message rides in its header
-    size_t bytes() const { return io.count * dtype_size(io.dtype); }
-    std::string describe() const;  // "send to rank 1 (tag 3, 10 x float32)"
+    size_t bytes() const { return io.bytes(); }
+    std::string describe() const { return io.describe(); }
   };
   using OpPtr = std::shared_ptr<Op>;
   using Key = std::pair<int, uint64_t>;  // (peer, tag)
@@ -125,6 +108,7 @@ class NetP2P {
   // One pass over every pending operation (mu_ held); true if anything moved. An error fails
   // every pending operation and poisons the engine.
   bool progress();
+  bool busy() const { return pending_ != 0 || !answering_.empty(); }
   bool test_all();
   void advance_sends();
   void advance_headers();
@@ -137,14 +121,13 @@ class NetP2P {
   [[noreturn]] void poisoned_by_peer();
   void check_deadlines(Clock::time_point now);
   void complete(const OpPtr& o);
-  void finish(NetP2PBatch& b, std::exception_ptr error);
+  void finish(P2PBatch& b, std::exception_ptr error);
   template <class E>
   [[noreturn]] void raise(const OpPtr& o, const std::string& msg) {
     culprit_ = o;
     throw E(msg);
   }
   void fail_all(const OpPtr& culprit, std::exception_ptr e);
-  void progress_loop();
   // The MPI description of `bytes` bytes: (datatype, count); a derived type is freed by
   // the caller once the operation is posted.
   std::pair<MPI_Datatype, int> bytes_type(size_t bytes) const;
@@ -160,8 +143,6 @@ class NetP2P {
   MPI_Request poison_req_ = MPI_REQUEST_NULL;
   std::atomic<double> timeout_s_;
 
-  mutable std::mutex mu_;  // one thread progresses at a time
-  std::condition_variable cv_;
   std::vector<OpPtr> sends_;                // posted, verdict not yet in
   std::map<Key, std::deque<OpPtr>> heads_;  // receives awaiting their header, in issue order
   std::vector<OpPtr> receiving_;            // data receive posted
@@ -174,11 +155,7 @@ class NetP2P {
   Clock::time_point next_check_;
   std::string poisoned_;
   std::atomic<bool> failed_{false};  // poisoned_ is set
-  int waiters_ = 0;                  // threads progressing in wait()
-  Clock::time_point last_call_{};    // the program's latest start() or wait()
-  bool idle_ = false;                // the progress thread waits for work (to be notified)
-  bool stopping_ = false, closed_ = false;
-  std::thread thread_;
+  bool closed_ = false;
 };
 
 }  // namespace pycoll

@@ -70,18 +70,18 @@ struct PyNetP2P {
 // A batch of point-to-point operations in flight; it keeps its engine (closed or not) alive.
 struct PyNetP2PWork {
   std::shared_ptr<NetP2P> engine;
-  std::shared_ptr<NetP2PBatch> batch;
+  std::shared_ptr<P2PBatch> batch;
 };
 
 // (send, address, count, dtype code, peer, tag), as pycollectives._C.check_p2p describes them.
 using DescribedOp = std::tuple<bool, uintptr_t, size_t, int, int, uint64_t>;
 
-std::vector<NetP2POp> net_ops(const std::vector<DescribedOp>& described) {
-  std::vector<NetP2POp> ops;
+std::vector<P2POp> net_ops(const std::vector<DescribedOp>& described) {
+  std::vector<P2POp> ops;
   for (const auto& [send, addr, count, dtype, peer, tag] : described) {
     if (!valid_dtype(dtype)) throw InvalidArgument(str_cat("p2p: bad dtype code ", dtype));
-    NetP2POp o;
-    o.send = send;
+    P2POp o;
+    o.kind = send ? P2PKind::Send : P2PKind::Recv;
     o.buf = reinterpret_cast<uint8_t*>(addr);
     o.count = count;
     o.dtype = static_cast<DType>(dtype);
@@ -287,7 +287,7 @@ PYBIND11_MODULE(_net, m) {
       .def(
           "start",
           [](PyNetP2P& p, const std::vector<DescribedOp>& described) {
-            const std::vector<NetP2POp> ops = net_ops(described);
+            const std::vector<P2POp> ops = net_ops(described);
             py::gil_scoped_release nogil;
             return PyNetP2PWork{p.engine, p.engine->start(ops)};
           },
@@ -303,18 +303,9 @@ PYBIND11_MODULE(_net, m) {
           "run_away",
           [](PyNetP2P& p, py::handle ops_obj, int rank, int size) {
             py::list arrays;  // what the checks made of the arrays, alive until done
-            std::vector<NetP2POp> ops;
-            for (const P2POp& o : pyargs::parse_p2p(ops_obj, rank, size, arrays)) {
+            const std::vector<P2POp> ops = pyargs::parse_p2p(ops_obj, rank, size, arrays);
+            for (const P2POp& o : ops)
               if (static_cast<size_t>(o.peer) >= p.away.size() || !p.away[o.peer]) return false;
-              NetP2POp n;
-              n.send = o.kind == P2PKind::Send;
-              n.buf = o.buf;
-              n.count = o.count;
-              n.dtype = o.dtype;
-              n.peer = o.peer;
-              n.tag = o.tag;
-              ops.push_back(n);
-            }
             py::gil_scoped_release nogil;
             const auto batch = p.engine->start(ops, /*waited=*/true);
             p.engine->wait(*batch, -1.0);

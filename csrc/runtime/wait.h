@@ -90,6 +90,7 @@ class Sleeper {
   explicit Sleeper(long max_ns = 200000) : max_ns_(max_ns), ns_(max_ns < 2000 ? max_ns : 2000) {}
   ~Sleeper();
   void sleep();
+  void pause() { sleep(); }  // as Backoff's, where either may wait
   // Back to the shortest sleep.
   void reset() { ns_ = max_ns_ < 2000 ? max_ns_ : 2000; }
 
