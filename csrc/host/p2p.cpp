@@ -11,7 +11,6 @@
 namespace pycoll {
 namespace {
 
-constexpr auto kCheckEvery = std::chrono::milliseconds(10);
 constexpr long kMaxSleepNs = 200000;  // the progress thread's longest pause between passes
 
 }  // namespace
@@ -24,8 +23,7 @@ P2PEngine::P2PEngine(HostComm& comm, const ShmTransport& t, size_t eager_max_byt
       eager_max_bytes_(std::min(eager_max_bytes, t.slot_bytes())),
       cma_min_bytes_(cma_min_bytes),
       cma_mode_(cma),
-      peers_(t.size()),
-      next_check_(Clock::now()) {}
+      peers_(t.size()) {}
 
 P2PEngine::~P2PEngine() {
   {
@@ -94,25 +92,18 @@ std::shared_ptr<P2PEngine::Batch> P2PEngine::enqueue(const std::vector<P2POp>& o
   return b;
 }
 
-bool P2PEngine::progress() {
-  if (pending_ == 0) return false;
-  try {
-    if (comm_.poisoned())
-      throw CollectiveError(str_cat("p2p: communicator was aborted: ", comm_.poison_reason()));
-    bool moved = false;
-    for (int q = 0; q < t_.size(); ++q)
-      if (q != t_.rank()) moved |= progress_peer(q, peers_[q]);
-    const auto now = Clock::now();
-    if (pending_ != 0 && now >= next_check_) {
-      check_stalled();
-      next_check_ = now + kCheckEvery;
-    }
-    return moved;
-  } catch (const CollectiveError&) {
-    fail_all(culprit_, std::current_exception());
-    culprit_.reset();
-    return true;
-  }
+bool P2PEngine::move() {
+  if (comm_.poisoned())
+    throw CollectiveError(str_cat("p2p: communicator was aborted: ", comm_.poison_reason()));
+  bool moved = false;
+  for (int q = 0; q < t_.size(); ++q)
+    if (q != t_.rank()) moved |= progress_peer(q, peers_[q]);
+  return moved;
+}
+
+void P2PEngine::fail_pending(std::exception_ptr e) {
+  fail_all(culprit_, e);
+  culprit_.reset();
 }
 
 void P2PEngine::complete(const OpPtr& op) {
@@ -127,9 +118,8 @@ void P2PEngine::finish(Batch& b) {
 }
 
 // Every 10 ms: a dead peer fails its ops at once; an op past its batch's deadline times out.
-// (A revoked communicator fails every op sooner: progress() checks comm_.poisoned() first.)
-void P2PEngine::check_stalled() {
-  const auto now = Clock::now();
+// (A revoked communicator fails every op sooner: move() checks comm_.poisoned() first.)
+void P2PEngine::check_stalled(Clock::time_point now) {
   for (int q = 0; q < t_.size(); ++q) {
     Peer& p = peers_[q];
     auto check = [&](const OpPtr& o, const char* why) {

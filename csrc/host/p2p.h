@@ -129,12 +129,15 @@ class P2PEngine : P2PProgress<P2PEngine, Backoff> {
 
   // Engine (p2p.cpp), all with mu_ held.
   std::shared_ptr<Batch> enqueue(const std::vector<P2POp>& ops, bool async);
-  // One pass over every peer; true if anything moved. Errors poison the communicator and fail
-  // every pending op.
-  bool progress();
+  // The progress core's (runtime/p2p_core.h): one pass over every peer, true if anything
+  // moved; a dead peer or an op past its deadline (every 10 ms); a failure of every pending op
+  // (the culprit's batch gets the error), which poisons the communicator.
   bool busy() const { return pending_ != 0; }
+  size_t pending() const { return pending_; }
+  bool move();
+  void check_stalled(Clock::time_point now);
+  void fail_pending(std::exception_ptr e);
   void complete(const OpPtr& op);
-  void check_stalled();
   // Throws E(msg) as the failure of `op` (progress() hands it to that op's batch).
   template <class E>
   [[noreturn]] void raise(const OpPtr& op, const std::string& msg) {
@@ -172,7 +175,6 @@ class P2PEngine : P2PProgress<P2PEngine, Backoff> {
   std::vector<Peer> peers_;
   size_t pending_ = 0;  // ops not yet complete
   OpPtr culprit_;       // the op whose failure is being thrown
-  Clock::time_point next_check_;
 };
 
 }  // namespace pycoll

@@ -10,7 +10,6 @@
 namespace pycoll {
 namespace {
 
-constexpr auto kCheckEvery = std::chrono::milliseconds(10);
 // The progress thread stands aside until the program has made no call for this long, and then
 // sleeps between passes, from 2 us doubling up to kIdleSleepNs.
 constexpr auto kQuiet = std::chrono::microseconds(200);
@@ -47,8 +46,7 @@ NetP2P::NetP2P(MPI_Comm comm, double timeout_s, size_t block_bytes, size_t inlin
     : P2PProgress(kQuiet, kIdleSleepNs),
       block_bytes_(std::max<size_t>(1, std::min<size_t>(block_bytes, INT_MAX))),
       inline_bytes_(std::min<size_t>(inline_bytes, size_t{1} << 20)),
-      timeout_s_(timeout_s),
-      next_check_(Clock::now()) {
+      timeout_s_(timeout_s) {
   check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
   for (MPI_Comm* c : {&headers_, &data_, &verdicts_, &poison_}) {
@@ -192,27 +190,21 @@ void NetP2P::post_data_recv(const OpPtr& o) {
   check_mpi(code, "MPI_Irecv");
 }
 
-bool NetP2P::progress() {
-  try {
-    const bool moved = pending_ != 0 || !answering_.empty() ? test_all() : false;
-    if (moved && poison_req_ == MPI_REQUEST_NULL) poisoned_by_peer();
-    if (moved) {
-      advance_sends();
-      advance_headers();
-      advance_receives();
-      advance_verdicts();
-    }
-    const auto now = Clock::now();
-    if (pending_ != 0 && now >= next_check_) {
-      check_deadlines(now);
-      next_check_ = now + kCheckEvery;
-    }
-    return moved;
-  } catch (const CollectiveError&) {
-    fail_all(culprit_, std::current_exception());
-    culprit_.reset();
-    return true;
+bool NetP2P::move() {
+  const bool moved = test_all();
+  if (moved && poison_req_ == MPI_REQUEST_NULL) poisoned_by_peer();
+  if (moved) {
+    advance_sends();
+    advance_headers();
+    advance_receives();
+    advance_verdicts();
   }
+  return moved;
+}
+
+void NetP2P::fail_pending(std::exception_ptr e) {
+  fail_all(culprit_, e);
+  culprit_.reset();
 }
 
 // One MPI_Testsome over every request in flight (one turn of MPI's progress engine, not one
@@ -345,7 +337,7 @@ void NetP2P::advance_verdicts() {
 }
 
 // An operation past its batch's deadline times out, naming what it still waits for.
-void NetP2P::check_deadlines(Clock::time_point now) {
+void NetP2P::check_stalled(Clock::time_point now) {
   auto check = [&](const OpPtr& o, const char* why) {
     if (now >= o->batch->deadline)
       raise<CollectiveTimeout>(o, str_cat(o->describe(), " timed out after ", o->batch->timeout_s,

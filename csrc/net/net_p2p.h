@@ -105,10 +105,14 @@ class NetP2P : P2PProgress<NetP2P, Sleeper> {
 
   void post_send(const OpPtr& o);
   void post_data_recv(const OpPtr& o);
-  // One pass over every pending operation (mu_ held); true if anything moved. An error fails
-  // every pending operation and poisons the engine.
-  bool progress();
+  // The progress core's (runtime/p2p_core.h): one pass over every request in flight, true if
+  // anything moved; an operation past its deadline (every 10 ms); a failure of every pending
+  // operation (the culprit's batch gets the error), which poisons the engine.
   bool busy() const { return pending_ != 0 || !answering_.empty(); }
+  size_t pending() const { return pending_; }
+  bool move();
+  void check_stalled(Clock::time_point now);
+  void fail_pending(std::exception_ptr e);
   bool test_all();
   void advance_sends();
   void advance_headers();
@@ -119,7 +123,6 @@ class NetP2P : P2PProgress<NetP2P, Sleeper> {
   void take_header(const OpPtr& o);
   // A receiver found that an inline message from this rank did not fit (poison_in_).
   [[noreturn]] void poisoned_by_peer();
-  void check_deadlines(Clock::time_point now);
   void complete(const OpPtr& o);
   void finish(P2PBatch& b, std::exception_ptr error);
   template <class E>
@@ -152,7 +155,6 @@ class NetP2P : P2PProgress<NetP2P, Sleeper> {
   std::vector<int> done_;                   // and the indices of those completed
   size_t pending_ = 0;                      // operations not yet complete
   OpPtr culprit_;                           // the op whose failure is being thrown
-  Clock::time_point next_check_;
   std::string poisoned_;
   std::atomic<bool> failed_{false};  // poisoned_ is set
   bool closed_ = false;

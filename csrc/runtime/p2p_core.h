@@ -68,8 +68,11 @@ inline std::string what_of(std::exception_ptr e) {
 }
 
 // The progress core of engine `E` (CRTP), which provides, each called with mu_ held:
-//   bool progress()   one pass over every pending operation; true if anything moved
-//   bool busy()       whether anything is left to progress (the thread's reason to run)
+//   bool busy()                  whether anything is left to progress (the thread's reason)
+//   bool move()                  one pass over every pending operation; true if anything moved
+//   size_t pending()             operations not yet complete
+//   void check_stalled(now)      a dead peer or a batch past its deadline: throws
+//   void fail_pending(error)     fails every pending operation and poisons the engine
 // `Pause` is how the thread waits between passes (Backoff: spin, yield, then sleep; Sleeper:
 // sleep only), constructed from `pause_arg`; `quiet` the time it stands aside after the
 // program's latest call (0: none).
@@ -80,12 +83,32 @@ class P2PProgress {
       : quiet_(quiet), pause_arg_(pause_arg) {}
   ~P2PProgress() = default;  // E calls join() first: the thread uses E's members
 
+  // One pass (mu_ held): E's move(), and every kCheckEvery, while operations are pending, its
+  // check_stalled(). A CollectiveError from either fails every pending operation
+  // (fail_pending: the batch of the operation the error is about gets it, the others one that
+  // names it). True if anything moved or failed.
+  bool progress() {
+    if (!self().busy()) return false;
+    try {
+      const bool moved = self().move();
+      const auto now = Clock::now();
+      if (self().pending() != 0 && now >= next_check_) {
+        self().check_stalled(now);
+        next_check_ = now + kCheckEvery;
+      }
+      return moved;
+    } catch (const CollectiveError&) {
+      self().fail_pending(std::current_exception());
+      return true;
+    }
+  }
+
   // With `g` (on mu_) held: progresses until `b` is done or `until` has passed. True if done.
   bool progress_until(std::unique_lock<std::mutex>& g, const P2PBatch& b, Clock::time_point until) {
     ++waiters_;
     Backoff backoff;
     while (!b.done.load(std::memory_order_acquire)) {
-      const bool moved = self().progress();
+      const bool moved = progress();
       if (b.done.load(std::memory_order_acquire)) break;
       g.unlock();
       if (Clock::now() >= until) {
@@ -146,15 +169,18 @@ class P2PProgress {
           continue;
         }
       }
-      if (self().progress()) pause.reset();
+      if (progress()) pause.reset();
       g.unlock();
       pause.pause();
       g.lock();
     }
   }
 
+  static constexpr auto kCheckEvery = std::chrono::milliseconds(10);
+
   const std::chrono::microseconds quiet_;
   const long pause_arg_;
+  Clock::time_point next_check_ = Clock::now();
   int waiters_ = 0;                // callers progressing in progress_until
   bool idle_ = false;              // the thread waits for work (to be notified)
   Clock::time_point last_call_{};  // the program's latest call
