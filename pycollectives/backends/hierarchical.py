@@ -30,7 +30,6 @@ code runs, and is tested, on one machine; ``k:cyclic`` deals the ranks out round
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
@@ -38,12 +37,13 @@ from pycollectives import _C
 from pycollectives.backends import Call, call_check
 from pycollectives.backends.hierarchical_flat import BlocksAndMessages
 from pycollectives.backends.hierarchical_uneven import UnevenNodes
-from pycollectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.ops import ALGORITHMS_FOR, AVG, REDUCING, algo_code, collective_code
 from pycollectives.runtime.bootstrap import StoreGroup
 from pycollectives.runtime.store_board import BoardStoreGroup, board_for, dead_after
 from pycollectives.runtime.topology import Topology
 from pycollectives.trace import flight
+from pycollectives.work import FutureCompletion
 
 # All-reduce shards and all-gather blocks of at most this many bytes travel with the check
 # across nodes. Above it the ring between nodes is faster: on 2 nodes x 1 rank here, 43 against
@@ -51,28 +51,6 @@ from pycollectives.trace import flight
 # against before).
 _RIDE_MAX_BYTES = 16 << 10
 _DIRECT = algo_code("direct")
-
-
-class _FutureWork:
-    """The native side of a Work for a composed collective (see pycollectives.work.Work)."""
-
-    __slots__ = ("_future", "seq")
-
-    def __init__(self, future, seq):
-        self._future = future
-        self.seq = seq
-
-    def wait(self, timeout=None):
-        try:
-            self._future.result(timeout)
-        except FutureTimeout:
-            raise CollectiveTimeout(
-                f"Work.wait: collective #{self.seq} not complete after {timeout} s"
-            ) from None
-        return True
-
-    def is_completed(self):
-        return self._future.done()
 
 
 def load_net_transport():
@@ -257,7 +235,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         if async_op:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="pycoll-hier")
-            return _FutureWork(self._pool.submit(guarded), seq)
+            return FutureCompletion(self._pool.submit(guarded), seq)
         if self._pool is not None:
             self._pool.submit(guarded).result()
         else:

@@ -32,8 +32,6 @@ tensors (``all_gather`` into a list, ``reduce_scatter`` from one, ``all_to_all``
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from datetime import timedelta
 
 import numpy as np
@@ -45,6 +43,7 @@ from pycollectives.communicator import Communicator
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import AVG, MAX, MIN, PROD, SUM, TORCH_OPS, torch_op_name
 from pycollectives.runtime import arrays, bootstrap
+from pycollectives.work import AllOf
 from pycollectives.work import Work as PcWork
 
 NAME = "pycollectives"
@@ -123,107 +122,47 @@ def _unpacker(flat, tensors):
     return unpack
 
 
-class _Completer:
-    """One thread per process group that completes futures as their operations finish."""
-
-    def __init__(self):
-        self._q = queue.Queue()
-        self._thread = None
-        self._lock = threading.Lock()
-
-    def add(self, work):
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True)
-                self._thread.start()
-        self._q.put(work)
-
-    def _loop(self):
-        while True:
-            work = self._q.get()
-            if work is None:
-                return
-            work._complete_future()
-
-    def stop(self):
-        if self._thread is not None:
-            self._q.put(None)
-
-
 class Work(dist.distributed_c10d.Work):
-    """The torch-side handle of one backend operation (one or more communicator Works)."""
+    """The torch-side handle of one backend operation: torch's face of one
+    ``pycollectives.Work`` over the communicator's Works (and the step after them)."""
 
-    def __init__(self, works, result, pg, post=None):
+    def __init__(self, works, result, post=None):
         super().__init__()
-        self._works = [w for w in works if isinstance(w, PcWork)]  # not those already done
-        self._result, self._pg, self._post = result, pg, post
+        works = [w for w in works if isinstance(w, PcWork)]  # not those already done
+        self._work = PcWork(AllOf(works), None, result, post)
         self._fut = None
-        self._lock = threading.Lock()
-        self._error = None
-        self._finished = False
-
-    def _finish(self, timeout=None):
-        with self._lock:
-            if self._finished:
-                if self._error is not None:
-                    raise self._error
-                return
-            try:
-                for w in self._works:
-                    w.wait(timeout)
-                if self._post is not None:
-                    self._post()
-            except BaseException as e:
-                if all(w.is_completed() for w in self._works):  # not merely out of time
-                    self._error, self._finished = e, True
-                raise
-            self._finished = True
-            self._works = []
 
     def wait(self, timeout=None):
         if isinstance(timeout, timedelta):
             timeout = timeout.total_seconds() if timeout.total_seconds() > 0 else None
-        self._finish(timeout)
-        return True
+        return self._work.wait(timeout)
 
     def is_completed(self):
-        if self._finished:
-            return True
-        if not all(w.is_completed() for w in self._works):
-            return False
-        try:  # the step after the calls (copies out of a flat output) runs before it is said
-            self._finish()
-        except BaseException:  # completed with an error: is_success and exception say which
-            pass
-        return True
+        return self._work.is_completed()
 
     def is_success(self):
-        return self.is_completed() and self._error is None
+        return self._work.is_success()
 
     def exception(self):
-        return self._error
+        return self._work.exception()
 
     def result(self):
-        return self._result
-
-    def _complete_future(self):
-        try:
-            self._finish()
-        except BaseException as e:
-            self._fut.set_exception(e)
-        else:
-            self._fut.set_result(self._result)
+        return self._work._result
 
     def get_future(self):
-        with self._lock:
-            fut, self._fut = self._fut, self._fut or Future()
-        if fut is not None:
-            return fut
-        if self._finished or not self._works:
-            self._complete_future()
-        else:
-            self._pg._completer.add(self)
-        return self._fut
+        if self._fut is not None:
+            return self._fut
+        fut = self._fut = Future()
+
+        def done(f):
+            error = f.exception()
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(f.result())
+
+        self._work.get_future().add_done_callback(done)
+        return fut
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -232,7 +171,6 @@ class ProcessGroup(dist.ProcessGroup):
     def __init__(self, comm: Communicator, rank: int, size: int):
         super().__init__(rank, size)
         self.comm = comm
-        self._completer = _Completer()
         self._name, self._desc = "", ""
         self._emulated = None  # (EmuComm, EmuStream) under PYCOLL_TORCH_DEVICE=emulated
 
@@ -254,10 +192,9 @@ class ProcessGroup(dist.ProcessGroup):
         self._desc = desc
 
     def _work(self, works, result, post=None):
-        return Work(works, result, self, post)
+        return Work(works, result, post)
 
     def shutdown(self):
-        self._completer.stop()
         self.comm.close()
         self._emulated = None
 

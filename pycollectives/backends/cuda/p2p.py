@@ -130,7 +130,7 @@ class StagedP2P:
         if not async_op:
             self.land(staged)
             return None
-        return _StagedWork(handle, self, staged)
+        return _StagedCompletion(handle, self, staged)
 
     def _stage(self, ops, stream):
         """Checks every op (the host path's checks too), then takes host buffers and queues
@@ -183,10 +183,11 @@ class StagedP2P:
         return list(marks.values())
 
 
-class _StagedWork:
-    """An asynchronous staged batch: ``wait()`` waits for the host transfer, then orders the
-    receives' streams after their copies (the host does not wait for those);
-    ``is_completed()`` is true once the copies have finished on the GPU."""
+class _StagedCompletion:
+    """The completion (``pycollectives.work``) of an asynchronous staged batch: ``wait()``
+    waits for the host transfer, then orders the receives' streams after their copies (the
+    host does not wait for those); ``is_completed()`` is true once the copies have finished
+    on the GPU."""
 
     __slots__ = ("_host", "_p2p", "_staged", "_marks", "_lock")
 

@@ -105,12 +105,40 @@ def wait_timeout(comm: pc.Communicator):
     assert np.all(x == comm.size)
 
 
+def futures_and_errors(comm: pc.Communicator):
+    # A Work's future completes with its output; a Work that ends in a mismatch raises it from
+    # every wait, returns it from exception() and fails its future, on every rank.
+    r, n = comm.rank, comm.size
+    x = np.full(64, r, np.int64)
+    fut = comm.all_reduce(x, async_op=True).get_future()
+    assert fut.result(timeout=60) is x and np.all(x == sum(range(n)))
+    with pc.Communicator() as bad:
+        y = np.ones(65 if r == n - 1 else 64, np.float32)
+        w = bad.all_reduce(y, async_op=True)
+        f = w.get_future()
+        try:
+            w.wait(timeout=60)
+        except pc.CollectiveMismatch as e:
+            error = e
+        else:
+            raise AssertionError("a mismatched all-reduce completed")
+        assert w.is_completed() and not w.is_success() and w.exception() is error
+        assert f.exception(timeout=60) is error
+        try:
+            w.result()
+        except pc.CollectiveMismatch as e:
+            assert e is error
+        else:
+            raise AssertionError("result() of a failed Work returned")
+
+
 def main():
     with pc.Communicator() as comm:
         many_in_flight(comm)
         blocking_after_async(comm)
         gil_released(comm)
         wait_timeout(comm)
+        futures_and_errors(comm)
         if comm.rank == 0:
             print("async")
 
