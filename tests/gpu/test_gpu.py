@@ -178,15 +178,38 @@ def kernel_mode_env():
 # -- collectives -------------------------------------------------------------------------------
 
 
+# The host path's test bodies (workers/collectives.py, workers/new_collectives.py) over cupy
+# arrays (harness/arrayimpl.py), through pc.Communicator. The longest counts span several
+# staging slots: 5000 elements of 4 KiB slots, 700000 of the default 1 MiB ones.
+BIG = {"small": "5000", "default": "700000"}
+
+
+def run_matrix(nranks, collective, staging, *algos, env=None):
+    env = dict(SMALL if staging == "small" else {}, **(env or {}))
+    args = (collective, staging, *algos, "--arrays", "cupy", "--big", BIG[staging])
+    out = run_mpi(nranks, "collectives.py", *args, env=env, timeout=900)
+    assert "arrays=cupy sync=" in out, out
+    return out
+
+
 @pytest.mark.parametrize("staging", ["small", "default"])
 @pytest.mark.parametrize("collective", COLLECTIVES)
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_gpu_collective_matrix(nranks, collective, staging):
-    env = SMALL if staging == "small" else {}
-    run_mpi(nranks, "gpu_collectives.py", collective, staging, env=env, timeout=900)
+    run_matrix(nranks, collective, staging)
 
 
-NEW_COLLECTIVES = ["all_to_all", "gather", "scatter", "all_gather_v", "reduce_scatter_v"]
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_gpu_collective_matrix_over_torch_tensors(nranks):
+    # The same bodies over torch's CUDA tensors: every collective in one run, each case one
+    # variant in turn.
+    env = dict(SMALL, PYCOLL_TEST_COVER="rotate")
+    args = (",".join(COLLECTIVES), "small", "--arrays", "torch-cuda", "--big", BIG["small"])
+    out = run_mpi(nranks, "collectives.py", *args, env=env, timeout=900)
+    assert out.count("arrays=torch-cuda sync=") == len(COLLECTIVES), out
+
+
+NEW_COLLECTIVES = ["all_to_all", "gather_scatter", "all_gather_v", "reduce_scatter_v"]
 
 
 @pytest.mark.parametrize("staging", ["small", "default"])
@@ -195,13 +218,14 @@ NEW_COLLECTIVES = ["all_to_all", "gather", "scatter", "all_gather_v", "reduce_sc
 def test_gpu_new_collectives(nranks, collective, staging):
     # Per-rank counts and splits (zeros, one long block), every root, absent arrays off it.
     env = SMALL if staging == "small" else {}
-    run_mpi(nranks, "gpu_collectives.py", collective, staging, env=env, timeout=900)
+    args = ("--parts", collective, "--arrays", "cupy", "--big", BIG[staging])
+    out = run_mpi(nranks, "new_collectives.py", "data", *args, env=env, timeout=900)
+    assert f"data ranks={nranks}" in out, out
 
 
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_gpu_twoshot_all_reduce(nranks):
-    env = dict(SMALL, PYCOLL_ONESHOT_BYTES="0")
-    run_mpi(nranks, "gpu_collectives.py", "all_reduce", "small", "direct", env=env)
+    run_matrix(nranks, "all_reduce", "small", "direct", env={"PYCOLL_ONESHOT_BYTES": "0"})
 
 
 @pytest.mark.parametrize("what", ["stream", "streams", "async", "mismatch"])
@@ -342,8 +366,7 @@ class TestKernelMode:
 
     @pytest.mark.parametrize("collective", COLLECTIVES)
     def test_gpu_kernel_mode_collectives(self, kernel_mode_env, collective):
-        env = dict(SMALL, **kernel_mode_env)
-        out = run_mpi(2, "gpu_collectives.py", collective, "small", "ring", env=env)
+        out = run_matrix(2, collective, "small", "ring", env=kernel_mode_env)
         assert "sync=kernel" in out, out
 
     @pytest.mark.parametrize("check", ["fingerprints", "device"])

@@ -38,6 +38,18 @@ def test_collective_matrix(nranks, collective, staging):
     run_mpi(nranks, "collectives.py", collective, staging, env=env)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_collective_matrix_over_torch_tensors(nranks):
+    # The same test bodies over torch CPU tensors (harness/arrayimpl.py; on a GPU,
+    # tests/gpu/test_gpu.py runs them over cupy): every collective in one run, each case one
+    # variant in turn.
+    out = run_mpi(
+        nranks, "collectives.py", ",".join(COLLECTIVES), "small", "--arrays", "torch",
+        env={"PYCOLL_TEST_COVER": "rotate"},
+    )  # fmt: skip
+    assert out.count("arrays=torch") == len(COLLECTIVES), out
+
+
 @pytest.mark.parametrize("nranks", [2, 3, 5])
 def test_twoshot_all_reduce(nranks):
     # Direct all-reduce switches to two-shot above a size; a zero limit makes every size use it.

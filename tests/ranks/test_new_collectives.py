@@ -11,6 +11,12 @@ def test_new_collectives_match_mpi(nranks):
     run_mpi(nranks, "new_collectives.py", "data")
 
 
+def test_new_collectives_over_torch_tensors():
+    # The same test bodies over torch CPU tensors (harness/arrayimpl.py).
+    out = run_mpi(3, "new_collectives.py", "data", "--arrays", "torch")
+    assert "data ranks=3" in out, out
+
+
 @pytest.mark.parametrize("cma", ["on", "fail"])
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_large_blocks_in_one_copy_match_mpi(nranks, cma):

@@ -1,8 +1,12 @@
 """Every collective x dtype x op x root x count x in-place against numpy and MPI.
 
-Usage: mpiexec -n N python collectives.py COLLECTIVE [small|default] [ALGO,ALGO,...]
+Usage: mpiexec -n N python collectives.py COLLECTIVE[,COLLECTIVE...] [small|default]
+                                           [ALGO,ALGO,...] [--arrays LIB] [--big K]
 `small` uses tiny staging slots so that even short vectors stream through many pieces.
 ALGO: ring, tree, direct or auto (default: all of them that have the collective).
+LIB: the array library of the collectives' arrays (harness/arrayimpl.py: numpy, torch, cupy,
+torch-cuda; default numpy); inputs and references are made in numpy either way. K: the
+longest count (default 1000 with small slots, 300000 with default ones).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import sys
 
 import numpy as np
+from arrayimpl import Numpy, array_lib
 from checks import (
     DTYPES,
     OPS,
@@ -34,8 +39,10 @@ class Checker:
     """The test bodies: for each dtype, op, count (and root), the inputs and references are made
     once and every algorithm in `algorithms` is checked against them."""
 
-    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm, algorithms):
-        self.comm, self.mpi = comm, mpi
+    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm, algorithms, lib=None, big=None):
+        self.comm, self.mpi, self.big = comm, mpi, big
+        self.lib = lib or Numpy()  # the arrays' library (harness/arrayimpl.py)
+        self.dtypes = [dt for dt in DTYPES if self.lib.supports(dt)]
         # "auto" (None): the communicator's own choice
         self.algorithms = [None if a == "auto" else a for a in algorithms]
         self.rank, self.size = comm.rank, comm.size
@@ -56,12 +63,12 @@ class Checker:
 
     def counts(self, staging: str) -> list[int]:
         n = self.size
-        big = 1000 if staging == "small" else 300_000
+        big = self.big or (1000 if staging == "small" else 300_000)
         return [0, 1, 7, 3 * n + 1, big]
 
     def reducing_cases(self, staging: str):
         """(dtype, op, count) of every reducing case: each dtype with each op it has."""
-        for dt in DTYPES:
+        for dt in self.dtypes:
             for op in OPS:
                 if valid(dt, op):
                     for count in self.counts(staging):
@@ -81,8 +88,9 @@ class Checker:
         return dt.kind in "iuf" and dt.itemsize >= 4 - 3 * (dt.kind != "f") and op in MPI_OPS
 
     def same_everywhere(self, outputs: list[tuple[str, np.ndarray]]):
-        """Each output is the same bits on every rank: one exchange of digests for a case's
-        outputs (an MPI call per output cost more than the checks themselves on 5 ranks)."""
+        """Each output (in numpy) is the same bits on every rank: one exchange of digests for
+        a case's outputs (an MPI call per output cost more than the checks themselves on 5
+        ranks)."""
         mine = [digest(a) for _, a in outputs]
         for theirs in self.mpi.allgather(mine):
             for (what, _), d, e in zip(outputs, mine, theirs):
@@ -95,7 +103,7 @@ class Checker:
     # -- one function per collective ----------------------------------------------------------
 
     def all_reduce(self, staging):
-        r, n = self.rank, self.size
+        r, n, lib = self.rank, self.size, self.lib
         for i, (dt, op, count) in enumerate(self.reducing_cases(staging)):
             # One rank, a different one for each case, compares the outputs with numpy and MPI;
             # every other rank's outputs are the same bits as its (same_everywhere). Each rank
@@ -112,13 +120,14 @@ class Checker:
             case, outputs = f"{dt} {op} count={count}", []
             for algo, in_place in self.variants():
                 what = f"all_reduce {algo or 'auto'} {case} in_place={in_place}"
-                x = mine.copy()
+                x = lib.asarray(mine)
                 if in_place:
-                    out = self.comm.all_reduce(x, op=op, algorithm=algo)
+                    out = lib.numpy(self.comm.all_reduce(x, op=op, algorithm=algo))
                 else:
-                    out = np.zeros_like(x)
+                    out = lib.zeros(count, dt)
                     self.comm.all_reduce(x, out, op=op, algorithm=algo)
-                    assert np.array_equal(x, mine), f"{what}: x modified"
+                    out = lib.numpy(out)
+                    assert np.array_equal(lib.numpy(x), mine), f"{what}: x modified"
                 outputs.append((what, out))
                 if checking:
                     check_close(out, want, dt, n, what, op)
@@ -128,7 +137,7 @@ class Checker:
             self.same_everywhere(outputs)
 
     def reduce_scatter(self, staging):
-        r, n = self.rank, self.size
+        r, n, lib = self.rank, self.size, self.lib
         for dt, op, count in self.reducing_cases(staging):
             # Rank q's input is n blocks, block k made on its own: this rank makes
             # its whole input and every rank's block r, not every rank's whole input.
@@ -141,18 +150,19 @@ class Checker:
                 self.mpi.Reduce_scatter_block(mine, ref, op=MPI_OPS[op])
             for algo, in_place in self.variants():
                 what = f"reduce_scatter {algo or 'auto'} {case} in_place={in_place}"
-                x = mine.copy()
+                x = lib.asarray(mine)
                 mine_r = x[r * count : (r + 1) * count]
-                out = mine_r if in_place else np.zeros(count, dt)
+                out = mine_r if in_place else lib.zeros(count, dt)
                 self.comm.reduce_scatter(x, out, op=op, algorithm=algo)
+                out = lib.numpy(out)
                 check_close(out, want, dt, n, what, op)
                 if ref is not None:
                     self.against_mpi(out, ref, dt, what + " vs MPI", op)
                 self.checks += 1
 
     def all_gather(self, staging):
-        r, n = self.rank, self.size
-        for dt in DTYPES:
+        r, n, lib = self.rank, self.size, self.lib
+        for dt in self.dtypes:
             for count in self.counts(staging):
                 case = f"{dt} count={count}"
                 inputs = [make_input(q, count, dt, "sum") for q in range(n)]
@@ -164,19 +174,19 @@ class Checker:
                     assert np.array_equal(want, ref), f"all_gather: MPI gathers {dt} otherwise"
                 for algo, in_place in self.variants():
                     what = f"all_gather {algo or 'auto'} {case} in_place={in_place}"
-                    out = np.zeros(n * count, dt)
+                    out = lib.zeros(n * count, dt)
                     if in_place:
                         x = out[r * count : (r + 1) * count]
-                        x[...] = inputs[r]
+                        x[...] = lib.asarray(inputs[r])
                     else:
-                        x = inputs[r].copy()
+                        x = lib.asarray(inputs[r])
                     self.comm.all_gather(x, out, algorithm=algo)
-                    same_bytes(out, want, what)
+                    same_bytes(lib.numpy(out), want, what)
                     self.checks += 1
 
     def broadcast(self, staging):
-        r, n = self.rank, self.size
-        for dt in DTYPES:
+        r, n, lib = self.rank, self.size, self.lib
+        for dt in self.dtypes:
             for count in self.counts(staging):
                 case = f"{dt} count={count}"
                 inputs = [make_input(q, count, dt, "sum") for q in range(n)]
@@ -187,13 +197,13 @@ class Checker:
                         assert np.array_equal(ref, inputs[root]), f"MPI broadcasts {dt} otherwise"
                     for algo, _ in self.variants(in_place=(None,)):
                         what = f"broadcast {algo or 'auto'} {case} root={root}"
-                        x = inputs[r].copy()
+                        x = lib.asarray(inputs[r])
                         self.comm.broadcast(x, root=root, algorithm=algo)
-                        same_bytes(x, inputs[root], what)
+                        same_bytes(lib.numpy(x), inputs[root], what)
                         self.checks += 1
 
     def reduce(self, staging):
-        r, n = self.rank, self.size
+        r, n, lib = self.rank, self.size, self.lib
         for dt, op, count in self.reducing_cases(staging):
             inputs = [make_input(q, count, dt, op) for q in range(n)]
             want = reference(inputs, op, dt)
@@ -206,19 +216,20 @@ class Checker:
                     self.mpi.Reduce(inputs[r], ref, op=MPI_OPS[op], root=root)
                 for algo, in_place in self.variants():
                     what = f"reduce {algo or 'auto'} {case} root={root} in_place={in_place}"
-                    x = inputs[r].copy()
-                    out = None if in_place else sentinel.copy()
+                    x = lib.asarray(inputs[r])
+                    out = None if in_place else lib.asarray(sentinel)
                     res = self.comm.reduce(x, out, root=root, op=op, algorithm=algo)
                     if r == root:
+                        res = lib.numpy(res)
                         check_close(res, want, dt, n, what, op)
                         if ref is not None:
                             self.against_mpi(res, ref, dt, what + " vs MPI", op)
                     elif in_place:
-                        same_bytes(x, inputs[r], f"{what}: non-root x")
+                        same_bytes(lib.numpy(x), inputs[r], f"{what}: non-root x")
                     else:
-                        same_bytes(out, sentinel, f"{what}: non-root out")
+                        same_bytes(lib.numpy(out), sentinel, f"{what}: non-root out")
                     if not in_place:
-                        same_bytes(x, inputs[r], f"{what}: x (an input)")
+                        same_bytes(lib.numpy(x), inputs[r], f"{what}: x (an input)")
                     self.checks += 1
 
 
@@ -231,20 +242,30 @@ def algorithms(collective: str, names: str = "ring,tree,direct,auto") -> list[st
 
 
 def main():
-    collective = sys.argv[1]
-    staging = sys.argv[2] if len(sys.argv) > 2 else "default"
-    algos = algorithms(collective, *sys.argv[3:4])
+    args = sys.argv[1:]
+    lib, big = Numpy(), None
+    for flag in ("--arrays", "--big"):
+        if flag in args:
+            i = args.index(flag)
+            value = args[i + 1]
+            del args[i : i + 2]
+            lib, big = (array_lib(value), big) if flag == "--arrays" else (lib, int(value))
+    collectives = args[0].split(",")
+    staging = args[1] if len(args) > 1 else "default"
     kwargs = {"staging_bytes": 256, "staging_slots": 2} if staging == "small" else {}
     mpi = MPI.COMM_WORLD
     with pc.Communicator(mpi, **kwargs) as comm:
-        checker = Checker(comm, mpi, algos)
-        getattr(checker, collective)(staging)
-        comm.barrier()
-        if comm.rank == 0:
-            print(
-                f"{collective} {','.join(algos)} ranks={comm.size} staging={staging}: "
-                f"{checker.checks} checks"
-            )
+        for collective in collectives:
+            algos = algorithms(collective, *args[2:3])
+            checker = Checker(comm, mpi, algos, lib, big)
+            getattr(checker, collective)(staging)
+            comm.barrier()
+            if comm.rank == 0:
+                sync = f" sync={comm._cuda.sync_mode}" if comm._cuda is not None else ""
+                print(
+                    f"{collective} {','.join(algos)} ranks={comm.size} staging={staging} "
+                    f"arrays={lib.name}{sync}: {checker.checks} checks"
+                )
 
 
 if __name__ == "__main__":

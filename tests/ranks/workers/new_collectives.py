@@ -1,14 +1,18 @@
 """All-to-all, gather, scatter and uneven all-gather / reduce-scatter against MPI's own.
 
 Usage: mpiexec -n N python new_collectives.py data|blocks|mismatch|args
+                                              [--arrays LIB] [--big K] [--parts P,P...]
 data:     every dtype, counts 0, 1, 7 and multi-piece, uneven splits with zeros, every root,
           in place where the collective has that form, async_op, against mpi4py's Alltoall,
           Alltoallv, Gather, Scatter, Allgatherv and Reduce_scatter.
 blocks:   all-to-all, gather and scatter of data, run with a low PYCOLL_P2P_DIRECT_BYTES.
 mismatch: ranks that disagree on splits, counts, sizes or root all raise CollectiveMismatch.
 args:     bad arguments raise TypeError / ValueError on the calling rank before anything moves.
-data runs through the Communicator's own methods; mismatch and args call the native
-communicator (comm._host.c) with codes for ops and algorithms, to test its checks directly.
+data runs through the Communicator's own methods, on arrays of LIB (harness/arrayimpl.py;
+default numpy), its long blocks of K elements (default 1500), the parts P of Data (default
+all: all_to_all, gather_scatter, all_gather_v, reduce_scatter_v); mismatch and args call the
+native communicator (comm._host.c) with codes for ops and algorithms, to test its checks
+directly.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import time
 
 import numpy as np
+from arrayimpl import Numpy, array_lib
 from checks import DTYPES, OPS, check_close, expect, is_float, make_input, reference, run_main
 from mpi4py import MPI
 
@@ -53,10 +58,14 @@ def wait_for(work):
 
 
 class Data:
-    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm):
+    """The test bodies: inputs and references in numpy, the collectives' arrays of `lib`."""
+
+    def __init__(self, comm: pc.Communicator, mpi: MPI.Comm, lib=None, big=BIG):
         self.c, self.mpi = comm, mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.calls = 0
+        self.lib, self.big = lib or Numpy(), big
+        self.dtypes = [dt for dt in DTYPES if self.lib.supports(dt)]
 
     def run(self, fn, *args, algos=(AUTO, DIRECT), **kw):
         """Calls fn with the next algorithm of `algos`; every third call is asynchronous."""
@@ -67,22 +76,25 @@ class Data:
         wait_for(res if isinstance(res, pc.Work) else None)
 
     def all_to_all(self):
-        n, r = self.size, self.rank
-        for dt in DTYPES:
-            for k in (0, 1, 7, BIG):
+        n, r, lib = self.size, self.rank, self.lib
+        for dt in self.dtypes:
+            for k in (0, 1, 7, self.big):
                 x = make_input(r, n * k, dt, "sum")
-                out = np.zeros(n * k, dt)
-                self.run(self.c.all_to_all, x, out, None, None)
+                out = lib.zeros(n * k, dt)
+                self.run(self.c.all_to_all, lib.asarray(x), out, None, None)
+                out = lib.numpy(out)
                 ref = np.zeros_like(mpi_view(out))
                 self.mpi.Alltoall(mpi_view(x), ref)
                 same_bits(mpi_view(out), ref, f"all_to_all {dt} k={k}")
             for seed in range(3):
-                matrix = [uneven(n, seed * n + q, BIG if seed == 1 else 5) for q in range(n)]
+                big = self.big if seed == 1 else 5
+                matrix = [uneven(n, seed * n + q, big) for q in range(n)]
                 send = matrix[r]
                 recv = [matrix[q][r] for q in range(n)]
                 x = make_input(r, sum(send), dt, "sum", salt=seed)
-                out = np.zeros(sum(recv), dt)
-                self.run(self.c.all_to_all, x, out, send, recv)
+                out = lib.zeros(sum(recv), dt)
+                self.run(self.c.all_to_all, lib.asarray(x), out, send, recv)
+                out = lib.numpy(out)
                 ref = np.zeros_like(mpi_view(out))
                 sdispl = np.concatenate([[0], np.cumsum(send)[:-1]]).tolist()
                 rdispl = np.concatenate([[0], np.cumsum(recv)[:-1]]).tolist()
@@ -90,74 +102,76 @@ class Data:
                 same_bits(mpi_view(out), ref, f"all_to_all {dt} splits {send} {recv}")
 
     def gather_scatter(self):
-        n, r = self.size, self.rank
-        for dt in DTYPES:
-            for k in (0, 1, 7, BIG):
+        n, r, lib = self.size, self.rank, self.lib
+        for dt in self.dtypes:
+            for k in (0, 1, 7, self.big):
                 x = make_input(r, k, dt, "sum")
                 for root in range(n):
                     # gather: out on the root only; in place (x inside out) every other time
                     in_place = (root + k) % 2 == 1
-                    out = np.full(n * k, 3, dt) if r == root else None
-                    xs = x
+                    out = lib.asarray(np.full(n * k, 3, dt)) if r == root else None
+                    xs = lib.asarray(x)
                     if in_place and r == root:
                         xs = out[root * k : (root + 1) * k]
-                        xs[...] = x
+                        xs[...] = lib.asarray(x)
                     self.run(self.c.gather, xs, out, root)
                     ref = np.zeros_like(mpi_view(np.zeros(n * k, dt))) if r == root else None
                     self.mpi.Gather(mpi_view(x), ref, root=root)
                     if r == root:
-                        same_bits(mpi_view(out), ref, f"gather {dt} k={k} root={root}")
+                        got = mpi_view(lib.numpy(out))
+                        same_bits(got, ref, f"gather {dt} k={k} root={root}")
                     # scatter: x on the root only
                     full = make_input(root, n * k, dt, "sum", salt=1)
-                    out = np.zeros(k, dt)
-                    xs = full if r == root else None
+                    out = lib.zeros(k, dt)
+                    xs = lib.asarray(full) if r == root else None
                     if in_place and r == root:
-                        xs = full.copy()
                         out = xs[root * k : (root + 1) * k]
                     self.run(self.c.scatter, xs, out, root)
                     ref = np.zeros_like(mpi_view(np.zeros(k, dt)))
                     self.mpi.Scatter(mpi_view(full) if r == root else None, ref, root=root)
-                    same_bits(mpi_view(out), ref, f"scatter {dt} k={k} root={root}")
+                    same_bits(mpi_view(lib.numpy(out)), ref, f"scatter {dt} k={k} root={root}")
                     if r == root:
-                        same_bits(xs[: root * k], full[: root * k], "scatter: x changed")
+                        kept = lib.numpy(xs)[: root * k]
+                        same_bits(kept, full[: root * k], "scatter: x changed")
 
     def all_gather_v(self):
-        n, r = self.size, self.rank
-        for dt in DTYPES:
+        n, r, lib = self.size, self.rank, self.lib
+        for dt in self.dtypes:
             for seed in range(4):
-                counts = uneven(n, seed, BIG)
+                counts = uneven(n, seed, self.big)
                 x = make_input(r, counts[r], dt, "sum", salt=seed)
                 displ = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-                out = np.zeros(sum(counts), dt)
-                xs = x
+                out = lib.zeros(sum(counts), dt)
+                xs = lib.asarray(x)
                 if seed % 2:  # in place: x is this rank's block of out
                     xs = out[displ[r] : displ[r] + counts[r]]
-                    xs[...] = x
+                    xs[...] = lib.asarray(x)
                 self.run(self.c.all_gather, xs, out, counts=counts, algos=(AUTO, RING, DIRECT))
+                out = lib.numpy(out)
                 ref = np.zeros_like(mpi_view(out))
                 self.mpi.Allgatherv(mpi_view(x), [ref, (counts, displ)])
                 same_bits(mpi_view(out), ref, f"all_gather {dt} counts={counts}")
 
     def reduce_scatter_v(self):
-        n, r = self.size, self.rank
-        for dt in DTYPES:
+        n, r, lib = self.size, self.rank, self.lib
+        for dt in self.dtypes:
             for i, op in enumerate(OPS):
                 if op == "avg" and not is_float(dt):
                     continue
-                counts = uneven(n, i, BIG if i % 2 else 7)
+                counts = uneven(n, i, self.big if i % 2 else 7)
                 total = sum(counts)
                 start = sum(counts[:r])
                 x = make_input(r, total, dt, op)
                 want = reference([make_input(q, total, dt, op) for q in range(n)], op, dt)
                 want = want[start : start + counts[r]]
-                out = np.zeros(counts[r], dt)
-                xs = x
+                out = lib.zeros(counts[r], dt)
+                xs = lib.asarray(x)
                 if i % 2:  # in place: out is this rank's block of x
-                    xs = x.copy()
                     out = xs[start : start + counts[r]]
                 self.run(
                     self.c.reduce_scatter, xs, out, op, counts=counts, algos=(AUTO, RING, DIRECT)
                 )
+                out = lib.numpy(out)
                 what = f"reduce_scatter {dt} {op} counts={counts}"
                 check_close(out, want, dt, n, what, op)
                 if op in MPI_OPS and mpi_view(x) is x and dt.itemsize >= 4 - 3 * (dt.kind != "f"):
@@ -167,11 +181,14 @@ class Data:
                     check_close(out, want, dt, n, f"{what} vs MPI", op)
 
 
-def data(mpi):
+PARTS = ("all_to_all", "gather_scatter", "all_gather_v", "reduce_scatter_v")
+
+
+def data(mpi, lib=None, big=BIG, parts=PARTS):
     with pc.Communicator(mpi, staging_bytes=4096) as comm:
-        d = Data(comm, mpi)
-        for part in (d.all_to_all, d.gather_scatter, d.all_gather_v, d.reduce_scatter_v):
-            part()
+        d = Data(comm, mpi, lib, big)
+        for part in parts:
+            getattr(d, part)()
         comm.barrier()
     return f"calls={d.calls}"
 
@@ -372,9 +389,16 @@ def described_checks(x, out, r, n):
 
 
 def main():
-    mode = sys.argv[1]
+    mode, *opts = sys.argv[1:]
     mpi = MPI.COMM_WORLD
-    summary = {"data": data, "blocks": blocks, "mismatch": mismatch, "args": args}[mode](mpi)
+    kw = {}
+    if "--arrays" in opts:
+        kw["lib"] = array_lib(opts[opts.index("--arrays") + 1])
+    if "--big" in opts:
+        kw["big"] = int(opts[opts.index("--big") + 1])
+    if "--parts" in opts:
+        kw["parts"] = opts[opts.index("--parts") + 1].split(",")
+    summary = {"data": data, "blocks": blocks, "mismatch": mismatch, "args": args}[mode](mpi, **kw)
     if mpi.rank == 0:
         print(f"{mode} ranks={mpi.size} {summary}")
 
