@@ -120,4 +120,100 @@ inline bool moves_nothing(const CollectiveCall& call, int rank, int size) {
   return e.in == 0 && e.out == 0;
 }
 
+// Why a call runs the algorithm it runs (PYCOLL_DEBUG=INFO prints it).
+enum class Reason : uint8_t {
+  Asked,       // the call named it
+  Forced,      // PYCOLL_ALGO, for an automatic call
+  SingleCopy,  // large enough for direct writes into the peers' outputs (host/single_copy.h)
+  Table,       // a rule of the tuning table
+  Size,        // the transport's size threshold (the device: direct up to direct_max_bytes)
+  Default,     // nothing else applies: ring, or direct where the collective has no ring
+};
+inline const char* reason_name(Reason r) {
+  switch (r) {
+    case Reason::Asked:
+      return "asked";
+    case Reason::Forced:
+      return "PYCOLL_ALGO";
+    case Reason::SingleCopy:
+      return "single copy";
+    case Reason::Table:
+      return "tuning table";
+    case Reason::Size:
+      return "by size";
+    case Reason::Default:
+      return "default";
+  }
+  return "?";
+}
+
+struct AlgoChoice {
+  Algo algo;
+  Reason why;
+};
+
+// What is decided about one call, once, before anything moves (resolve_call): every executor
+// reads it and decides none of it again.
+struct ResolvedCall {
+  const CollectiveCall* call = nullptr;
+  int rank = 0, size = 1;
+  size_t elem = 0;  // bytes per element of the arrays
+  size_t acc = 0;   // ... of the accumulation type (partial reductions travel in it)
+  CallExtents ext;  // elements of the input and output this rank touches
+  // Bytes the automatic choices are keyed on: the same on every rank (choice_count).
+  size_t choice_bytes = 0;
+  bool in_place = false;  // the input lies within the output (all-gather's block of it too)
+  Algo algo = Algo::Auto;
+  Reason why = Reason::Asked;
+  bool rank_ordered = false;  // reproducible mode turned a reduction's algorithm to direct
+
+  // The schedule's parameters: pieces of one `slot_bytes` slot in the messages' type (the
+  // accumulation type where they carry partial reductions), shards of whole `shard_align`
+  // elements. The per-rank counts point into the call, which must outlive them.
+  ScheduleParams schedule(size_t slot_bytes, size_t oneshot_max_bytes, size_t shard_align = 1,
+                          bool lookahead = false) const {
+    ScheduleParams p;
+    p.rank = rank;
+    p.size = size;
+    p.count = call->count;
+    p.root = call->root;
+    p.piece = slot_bytes / (carries_partials(call->collective) ? acc : elem);
+    p.acc_bytes = acc;
+    p.oneshot_max_bytes = oneshot_max_bytes;
+    p.shard_align = shard_align;
+    p.lookahead = lookahead;
+    call->apply_counts(p);
+    return p;
+  }
+};
+
+// Resolves `call` (its arguments already checked) on `rank` of `size`. An automatic call's
+// algorithm is `automatic(collective, choice_bytes)`, the transport's policy (an AlgoChoice);
+// in reproducible mode (the call's own setting, else `reproducible`) a reduction then runs in
+// rank order (rank_ordered, algo/schedule.h).
+template <class Automatic>
+ResolvedCall resolve_call(const CollectiveCall& call, int rank, int size, bool reproducible,
+                          Automatic&& automatic) {
+  ResolvedCall r;
+  r.call = &call;
+  r.rank = rank;
+  r.size = size;
+  r.elem = dtype_size(call.dtype);
+  r.acc = acc_size(call.dtype);
+  r.ext = call_extents(call, rank, size);
+  r.choice_bytes = choice_count(call, size) * r.elem;
+  const auto* in = static_cast<const uint8_t*>(call.in);
+  const auto* out = static_cast<const uint8_t*>(call.out);
+  r.in_place = in != nullptr && in >= out && in < out + r.ext.out * r.elem;
+  const AlgoChoice c = call.algo == Algo::Auto ? automatic(call.collective, r.choice_bytes)
+                                               : AlgoChoice{call.algo, Reason::Asked};
+  r.algo = c.algo;
+  r.why = c.why;
+  if (call.reproducible_or(reproducible)) {
+    r.algo = rank_ordered(call.collective, c.algo);
+    r.rank_ordered = r.algo != c.algo;
+  }
+  return r;
+}
+
 }  // namespace pycoll

@@ -48,15 +48,16 @@ void CudaComm::barrier() {
   barrier_call();
 }
 
-void CudaComm::trace(const CollectiveCall& call, uint64_t seq, Algo algo) const {
+void CudaComm::trace(const ResolvedCall& rc, uint64_t seq) const {
   if (!opts_.debug) return;
+  const CollectiveCall& call = *rc.call;
   std::fprintf(stderr,
-               "pycollectives INFO rank %d/%d cuda:%d %s #%llu count=%zu %s %s root=%d algo=%s%s "
-               "sync=%s\n",
+               "pycollectives INFO rank %d/%d cuda:%d %s #%llu count=%zu %s %s root=%d algo=%s "
+               "(%s%s) sync=%s\n",
                rank_, size_, device_, collective_name(call.collective),
                static_cast<unsigned long long>(seq), call.count, dtype_name(call.dtype),
-               redop_name(call.op), call.root, algo_name(algo),
-               call.algo == Algo::Auto ? " (auto)" : "", kernel_ ? "kernel" : "stepped");
+               redop_name(call.op), call.root, algo_name(rc.algo), reason_name(rc.why),
+               rc.rank_ordered ? ", rank order" : "", kernel_ ? "kernel" : "stepped");
 }
 
 LaunchSetup CudaComm::launch_setup(bool use_flags) const {

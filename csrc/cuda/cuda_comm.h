@@ -246,7 +246,7 @@ class CudaComm : public DeviceComm<CudaComm, cudaStream_t, CudaPlanMemory> {
   // A mismatch found on the host: our device segment's failure word stops peers' device waits.
   void stop_peers();
   bool closed() const { return closed_; }
-  void trace(const CollectiveCall& call, uint64_t seq, Algo algo) const;
+  void trace(const ResolvedCall& rc, uint64_t seq) const;
   void drill(const WaitContext&, FaultPoint, int) {}
   void drill_launch(KernelArgs&, const WaitContext&) {}
 

@@ -132,7 +132,7 @@ class DeviceComm {
   double timeout() const { return timeout_s_.load(); }
   void set_timeout(double s) { timeout_s_.store(s); }
   Algo choose(Collective c, size_t bytes) const {
-    const Algo a = device_choose(c, bytes, o_.direct_max_bytes);
+    const Algo a = device_choose(c, bytes, o_.direct_max_bytes).algo;
     return o_.reproducible ? rank_ordered(c, a) : a;
   }
   size_t plans_cached() const { return plans_.size(); }
@@ -202,7 +202,8 @@ class DeviceComm {
     check_device_call(call, size_);
     check_usable(name);
     check_device(name);
-    const Algo algo = algo_of(call);
+    const ResolvedCall rc = resolve(call);
+    const Algo algo = rc.algo;
     const bool kernel = kernel_;
     const bool empty = moves_nothing(call, rank_, size_);
     // The two-shot reads no plan: a graph captures its launch arguments, pointers and all.
@@ -212,7 +213,7 @@ class DeviceComm {
     const bool first_use = !registered.on && !empty &&
                            first_use_eligible(call, algo, o_.register_on_use_bytes, capturing);
     const uint64_t seq = ++seq_;
-    d().trace(call, seq, algo);
+    d().trace(rc, seq);
     const uint64_t fid = flight_.begin(flight_call_of(call, seq, algo), FlightState::Queued);
     if (first_use) registered.where[0] = kFirstUseWhere;  // the trade below fills the rest
     Fingerprint mine = Fingerprint::of_call(seq, call, algo);
@@ -252,9 +253,9 @@ class DeviceComm {
         // The graph reads the plan: never freed.
         run_kernel_mode(call, &plans_.pin(call, algo), mine, on, false, w);
       } else if (kernel) {
-        launched = run_kernel_mode(call, &plan_for(call, algo, on), mine, on, true, w);
+        launched = run_kernel_mode(call, &plan_for(rc, on), mine, on, true, w);
       } else {
-        run_stepped(call, plan_for(call, algo, d().own_stream()), w);
+        run_stepped(call, plan_for(rc, d().own_stream()), w);
       }
       return finish(Issued{seq, direct, launched});
     } catch (const CollectiveMismatch& e) {
@@ -349,25 +350,23 @@ class DeviceComm {
     return WaitContext::start(name, seq, timeout_s_.load(), &shm_, &aborted_);
   }
 
-  // The algorithm `call` runs: the one asked for, else the automatic choice; in rank order in
-  // reproducible mode (the call's own setting, else the communicator's).
-  Algo algo_of(const CollectiveCall& call) const {
-    const Algo a =
-        call.algo != Algo::Auto
-            ? call.algo
-            : device_choose(call.collective, choice_count(call, size_) * dtype_size(call.dtype),
-                            o_.direct_max_bytes);
-    return call.reproducible_or(o_.reproducible) ? rank_ordered(call.collective, a) : a;
+  // What is decided about `call` (resolve_call): the algorithm asked for, else the automatic
+  // choice (device_choose); in rank order in reproducible mode (the call's own setting, else
+  // the communicator's).
+  ResolvedCall resolve(const CollectiveCall& call) const {
+    return resolve_call(call, rank_, size_, o_.reproducible, [this](Collective c, size_t bytes) {
+      return device_choose(c, bytes, o_.direct_max_bytes);
+    });
   }
 
   // A new plan's steps are uploaded on `stream`, that of the launch that first reads them.
-  const CachedPlan& plan_for(const CollectiveCall& call, Algo algo, Stream stream) {
+  const CachedPlan& plan_for(const ResolvedCall& rc, Stream stream) {
     return plans_.get(
-        call, algo,
+        *rc.call, rc.algo,
         [&] {
           CachedPlan cp;
-          cp.plan = plan_call(algo, call, rank_, size_, layout_, o_.slot_bytes,
-                              o_.oneshot_max_bytes, kernel_ ? o_.ll_max_bytes : 0, o_.lookahead);
+          cp.plan = plan_call(rc, layout_, o_.slot_bytes, o_.oneshot_max_bytes,
+                              kernel_ ? o_.ll_max_bytes : 0, o_.lookahead);
           // On the stream of the launch that first reads them, so it reads them only once they
           // are in place; later launches follow that one (on its stream, or on another that
           // waits for its end: stream_waits_launch).

@@ -102,14 +102,14 @@ Plan build_plan(Algo a, Collective c, const ScheduleParams& p) {
   return plan;
 }
 
-Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
-               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes, bool lookahead) {
+Plan plan_call(const ResolvedCall& rc, const SegmentLayout& L, size_t slot_bytes,
+               size_t oneshot_max_bytes, size_t ll_max_bytes, bool lookahead) {
   if (lookahead && L.nslots < 2)
     throw InvalidArgument("lookahead needs two staging slots per channel or more");
-  Plan plan = build_plan(a, call.collective,
-                         plan_params(call, rank, size, slot_bytes, oneshot_max_bytes, lookahead));
+  Plan plan = build_plan(rc.algo, rc.call->collective,
+                         plan_params(rc, slot_bytes, oneshot_max_bytes, lookahead));
   plan.grid = plan_grid(plan.steps, L);
-  mark_ll(plan, dtype_size(call.dtype), acc_size(call.dtype), L, ll_max_bytes);
+  mark_ll(plan, rc.elem, rc.acc, L, ll_max_bytes);
   return plan;
 }
 
@@ -132,25 +132,6 @@ void check_capturable(const char* name, bool kernel_mode, bool plan_ready) {
   if (!plan_ready)
     throw CollectiveError(str_cat(name, ": capture a call shape into a CUDA graph only after ",
                                   "running it once (its plan is built then, outside the capture)"));
-}
-
-ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
-                           size_t oneshot_max_bytes, bool lookahead) {
-  const bool partials = carries_partials(call.collective);
-  ScheduleParams p;
-  p.rank = rank;
-  p.size = size;
-  p.count = call.count;
-  p.root = call.root;
-  p.piece = slot_bytes / (partials ? acc_size(call.dtype) : dtype_size(call.dtype));
-  p.acc_bytes = acc_size(call.dtype);
-  p.oneshot_max_bytes = oneshot_max_bytes;
-  // Shards that start on 16-byte boundaries keep every slice vectorised (16 elements are
-  // whole 16-byte words for every element type).
-  p.shard_align = kSliceAlign;
-  p.lookahead = lookahead;
-  call.apply_counts(p);
-  return p;
 }
 
 size_t sub_slot_bytes(size_t slot_bytes, int nblocks) {

@@ -34,20 +34,21 @@ void check_device_call(const CollectiveCall& call, int size);
 // Builds rank p.rank's plan. Throws InvalidArgument when a step does not fit the kernel format.
 Plan build_plan(Algo a, Collective c, const ScheduleParams& p);
 
-// The schedule parameters of `call` on the device: pieces of one staging slot (in the wire
-// type of the collective's messages), ring and two-shot shards of whole 16-byte words; with
-// `lookahead`, the ring all-reduce's next piece's first message before this piece's last
-// (ScheduleParams::lookahead: two messages in flight per channel, as on the host). The
-// per-rank counts point into `call`, which must outlive the parameters.
-ScheduleParams plan_params(const CollectiveCall& call, int rank, int size, size_t slot_bytes,
-                           size_t oneshot_max_bytes, bool lookahead = false);
+// The schedule parameters of a resolved call on the device: pieces of one staging slot (in
+// the wire type of the collective's messages), ring and two-shot shards of whole 16-byte
+// words; with `lookahead`, the ring all-reduce's next piece's first message before this
+// piece's last (ScheduleParams::lookahead: two messages in flight per channel, as on the
+// host). The per-rank counts point into the call, which must outlive the parameters.
+inline ScheduleParams plan_params(const ResolvedCall& rc, size_t slot_bytes,
+                                  size_t oneshot_max_bytes, bool lookahead = false) {
+  return rc.schedule(slot_bytes, oneshot_max_bytes, kSliceAlign, lookahead);
+}
 
-// Rank `rank`'s plan of `call` on a device segment laid out as `L` (slots of `slot_bytes`):
-// build_plan of plan_params, with the grid its launches run (plan_grid) and its messages of at
-// most `ll_max_bytes` in the LL format where they fit (mark_ll; 0: none).
-Plan plan_call(Algo a, const CollectiveCall& call, int rank, int size, const SegmentLayout& L,
-               size_t slot_bytes, size_t oneshot_max_bytes, size_t ll_max_bytes = 0,
-               bool lookahead = false);
+// The rank's plan of a resolved call on a device segment laid out as `L` (slots of
+// `slot_bytes`): build_plan of plan_params, with the grid its launches run (plan_grid) and its
+// messages of at most `ll_max_bytes` in the LL format where they fit (mark_ll; 0: none).
+Plan plan_call(const ResolvedCall& rc, const SegmentLayout& L, size_t slot_bytes,
+               size_t oneshot_max_bytes, size_t ll_max_bytes = 0, bool lookahead = false);
 
 // Refuses, with a CollectiveError and before anything is exchanged, a call that a CUDA graph
 // capture could not replay right: in stepped mode (the host drives every step, between launches),
@@ -56,10 +57,11 @@ void check_capturable(const char* name, bool kernel_mode, bool plan_ready);
 
 // The automatic choice on the device: direct up to `direct_max_bytes` (of the input), ring
 // above; direct always for the collectives that have no ring (all-to-all, gather, scatter).
-inline Algo device_choose(Collective c, size_t bytes, size_t direct_max_bytes) {
-  if (!algo_supports(Algo::Ring, c)) return Algo::Direct;
-  if (bytes <= direct_max_bytes && algo_supports(Algo::Direct, c)) return Algo::Direct;
-  return Algo::Ring;
+inline AlgoChoice device_choose(Collective c, size_t bytes, size_t direct_max_bytes) {
+  if (!algo_supports(Algo::Ring, c)) return {Algo::Direct, Reason::Default};
+  if (bytes <= direct_max_bytes && algo_supports(Algo::Direct, c))
+    return {Algo::Direct, Reason::Size};
+  return {Algo::Ring, Reason::Size};
 }
 
 // What a plan is a function of: the call's shape (the steps depend on the element sizes, not

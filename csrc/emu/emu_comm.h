@@ -245,7 +245,7 @@ class EmuComm : public cuda::DeviceComm<EmuComm, int, EmuPlanMemory> {
   void stop_device() { __atomic_store_n(&status_.abort, 1u, __ATOMIC_RELEASE); }
   void stop_peers();
   bool closed() const { return false; }
-  void trace(const CollectiveCall&, uint64_t, Algo) const {}
+  void trace(const ResolvedCall&, uint64_t) const {}
   void drill(const WaitContext& w, cuda::FaultPoint at, int step);
   void drill_launch(cuda::KernelArgs& a, const WaitContext& w);
 

@@ -17,9 +17,9 @@ HostExecutor::HostExecutor(const ShmTransport& t, ChannelCounters& counters, uin
       wait_(wait),
       call_(call),
       kernels_(&reduce_kernels(call.dtype, call.op)),
-      arrays_{call.input, call.output, call.input_count, call.output_count, dtype_size(call.dtype)},
-      elem_size_(dtype_size(call.dtype)),
-      acc_size_(acc_size(call.dtype)),
+      arrays_{call.input, call.output, call.input_count, call.output_count, call.elem},
+      elem_size_(call.elem),
+      acc_size_(call.acc),
       streaming_(call.streams()),
       slot_stream_(call.stream_slots) {}
 

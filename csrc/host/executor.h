@@ -30,6 +30,9 @@ struct CallBuffers {
   uint8_t* output = nullptr;
   size_t output_count = 0;
   DType dtype = DType::Float32;
+  size_t elem = 4;        // bytes per element (ResolvedCall::elem)
+  size_t acc = 4;         // ... of the accumulation type (ResolvedCall::acc)
+  bool in_place = false;  // the input lies within the output (ResolvedCall::in_place)
   RedOp op = RedOp::Sum;
   int divisor = 1;  // avg divides by this when a reduction completes
   // Out-of-place outputs of at least this many bytes are written with non-temporal stores.
@@ -37,12 +40,8 @@ struct CallBuffers {
   // Staging slots are written with non-temporal stores (host/slot_stores.h).
   bool stream_slots = false;
 
-  // Whether the input lies within the output (in place; all-gather's block of it too).
-  bool in_place() const {
-    return input >= output && input < output + output_count * dtype_size(dtype);
-  }
   // Whether writes into the output bypass the cache.
-  bool streams() const { return !in_place() && output_count * dtype_size(dtype) >= stream_bytes; }
+  bool streams() const { return !in_place && output_count * elem >= stream_bytes; }
 };
 
 // Messages moved on each channel over the communicator's lifetime.

@@ -115,18 +115,18 @@ void HostComm::check_usable(const char* name) const {
 }
 
 Algo HostComm::choose(Collective c, size_t bytes) const {
-  const Algo a = choose_fastest(c, bytes);
+  const Algo a = choose_fastest(c, bytes).algo;
   return opts_.reproducible ? rank_ordered(c, a) : a;
 }
 
-Algo HostComm::choose_fastest(Collective c, size_t bytes) const {
-  if (forced_ != Algo::Auto && algo_supports(forced_, c)) return forced_;
-  if (single_copy_.eligible(c, Algo::Auto, bytes)) return Algo::Direct;
+AlgoChoice HostComm::choose_fastest(Collective c, size_t bytes) const {
+  if (forced_ != Algo::Auto && algo_supports(forced_, c)) return {forced_, Reason::Forced};
+  if (single_copy_.eligible(c, Algo::Auto, bytes)) return {Algo::Direct, Reason::SingleCopy};
   for (const TuningRule& r : tuning_)
     if (r.collective == c && size() >= r.min_ranks && size() <= r.max_ranks &&
         bytes <= r.max_bytes && algo_supports(r.algo, c))
-      return r.algo;
-  return algo_supports(Algo::Ring, c) ? Algo::Ring : Algo::Direct;
+      return {r.algo, Reason::Table};
+  return {algo_supports(Algo::Ring, c) ? Algo::Ring : Algo::Direct, Reason::Default};
 }
 
 WaitContext HostComm::wait_context(const char* name, uint64_t seq) const {
@@ -164,21 +164,23 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     return;
   }
   const int n = size();
-  const size_t esize = dtype_size(call.dtype);
-  const CallExtents ext = call_extents(call, rank(), n);
-  const size_t choice_bytes = choice_count(call, n) * esize;
-  Algo algo = call.algo == Algo::Auto ? choose_fastest(call.collective, choice_bytes) : call.algo;
-  if (call.reproducible_or(opts_.reproducible)) algo = rank_ordered(call.collective, algo);
+  const ResolvedCall rc =
+      resolve_call(call, rank(), n, opts_.reproducible,
+                   [this](Collective c, size_t bytes) { return choose_fastest(c, bytes); });
+  const Algo algo = rc.algo;
   flight_.set_algo(flight_id_, static_cast<uint32_t>(algo));
-  const bool timed = slot_stores_.measures(choice_bytes);  // small calls read no clock
+  const bool timed = slot_stores_.measures(rc.choice_bytes);  // small calls read no clock
   const auto started = timed ? Clock::now() : Clock::time_point{};
 
   CallBuffers buf;
   buf.input = static_cast<const uint8_t*>(call.in);
-  buf.input_count = ext.in;
+  buf.input_count = rc.ext.in;
   buf.output = static_cast<uint8_t*>(call.out);
-  buf.output_count = ext.out;
+  buf.output_count = rc.ext.out;
   buf.dtype = call.dtype;
+  buf.elem = rc.elem;
+  buf.acc = rc.acc;
+  buf.in_place = rc.in_place;
   buf.op = call.op;
   buf.divisor = n;
   buf.stream_bytes = opts_.stream_bytes;
@@ -186,29 +188,20 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   // place or not (in-place outputs stay in cache; calls of the two kinds cost differently).
   const uint32_t kind =
       (static_cast<uint32_t>(call.collective) * kNumAlgos + static_cast<uint32_t>(algo)) * 2 +
-      (buf.in_place() ? 1 : 0);
-  const bool stream_slots = slot_stores_.choose(kind, choice_bytes);
+      (rc.in_place ? 1 : 0);
+  const bool stream_slots = slot_stores_.choose(kind, rc.choice_bytes);
   buf.stream_slots = stream_slots;
   if (opts_.debug)
-    std::fprintf(stderr,
-                 "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s%s%s\n",
-                 rank(), n, name, static_cast<unsigned long long>(seq), call.count,
-                 dtype_name(call.dtype), redop_name(call.op), call.root, algo_name(algo),
-                 call.algo == Algo::Auto ? " (auto)" : "", stream_slots ? " slots=streamed" : "");
+    std::fprintf(
+        stderr,
+        "pycollectives INFO rank %d/%d: %s #%llu count=%zu %s %s root=%d algo=%s (%s%s)%s\n",
+        rank(), n, name, static_cast<unsigned long long>(seq), call.count, dtype_name(call.dtype),
+        redop_name(call.op), call.root, algo_name(algo), reason_name(rc.why),
+        rc.rank_ordered ? ", rank order" : "", stream_slots ? " slots=streamed" : "");
 
-  const bool partials = carries_partials(call.collective);
-  ScheduleParams p;
-  p.rank = rank();
-  p.size = n;
-  p.count = call.count;
-  p.root = call.root;
-  p.piece = opts_.slot_bytes / (partials ? acc_size(call.dtype) : esize);
-  p.acc_bytes = acc_size(call.dtype);
-  p.oneshot_max_bytes = opts_.oneshot_max_bytes;
   // The peer's reduction of a piece overlaps our copy of the next (2-rank ring, 16-64 MiB:
   // 5-15% faster); channels have at least 2 slots.
-  p.lookahead = true;
-  call.apply_counts(p);
+  ScheduleParams p = rc.schedule(opts_.slot_bytes, opts_.oneshot_max_bytes, 1, true);
   p.direct_min_count =
       direct_min_count(call, algo, std::min(kBlockP2PBytes, opts_.p2p_cma_min_bytes));
 
@@ -230,7 +223,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     HostExecutor exec(transport_, counters_, scratch_.data(), w, buf);
     const bool mapped = mine.shared && shared_.run(exec, call, buf);
     const bool single = !mapped && call.counts.empty() &&
-                        single_copy_.eligible(call.collective, algo, choice_bytes) &&
+                        single_copy_.eligible(call.collective, algo, rc.choice_bytes) &&
                         single_copy_.all_gather(exec, buf, call.count);
     if (opts_.debug && mapped)
       std::fprintf(stderr,
@@ -240,7 +233,7 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     if (staged) make_schedule(algo, call.collective, p, exec);
     exec.finish();
     if (staged && timed)
-      slot_stores_.record(kind, choice_bytes, stream_slots,
+      slot_stores_.record(kind, rc.choice_bytes, stream_slots,
                           std::chrono::duration<double>(Clock::now() - started).count());
     const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
     if (w.fingerprints) {

@@ -199,8 +199,9 @@ class HostComm {
   std::atomic<bool> shared_enabled_{false};
   std::vector<TuningRule> tuning_;
   Algo forced_ = Algo::Auto;
-  // choose() without reproducible mode: PYCOLL_ALGO, single copy, the tuning table.
-  Algo choose_fastest(Collective c, size_t bytes) const;
+  // The automatic choice without reproducible mode, and why: PYCOLL_ALGO, single copy, the
+  // tuning table, else ring (direct where there is no ring).
+  AlgoChoice choose_fastest(Collective c, size_t bytes) const;
   std::atomic<uint64_t> seq_{0};
   uint64_t barrier_epoch_ = 0;
   std::atomic<double> timeout_s_;

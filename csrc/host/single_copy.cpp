@@ -64,7 +64,7 @@ bool SingleCopy::all_gather(HostExecutor& ex, const CallBuffers& buf, size_t cou
   std::vector<uint64_t> outputs;
   if (!agree(ex, buf, outputs)) return false;
   const int n = t_.size(), r = t_.rank();
-  const size_t es = dtype_size(buf.dtype), per = kBlockBytes;
+  const size_t es = buf.elem, per = kBlockBytes;
   const size_t bytes = count * es;
   const size_t base = static_cast<size_t>(r) * bytes;  // our block in every output
   const bool in_place = buf.input == buf.output + base;

@@ -128,14 +128,17 @@ void bind_planning(py::module_& m) {
         call.dtype = static_cast<DType>(dtype);
         set_counts(call, counts, send_counts, recv_counts);
         check_device_call(call, size);
-        const ScheduleParams p = plan_params(call, rank, size, slot_bytes, oneshot_max_bytes);
-        if (p.piece == 0) throw InvalidArgument("plan: staging slot smaller than one element");
+        call.algo = a;
+        const ResolvedCall rc = resolve_call(call, rank, size, false, [](Collective, size_t) {
+          return AlgoChoice{Algo::Auto, Reason::Asked};  // never: the algorithm is named
+        });
+        if (plan_params(rc, slot_bytes, oneshot_max_bytes).piece == 0)
+          throw InvalidArgument("plan: staging slot smaller than one element");
         if (nblocks < 1 || nslots < 2) throw InvalidArgument("plan: bad block or slot count");
         // As a communicator builds it on a segment of this layout: with its grid, and the
         // messages in the LL format (flags kRecvLL, kSendLL) for a limit of ll_max_bytes.
         const SegmentLayout L = make_layout(size, nslots, nblocks, slot_bytes, ll_max_bytes);
-        return plan_dict(plan_call(a, call, rank, size, L, slot_bytes, oneshot_max_bytes,
-                                   ll_max_bytes, lookahead));
+        return plan_dict(plan_call(rc, L, slot_bytes, oneshot_max_bytes, ll_max_bytes, lookahead));
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("rank"), py::arg("size"),
       py::arg("count"), py::arg("root"), py::arg("dtype"), py::arg("slot_bytes"),

@@ -1,20 +1,27 @@
 """algorithm=None: chosen from the tuning table, identically on every rank; PYCOLL_ALGO forces
-an algorithm where it exists; PYCOLL_DEBUG=INFO logs every choice."""
+an algorithm where it exists; PYCOLL_DEBUG=INFO logs every choice and why."""
 
 import re
 from collections import defaultdict
 
 from harness.launch import run_mpi
 
-LOG = re.compile(r"rank (\d+)/(\d+): (\w+) #(\d+) .* algo=(\w+)( \(auto\))?")
+LOG = re.compile(r"rank (\d+)/(\d+): (\w+) #(\d+) .* algo=(\w+) \(([^)]*)\)")
+REASONS = {"asked", "PYCOLL_ALGO", "single copy", "tuning table", "default"}
 
 
 def logged_choices(stderr):
+    """{seq: {rank: (collective, algorithm, automatic?)}}; every reason one of REASONS."""
     by_seq = defaultdict(dict)
     for m in LOG.finditer(stderr):
-        rank, _, coll, seq, algo, auto = m.groups()
-        by_seq[int(seq)][int(rank)] = (coll, algo, bool(auto))
+        rank, _, coll, seq, algo, why = m.groups()
+        assert why in REASONS, why
+        by_seq[int(seq)][int(rank)] = (coll, algo, why != "asked")
     return by_seq
+
+
+def logged_reasons(stderr):
+    return {(m.group(3), m.group(6)) for m in LOG.finditer(stderr)}
 
 
 def test_every_rank_logs_the_same_choice():
@@ -39,3 +46,6 @@ def test_pycoll_algo_forces_where_available():
     assert "choice all_gather tree" not in out
     algos = {v[0]: v[1] for ranks in logged_choices(err).values() for v in ranks.values()}
     assert algos["broadcast"] == "tree"
+    why = logged_reasons(err)
+    assert ("broadcast", "PYCOLL_ALGO") in why, why
+    assert ("all_gather", "PYCOLL_ALGO") not in why, why

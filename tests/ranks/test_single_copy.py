@@ -20,7 +20,7 @@ def test_single_copy_all_gather_matches_mpi(cma):
     assert out.count(f"algorithm {algo}") == 2, out
     assert ("large all-gathers use the staging slots" in err) == (cma == "fail")
     if cma == "on":
-        assert "all_gather #" in err and "algo=direct (auto)" in err
+        assert "all_gather #" in err and "algo=direct (single copy)" in err
 
 
 def test_single_copy_all_gather_count_mismatch_raises_before_writing():
