@@ -365,6 +365,7 @@ class Options:
         o.lookahead = self.cuda_lookahead
         o.stepped_events = self.cuda_stepped_events
         o.reproducible = self.reproducible
+        o.algorithm = self.algorithm or "auto"  # PYCOLL_ALGO: applied natively, as on the host
         if self.oneshot_bytes is not None:
             o.oneshot_max_bytes = self.oneshot_bytes
         o.debug = self.debug

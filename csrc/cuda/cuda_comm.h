@@ -105,6 +105,7 @@ struct CudaCommOptions {
   size_t flight_entries = 1024;  // the flight recorder's ring (0: none)
   // Every reduction runs a rank-order schedule (rank_ordered, algo/schedule.h).
   bool reproducible = false;
+  Algo forced = Algo::Auto;  // PYCOLL_ALGO (DeviceComm::choose_fastest)
 };
 // Stepped mode's fences on interprocess events: stepped_events without fence_counters.
 inline bool uses_events(const CudaCommOptions& o) { return o.stepped_events && !o.fence_counters; }

@@ -81,6 +81,7 @@ struct OrchestrationOptions {
   bool fence_counters = false;       // ... on counters (counter_fence), else events (event_fence)
   size_t flight_entries = 1024;      // the flight recorder's ring (0: none)
   bool reproducible = false;         // reductions in rank order (rank_ordered)
+  Algo forced = Algo::Auto;          // PYCOLL_ALGO: automatic calls run it where it exists
 };
 
 // The orchestration's options out of a device's (CudaCommOptions, EmuOptions: the same names).
@@ -100,6 +101,7 @@ OrchestrationOptions orchestration_of(const O& o) {
   r.fence_counters = o.fence_counters;
   r.flight_entries = o.flight_entries;
   r.reproducible = o.reproducible;
+  r.forced = o.forced;
   return r;
 }
 
@@ -132,7 +134,7 @@ class DeviceComm {
   double timeout() const { return timeout_s_.load(); }
   void set_timeout(double s) { timeout_s_.store(s); }
   Algo choose(Collective c, size_t bytes) const {
-    const Algo a = device_choose(c, bytes, o_.direct_max_bytes).algo;
+    const Algo a = choose_fastest(c, bytes).algo;
     return o_.reproducible ? rank_ordered(c, a) : a;
   }
   size_t plans_cached() const { return plans_.size(); }
@@ -354,9 +356,14 @@ class DeviceComm {
   // choice (device_choose); in rank order in reproducible mode (the call's own setting, else
   // the communicator's).
   ResolvedCall resolve(const CollectiveCall& call) const {
-    return resolve_call(call, rank_, size_, o_.reproducible, [this](Collective c, size_t bytes) {
-      return device_choose(c, bytes, o_.direct_max_bytes);
-    });
+    return resolve_call(call, rank_, size_, o_.reproducible,
+                        [this](Collective c, size_t bytes) { return choose_fastest(c, bytes); });
+  }
+  // The automatic choice without reproducible mode, and why: PYCOLL_ALGO where the collective
+  // has it, else device_choose.
+  AlgoChoice choose_fastest(Collective c, size_t bytes) const {
+    if (o_.forced != Algo::Auto && algo_supports(o_.forced, c)) return {o_.forced, Reason::Forced};
+    return device_choose(c, bytes, o_.direct_max_bytes);
   }
 
   // A new plan's steps are uploaded on `stream`, that of the launch that first reads them.

@@ -124,6 +124,7 @@ struct EmuOptions {
   bool fence_counters = true;
   size_t flight_entries = 1024;  // the flight recorder's ring (0: none)
   bool reproducible = false;     // cuda::CudaCommOptions::reproducible
+  Algo forced = Algo::Auto;      // cuda::CudaCommOptions::forced
   // Stepped mode's queue (tests): in calls of odd number on even ranks and of even number on odd
   // ranks, every queued op starts this much late, so that a rank whose queue does not wait
   // for a peer's reads what that peer has not written yet.

@@ -302,6 +302,10 @@ void bind_comm(py::module_& m) {
       .def_readwrite("lookahead", &CudaCommOptions::lookahead)
       .def_readwrite("stepped_events", &CudaCommOptions::stepped_events)
       .def_readwrite("reproducible", &CudaCommOptions::reproducible)
+      // PYCOLL_ALGO: the algorithm automatic calls run where the collective has it ("auto": none)
+      .def_property(
+          "algorithm", [](const CudaCommOptions& o) { return std::string(algo_name(o.forced)); },
+          [](CudaCommOptions& o, const std::string& name) { o.forced = algo_from_name(name); })
       .def_readwrite("fence_counters", &CudaCommOptions::fence_counters)
       .def_readwrite("flight_entries", &CudaCommOptions::flight_entries);
 

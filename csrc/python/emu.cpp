@@ -74,6 +74,9 @@ PYBIND11_MODULE(_emu, m) {
       .def_readwrite("lookahead", &emu::EmuOptions::lookahead)
       .def_readwrite("stepped_events", &emu::EmuOptions::stepped_events)
       .def_readwrite("reproducible", &emu::EmuOptions::reproducible)
+      .def_property(
+          "algorithm", [](const emu::EmuOptions& o) { return std::string(algo_name(o.forced)); },
+          [](emu::EmuOptions& o, const std::string& name) { o.forced = algo_from_name(name); })
       .def_readwrite("fence_counters", &emu::EmuOptions::fence_counters)
       .def_readwrite("flight_entries", &emu::EmuOptions::flight_entries)
       .def_readwrite("queue_delay_ms", &emu::EmuOptions::queue_delay_ms)
@@ -90,6 +93,13 @@ PYBIND11_MODULE(_emu, m) {
       .def_property_readonly("size", &emu::EmuComm::size)
       .def_property_readonly("seq", &emu::EmuComm::seq)
       .def_property_readonly("plans_cached", &emu::EmuComm::plans_cached)
+      // The algorithm an automatic call of `collective` on `bytes` runs (CudaComm.choose).
+      .def(
+          "choose",
+          [](const emu::EmuComm& c, const std::string& collective, size_t bytes) {
+            return std::string(algo_name(c.choose(collective_from_name(collective), bytes)));
+          },
+          py::arg("collective"), py::arg("bytes"))
       .def_property_readonly("plans_built", &emu::EmuComm::plans_built)
       .def_property_readonly("segment_bytes", &emu::EmuComm::segment_bytes)
       .def_property_readonly("segment_data_bytes", &emu::EmuComm::segment_data_bytes)

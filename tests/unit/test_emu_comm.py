@@ -41,3 +41,22 @@ def test_attach_needs_one_segment_per_rank():
             c.attach([c.segment_name], [c.flags_name])
     finally:
         c.unlink()
+
+
+def test_pycoll_algo_is_the_devices_own_choice():
+    # PYCOLL_ALGO reaches the device's resolution (options.algorithm), as on the host: automatic
+    # calls run it where the collective has it, the size rule elsewhere.
+    plain = _emu.EmuComm(0, 2, options())
+    forced = _emu.EmuComm(0, 2, options(algorithm="tree"))
+    try:
+        assert plain.choose("all_reduce", 1 << 20) == "ring"
+        assert plain.choose("all_reduce", 8) == "direct"
+        assert forced.choose("all_reduce", 8) == "tree"
+        assert forced.choose("broadcast", 1 << 20) == "tree"
+        assert forced.choose("all_gather", 8) == "direct"  # no tree: by size
+        assert forced.choose("all_gather", 1 << 20) == "ring"
+    finally:
+        plain.unlink()
+        forced.unlink()
+    with pytest.raises(ValueError, match="algorithm"):
+        options(algorithm="fastest")

@@ -378,10 +378,9 @@ class CudaComm:
 
     def _launch(self, call):
         c = self._native_comm()
-        collective, algorithm = call.collective, call.algorithm
-        if algorithm == 0 and self._forced in ALGORITHMS_FOR[collective]:
-            call = call._replace(algorithm=algo_code(self._forced))
-        xd, od, info = described(collective, call.x, call.out, call.root, self.rank, self.device)
+        xd, od, info = described(
+            call.collective, call.x, call.out, call.root, self.rank, self.device
+        )
         s = (
             arrays.current_stream(info)
             if call.stream is None
