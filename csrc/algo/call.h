@@ -130,21 +130,9 @@ enum class Reason : uint8_t {
   Default,     // nothing else applies: ring, or direct where the collective has no ring
 };
 inline const char* reason_name(Reason r) {
-  switch (r) {
-    case Reason::Asked:
-      return "asked";
-    case Reason::Forced:
-      return "PYCOLL_ALGO";
-    case Reason::SingleCopy:
-      return "single copy";
-    case Reason::Table:
-      return "tuning table";
-    case Reason::Size:
-      return "by size";
-    case Reason::Default:
-      return "default";
-  }
-  return "?";
+  static const char* const names[] = {"asked",        "PYCOLL_ALGO", "single copy",
+                                      "tuning table", "by size",     "default"};
+  return names[static_cast<int>(r)];
 }
 
 struct AlgoChoice {
