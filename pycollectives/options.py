@@ -297,30 +297,15 @@ class Options:
         if not 2 <= self.staging_slots <= 64:
             # A step may hold an incoming slot while it waits for an outgoing one.
             raise ValueError(f"staging_slots must be in [2, 64], got {self.staging_slots}")
-        if self.oneshot_bytes is not None and self.oneshot_bytes < 0:
-            raise ValueError(f"PYCOLL_ONESHOT_BYTES must be >= 0, got {self.oneshot_bytes}")
-        if self.p2p_eager_bytes < 0:
-            raise ValueError(f"PYCOLL_P2P_EAGER_BYTES must be >= 0, got {self.p2p_eager_bytes}")
-        if self.single_copy_bytes < 0:
-            raise ValueError(f"PYCOLL_SINGLE_COPY_BYTES must be >= 0, got {self.single_copy_bytes}")
-        if self.shared_bytes < 0:
-            raise ValueError(f"PYCOLL_SHARED_BYTES must be >= 0, got {self.shared_bytes}")
         if not 0 <= self.cuda_blocks <= 128:
             raise ValueError(
                 f"PYCOLL_CUDA_BLOCKS must be in [1, 128] or auto, got {self.cuda_blocks}"
             )
-        if self.cuda_ll_bytes < 0:
-            raise ValueError(f"PYCOLL_CUDA_LL_BYTES must be >= 0, got {self.cuda_ll_bytes}")
-        if self.cuda_register_bytes < 0:
-            raise ValueError(
-                f"PYCOLL_CUDA_REGISTER_BYTES must be >= 0, got {self.cuda_register_bytes}"
-            )
-        if not 0 <= self.flight_entries <= 1 << 20:
-            raise ValueError(
-                f"PYCOLL_FLIGHT_RECORDER must be in [0, {1 << 20}], got {self.flight_entries}"
-            )
-        if self.net_piece_bytes <= 0:
-            raise ValueError(f"PYCOLL_NET_PIECE_BYTES must be positive, got {self.net_piece_bytes}")
+        for field, name, low, high in _BOUNDS:
+            value = getattr(self, field)
+            if value is not None and not (value >= low and (high is None or value <= high)):
+                bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+                raise ValueError(f"{name} must be {bound}, got {value}")
 
     def replace(self, **changes) -> Options:
         opts = dataclasses.replace(self, **changes)
@@ -329,46 +314,68 @@ class Options:
 
     def host_options(self):
         """The native options of the shared-memory transport."""
-        o = _C.HostCommOptions()
-        o.timeout = self.timeout
-        o.slot_bytes = self.staging_bytes
-        o.nslots = self.staging_slots
-        o.stream_bytes = self.stream_bytes
-        o.slot_stores = self.slot_stores
-        if self.oneshot_bytes is not None:
-            o.oneshot_max_bytes = self.oneshot_bytes
-        o.debug = self.debug
-        o.check_mismatch = self.check_mismatch
-        o.p2p_cma = self.p2p_cma
-        o.p2p_eager_max_bytes = self.p2p_eager_bytes
-        o.p2p_cma_min_bytes = self.p2p_direct_bytes
-        o.single_copy_min_bytes = self.single_copy_bytes
-        o.shared_min_bytes = self.shared_bytes
-        o.flight_entries = self.flight_entries
-        o.reproducible = self.reproducible
-        return o
+        return _native_options(_C.HostCommOptions(), self, _HOST_FIELDS)
 
     def cuda_options(self, native, device=0, blocks=None):
         """The native options of the CUDA transport (`native`: the ``_cuda`` module) on
         `device`, with `blocks` per launch where the residency check chose them
         (backends/cuda/residency.py), else ``PYCOLL_CUDA_BLOCKS`` (``auto``: a block per SM)."""
-        o = native.CudaCommOptions()
-        o.timeout = self.timeout
-        o.slot_bytes = self.cuda_staging_bytes
-        o.nslots = self.cuda_staging_slots
+        o = _native_options(native.CudaCommOptions(), self, _CUDA_FIELDS)
         o.nblocks = blocks or self.cuda_blocks or auto_cuda_blocks(native.sm_count(device), 1)
-        o.ll_max_bytes = self.cuda_ll_bytes
-        o.stepped_twoshot = self.cuda_stepped_twoshot
-        o.register_on_use_bytes = self.cuda_register_bytes
-        o.push = self.cuda_push
-        o.copy_engines = self.cuda_copy_engines
-        o.lookahead = self.cuda_lookahead
-        o.stepped_events = self.cuda_stepped_events
-        o.reproducible = self.reproducible
         o.algorithm = self.algorithm or "auto"  # PYCOLL_ALGO: applied natively, as on the host
-        if self.oneshot_bytes is not None:
-            o.oneshot_max_bytes = self.oneshot_bytes
-        o.debug = self.debug
-        o.check_mismatch = self.check_mismatch
-        o.flight_entries = self.flight_entries
         return o
+
+
+# Options bounded below (and above): (field, the name an error gives, low, high or None).
+# None values (unset) pass.
+_BOUNDS = (
+    ("oneshot_bytes", "PYCOLL_ONESHOT_BYTES", 0, None),
+    ("p2p_eager_bytes", "PYCOLL_P2P_EAGER_BYTES", 0, None),
+    ("single_copy_bytes", "PYCOLL_SINGLE_COPY_BYTES", 0, None),
+    ("shared_bytes", "PYCOLL_SHARED_BYTES", 0, None),
+    ("cuda_ll_bytes", "PYCOLL_CUDA_LL_BYTES", 0, None),
+    ("cuda_register_bytes", "PYCOLL_CUDA_REGISTER_BYTES", 0, None),
+    ("flight_entries", "PYCOLL_FLIGHT_RECORDER", 0, 1 << 20),
+    ("net_piece_bytes", "PYCOLL_NET_PIECE_BYTES", 1, None),
+)
+
+# (native field, Options field) of each transport's native options; an Options field that is
+# None (unset) leaves the native default.
+_COMMON_FIELDS = (
+    ("timeout", "timeout"),
+    ("oneshot_max_bytes", "oneshot_bytes"),
+    ("debug", "debug"),
+    ("check_mismatch", "check_mismatch"),
+    ("flight_entries", "flight_entries"),
+    ("reproducible", "reproducible"),
+)
+_HOST_FIELDS = _COMMON_FIELDS + (
+    ("slot_bytes", "staging_bytes"),
+    ("nslots", "staging_slots"),
+    ("stream_bytes", "stream_bytes"),
+    ("slot_stores", "slot_stores"),
+    ("p2p_cma", "p2p_cma"),
+    ("p2p_eager_max_bytes", "p2p_eager_bytes"),
+    ("p2p_cma_min_bytes", "p2p_direct_bytes"),
+    ("single_copy_min_bytes", "single_copy_bytes"),
+    ("shared_min_bytes", "shared_bytes"),
+)
+_CUDA_FIELDS = _COMMON_FIELDS + (
+    ("slot_bytes", "cuda_staging_bytes"),
+    ("nslots", "cuda_staging_slots"),
+    ("ll_max_bytes", "cuda_ll_bytes"),
+    ("stepped_twoshot", "cuda_stepped_twoshot"),
+    ("register_on_use_bytes", "cuda_register_bytes"),
+    ("push", "cuda_push"),
+    ("copy_engines", "cuda_copy_engines"),
+    ("lookahead", "cuda_lookahead"),
+    ("stepped_events", "cuda_stepped_events"),
+)
+
+
+def _native_options(native, opts: Options, fields):
+    for theirs, ours in fields:
+        value = getattr(opts, ours)
+        if value is not None:
+            setattr(native, theirs, value)
+    return native
