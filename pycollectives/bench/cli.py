@@ -38,6 +38,11 @@ PEERS = {
     "oneccl": "--device cpu",
     "deepspeed": "--device cpu",
     "nccl": "--device cuda",
+    # Our own algorithms, each forced (--algo's names): beside the automatic choice, with the
+    # fastest of them, the automatic choice and the cost model's choice per size.
+    "ring": "both devices",
+    "tree": "both devices",
+    "direct": "both devices",
 }
 
 
@@ -268,38 +273,40 @@ class Sweep:
         self.dt = dtype_of(args.datatype)
         self.corrupt = os.environ.get("PYCOLL_BENCH_CORRUPT") == "1"  # test hook for -c
 
-    def ours(self, coll):
+    def ours(self, coll, algorithm=None):
+        """Our `coll` as a run(x, out, in_place); `algorithm`: forced (default --algo's)."""
         c, a = self.comm, self.args
+        algo = a.algo if algorithm is None else algorithm
 
         def run(x, out, in_place):
             if coll == "all_reduce":
-                c.all_reduce(x, None if in_place else out, op=a.op, algorithm=a.algo)
+                c.all_reduce(x, None if in_place else out, op=a.op, algorithm=algo)
             elif coll == "all_gather":
                 c.all_gather(
                     out[self.rank * x.size : (self.rank + 1) * x.size] if in_place else x,
                     out,
-                    algorithm=a.algo,
+                    algorithm=algo,
                 )
             elif coll == "reduce_scatter":
                 c.reduce_scatter(
                     x,
                     x[self.rank * out.size : (self.rank + 1) * out.size] if in_place else out,
                     op=a.op,
-                    algorithm=a.algo,
+                    algorithm=algo,
                 )
             elif coll == "broadcast":
-                c.broadcast(x, root=a.root, algorithm=a.algo)
+                c.broadcast(x, root=a.root, algorithm=algo)
             elif coll == "all_to_all":
-                c.all_to_all(x, out, algorithm=a.algo)
+                c.all_to_all(x, out, algorithm=algo)
             elif coll == "gather":
-                c.gather(x, out if self.rank == a.root else None, root=a.root, algorithm=a.algo)
+                c.gather(x, out if self.rank == a.root else None, root=a.root, algorithm=algo)
             elif coll == "scatter":
-                c.scatter(x if self.rank == a.root else None, out, root=a.root, algorithm=a.algo)
+                c.scatter(x if self.rank == a.root else None, out, root=a.root, algorithm=algo)
             elif coll == "sendrecv":
                 n, r = self.n, self.rank
                 c.batch_p2p([P2POp("send", x, (r + 1) % n), P2POp("recv", out, (r - 1) % n)])
             else:
-                c.reduce(x, None if in_place else out, root=a.root, op=a.op, algorithm=a.algo)
+                c.reduce(x, None if in_place else out, root=a.root, op=a.op, algorithm=algo)
 
         return run
 

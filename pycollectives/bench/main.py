@@ -13,7 +13,7 @@ from pycollectives.bench import formulas as F
 from pycollectives.bench import gpu, peers, report
 from pycollectives.bench.cli import SharedArrays, Sweep, dtype_of, parse_args
 from pycollectives.bench.contention import Contention
-from pycollectives.ops import ALGORITHMS_FOR
+from pycollectives.ops import ALGORITHMS, ALGORITHMS_FOR
 
 
 def refuse(mpi, message: str) -> int:
@@ -23,10 +23,12 @@ def refuse(mpi, message: str) -> int:
     return 2
 
 
-def open_peer(name: str, mpi, dev):
+def open_peer(name: str, mpi, dev, sweep=None):
     """The peer `name` on these ranks (collective): an object with ``runner(coll, op, root,
     dt)`` (a callable, or why it can't), ``reason`` (why none runs, or None), ``what`` and
     ``close()``."""
+    if name in ALGORITHMS:
+        return peers.Forced(sweep, name)
     if name == "mpi":
         return peers.Mpi(mpi, gpu.staged_runner if dev is not None else None)
     if name == "gloo":
@@ -160,7 +162,7 @@ def run(args, mpi) -> int:
             # Peers run after all of our sizes, one at a time, each closed before the next:
             # some leave threads polling (gloo's, NCCL's proxies), which would slow what follows.
             for name in args.compare:
-                peer = open_peer(name, mpi, dev)
+                peer = open_peer(name, mpi, dev, sweep)
                 try:
                     measure_peer(sweep, peer, name, rows_of, progress)
                 finally:
@@ -213,6 +215,10 @@ def run(args, mpi) -> int:
                 print(report.table_row(r))
             if args.compare:
                 print(report.comparison(these, args.compare, copy_bw, memory, notes))
+            forced = [n for n in args.compare if n in ALGORITHMS]
+            if forced and args.algo is None:
+                model = report.model_choice if dev is None else None
+                print(report.choices(these, forced, comm.algorithm_for, comm.size, model))
     if mpi.rank == 0:
         print(report.footer(rows))
         if args.json:

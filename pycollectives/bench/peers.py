@@ -8,7 +8,7 @@ import tempfile
 
 import numpy as np
 
-from pycollectives.ops import REDUCING
+from pycollectives.ops import ALGORITHMS_FOR, REDUCING
 
 MPI_OPS = ("sum", "prod", "min", "max")
 
@@ -55,6 +55,24 @@ def mpi_library() -> str:
     from mpi4py import MPI
 
     return MPI.Get_library_version().splitlines()[0].strip()
+
+
+class Forced:
+    """Our own collectives with one algorithm forced (--compare ring,tree,direct)."""
+
+    reason = None
+
+    def __init__(self, sweep, algorithm):
+        self.sweep, self.algorithm = sweep, algorithm
+        self.what = f"pycollectives with algorithm={algorithm!r}"
+
+    def runner(self, coll, op, root, dt):
+        if self.algorithm not in ALGORITHMS_FOR.get(coll, ()):
+            return f"{coll} has no {self.algorithm}"
+        return self.sweep.ours(coll, self.algorithm)
+
+    def close(self):
+        pass
 
 
 class Mpi:

@@ -116,6 +116,60 @@ def comparison(
     return "\n".join(lines)
 
 
+def model_choice(collective: str, size: int, nranks: int) -> str | None:
+    """The algorithm the cost model (pycollectives.cost_model, this machine's calibration)
+    finds fastest for `collective` of `size` bytes as pycoll-bench sizes it (the gathered or
+    scattered whole for all-gather and reduce-scatter) on one node; None without a model."""
+    from pycollectives import cost_model
+    from pycollectives.ops import ALGORITHMS_FOR
+
+    try:
+        machine = cost_model.here()
+    except (OSError, ValueError, KeyError):
+        return None
+    per = size // nranks if collective in ("all_gather", "reduce_scatter") else size
+    algos = ALGORITHMS_FOR.get(collective, ())
+    times = {a: cost_model.predict(collective, a, per, 1, nranks, machine) for a in algos}
+    return min(times, key=times.get) if times else None
+
+
+def choice_bytes(collective: str, size: int, nranks: int) -> int:
+    """The bytes the automatic choice is keyed on for a pycoll-bench size (one rank's block
+    for all-gather, the whole input otherwise)."""
+    return size // nranks if collective == "all_gather" else size
+
+
+def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) -> str:
+    """Per size: the fastest of the forced algorithms measured (peers named as algorithms),
+    the automatic choice (`algorithm_for(collective, bytes)`) and the model's (`model`, or
+    none), each with its measured time over the fastest's (1.00: it is the fastest; each time
+    taken relative to ours timed right before it)."""
+    lines = [
+        "# the algorithm each size gets: measured with each forced (--compare), the fastest; "
+        "auto (the tuning table) and the cost model's choice, their time / the fastest's",
+        "#{:>12} {:>8} {:>8} {:>6} {:>8} {:>6}".format(
+            "size", "fastest", "auto", "ratio", "model", "ratio"
+        ),
+    ]
+    for r in rows:
+        # Each forced time over ours timed just before it: a machine whose speed drifts
+        # between the measurements then ranks them alike.
+        times = {n: r["compare"][n]["ratio"] for n in forced if "ratio" in r["compare"].get(n, {})}
+        if not times:
+            continue
+        best = min(times, key=times.get)
+        coll, size = r["collective"], r["size"]
+        auto = algorithm_for(coll, choice_bytes(coll, size, nranks))
+        picked = model(coll, size, nranks) if model is not None else None
+
+        ratio = {n: f"{t / times[best]:.2f}" for n, t in times.items()}
+        lines.append(
+            f" {size:>12} {best:>8} {auto:>8} {ratio.get(auto, 'n/a'):>6} "
+            f"{picked or 'n/a':>8} {ratio.get(picked, 'n/a'):>6}"
+        )
+    return "\n".join(lines)
+
+
 def percent(v: float) -> str:
     """A share of the bound: "<1%" below one percent."""
     return "<1%" if v < 0.01 else f"{v:.0%}"

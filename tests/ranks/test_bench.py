@@ -10,6 +10,7 @@ from harness.launch import run_mpi
 
 from pycollectives.bench import cli
 from pycollectives.bench import formulas as F
+from pycollectives.ops import ALGORITHMS_FOR
 
 ROW = re.compile(
     r"^\s+(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
@@ -516,3 +517,24 @@ def test_a_failure_on_one_rank_ends_the_job(tmp_path):
     )
     assert "planted failure on rank 1" in stderr
     assert not out.exists()
+
+
+def test_forced_algorithms_beside_the_automatic_choice(tmp_path):
+    # --compare ring,tree,direct: each algorithm forced and checked (-c 1) beside auto, then
+    # per size the fastest, auto's choice and the model's, each against the fastest.
+    stdout, data = bench(tmp_path, "-e", "4K", "--compare", "ring,tree,direct", coll="all")
+    for r in data["rows"]:
+        coll = r["collective"]
+        for name in ("ring", "tree", "direct"):
+            entry = r["compare"][name]
+            have = name in ALGORITHMS_FOR.get(coll, ())
+            assert ("ratio" in entry) == have and entry.get("wrong", 0) == 0, (coll, name, entry)
+            if not have:
+                assert entry["skipped"] == f"{coll} has no {name}"
+    tables = stdout.split("# the algorithm each size gets")[1:]
+    assert len(tables) == len({r["collective"] for r in data["rows"]}), stdout
+    picked = re.findall(r"^\s+(\d+)\s+(ring|tree|direct)\s+(ring|tree|direct)\s+([\d.]+)\s+"
+                        r"(ring|tree|direct)\s+([\d.]+)$", stdout, re.M)  # fmt: skip
+    measured = [r for r in data["rows"] if ALGORITHMS_FOR.get(r["collective"])]
+    assert len(picked) == len(measured) > 0, stdout
+    assert all(float(a) >= 1.0 and float(m) >= 1.0 for *_, a, _, m in picked), picked

@@ -331,3 +331,32 @@ def test_per_call_times_back_to_back_calls_and_reports_the_slowest_rank():
     assert t == 0.25  # this rank's calls took microseconds: the slower peer's figure counts
     assert per_call(SlowerPeer(peer_s=0.0), lambda: None, 4) < 0.01
     assert time_back_to_back(SlowerPeer(peer_s=0.5), lambda: None, lambda: None, 4) == 0.5
+
+
+def test_choices_by_hand():
+    # Forced algorithms' times relative to ours timed beside each: ring 1.20, tree 1.50,
+    # direct 0.80 at 4 KiB: direct is fastest; auto picked ring (1.20 / 0.80 = 1.50 of the
+    # fastest) and the model direct (1.00). At 1 MiB ring is fastest, auto ring (1.00), the
+    # model tree (1.30 / 1.00); a size where nothing was measured is left out.
+    def row(size, **ratios):
+        return {"collective": "all_reduce", "size": size,
+                "compare": {n: {"ratio": v, "time_us": v} for n, v in ratios.items()}}  # fmt: skip
+
+    skipped = {"collective": "all_reduce", "size": 8, "compare": {"ring": {"skipped": "why"}}}
+    rows = [row(4096, ring=1.2, tree=1.5, direct=0.8), row(1 << 20, ring=1.0, tree=1.3), skipped]
+    asked = []
+
+    def algorithm_for(coll, nbytes):
+        asked.append((coll, nbytes))
+        return "ring"
+
+    model = {4096: "direct", 1 << 20: "tree"}
+    text = report.choices(rows, ["ring", "tree", "direct"], algorithm_for, 2,
+                          lambda c, size, n: model[size])  # fmt: skip
+    lines = [line.split() for line in text.splitlines() if not line.startswith("#")]
+    assert lines == [["4096", "direct", "ring", "1.50", "direct", "1.00"],
+                     ["1048576", "ring", "ring", "1.00", "tree", "1.30"]]  # fmt: skip
+    assert asked == [("all_reduce", 4096), ("all_reduce", 1 << 20)]
+    # All-gather's choice is keyed on one rank's block; the model takes one rank's shard.
+    assert report.choice_bytes("all_gather", 4096, 4) == 1024
+    assert report.choice_bytes("reduce_scatter", 4096, 4) == 4096
