@@ -260,23 +260,30 @@ class DeviceComm {
         run_stepped(call, plan_for(rc, d().own_stream()), w);
       }
       return finish(Issued{seq, direct, launched});
+    } catch (...) {
+      rethrow_failed(fid);
+    }
+  }
+
+  // In a catch block: the call whose flight entry is `fid` failed with what was caught, which
+  // is thrown again. A mismatch stops the peers' device waits and aborts; another collective
+  // error aborts (which writes the ring) and, after a timeout, asks the peers on this machine
+  // for theirs: their counters no longer match ours. Anything else passes as it is.
+  [[noreturn]] void rethrow_failed(uint64_t fid) {
+    try {
+      throw;
     } catch (const CollectiveMismatch& e) {
       d().stop_peers();
       abort(e.what());
       flight_.mark(fid, FlightState::Failed);
       throw;
     } catch (const CollectiveError& e) {
-      failed(e);  // peers' counters no longer match ours
+      abort(e.what());
+      if (dynamic_cast<const CollectiveTimeout*>(&e) != nullptr)
+        shm_.ask_peers_for_flight_records();
       flight_.mark(fid, FlightState::Failed);
       throw;
     }
-  }
-
-  // A call failed with `e`: abort (which writes the ring) and, after a timeout, ask the
-  // peers on this machine for theirs.
-  void failed(const CollectiveError& e) {
-    abort(e.what());
-    if (dynamic_cast<const CollectiveTimeout*>(&e) != nullptr) shm_.ask_peers_for_flight_records();
   }
 
   // Kernel mode: a launch that only compares calls with every peer (check_call) is the
@@ -308,15 +315,8 @@ class DeviceComm {
         host_meet(shm_, ++barrier_epoch_, w);
         if (o_.check_mismatch) guard.finish(w);
       }
-    } catch (const CollectiveMismatch& e) {
-      d().stop_peers();
-      abort(e.what());
-      flight_.mark(fid, FlightState::Failed);
-      throw;
-    } catch (const CollectiveError& e) {
-      failed(e);
-      flight_.mark(fid, FlightState::Failed);
-      throw;
+    } catch (...) {
+      rethrow_failed(fid);
     }
     flight_.mark(fid, FlightState::Ended);
   }

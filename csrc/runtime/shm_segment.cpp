@@ -92,46 +92,43 @@ void ShmSegment::release() {
   unlink();
 }
 
+namespace {
+// Closes a descriptor when it goes (the mapping stays valid without it).
+struct FdCloser {
+  int fd;
+  ~FdCloser() { close(fd); }
+};
+}  // namespace
+
 ShmSegment ShmSegment::create(const std::string& prefix, size_t bytes) {
   ShmSegment seg;
   seg.name_ = str_cat("/", prefix, "-", getuid(), "-", random_hex(12));
-  int fd = shm_open(seg.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  const int fd = shm_open(seg.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throw CollectiveError(os_error("cannot create shared memory", seg.name_));
+  const FdCloser closer{fd};
   seg.owner_ = true;
   seg.linked_ = true;  // from here on, the destructor removes the name
-  try {
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
-      throw CollectiveError(os_error("cannot size shared memory", seg.name_));
-    reserve(fd, seg.name_, bytes);
-    seg.data_ = map(fd, bytes, seg.name_);
-    seg.size_ = bytes;
-  } catch (...) {
-    close(fd);
-    throw;
-  }
-  close(fd);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    throw CollectiveError(os_error("cannot size shared memory", seg.name_));
+  reserve(fd, seg.name_, bytes);
+  seg.data_ = map(fd, bytes, seg.name_);
+  seg.size_ = bytes;
   return seg;
 }
 
 ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   ShmSegment seg;
   seg.name_ = name;
-  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) throw CollectiveError(os_error("cannot open shared memory", name));
-  try {
-    struct stat st{};
-    if (fstat(fd, &st) != 0) throw CollectiveError(os_error("cannot stat shared memory", name));
-    if (static_cast<size_t>(st.st_size) != bytes)
-      throw CollectiveError(str_cat("shared memory ", name, " has ", st.st_size,
-                                    " bytes, expected ", bytes,
-                                    " (ranks disagree on the staging configuration?)"));
-    seg.data_ = map(fd, bytes, name);
-    seg.size_ = bytes;
-  } catch (...) {
-    close(fd);
-    throw;
-  }
-  close(fd);
+  const FdCloser closer{fd};
+  struct stat st{};
+  if (fstat(fd, &st) != 0) throw CollectiveError(os_error("cannot stat shared memory", name));
+  if (static_cast<size_t>(st.st_size) != bytes)
+    throw CollectiveError(str_cat("shared memory ", name, " has ", st.st_size, " bytes, expected ",
+                                  bytes, " (ranks disagree on the staging configuration?)"));
+  seg.data_ = map(fd, bytes, name);
+  seg.size_ = bytes;
   return seg;
 }
 
