@@ -57,7 +57,13 @@ void ring_allreduce(const ScheduleParams& p, StepSink& sink) {
   }
 }
 
-void ring_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
+namespace {
+// The ring over every rank's block (`counts`, else `count` each): one rank copies its block;
+// otherwise `body(next, prev, off, len, o)` emits the steps of piece `o` of every block at
+// once, `off(k)` / `len(k)` being block k's piece (a block shorter than o has nothing left,
+// skipped alike by both ends of each message).
+template <class Body>
+void ring_over_blocks(const ScheduleParams& p, StepSink& sink, Body&& body) {
   const int n = p.size, r = p.rank;
   const Blocks b(p.counts, p.count, n);
   if (n == 1) {
@@ -65,11 +71,17 @@ void ring_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
     return;
   }
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  // Piece o of every block at once; a block shorter than o has nothing left (skipped alike
-  // by both ends of each message).
   for (size_t o = 0; o < b.longest(); o += p.piece) {
     auto off = [&](int k) { return b.off(k) + o; };
     auto len = [&](int k) { return piece_len(b.len(k), o, p.piece); };
+    body(next, prev, off, len, o);
+  }
+}
+}  // namespace
+
+void ring_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
+  const int n = p.size, r = p.rank;
+  ring_over_blocks(p, sink, [&](int next, int prev, auto off, auto len, size_t o) {
     int k = mod(r - 1, n);
     emit(sink, send(next, in(off(k)), len(k), Wire::Acc));
     for (int s = 1; s < n - 1; ++s) {
@@ -77,20 +89,12 @@ void ring_reduce_scatter(const ScheduleParams& p, StepSink& sink) {
       emit(sink, recv_reduce_send(prev, in(off(k)), next, len(k)));
     }
     emit(sink, recv_reduce_copy(prev, in(off(r)), out(o), len(r)));
-  }
+  });
 }
 
 void ring_allgather(const ScheduleParams& p, StepSink& sink) {
   const int n = p.size, r = p.rank;
-  const Blocks b(p.counts, p.count, n);
-  if (n == 1) {
-    emit(sink, copy(in(0), out(0), b.len(0)));
-    return;
-  }
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  for (size_t o = 0; o < b.longest(); o += p.piece) {
-    auto off = [&](int k) { return b.off(k) + o; };
-    auto len = [&](int k) { return piece_len(b.len(k), o, p.piece); };
+  ring_over_blocks(p, sink, [&](int next, int prev, auto off, auto len, size_t o) {
     emit(sink, copy(in(o), out(off(r)), len(r)));
     emit(sink, send(next, in(o), len(r), Wire::Elem));
     for (int t = 1; t < n - 1; ++t) {
@@ -99,7 +103,7 @@ void ring_allgather(const ScheduleParams& p, StepSink& sink) {
     }
     const int k = mod(r + 1, n);
     emit(sink, recv(prev, out(off(k)), len(k)));
-  }
+  });
 }
 
 void ring_broadcast(const ScheduleParams& p, StepSink& sink) {

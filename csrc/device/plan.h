@@ -169,11 +169,7 @@ inline int plan_grid(const std::vector<DevStep>& steps, const SegmentLayout& L) 
 // r of the message, n contiguous shards of ceil(count / n) elements rounded up to kSliceAlign
 // (so every shard starts 16-byte aligned); the last ones may be short or empty.
 PYCOLL_HD_INLINE Slice twoshot_shard(size_t count, int size, int rank) {
-  size_t per = (count + size - 1) / size;
-  per = (per + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
-  const size_t lo = per * rank < count ? per * rank : count;
-  const size_t hi = lo + per < count ? lo + per : count;
-  return Slice{lo, hi};
+  return block_slice(count, size, rank);  // the same cut: shards are a launch's blocks of ranks
 }
 // Blocks a two-shot launch runs: as many as the largest shard (rank 0's) takes channels of the
 // layout, the same on every rank (a function of count, size and layout alone); block b of every
