@@ -40,76 +40,47 @@ class Blocks {
   size_t longest_ = 0;
 };
 
+// Every field of a step, in Step's order: kind, wires in and out, the peers it receives from
+// and sends to, whether it receives on the senders' broadcast channels, operand, result, count.
+inline Step make_step(StepKind k, Wire in, Wire out, int from, int from2, int to, int to2,
+                      bool bcast, BufRef src, BufRef dst, size_t n) {
+  return Step{k, in, out, from, from2, to, to2, bcast, src, dst, n};
+}
+
 inline Step send(int to, BufRef src, size_t n, Wire w, int to2 = kNoPeer) {
-  Step s{StepKind::Send};
-  s.to = to;
-  s.to2 = to2;
-  s.src = src;
-  s.count = n;
-  s.send_wire = w;
-  return s;
+  return make_step(StepKind::Send, Wire::Elem, w, kNoPeer, kNoPeer, to, to2, false, src, {}, n);
 }
 
 inline Step recv(int from, BufRef dst, size_t n, bool bcast = false) {
-  Step s{StepKind::Recv};
-  s.from = from;
-  s.recv_bcast = bcast;
-  s.dst = dst;
-  s.count = n;
-  return s;
+  return make_step(StepKind::Recv, Wire::Elem, Wire::Elem, from, kNoPeer, kNoPeer, kNoPeer, bcast,
+                   {}, dst, n);
 }
 
 inline Step recv_reduce_send(int from, BufRef src, int to, size_t n, int from2 = kNoPeer) {
-  Step s{StepKind::RecvReduceSend, Wire::Acc, Wire::Acc};
-  s.from = from;
-  s.from2 = from2;
-  s.to = to;
-  s.src = src;
-  s.count = n;
-  return s;
+  return make_step(StepKind::RecvReduceSend, Wire::Acc, Wire::Acc, from, from2, to, kNoPeer, false,
+                   src, {}, n);
 }
 
 inline Step recv_reduce_copy(int from, BufRef src, BufRef dst, size_t n, int from2 = kNoPeer,
                              bool bcast = false) {
-  Step s{StepKind::RecvReduceCopy, Wire::Acc};
-  s.from = from;
-  s.from2 = from2;
-  s.recv_bcast = bcast;
-  s.src = src;
-  s.dst = dst;
-  s.count = n;
-  return s;
+  return make_step(StepKind::RecvReduceCopy, Wire::Acc, Wire::Elem, from, from2, kNoPeer, kNoPeer,
+                   bcast, src, dst, n);
 }
 
 inline Step recv_reduce_copy_send(int from, BufRef src, BufRef dst, int to, size_t n,
                                   int from2 = kNoPeer, int to2 = kNoPeer) {
-  Step s{StepKind::RecvReduceCopySend, Wire::Acc, Wire::Elem};
-  s.from = from;
-  s.from2 = from2;
-  s.to = to;
-  s.to2 = to2;
-  s.src = src;
-  s.dst = dst;
-  s.count = n;
-  return s;
+  return make_step(StepKind::RecvReduceCopySend, Wire::Acc, Wire::Elem, from, from2, to, to2, false,
+                   src, dst, n);
 }
 
 inline Step recv_copy_send(int from, BufRef dst, int to, size_t n, int to2 = kNoPeer) {
-  Step s{StepKind::RecvCopySend};
-  s.from = from;
-  s.to = to;
-  s.to2 = to2;
-  s.dst = dst;
-  s.count = n;
-  return s;
+  return make_step(StepKind::RecvCopySend, Wire::Elem, Wire::Elem, from, kNoPeer, to, to2, false,
+                   {}, dst, n);
 }
 
 inline Step copy(BufRef src, BufRef dst, size_t n) {
-  Step s{StepKind::Copy};
-  s.src = src;
-  s.dst = dst;
-  s.count = n;
-  return s;
+  return make_step(StepKind::Copy, Wire::Elem, Wire::Elem, kNoPeer, kNoPeer, kNoPeer, kNoPeer,
+                   false, src, dst, n);
 }
 
 // Emits a step unless it moves nothing; both ends of a message compute the same length, so
