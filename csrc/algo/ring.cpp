@@ -106,40 +106,42 @@ void ring_allgather(const ScheduleParams& p, StepSink& sink) {
   });
 }
 
-void ring_broadcast(const ScheduleParams& p, StepSink& sink) {
+namespace {
+// A chain along the ring, piece by piece, from the rank at position 0 to the one at n - 1
+// (this rank at `pos`): `step_of(role, prev, next, o, len)` is the step of piece o for the
+// first rank (role 0), a middle one (1) or the last (2).
+template <class StepOf>
+void ring_chain(const ScheduleParams& p, StepSink& sink, int pos, StepOf&& step_of) {
   const int n = p.size;
-  if (n == 1) return;
-  const int pos = mod(p.rank - p.root, n);
   const int next = mod(p.rank + 1, n), prev = mod(p.rank - 1, n);
-  for (size_t o = 0; o < p.count; o += p.piece) {
-    const size_t len = std::min(p.piece, p.count - o);
-    if (pos == 0)
-      emit(sink, send(next, out(o), len, Wire::Elem));
-    else if (pos < n - 1)
-      emit(sink, recv_copy_send(prev, out(o), next, len));
-    else
-      emit(sink, recv(prev, out(o), len));
-  }
+  const int role = pos == 0 ? 0 : pos < n - 1 ? 1 : 2;
+  for (size_t o = 0; o < p.count; o += p.piece)
+    emit(sink, step_of(role, prev, next, o, std::min(p.piece, p.count - o)));
+}
+}  // namespace
+
+void ring_broadcast(const ScheduleParams& p, StepSink& sink) {
+  if (p.size == 1) return;
+  ring_chain(p, sink, mod(p.rank - p.root, p.size),
+             [](int role, int prev, int next, size_t o, size_t len) {
+               if (role == 0) return send(next, out(o), len, Wire::Elem);
+               if (role == 1) return recv_copy_send(prev, out(o), next, len);
+               return recv(prev, out(o), len);
+             });
 }
 
 void ring_reduce(const ScheduleParams& p, StepSink& sink) {
-  const int n = p.size;
-  if (n == 1) {
+  if (p.size == 1) {
     emit(sink, copy(in(0), out(0), p.count));
     return;
   }
   // The chain starts after the root and ends at it.
-  const int pos = mod(p.rank - p.root - 1, n);
-  const int next = mod(p.rank + 1, n), prev = mod(p.rank - 1, n);
-  for (size_t o = 0; o < p.count; o += p.piece) {
-    const size_t len = std::min(p.piece, p.count - o);
-    if (pos == 0)
-      emit(sink, send(next, in(o), len, Wire::Acc));
-    else if (pos < n - 1)
-      emit(sink, recv_reduce_send(prev, in(o), next, len));
-    else
-      emit(sink, recv_reduce_copy(prev, in(o), out(o), len));
-  }
+  ring_chain(p, sink, mod(p.rank - p.root - 1, p.size),
+             [](int role, int prev, int next, size_t o, size_t len) {
+               if (role == 0) return send(next, in(o), len, Wire::Acc);
+               if (role == 1) return recv_reduce_send(prev, in(o), next, len);
+               return recv_reduce_copy(prev, in(o), out(o), len);
+             });
 }
 
 }  // namespace pycoll
