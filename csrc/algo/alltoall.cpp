@@ -37,38 +37,32 @@ void direct_alltoall(const ScheduleParams& p, StepSink& sink) {
   }
 }
 
-void direct_gather(const ScheduleParams& p, StepSink& sink) {
+namespace {
+// Gather (`gather`) or scatter, piece by piece: the root moves block q of its output (gather)
+// or input (scatter) from or to rank q, and copies its own; every other rank sends or receives
+// its one block. Blocks left out (left_out) move point-to-point instead.
+void direct_rooted(const ScheduleParams& p, StepSink& sink, bool gather) {
   const int n = p.size, r = p.rank;
   const size_t m = p.count;
+  auto at = [m](int q, size_t o) { return static_cast<size_t>(q) * m + o; };
   for (size_t o = 0; o < m; o += p.piece) {
     const size_t len = piece_len(m, o, p.piece);
     if (r != p.root) {
-      if (!left_out(p, m)) emit(sink, send(p.root, in(o), len, Wire::Elem));
+      if (!left_out(p, m))
+        emit(sink, gather ? send(p.root, in(o), len, Wire::Elem) : recv(p.root, out(o), len));
       continue;
     }
-    emit(sink, copy(in(o), out(static_cast<size_t>(r) * m + o), len));
+    emit(sink, gather ? copy(in(o), out(at(r, o)), len) : copy(in(at(r, o)), out(o), len));
     for (int k = 1; k < n && !left_out(p, m); ++k) {
       const int q = mod(r + k, n);
-      emit(sink, recv(q, out(static_cast<size_t>(q) * m + o), len));
+      emit(sink, gather ? recv(q, out(at(q, o)), len) : send(q, in(at(q, o)), len, Wire::Elem));
     }
   }
 }
+}  // namespace
 
-void direct_scatter(const ScheduleParams& p, StepSink& sink) {
-  const int n = p.size, r = p.rank;
-  const size_t m = p.count;
-  for (size_t o = 0; o < m; o += p.piece) {
-    const size_t len = piece_len(m, o, p.piece);
-    if (r != p.root) {
-      if (!left_out(p, m)) emit(sink, recv(p.root, out(o), len));
-      continue;
-    }
-    emit(sink, copy(in(static_cast<size_t>(r) * m + o), out(o), len));
-    for (int k = 1; k < n && !left_out(p, m); ++k) {
-      const int q = mod(r + k, n);
-      emit(sink, send(q, in(static_cast<size_t>(q) * m + o), len, Wire::Elem));
-    }
-  }
-}
+void direct_gather(const ScheduleParams& p, StepSink& sink) { direct_rooted(p, sink, true); }
+
+void direct_scatter(const ScheduleParams& p, StepSink& sink) { direct_rooted(p, sink, false); }
 
 }  // namespace pycoll
