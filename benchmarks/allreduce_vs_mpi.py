@@ -19,7 +19,7 @@ from mpi4py import MPI
 import pycollectives as pc
 from pycollectives.bench.formulas import bus_factor
 from pycollectives.bench.peers import mpi_library
-from pycollectives.bench.timing import per_call
+from pycollectives.bench.timing import best_per_call
 
 
 def main():
@@ -57,13 +57,7 @@ def main():
         def theirs(x=x, out=out):
             mpi.Allreduce(x, out)
 
-        for f in (ours, theirs):  # warm up (page faults, caches)
-            for _ in range(min(iters, 50)):
-                f()
-        best_ours = best_mpi = float("inf")
-        for _ in range(args.rounds):
-            best_ours = min(best_ours, per_call(mpi, ours, iters))
-            best_mpi = min(best_mpi, per_call(mpi, theirs, iters))
+        best_ours, best_mpi = best_per_call(mpi, (ours, theirs), iters, args.rounds, min(iters, 50))
         row = {
             "bytes": nbytes,
             "ours_us": best_ours * 1e6,

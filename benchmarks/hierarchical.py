@@ -22,7 +22,7 @@ from mpi4py import MPI
 import pycollectives as pc
 from pycollectives.bench.formulas import bus_factor
 from pycollectives.bench.peers import mpi_library
-from pycollectives.bench.timing import per_call
+from pycollectives.bench.timing import best_per_call
 
 
 def main():
@@ -65,14 +65,7 @@ def main():
         def theirs(x=x, out=out):
             mpi.Allreduce(x, out)
 
-        fns = (hier, ring, theirs)
-        for f in fns:  # warm up (page faults, caches)
-            for _ in range(min(iters, 20)):
-                f()
-        best = [float("inf")] * 3
-        for _ in range(args.rounds):
-            for i, f in enumerate(fns):
-                best[i] = min(best[i], per_call(mpi, f, iters))
+        best = best_per_call(mpi, (hier, ring, theirs), iters, args.rounds, min(iters, 20))
         row = {"bytes": nbytes}
         for name, t in zip(("hier", "ring", "mpi"), best):
             row[f"{name}_us"] = t * 1e6

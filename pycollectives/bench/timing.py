@@ -36,6 +36,19 @@ def per_call(mpi, fn, calls: int, sync=None, warmup: int = 0) -> float:
     return max_over_ranks(mpi, (time.perf_counter() - t0) / calls)
 
 
+def best_per_call(mpi, fns, calls: int, rounds: int, warmup: int) -> list:
+    """Each of `fns`' best seconds per call (per_call) over `rounds` rounds in which they
+    alternate, after `warmup` untimed calls of each (page faults, caches)."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], per_call(mpi, fn, calls))
+    return best
+
+
 def calls_for(mpi, fn, sync, budget_s: float, most: int, least: int = 3) -> int:
     """How many calls of `fn` fit in `budget_s`, between `least` and `most`, from one
     synchronised call timed on every rank (the slowest counts: the same on every rank)."""
