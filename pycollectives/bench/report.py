@@ -142,8 +142,7 @@ def choice_bytes(collective: str, size: int, nranks: int) -> int:
 def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) -> str:
     """Per size: the fastest of the forced algorithms measured (peers named as algorithms),
     the automatic choice (`algorithm_for(collective, bytes)`) and the model's (`model`, or
-    none), each with its measured time over the fastest's (1.00: it is the fastest; each time
-    taken relative to ours timed right before it)."""
+    none), each with its measured time over the fastest's (1.00: it is the fastest)."""
     lines = [
         "# the algorithm each size gets: measured with each forced (--compare), the fastest; "
         "auto (the tuning table) and the cost model's choice, their time / the fastest's",
@@ -152,9 +151,12 @@ def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) ->
         ),
     ]
     for r in rows:
-        # Each forced time over ours timed just before it: a machine whose speed drifts
-        # between the measurements then ranks them alike.
-        times = {n: r["compare"][n]["ratio"] for n in forced if "ratio" in r["compare"].get(n, {})}
+        # The forced algorithms' own times (with --rounds, each one's best), not their ratios
+        # to ours timed beside each: a slow moment of that second timing of ours would make
+        # the algorithm beside it look fast.
+        times = {
+            n: r["compare"][n]["time_us"] for n in forced if "time_us" in r["compare"].get(n, {})
+        }
         if not times:
             continue
         best = min(times, key=times.get)
