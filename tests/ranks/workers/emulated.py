@@ -250,7 +250,7 @@ def until_gone(pids, limit):
     def running(pid):
         try:
             return proc_stat(pid)[0] != "Z"
-        except FileNotFoundError:
+        except OSError:  # gone: before the open (ENOENT) or between it and the read (ESRCH)
             return False
 
     end = time.monotonic() + limit
