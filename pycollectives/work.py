@@ -24,6 +24,14 @@ from concurrent.futures import Future
 from pycollectives.errors import CollectiveTimeout
 
 _RUNNING, _WAITED, _FAILED = 0, 1, 2
+
+
+def _gave_up(error, completion) -> bool:
+    """Whether `error`, raised by a wait on `completion`, is that wait giving up while the
+    operation still runs (nothing to record), not the operation's own end."""
+    return isinstance(error, CollectiveTimeout) and not completion.is_completed()
+
+
 _settling = threading.Lock()  # runs a Work's `after` step once (rare: torch's list outputs)
 
 
@@ -75,8 +83,8 @@ class Work:
         try:
             native.wait(timeout)
         except BaseException as e:
-            if isinstance(e, CollectiveTimeout) and not native.is_completed():
-                raise  # this wait gave up; the operation goes on
+            if _gave_up(e, native):
+                raise  # the operation goes on
             self._fail(e)
             raise self._error from None
         if self._after is not None:
@@ -189,7 +197,7 @@ class AllOf:
             try:
                 p.wait(timeout)
             except BaseException as e:
-                if isinstance(e, CollectiveTimeout) and not p.is_completed():
+                if _gave_up(e, p):
                     raise
                 error = error or e  # the others still end, and are waited for
         if error is not None:

@@ -92,6 +92,17 @@ class Torch:
         return t.numpy()
 
 
+def pop_option(args: list, flag: str, default=None):
+    """The value after `flag` in the argument list `args` (both removed from it), else
+    `default`."""
+    if flag not in args:
+        return default
+    i = args.index(flag)
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
+
+
 def local_rank() -> int:
     """This rank's index among the ranks of its machine (collective): on a machine with
     several GPUs each rank uses its own, as a user's job would."""

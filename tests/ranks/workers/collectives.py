@@ -15,7 +15,7 @@ import os
 import sys
 
 import numpy as np
-from arrayimpl import Numpy, array_lib
+from arrayimpl import Numpy, array_lib, pop_option
 from checks import (
     DTYPES,
     OPS,
@@ -243,13 +243,9 @@ def algorithms(collective: str, names: str = "ring,tree,direct,auto") -> list[st
 
 def main():
     args = sys.argv[1:]
-    lib, big = Numpy(), None
-    for flag in ("--arrays", "--big"):
-        if flag in args:
-            i = args.index(flag)
-            value = args[i + 1]
-            del args[i : i + 2]
-            lib, big = (array_lib(value), big) if flag == "--arrays" else (lib, int(value))
+    lib = array_lib(pop_option(args, "--arrays", "numpy"))
+    big = pop_option(args, "--big")
+    big = None if big is None else int(big)
     collectives = args[0].split(",")
     staging = args[1] if len(args) > 1 else "default"
     kwargs = {"staging_bytes": 256, "staging_slots": 2} if staging == "small" else {}

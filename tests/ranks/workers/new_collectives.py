@@ -22,7 +22,7 @@ import sys
 import time
 
 import numpy as np
-from arrayimpl import Numpy, array_lib
+from arrayimpl import Numpy, array_lib, pop_option
 from checks import DTYPES, OPS, check_close, expect, is_float, make_input, reference, run_main
 from mpi4py import MPI
 
@@ -393,11 +393,11 @@ def main():
     mpi = MPI.COMM_WORLD
     kw = {}
     if "--arrays" in opts:
-        kw["lib"] = array_lib(opts[opts.index("--arrays") + 1])
+        kw["lib"] = array_lib(pop_option(opts, "--arrays"))
     if "--big" in opts:
-        kw["big"] = int(opts[opts.index("--big") + 1])
+        kw["big"] = int(pop_option(opts, "--big"))
     if "--parts" in opts:
-        kw["parts"] = opts[opts.index("--parts") + 1].split(",")
+        kw["parts"] = pop_option(opts, "--parts").split(",")
     summary = {"data": data, "blocks": blocks, "mismatch": mismatch, "args": args}[mode](mpi, **kw)
     if mpi.rank == 0:
         print(f"{mode} ranks={mpi.size} {summary}")
