@@ -16,8 +16,9 @@ adapter with the Communicator's API).
 
 from __future__ import annotations
 
+import checks
 import numpy as np
-from checks import BFLOAT16
+from checks import is_bfloat16
 
 NAMES = ("numpy", "torch", "cupy", "torch-cuda")
 
@@ -48,7 +49,7 @@ class Cupy:
         cupy.cuda.Device(local_rank() % cupy.cuda.runtime.getDeviceCount()).use()
 
     def supports(self, dt) -> bool:
-        return dt != BFLOAT16  # cupy has no bfloat16
+        return not is_bfloat16(dt)  # cupy has no bfloat16
 
     def asarray(self, a: np.ndarray):
         return self.cp.asarray(a)
@@ -72,10 +73,10 @@ class Torch:
         self.name, self.on_gpu = ("torch" if device == "cpu" else "torch-cuda"), device != "cpu"
 
     def supports(self, dt) -> bool:
-        return dt == BFLOAT16 or dt.kind in "iuf" and (dt.kind != "u" or dt.itemsize == 1)
+        return is_bfloat16(dt) or dt.kind in "iuf" and (dt.kind != "u" or dt.itemsize == 1)
 
     def asarray(self, a: np.ndarray):
-        if a.dtype == BFLOAT16:
+        if is_bfloat16(a.dtype):
             t = self.torch.from_numpy(a.view(np.int16).copy()).view(self.torch.bfloat16)
         else:
             t = self.torch.from_numpy(a.copy())
@@ -88,7 +89,7 @@ class Torch:
     def numpy(self, t) -> np.ndarray:
         t = t.detach().cpu()
         if t.dtype == self.torch.bfloat16:
-            return t.view(self.torch.int16).numpy().view(BFLOAT16)
+            return t.view(self.torch.int16).numpy().view(checks.BFLOAT16)
         return t.numpy()
 
 

@@ -12,20 +12,41 @@ import zlib
 
 import numpy as np
 
-try:
-    import ml_dtypes
-
-    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # bfloat16 cases are skipped without ml_dtypes
-    BFLOAT16 = None
-
-DTYPES = [np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64]
-DTYPES = [np.dtype(d) for d in DTYPES] + ([BFLOAT16] if BFLOAT16 is not None else [])
+# bfloat16 is ml_dtypes' numpy dtype. Importing ml_dtypes costs 0.7 s of CPU a process (it
+# registers its ten types' loops with every ufunc), and most of the suite's processes never
+# meet a bfloat16: BFLOAT16 and DTYPES are made on first use (module __getattr__), and the
+# rest of this module tells bfloat16 by its name.
+_BASE_DTYPES = [np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64]
 OPS = ["sum", "prod", "min", "max", "avg"]
 
 
+def _bfloat16():
+    """ml_dtypes' bfloat16, or None without ml_dtypes (its cases are then skipped)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def __getattr__(name):  # BFLOAT16 and DTYPES, made on first use
+    if name == "BFLOAT16":
+        value = _bfloat16()
+    elif name == "DTYPES":
+        bf16 = _bfloat16()
+        value = [np.dtype(d) for d in _BASE_DTYPES] + ([bf16] if bf16 is not None else [])
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def is_bfloat16(dt) -> bool:
+    return dt.name == "bfloat16"
+
+
 def is_float(dt) -> bool:
-    return dt.kind == "f" or dt == BFLOAT16
+    return dt.kind == "f" or is_bfloat16(dt)
 
 
 def valid(dt, op) -> bool:
@@ -105,7 +126,7 @@ def reference(inputs: list[np.ndarray], op: str, dt) -> np.ndarray:
 
 
 def eps(dt) -> float:
-    if dt == BFLOAT16:
+    if is_bfloat16(dt):
         return 2.0**-8
     return float(np.finfo(dt).eps)
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import sys
 
+import checks
 import numpy as np
 from arrayimpl import Numpy, array_lib, pop_option
 from checks import (
-    DTYPES,
     OPS,
     check_close,
     digest,
@@ -42,7 +42,7 @@ class Checker:
     def __init__(self, comm: pc.Communicator, mpi: MPI.Comm, algorithms, lib=None, big=None):
         self.comm, self.mpi, self.big = comm, mpi, big
         self.lib = lib or Numpy()  # the arrays' library (harness/arrayimpl.py)
-        self.dtypes = [dt for dt in DTYPES if self.lib.supports(dt)]
+        self.dtypes = [dt for dt in checks.DTYPES if self.lib.supports(dt)]
         # "auto" (None): the communicator's own choice
         self.algorithms = [None if a == "auto" else a for a in algorithms]
         self.rank, self.size = comm.rank, comm.size

@@ -35,9 +35,9 @@ import os
 import sys
 import time
 
+import checks
 import numpy as np
 from checks import (
-    DTYPES,
     check_close,
     expect,
     hard_exit,
@@ -557,7 +557,7 @@ def ll_sizes(mpi, mode):
     dev = EmulatedDevice(mpi, mode, "default", blocks=4)
     c = dev.dev
     calls = 0
-    for dt in DTYPES:
+    for dt in checks.DTYPES:
         for collective in LL_COLLECTIVES:
             edge = LL_LIMIT // wire_bytes(collective, dt)
             for count in sorted({1, 3, 7, edge // 4 + 1, edge // 2 - 1, edge - 1, edge, edge + 1,
@@ -657,7 +657,7 @@ def stepped_scratch(mpi, mode):
     # of a 4 KiB slot (1024 B, 128 spare, rounded up to 256: 1280 B)
     assert c.segment_data_bytes == 4 * (n + 1) * 2 * 1280, c.segment_data_bytes
     calls = chunks = 0
-    for dt in DTYPES:
+    for dt in checks.DTYPES:
         cap = c.segment_data_bytes // dt.itemsize // 16 * 16
         ops = ["sum", "max", "avg"] if is_float(dt) else ["sum", "max"]
         for count in (1, 7, 16 * n + 5, cap, cap + 1, 5 * cap - 3):

@@ -20,17 +20,22 @@ import gc
 import os
 import sys
 
+import checks
 import numpy as np
-from checks import BFLOAT16, expect, make_input, run_main, same_bytes
+from checks import expect, is_float, make_input, run_main, same_bytes
 from emulated import DRILL_TIMEOUT, EmulatedDevice, say
 from emulated_registered import F32, allocation_of, rank_order, say_traffic
 from mpi4py import MPI
 
 import pycollectives as pc
 
-DTYPES = [np.dtype(t) for t in (np.float32, np.float64, np.int32, np.float16)] + (
-    [BFLOAT16] if BFLOAT16 is not None else []
-)
+
+def dtypes() -> list:  # ml_dtypes is imported only by a process that runs these
+    return [np.dtype(t) for t in (np.float32, np.float64, np.int32, np.float16)] + (
+        [checks.BFLOAT16] if checks.BFLOAT16 is not None else []
+    )
+
+
 FROM = 256  # bytes: calls of at least this many register on first use here
 
 
@@ -58,9 +63,9 @@ def collectives(mpi, mode):
     c, n, r = dev.dev, mpi.size, mpi.rank
     cases = 0
     pools = []
-    for dt in DTYPES:
+    for dt in dtypes():
         count = max(FROM // dt.itemsize, 1) + 37  # above FROM, not a multiple of anything
-        ops = ["sum", "max"] + (["avg"] if dt.kind == "f" or dt == BFLOAT16 else [])
+        ops = ["sum", "max"] + (["avg"] if is_float(dt) else [])
         size = n * count + 64 + 5 * n
         pool_in, pool_out = dev.device_array(size, dt), dev.device_array(size, dt)
         pools += [pool_in, pool_out]

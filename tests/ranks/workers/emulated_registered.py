@@ -18,12 +18,14 @@ import os
 import sys
 import time
 
+import checks
 import numpy as np
 from checks import (
-    BFLOAT16,
     check_close,
     digest,
     expect,
+    is_bfloat16,
+    is_float,
     make_input,
     reference,
     run_main,
@@ -34,16 +36,20 @@ from mpi4py import MPI
 
 import pycollectives as pc
 
-DTYPES = [np.dtype(t) for t in (np.float32, np.float64, np.int32, np.float16)] + (
-    [BFLOAT16] if BFLOAT16 is not None else []
-)
+
+def dtypes() -> list:  # ml_dtypes is imported only by a process that runs these
+    return [np.dtype(t) for t in (np.float32, np.float64, np.int32, np.float16)] + (
+        [checks.BFLOAT16] if checks.BFLOAT16 is not None else []
+    )
+
+
 F32 = np.dtype(np.float32)
 SLICE_ALIGN = 16  # kSliceAlign: shards start at multiples of it
 
 
 def accumulates_in(dt):
     """The type the device accumulates `dt` in: float32 for the 16-bit floats."""
-    return F32 if dt.kind == "f" and dt.itemsize == 2 or dt == BFLOAT16 else dt
+    return F32 if dt.kind == "f" and dt.itemsize == 2 or is_bfloat16(dt) else dt
 
 
 def rank_order(inputs, op, dt):
@@ -83,8 +89,8 @@ def matrix(mpi, mode):
     c, n, r = dev.dev, mpi.size, mpi.rank
     counts = [0, 1, n - 1, 3 * n + 1, 5000]  # 5000: several blocks' slices of a 4 KiB slot
     cases = 0
-    for dt in DTYPES:
-        ops = ["sum", "max"] + (["avg"] if dt.kind == "f" or dt == BFLOAT16 else [])
+    for dt in dtypes():
+        ops = ["sum", "max"] + (["avg"] if is_float(dt) else [])
         pool_in, pool_out = dev.empty(2 * 5000 + 128, dt), dev.zeros(5000 + 64, dt)
         for op in ops:
             for count in counts:
@@ -143,8 +149,8 @@ def others(mpi, mode):
     c, n, r = dev.dev, mpi.size, mpi.rank
     counts = [1, n - 1 or 1, 3 * n + 1, 1300]
     cases = 0
-    for dt in DTYPES:
-        ops = ["sum", "max"] + (["avg"] if dt.kind == "f" or dt == BFLOAT16 else [])
+    for dt in dtypes():
+        ops = ["sum", "max"] + (["avg"] if is_float(dt) else [])
         size = n * 1300 + 64
         pool_in, pool_out = dev.empty(size, dt), dev.empty(size, dt)
         for count in counts:

@@ -21,9 +21,10 @@ import os
 import sys
 import time
 
+import checks
 import numpy as np
 from arrayimpl import Numpy, array_lib, pop_option
-from checks import DTYPES, OPS, check_close, expect, is_float, make_input, reference, run_main
+from checks import OPS, check_close, expect, is_float, make_input, reference, run_main
 from mpi4py import MPI
 
 import pycollectives as pc
@@ -65,7 +66,7 @@ class Data:
         self.rank, self.size = mpi.rank, mpi.size
         self.calls = 0
         self.lib, self.big = lib or Numpy(), big
-        self.dtypes = [dt for dt in DTYPES if self.lib.supports(dt)]
+        self.dtypes = [dt for dt in checks.DTYPES if self.lib.supports(dt)]
 
     def run(self, fn, *args, algos=(AUTO, DIRECT), **kw):
         """Calls fn with the next algorithm of `algos`; every third call is asynchronous."""

@@ -17,9 +17,9 @@ import os
 import socket
 import sys
 
+import checks
 import numpy as np
 from checks import (
-    DTYPES,
     check_close,
     digest,
     expect,
@@ -63,7 +63,7 @@ def collectives(comm):
     """The five hierarchical collectives (and each flat over gloo) against numpy."""
     r, n = comm.rank, comm.size
     flat_dtypes = [np.dtype(np.float32), np.dtype(np.int64)]  # gloo's, over all ranks
-    for algorithm, dtypes in ((None, DTYPES), ("ring", flat_dtypes)):
+    for algorithm, dtypes in ((None, checks.DTYPES), ("ring", flat_dtypes)):
         for dt in dtypes:
             for op in OPS:
                 if not valid(dt, op):
@@ -324,7 +324,7 @@ def reproducible(comm):
     add in an order of their own, the ranks trade blocks and fold them in rank order."""
     from reproducible import matrix
 
-    dtypes = [dt for dt in DTYPES if is_float(dt) or dt == np.dtype(np.int32)]
+    dtypes = [dt for dt in checks.DTYPES if is_float(dt) or dt == np.dtype(np.int32)]
     matrix(comm, dtypes, (3001,), rotate=True, reproducible=True)
 
 

@@ -13,8 +13,9 @@ import pickle
 import sys
 import time
 
+import checks
 import numpy as np
-from checks import DTYPES, expect, hard_exit, make_input, run_main
+from checks import expect, hard_exit, make_input, run_main
 from mpi4py import MPI
 
 import pycollectives as pc
@@ -58,7 +59,7 @@ def matrix():
     comm = pc.Communicator(staging_bytes=SLOT)
     r, n = comm.rank, comm.size
     # Counts: empty, one, odd, several slots, and one past the direct-write threshold.
-    for dt in DTYPES:
+    for dt in checks.DTYPES:
         for count in (0, 1, 7, 5 * SLOT // dt.itemsize + 3, (1 << 16) // dt.itemsize + 5):
             what = f"{dt} count={count}"
             nxt, prv = (r + 1) % n, (r - 1) % n
