@@ -74,11 +74,11 @@ def install_stand_ins():
     try:  # the real module's checks, which the Communicator runs before the first GPU call
         from pycollectives import _cuda
 
-        check_call = getattr(_cuda, "check_call", None)
+        check_args = getattr(_cuda, "check_args", None)
     except ImportError:
-        check_call = None
+        check_args = None
     native = types.ModuleType("pycollectives._cuda")
-    native.check_call = check_call or (lambda *args, **kw: 0)
+    native.check_args = check_args or (lambda *args, **kw: 0)
     native.device_count = lambda: (1, "")
     native.pointer_device = lambda ptr: 0
     native.sm_count = lambda device: 132  # the residency check's report of the GPU
@@ -87,7 +87,7 @@ def install_stand_ins():
     native.has_stream_value_ops = lambda device: True
     native.CudaComm, native.CudaCommOptions, native.MAX_RANKS = _NativeComm, _Options, 32
     sys.modules["pycollectives._cuda"] = native
-    if check_call is not None:  # the package is imported: its attribute is the stand-in too
+    if check_args is not None:  # the package is imported: its attribute is the stand-in too
         sys.modules["pycollectives"]._cuda = native
 
     cupy = types.ModuleType("cupy")

@@ -35,7 +35,7 @@ def plan(
     nslots: int = ...,
     ll_max_bytes: int = 0,
 ) -> dict[str, Any]: ...
-def check_call(
+def check_args(
     call: tuple,
     x: tuple[int, int, int] | None,
     out: tuple[int, int, int] | None,

@@ -674,11 +674,11 @@ class Communicator:
         over shared memory with the usual fingerprint and timeout, that all of them are in a
         GPU collective: a rank that passed host arrays gets CollectiveMismatch, not a hang.
         """
-        from pycollectives.backends.cuda.args import check_call
+        from pycollectives.backends.cuda.args import check_args
 
         if self._cuda_error is not None:
             raise CollectiveError(self._cuda_error)
-        check_call(call, self.rank, self.size)
+        check_args(call, self.rank, self.size)
         self._open_cuda(call.collective, None, (call.x, call.out))
 
     def _cuda_for(self, name: str, device, arrays=None):

@@ -13,8 +13,8 @@
 //           counters in POSIX shared memory. No kernel ever waits for another process, so
 //           ranks that time-slice one GPU cannot deadlock.
 // Every call is compared with every peer's before anything moves (runtime/fingerprint.h): in
-// kernel mode by the launch itself, on the device (step_kernel.h, check_call); in stepped mode, for
-// all-to-all and in captures, on the host flags (device/stepped.h, meets_on_host). Ranks that
+// kernel mode by the launch itself, on the device (step_kernel.h, match_calls); in stepped mode,
+// for all-to-all and in captures, on the host flags (device/stepped.h, meets_on_host). Ranks that
 // disagree get CollectiveMismatch, and no kernel runs with counters its peers do not share.
 //
 // The decision tree from a call to its launches, fences and waits is device/orchestration.h's,

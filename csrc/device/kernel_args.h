@@ -88,7 +88,7 @@ struct SegmentLayout {
   PYCOLL_HD size_t flag_offset(int block, int index) const {
     return (static_cast<size_t>(block) * flags_per_block() + index) * kFlagStride;
   }
-  // Call headers (kernel mode; step_kernel.h, check_call): after every block's flags, one line
+  // Call headers (kernel mode; step_kernel.h, match_calls): after every block's flags, one line
   // per peer for the header the segment's owner writes for that peer (CallHeader), one line
   // per peer for the number of that peer's headers the owner has read (its acknowledgement),
   // the owner's failure word (kFailMismatch...), its gate: the number of the last eager
@@ -198,8 +198,8 @@ struct KernelArgs {
   uint64_t timeout_ns;    // a device wait gives up after this long
   uint64_t max_spins;     // ... or after this many polls, whichever comes first
   // Kernel mode: block 0 trades call headers with every peer before its first step and
-  // compares them (step_kernel.h, check_call); false in stepped mode, where the host compares.
-  bool check_calls;
+  // compares them (step_kernel.h, match_calls); false in stepped mode, where the host compares.
+  bool matches_calls;
   uint64_t seq;             // the host's number of the call, for its error message
   uint64_t fingerprint[3];  // CallHeader::words of this call
   // Kernel mode, eager launches (0 in a capture and in stepped mode): the last block of the
@@ -225,7 +225,7 @@ static_assert(sizeof(KernelArgs) <= 4096, "KernelArgs exceeds CUDA's kernel-para
 // call) does neither: it is not launched, so no end of it is ever reported (DeviceStatus::done)
 // and nothing may wait for one. The GPU's launcher and the emulated device's both decide by it.
 inline bool runs_anything(const KernelArgs& a) {
-  return a.first_step < a.end_step || a.check_calls;
+  return a.first_step < a.end_step || a.matches_calls;
 }
 
 // The launches that run `a`, in order (returns how many, 0 when it runs nothing): no block
@@ -237,7 +237,7 @@ inline bool runs_anything(const KernelArgs& a) {
 inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
   out[0] = a;
   if (!runs_anything(a)) return 0;
-  if (!a.check_calls || a.grid <= 1) return 1;
+  if (!a.matches_calls || a.grid <= 1) return 1;
   if (a.done_seq != 0) {
     out[0].gate = true;
     return 1;
@@ -246,7 +246,7 @@ inline int launches_of(const KernelArgs& a, KernelArgs (&out)[2]) {
   out[0].grid = 1;
   out[0].done_seq = 0;  // the call has not ended with its check
   out[1] = a;
-  out[1].check_calls = false;
+  out[1].matches_calls = false;
   return runs_anything(out[1]) ? 2 : 1;
 }
 

@@ -286,7 +286,7 @@ class DeviceComm {
     }
   }
 
-  // Kernel mode: a launch that only compares calls with every peer (check_call) is the
+  // Kernel mode: a launch that only compares calls with every peer (match_calls) is the
   // barrier: it runs once this rank's queued work has, and ends once every peer's has reached
   // it. Stepped mode meets on the host flags.
   void barrier_call() {

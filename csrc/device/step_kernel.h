@@ -262,7 +262,7 @@ PYCOLL_DEVICE bool block_failed(BlockState& s, const Threads& th) {
 // On a mismatch, a timeout or an abort the status and our failure word are written, and it
 // returns false (on every thread of the block alike: block_failed).
 template <class Threads>
-PYCOLL_DEVICE bool check_call(const KernelArgs& a, BlockState& s, const Threads& th) {
+PYCOLL_DEVICE bool match_calls(const KernelArgs& a, BlockState& s, const Threads& th) {
   const SegmentLayout& L = a.layout;
   const int me = a.rank;
   uint8_t* own = a.segments[me];
@@ -701,8 +701,8 @@ PYCOLL_DEVICE bool start_block(const KernelArgs& a, BlockState& s, int b, const 
     if (a.use_flags) load_own_counts(a, s.c, b);
   }
   th.sync();
-  if (b == 0 && a.check_calls) {
-    if (!check_call(a, s, th)) return false;  // every thread returns the same
+  if (b == 0 && a.matches_calls) {
+    if (!match_calls(a, s, th)) return false;  // every thread returns the same
     if (a.gate && th.leader()) post_flag(a, a.layout.gate_offset(), a.done_seq);
   } else if (a.gate) {
     // Block 0's waits give up at the timeout, naming the rank they waited for, and then stop

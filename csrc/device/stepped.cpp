@@ -83,7 +83,7 @@ KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call
 }
 
 void check_on_device(KernelArgs& a, const Fingerprint& f) {
-  a.check_calls = a.layout.size > 1;
+  a.matches_calls = a.layout.size > 1;
   a.seq = f.seq;
   a.fingerprint[0] = f.packed();
   a.fingerprint[1] = f.count;

@@ -54,12 +54,12 @@ KernelArgs make_kernel_args(const LaunchSetup& setup, const CollectiveCall& call
                             const DevStep* steps, size_t nsteps, int grid,
                             const ChannelCounters& c);
 // Kernel mode: the launch compares call `f` with every peer's on the device, before its first
-// step (step_kernel.h, check_call). A launch that checks runs even with no steps to run.
+// step (step_kernel.h, match_calls). A launch that checks runs even with no steps to run.
 void check_on_device(KernelArgs& a, const Fingerprint& f);
 // Whether the ranks meet on the host before `call` is queued and compare their fingerprints
 // there (all-to-all's split matrix too): in stepped mode (unless `host_checks` is off), for a
 // capture, and for all-to-all, whose split matrix only the host compares. Kernel mode compares
-// every other call on the device (step_kernel.h, check_call), with no host wait.
+// every other call on the device (step_kernel.h, match_calls), with no host wait.
 inline bool meets_on_host(const CollectiveCall& call, bool kernel_mode, bool capturing,
                           bool host_checks = true) {
   return capturing || call.collective == Collective::AllToAll || (!kernel_mode && host_checks);

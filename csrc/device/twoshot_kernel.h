@@ -11,7 +11,7 @@
 // over all ranks: S read and S written per rank, 2nS in all (n ranks, S bytes).
 //
 // Two synchronisations per call:
-//   entry: the call's header exchange (step_kernel.h, check_call), which every such launch
+//   entry: the call's header exchange (step_kernel.h, match_calls), which every such launch
 //          runs first (block 0; with several blocks the others wait at its gate, or, captured,
 //          the check is a one-block launch before them: launches_of): a peer's header for this
 //          call is written by its launch of this call, so once block 0 has every peer's, every

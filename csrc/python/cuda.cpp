@@ -206,7 +206,7 @@ void bind_planning(py::module_& m) {
 // (Communicator's first GPU collective). Returns the call's count.
 void bind_checks(py::module_& m) {
   m.def(
-      "check_call",
+      "check_args",
       [](const py::tuple& call, const pyargs::Described& x, const pyargs::Described& out, int rank,
          int size) {
         const CollectiveCall cc = pyargs::described_call(call, x, out, rank, size);

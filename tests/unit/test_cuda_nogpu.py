@@ -211,39 +211,39 @@ def arr(ptr, n, typestr="<f4", device=0):
     return FakeCudaArray(ptr, (n,), typestr, device=device)
 
 
-def check_call(collective, x, out, op, root, algorithm, rank, size, device):
+def check_args(collective, x, out, op, root, algorithm, rank, size, device):
     call = Call(collective, x, out, op or 0, root or 0, algorithm)
-    return cuda_args.check_call(call, rank, size, device)
+    return cuda_args.check_args(call, rank, size, device)
 
 
-def test_check_call():
+def test_check_args():
     base = 1 << 20
     x, out = arr(base, 8), arr(base + 4096, 8)
-    count = check_call("all_reduce", x, out, 0, None, 0, 0, 2, 0)
+    count = check_args("all_reduce", x, out, 0, None, 0, 0, 2, 0)
     assert count == 8
-    check_call("all_reduce", x, None, 4, None, 1, 0, 2, 0)  # in place, avg, ring
+    check_args("all_reduce", x, None, 4, None, 1, 0, 2, 0)  # in place, avg, ring
     with pytest.raises(ValueError, match="out has 7 elements, expected 8"):
-        check_call("all_reduce", x, arr(base + 4096, 7), 0, None, 0, 0, 2, 0)
+        check_args("all_reduce", x, arr(base + 4096, 7), 0, None, 0, 0, 2, 0)
     with pytest.raises(TypeError, match="out has dtype float64, expected float32"):
-        check_call("all_reduce", x, arr(base + 4096, 8, "<f8"), 0, None, 0, 0, 2, 0)
+        check_args("all_reduce", x, arr(base + 4096, 8, "<f8"), 0, None, 0, 0, 2, 0)
     with pytest.raises(ValueError, match="op avg is not supported for integer dtype int32"):
-        check_call("all_reduce", arr(base, 8, "<i4"), None, 4, None, 0, 0, 2, 0)
+        check_args("all_reduce", arr(base, 8, "<i4"), None, 4, None, 0, 0, 2, 0)
     with pytest.raises(ValueError, match="overlap"):
-        check_call("all_reduce", x, arr(base + 4, 8), 0, None, 0, 0, 2, 0)
+        check_args("all_reduce", x, arr(base + 4, 8), 0, None, 0, 0, 2, 0)
     with pytest.raises(ValueError, match="tree is not available for all_gather"):
-        check_call("all_gather", x, arr(base + 4096, 16), None, None, 2, 0, 2, 0)
+        check_args("all_gather", x, arr(base + 4096, 16), None, None, 2, 0, 2, 0)
     with pytest.raises(ValueError, match="root 2 is out of range for 2 ranks"):
-        check_call("broadcast", x, None, None, 2, 0, 0, 2, 0)
+        check_args("broadcast", x, None, None, 2, 0, 0, 2, 0)
     # reduce_scatter: x holds size * out.size; in place when out is x's block of this rank.
-    count = check_call("reduce_scatter", arr(base, 8), arr(base + 16, 4), 0, None, 0, 1, 2, 0)
+    count = check_args("reduce_scatter", arr(base, 8), arr(base + 16, 4), 0, None, 0, 1, 2, 0)
     assert count == 4
     with pytest.raises(ValueError, match="x has 8 elements, expected 6"):
-        check_call("reduce_scatter", arr(base, 8), arr(base + 4096, 3), 0, None, 0, 0, 2, 0)
+        check_args("reduce_scatter", arr(base, 8), arr(base + 4096, 3), 0, None, 0, 0, 2, 0)
     # all_gather: out holds size * x.size; in place when x is out's block of this rank.
-    count = check_call("all_gather", arr(base + 16, 4), arr(base, 8), None, None, 0, 1, 2, 0)
+    count = check_args("all_gather", arr(base + 16, 4), arr(base, 8), None, None, 0, 1, 2, 0)
     assert count == 4
     with pytest.raises(ValueError, match="device 1"):
-        check_call(
+        check_args(
             "all_gather", arr(base, 4, device=1), arr(base + 4096, 8), None, None, 0, 0, 2, 0
         )
 

@@ -38,7 +38,7 @@ def described(collective, x, out, root, rank, device):
     and stream). Each array is checked here (a CUDA array, dtype, layout, writability, device);
     the collective's own checks (sizes, dtypes, overlap, op, root, algorithm, per-rank counts
     and splits) are the host path's, run by the native layer (``_cuda.CudaComm.run``, or
-    ``_cuda.check_call`` before a communicator exists)."""
+    ``_cuda.check_args`` before a communicator exists)."""
     fn = collective
     off_root = rank != (root or 0)
     absent_x = x is None and collective == "scatter" and off_root
@@ -53,7 +53,7 @@ def described(collective, x, out, root, rank, device):
     return xd, od, xi if xi is not None else oi
 
 
-def check_call(call, rank, size, device=None):
+def check_args(call, rank, size, device=None):
     """Validates a ``backends.Call`` before a communicator exists, as ``CudaComm.run`` will;
     returns its count, or None when pycollectives was built without CUDA (the communicator's
     set-up then says so on every rank)."""
@@ -62,4 +62,4 @@ def check_call(call, rank, size, device=None):
         from pycollectives import _cuda
     except ImportError:
         return None
-    return _cuda.check_call(call, xd, od, rank, size)
+    return _cuda.check_args(call, xd, od, rank, size)

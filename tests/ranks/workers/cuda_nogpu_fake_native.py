@@ -127,9 +127,9 @@ def install_fake_native():
     global REAL_CHECK
     from pycollectives import _cuda  # built without a GPU too: its checks need none
 
-    REAL_CHECK = _cuda.check_call
+    REAL_CHECK = _cuda.check_args
     fake = types.ModuleType("pycollectives._cuda")
-    fake.check_call = REAL_CHECK
+    fake.check_args = REAL_CHECK
     fake.device_count = lambda: (NDEV, "")
     fake.pointer_device = lambda ptr: -1
     fake.sm_count = lambda device: SMS[device]

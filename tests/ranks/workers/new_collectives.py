@@ -378,10 +378,10 @@ def described_checks(x, out, r, n):
     ptr = x.ctypes.data
     desc = (ptr, 2 * n, 6)
     a2a = Call("all_to_all", None)
-    assert _cuda.check_call(a2a, desc, (out.ctypes.data, 2 * n, 6), r, n) == 2
+    assert _cuda.check_args(a2a, desc, (out.ctypes.data, 2 * n, 6), r, n) == 2
 
     def scatter():
-        return _cuda.check_call(Call("scatter", None), None, (ptr, 2, 6), r, n)
+        return _cuda.check_args(Call("scatter", None), None, (ptr, 2, 6), r, n)
 
     if r == 0:
         expect(ValueError, scatter, "x is required")
