@@ -116,10 +116,22 @@ def comparison(
     return "\n".join(lines)
 
 
+def _sizes(collective: str, size: int, nranks: int) -> tuple[int, int]:
+    """(input bytes, one rank's block bytes) of a pycoll-bench size, by the bench's own layout
+    (cli.layout: all-gather and reduce-scatter are sized by the gathered or scattered whole)."""
+    import numpy as np
+
+    from pycollectives.bench.cli import layout
+
+    dt = np.dtype(np.uint8)  # layout's byte counts do not depend on the element type
+    n_in, n_out, _ = layout(collective, size, dt, nranks) or (0, 0, 0)
+    return n_in, min(n_in, n_out) if collective in ("all_gather", "reduce_scatter") else n_in
+
+
 def model_choice(collective: str, size: int, nranks: int) -> str | None:
     """The algorithm the cost model (pycollectives.cost_model, this machine's calibration)
-    finds fastest for `collective` of `size` bytes as pycoll-bench sizes it (the gathered or
-    scattered whole for all-gather and reduce-scatter) on one node; None without a model."""
+    finds fastest for `collective` of `size` bytes as pycoll-bench sizes it, on one node (the
+    model takes one rank's block for all-gather and reduce-scatter); None without a model."""
     from pycollectives import cost_model
     from pycollectives.ops import ALGORITHMS_FOR
 
@@ -127,21 +139,16 @@ def model_choice(collective: str, size: int, nranks: int) -> str | None:
         machine = cost_model.here()
     except (OSError, ValueError, KeyError):
         return None
-    per = size // nranks if collective in ("all_gather", "reduce_scatter") else size
+    per = _sizes(collective, size, nranks)[1]
     algos = ALGORITHMS_FOR.get(collective, ())
     times = {a: cost_model.predict(collective, a, per, 1, nranks, machine) for a in algos}
     return min(times, key=times.get) if times else None
 
 
-def choice_bytes(collective: str, size: int, nranks: int) -> int:
-    """The bytes the automatic choice is keyed on for a pycoll-bench size (one rank's block
-    for all-gather, the whole input otherwise)."""
-    return size // nranks if collective == "all_gather" else size
-
-
 def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) -> str:
     """Per size: the fastest of the forced algorithms measured (peers named as algorithms),
-    the automatic choice (`algorithm_for(collective, bytes)`) and the model's (`model`, or
+    the automatic choice (`algorithm_for(collective, input bytes)`, as a call with the
+    bench's arrays asks it) and the model's (`model`, or
     none), each with its measured time over the fastest's (1.00: it is the fastest)."""
     lines = [
         "# the algorithm each size gets: measured with each forced (--compare), the fastest; "
@@ -161,7 +168,7 @@ def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) ->
             continue
         best = min(times, key=times.get)
         coll, size = r["collective"], r["size"]
-        auto = algorithm_for(coll, choice_bytes(coll, size, nranks))
+        auto = algorithm_for(coll, _sizes(coll, size, nranks)[0])
         picked = model(coll, size, nranks) if model is not None else None
 
         ratio = {n: f"{t / times[best]:.2f}" for n, t in times.items()}

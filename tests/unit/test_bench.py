@@ -358,6 +358,8 @@ def test_choices_by_hand():
     assert lines == [["4096", "direct", "ring", "1.50", "direct", "1.00"],
                      ["1048576", "ring", "ring", "1.00", "tree", "1.30"]]  # fmt: skip
     assert asked == [("all_reduce", 4096), ("all_reduce", 1 << 20)]
-    # All-gather's choice is keyed on one rank's block; the model takes one rank's shard.
-    assert report.choice_bytes("all_gather", 4096, 4) == 1024
-    assert report.choice_bytes("reduce_scatter", 4096, 4) == 4096
+    # The choice is asked for the bench's input (all-gather's is one rank's block); the model
+    # takes one rank's block of all-gather and reduce-scatter.
+    assert report._sizes("all_gather", 4096, 4) == (1024, 1024)
+    assert report._sizes("reduce_scatter", 4096, 4) == (4096, 1024)
+    assert report._sizes("all_reduce", 4096, 4) == (4096, 4096)
