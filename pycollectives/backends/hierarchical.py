@@ -333,7 +333,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
 
     def _dispatch(self, call, a, count, dtype, record):
         c = call.collective
-        if c in ("all_to_all", "gather", "scatter") or call.counts is not None:
+        if a is not None or c in ("all_to_all", "gather", "scatter") or call.counts is not None:
             return self.flat(call, a, count, dtype, record)
         if a is None and not self.even:
             uneven = getattr(self, f"{c}_uneven", None)
@@ -341,15 +341,15 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
                 raise CollectiveError(f"{c}: unknown collective")
             return uneven(call, count, dtype, record)
         if c == "all_reduce":
-            return self.all_reduce(call, a, count, dtype, record)
+            return self.all_reduce(call, count, dtype, record)
         if c == "reduce_scatter":
-            return self.reduce_scatter(call, a, count, dtype, record)
+            return self.reduce_scatter(call, count, dtype, record)
         if c == "all_gather":
-            return self.all_gather(call, a, count, dtype, record)
+            return self.all_gather(call, count, dtype, record)
         if c == "broadcast":
-            return self.broadcast(call, a, count, dtype, record)
+            return self.broadcast(call, count, dtype, record)
         if c == "reduce":
-            return self.reduce(call, a, count, dtype, record)
+            return self.reduce(call, count, dtype, record)
         raise CollectiveError(f"{c}: unknown collective")
 
     def _check_usable(self):
@@ -429,19 +429,15 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
             raise CollectiveMismatch(f"{what}: blocks between nodes differ")
 
     # -- collectives ------------------------------------------------------------------------
-    # Each takes a checked Call (its count and dtype code, and its record: None when unchecked);
-    # algorithm None means hierarchical, a name a flat schedule. No byte of the user's arrays is
-    # written before the check across nodes has passed.
+    # Each takes a checked Call (its count and dtype code, and its record: None when unchecked)
+    # and runs it hierarchically; a named algorithm runs flat (BlocksAndMessages.flat). No
+    # byte of the user's arrays is written before the check across nodes has passed.
 
-    def all_reduce(self, call, algorithm, count, dtype, record):
+    def all_reduce(self, call, count, dtype, record):
         x, out, op, async_op = call.x, call.out, call.op, call.async_op
         res = x if out is None else out
 
         def run(seq):
-            if algorithm is not None:
-                self.checked(record, seq)
-                self._net("all_reduce", algorithm, self._all, x, res, count, dtype, op, 0, seq)
-                return
             L = self.local_size
             shard = -(-count // L)
             flat_x, flat_res = x.reshape(-1), res.reshape(-1)
@@ -482,14 +478,10 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
             and hasattr(self.check, "exchange_reduce")
         )
 
-    def reduce_scatter(self, call, algorithm, m, dtype, record):
+    def reduce_scatter(self, call, m, dtype, record):
         x, out, op, async_op = call.x, call.out, call.op, call.async_op
 
         def run(seq):
-            if algorithm is not None:
-                self.checked(record, seq)
-                self._net("reduce_scatter", algorithm, self._all, x, out, m, dtype, op, 0, seq)
-                return
             # Blocks regrouped by local rank: local rank j reduces the blocks of every rank
             # with local rank j, then those ranks reduce them across nodes.
             y = x.reshape(self.size, m)[self.perm]
@@ -505,15 +497,11 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
 
         return self.submit(run, async_op)
 
-    def all_gather(self, call, algorithm, m, dtype, record):
+    def all_gather(self, call, m, dtype, record):
         x, out, async_op = call.x, call.out, call.async_op
 
         def run(seq):
             flat_out = out.reshape(-1)
-            if algorithm is not None:
-                self.checked(record, seq)
-                self._net("all_gather", algorithm, self._all, x, flat_out, m, dtype, 0, 0, seq)
-                return
             z = np.empty(self.nodes * m, x.dtype)
             column = self.topo.group(self.local)
             status = self.node_status(record)
@@ -530,15 +518,11 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
 
         return self.submit(run, async_op)
 
-    def broadcast(self, call, algorithm, count, dtype, record):
+    def broadcast(self, call, count, dtype, record):
         x, root, async_op = call.x, call.root, call.async_op
 
         def run(seq):
             flat = x.reshape(-1)
-            if algorithm is not None:
-                self.checked(record, seq)
-                self._net("broadcast", algorithm, self._all, flat, flat, count, dtype, 0, root, seq)
-                return
             status = self.node_status(record)
             root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
             nbytes = count * x.itemsize
@@ -559,17 +543,12 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
 
         return self.submit(run, async_op)
 
-    def reduce(self, call, algorithm, count, dtype, record):
+    def reduce(self, call, count, dtype, record):
         x, out, root, op, async_op = call.x, call.out, call.root, call.op, call.async_op
         res = x if out is None else out
 
         def run(seq):
             flat_x, flat_res = x.reshape(-1), res.reshape(-1)
-            if algorithm is not None:
-                self.checked(record, seq)
-                self._net("reduce", algorithm, self._all, flat_x, flat_res, count, dtype, op,
-                          root, seq)  # fmt: skip
-                return
             root_node, root_local = self.topo.node_of[root], self.topo.local_of[root]
             part = np.empty(count, x.dtype)
             status = self.node_status(

@@ -3,8 +3,9 @@ over several nodes (mixed into ``pycollectives.backends.hierarchical.Hierarchica
 
 All-to-all, gather, scatter and uneven all-gather / reduce-scatter run flat over all ranks
 through MPI (``_net``, the same schedules as on one node): no intra-node phase would make fewer
-bytes cross the network. Messages to a rank of this node go over shared memory, to other nodes
-over MPI (``_net.NetP2P``: posted at once, progressing on their own).
+bytes cross the network. So does every collective whose algorithm is named. Messages to a rank
+of this node go over shared memory, to other nodes over MPI (``_net.NetP2P``: posted at once,
+progressing on their own).
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from pycollectives.ops import AVG
 
 class BlocksAndMessages:
     def flat(self, call, algorithm, count, dtype, record):
-        """Collectives that move blocks between ranks (all-to-all, gather, scatter, uneven
-        all-gather and reduce-scatter), flat over all ranks through MPI: no phase of them
-        would cross the network less. `call` is checked (its `count` and `dtype` code, and its
-        `record`, compared across nodes first); splits are compared across ranks before data
-        moves."""
+        """A collective flat over all ranks through MPI (``_net``, the schedules of one node):
+        every collective with a named algorithm, and those that move blocks between ranks
+        (all-to-all, gather, scatter, uneven all-gather and reduce-scatter), where no phase
+        within a node would make fewer bytes cross the network. `call` is checked (its `count`
+        and `dtype` code, and its `record`, compared across nodes first); splits are compared
+        across ranks before data moves."""
         c = call.collective
         algo = algorithm or ("ring" if c in ("all_gather", "reduce_scatter") else "direct")
         like = call.x if call.x is not None else call.out
         x = call.x if call.x is not None else np.empty(0, like.dtype)
-        out = call.out if call.out is not None else np.empty(0, like.dtype)
+        out = call.out
+        if out is None:  # in place (the single-array forms), or nothing received here
+            out = x if c in ("all_reduce", "reduce", "broadcast") else np.empty(0, like.dtype)
         divisor = self.size if call.op == int(AVG) else 1
         lists = {"counts": call.counts or [], "send_counts": call.in_splits or []}
         lists["recv_counts"] = call.out_splits or []
