@@ -20,21 +20,13 @@ import gc
 import os
 import sys
 
-import checks
 import numpy as np
 from checks import expect, is_float, make_input, run_main, same_bytes
 from emulated import DRILL_TIMEOUT, EmulatedDevice, say
-from emulated_registered import F32, allocation_of, rank_order, say_traffic
+from emulated_registered import F32, allocation_of, dtypes, rank_order, say_traffic
 from mpi4py import MPI
 
 import pycollectives as pc
-
-
-def dtypes() -> list:  # ml_dtypes is imported only by a process that runs these
-    return [np.dtype(t) for t in (np.float32, np.float64, np.int32, np.float16)] + (
-        [checks.BFLOAT16] if checks.BFLOAT16 is not None else []
-    )
-
 
 FROM = 256  # bytes: calls of at least this many register on first use here
 
