@@ -335,7 +335,7 @@ class Hierarchical(BlocksAndMessages, UnevenNodes):
         c = call.collective
         if a is not None or c in ("all_to_all", "gather", "scatter") or call.counts is not None:
             return self.flat(call, a, count, dtype, record)
-        if a is None and not self.even:
+        if not self.even:  # and no algorithm named (flat above)
             uneven = getattr(self, f"{c}_uneven", None)
             if uneven is None:
                 raise CollectiveError(f"{c}: unknown collective")

@@ -148,8 +148,8 @@ def model_choice(collective: str, size: int, nranks: int) -> str | None:
 def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) -> str:
     """Per size: the fastest of the forced algorithms measured (peers named as algorithms),
     the automatic choice (`algorithm_for(collective, input bytes)`, as a call with the
-    bench's arrays asks it) and the model's (`model`, or
-    none), each with its measured time over the fastest's (1.00: it is the fastest)."""
+    bench's arrays asks it) and the model's (`model`, or none), each with its measured time
+    over the fastest's (1.00: it is the fastest)."""
     lines = [
         "# the algorithm each size gets: measured with each forced (--compare), the fastest; "
         "auto (the tuning table) and the cost model's choice, their time / the fastest's",
