@@ -18,6 +18,13 @@ PYCOLL_SLOT_STORES            auto             host staging slots written with o
                                                auto measures which is faster, per kind of call
 PYCOLL_ONESHOT_BYTES          (native)         direct all-reduce: one-shot up to here (host, GPU)
 PYCOLL_ALGO                   (auto)           force ring, tree or direct where it exists
+PYCOLL_TUNING                 auto             where the host's algorithm thresholds come
+                                               from: auto (measured on the machine at first
+                                               use, then cached), calibrate (measure again),
+                                               shipped (the package's table) or a tuning
+                                               file's path (backends/host_tuning.py)
+PYCOLL_CACHE_DIR              $XDG_CACHE_HOME/ where measured thresholds are cached
+                              pycollectives
 PYCOLL_INTER_ALGO             (hierarchical)   flat algorithm between nodes
 PYCOLL_REPRODUCIBLE           0                1: every reduction sums in rank order, so its
                                                bits depend on the inputs alone, whatever the
@@ -164,6 +171,21 @@ def _algorithm(name, environ):
     return raw
 
 
+TUNING_SOURCES = ("auto", "calibrate", "shipped")
+
+
+def _tuning(environ) -> str:
+    """``PYCOLL_TUNING``: one of TUNING_SOURCES, or the path of a tuning file that exists."""
+    raw = (environ.get("PYCOLL_TUNING") or "auto").strip()
+    if raw.lower() in TUNING_SOURCES:
+        return raw.lower()
+    if not os.path.isfile(raw):
+        raise ValueError(
+            f"PYCOLL_TUNING={raw!r}: expected {', '.join(TUNING_SOURCES)} or a tuning file's path"
+        )
+    return raw
+
+
 def load_tuning(path=TUNING_FILE) -> list:
     """Rules (collective, min_ranks, max_ranks, max_bytes, algorithm) from a tuning file
     written by benchmarks/tune.py; the first matching rule wins, ring when none does."""
@@ -193,6 +215,8 @@ class Options:
     slot_stores: str = "auto"
     oneshot_bytes: int | None = None  # None: each transport's own default
     algorithm: str | None = None
+    tuning: str = "auto"  # auto, calibrate, shipped or a tuning file's path
+    cache_dir: str = ""  # "": $XDG_CACHE_HOME/pycollectives or ~/.cache/pycollectives
     inter_algorithm: str | None = None
     reproducible: bool = False
     net_piece_bytes: int = 1 << 20
@@ -253,6 +277,8 @@ class Options:
             slot_stores=slot_stores,
             oneshot_bytes=pick(None, "PYCOLL_ONESHOT_BYTES", None, int),
             algorithm=_algorithm("PYCOLL_ALGO", env),
+            tuning=_tuning(env),
+            cache_dir=env.get("PYCOLL_CACHE_DIR", ""),
             inter_algorithm=_algorithm("PYCOLL_INTER_ALGO", env),
             reproducible=(
                 switch("PYCOLL_REPRODUCIBLE", d.reproducible)

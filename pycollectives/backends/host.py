@@ -6,9 +6,10 @@ import os
 import sys
 
 from pycollectives import _C
+from pycollectives.backends import host_tuning
 from pycollectives.backends.base import gathered_or_raise, same_on_every_rank
 from pycollectives.errors import CollectiveError
-from pycollectives.options import Options, load_tuning
+from pycollectives.options import Options
 from pycollectives.trace import flight
 
 # The smallest staging slot a small /dev/shm makes us take, and the share of what is free that
@@ -84,11 +85,25 @@ REMEDY = (
 
 
 def rendezvous(group, opts: Options):
-    """A ``_C.HostComm`` whose segment every rank of `group` has mapped. Every rank reports its
-    configuration and segment (or why it has none) in one exchange, so a failure on one rank
-    is an error on all ranks, never a hang. Staging slots shrink where /dev/shm is small
-    (fit_staging)."""
+    """A ``_C.HostComm`` whose segment every rank of `group` has mapped, with the algorithm
+    thresholds of this machine and rank count (host_tuning). Staging slots shrink where
+    /dev/shm is small (fit_staging)."""
     opts = fit_staging(group, opts)
+    # The probe's communicator logs nothing: its calls are not the user's.
+    probe_opts = opts.replace(debug=False)
+    rules, _ = host_tuning.tuning_rules(group, opts, lambda: _mapped(group, probe_opts)[0])
+    host, comm_id = _mapped(group, opts)
+    flight.attach(host, opts, comm_id, group.rank, group.size)
+    host.set_tuning(rules)
+    if opts.algorithm is not None:
+        host.set_forced(opts.algorithm)
+    return host
+
+
+def _mapped(group, opts: Options):
+    """(a ``_C.HostComm`` whose segment every rank of `group` has mapped, its flight
+    recorder's name). Every rank reports its configuration and segment (or why it has none) in
+    one exchange, so a failure on one rank is an error on all ranks, never a hang."""
     host, error = None, None
     try:
         host = _C.HostComm(group.rank, group.size, opts.host_options())
@@ -112,11 +127,7 @@ def rendezvous(group, opts: Options):
         gathered_or_raise(group, "cannot attach shared memory", error=error)
     finally:  # every peer has mapped our segment (or given up): its name is no longer needed
         host.unlink()
-    flight.attach(host, opts, flight.comm_id(reports[0][1]), group.rank, group.size)
-    host.set_tuning(load_tuning())
-    if opts.algorithm is not None:
-        host.set_forced(opts.algorithm)
-    return host
+    return host, flight.comm_id(reports[0][1])
 
 
 class HostBackend:

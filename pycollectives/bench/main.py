@@ -216,9 +216,13 @@ def run(args, mpi) -> int:
             if args.compare:
                 print(report.comparison(these, args.compare, copy_bw, memory, notes))
             forced = [n for n in args.compare if n in ALGORITHMS]
-            if forced and args.algo is None:
-                model = report.model_choice if dev is None else None
-                print(report.choices(these, forced, comm.algorithm_for, comm.size, model))
+            if forced and args.algo is None and len(ALGORITHMS_FOR.get(coll, ())) > 1:
+                others = (
+                    {"shipped": report.shipped_choice, "model": report.model_choice}
+                    if dev is None
+                    else {}
+                )
+                print(report.choices(these, forced, comm.algorithm_for, comm.size, others))
     if mpi.rank == 0:
         print(report.footer(rows))
         if args.json:

@@ -145,18 +145,30 @@ def model_choice(collective: str, size: int, nranks: int) -> str | None:
     return min(times, key=times.get) if times else None
 
 
-def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) -> str:
+def shipped_choice(collective: str, size: int, nranks: int) -> str:
+    """The algorithm the tuning table shipped with the package picks for `collective` as
+    pycoll-bench sizes it (``PYCOLL_TUNING=shipped``)."""
+    from pycollectives.backends.host_tuning import table_choice
+    from pycollectives.options import load_tuning
+
+    return table_choice(load_tuning(), collective, nranks, _sizes(collective, size, nranks)[0])
+
+
+def choices(rows: list, forced: list, algorithm_for, nranks: int, others=None) -> str:
     """Per size: the fastest of the forced algorithms measured (peers named as algorithms),
     the automatic choice (`algorithm_for(collective, input bytes)`, as a call with the
-    bench's arrays asks it) and the model's (`model`, or none), each with its measured time
-    over the fastest's (1.00: it is the fastest)."""
+    bench's arrays asks it) and the other choices (`others`: name -> ``f(collective, size,
+    nranks)``, e.g. the shipped table's and the cost model's), each with its measured time
+    over the fastest's (1.00: it is the fastest); then, per choice, at how many sizes it is
+    within 10% of the fastest."""
+    others = others or {}
+    names = ["auto", *others]
     lines = [
         "# the algorithm each size gets: measured with each forced (--compare), the fastest; "
-        "auto (the tuning table) and the cost model's choice, their time / the fastest's",
-        "#{:>12} {:>8} {:>8} {:>6} {:>8} {:>6}".format(
-            "size", "fastest", "auto", "ratio", "model", "ratio"
-        ),
+        f"{', '.join(names)}: each one's choice and its time / the fastest's",
+        "#{:>12} {:>8}".format("size", "fastest") + "".join(f" {n:>8} {'ratio':>6}" for n in names),
     ]
+    near, sizes = dict.fromkeys(names, 0), 0
     for r in rows:
         # The forced algorithms' own times (with --rounds, each one's best), not their ratios
         # to ours timed beside each: a slow moment of that second timing of ours would make
@@ -168,14 +180,18 @@ def choices(rows: list, forced: list, algorithm_for, nranks: int, model=None) ->
             continue
         best = min(times, key=times.get)
         coll, size = r["collective"], r["size"]
-        auto = algorithm_for(coll, _sizes(coll, size, nranks)[0])
-        picked = model(coll, size, nranks) if model is not None else None
-
-        ratio = {n: f"{t / times[best]:.2f}" for n, t in times.items()}
-        lines.append(
-            f" {size:>12} {best:>8} {auto:>8} {ratio.get(auto, 'n/a'):>6} "
-            f"{picked or 'n/a':>8} {ratio.get(picked, 'n/a'):>6}"
-        )
+        picked = {"auto": algorithm_for(coll, _sizes(coll, size, nranks)[0])}
+        picked.update((n, f(coll, size, nranks)) for n, f in others.items())
+        sizes += 1
+        line = f" {size:>12} {best:>8}"
+        for n in names:
+            ratio = times[picked[n]] / times[best] if picked[n] in times else None
+            near[n] += ratio is not None and ratio <= 1.1
+            line += f" {picked[n] or 'n/a':>8} {'n/a' if ratio is None else f'{ratio:.2f}':>6}"
+        lines.append(line)
+    lines.append(
+        "# within 10% of the fastest: " + ", ".join(f"{n} {near[n]}/{sizes}" for n in names)
+    )
     return "\n".join(lines)
 
 

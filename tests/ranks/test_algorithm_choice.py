@@ -49,3 +49,10 @@ def test_pycoll_algo_forces_where_available():
     why = logged_reasons(err)
     assert ("broadcast", "PYCOLL_ALGO") in why, why
     assert ("all_gather", "PYCOLL_ALGO") not in why, why
+
+
+def test_thresholds_measured_at_first_use_are_every_ranks(tmp_path):
+    # PYCOLL_TUNING=auto (the default; the suite runs on the shipped table): the first
+    # communicator measures and caches, the next reads rank 0's cache (workers/host_tuning.py).
+    out = run_mpi(3, "host_tuning.py", str(tmp_path))
+    assert "host tuning ok 3" in out

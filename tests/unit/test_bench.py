@@ -353,10 +353,12 @@ def test_choices_by_hand():
 
     model = {4096: "direct", 1 << 20: "tree"}
     text = report.choices(rows, ["ring", "tree", "direct"], algorithm_for, 2,
-                          lambda c, size, n: model[size])  # fmt: skip
+                          {"model": lambda c, size, n: model[size]})  # fmt: skip
     lines = [line.split() for line in text.splitlines() if not line.startswith("#")]
     assert lines == [["4096", "direct", "ring", "1.50", "direct", "1.00"],
                      ["1048576", "ring", "ring", "1.00", "tree", "1.30"]]  # fmt: skip
+    # Within 10% of the fastest: auto at 1 MiB only (1.50, 1.00), the model at 4 KiB only.
+    assert text.splitlines()[-1] == "# within 10% of the fastest: auto 1/2, model 1/2"
     assert asked == [("all_reduce", 4096), ("all_reduce", 1 << 20)]
     # The choice is asked for the bench's input (all-gather's is one rank's block); the model
     # takes one rank's block of all-gather and reduce-scatter.
