@@ -6,22 +6,18 @@
 
 namespace pycoll {
 
-size_t direct_min_count(const CollectiveCall& call, Algo algo, size_t min_bytes) {
-  const bool blocks = call.collective == Collective::AllToAll ||
-                      call.collective == Collective::Gather ||
-                      call.collective == Collective::Scatter;
+DirectBlocks direct_blocks(const CollectiveCall& call, Algo algo, int rank, int size,
+                           size_t min_bytes) {
+  DirectBlocks blocks;
+  const bool has_blocks = call.collective == Collective::AllToAll ||
+                          call.collective == Collective::Gather ||
+                          call.collective == Collective::Scatter;
   // Even without direct writes the engine beats the schedule here: both ranks copy at once,
   // where the schedule's piece-by-piece messages keep them waiting on each other.
-  if (call.barrier || !blocks || algo != Algo::Direct) return 0;
+  if (call.barrier || !has_blocks || algo != Algo::Direct) return blocks;
   const size_t esize = dtype_size(call.dtype);
-  return std::max<size_t>(1, (min_bytes + esize - 1) / esize);
-}
-
-std::vector<P2POp> direct_block_ops(const CollectiveCall& call, int rank, int size,
-                                    size_t min_count) {
-  std::vector<P2POp> ops;
-  if (min_count == 0) return ops;
-  const size_t esize = dtype_size(call.dtype);
+  const size_t min_count = blocks.min_count = std::max<size_t>(1, (min_bytes + esize - 1) / esize);
+  std::vector<P2POp>& ops = blocks.ops;
   auto* in = static_cast<uint8_t*>(const_cast<void*>(call.in));  // sends only read it
   auto* out = static_cast<uint8_t*>(call.out);
   auto add = [&](P2PKind kind, uint8_t* base, size_t off, size_t count, int peer) {
@@ -62,7 +58,7 @@ std::vector<P2POp> direct_block_ops(const CollectiveCall& call, int rank, int si
     default:
       break;
   }
-  return ops;
+  return blocks;
 }
 
 }  // namespace pycoll

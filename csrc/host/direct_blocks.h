@@ -24,12 +24,15 @@ namespace pycoll {
 // direct-write size, if smaller).
 constexpr size_t kBlockP2PBytes = 64 * 1024;
 
-// The element count from which `call`'s blocks go through the point-to-point engine (0: none
-// do: another collective or algorithm).
-size_t direct_min_count(const CollectiveCall& call, Algo algo, size_t min_bytes);
+// The blocks of a call that go through the point-to-point engine.
+struct DirectBlocks {
+  size_t min_count = 0;    // from this element count up (0: none: another collective or algorithm)
+  std::vector<P2POp> ops;  // the sends and recvs of this rank for them
+};
 
-// The sends and recvs of `rank` for the blocks the schedule left out.
-std::vector<P2POp> direct_block_ops(const CollectiveCall& call, int rank, int size,
-                                    size_t min_count);
+// `call`'s direct blocks on `rank` of `size` under `algo`, from `min_bytes` up: the schedule
+// leaves them out (ScheduleParams::direct_min_count = min_count) and the engine runs `ops`.
+DirectBlocks direct_blocks(const CollectiveCall& call, Algo algo, int rank, int size,
+                           size_t min_bytes);
 
 }  // namespace pycoll

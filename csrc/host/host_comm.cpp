@@ -202,8 +202,9 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
   // The peer's reduction of a piece overlaps our copy of the next (2-rank ring, 16-64 MiB:
   // 5-15% faster); channels have at least 2 slots.
   ScheduleParams p = rc.schedule(opts_.slot_bytes, opts_.oneshot_max_bytes, 1, true);
-  p.direct_min_count =
-      direct_min_count(call, algo, std::min(kBlockP2PBytes, opts_.p2p_cma_min_bytes));
+  const DirectBlocks direct =
+      direct_blocks(call, algo, rank(), n, std::min(kBlockP2PBytes, opts_.p2p_cma_min_bytes));
+  p.direct_min_count = direct.min_count;
 
   mine = Fingerprint::of_call(seq, call, algo);
   mine.outer = call.outer;
@@ -235,7 +236,6 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
     if (staged && timed)
       slot_stores_.record(kind, rc.choice_bytes, stream_slots,
                           std::chrono::duration<double>(Clock::now() - started).count());
-    const std::vector<P2POp> direct = direct_block_ops(call, rank(), n, p.direct_min_count);
     if (w.fingerprints) {
       // A rank that received nothing (a broadcast's root, a chain's first sender) used no
       // peer's data, so it need not wait here for its peers to arrive: what is still
@@ -244,18 +244,18 @@ void HostComm::execute(const CollectiveCall& call, uint64_t seq) {
       // Not a phase of a call across nodes: what it found of its peers is its node's status
       // there (backends/call_check.py), so it has checked every one of them.
       guard.check_arrived();
-      if (!guard.done() && !exec.received_any() && direct.empty() && call.outer == CallRecord{})
+      if (!guard.done() && !exec.received_any() && direct.ops.empty() && call.outer == CallRecord{})
         deferred_.push_back(std::move(guard));
       else
         guard.finish(w);
     }
     // Every peer runs this collective (checked just above): the blocks left out of the
     // schedule cannot wait for a rank that is elsewhere.
-    if (!direct.empty()) {
+    if (!direct.ops.empty()) {
       if (opts_.debug)
         std::fprintf(stderr, "pycollectives INFO rank %d/%d: %s #%llu: %zu blocks point-to-point\n",
-                     rank(), n, name, static_cast<unsigned long long>(seq), direct.size());
-      p2p_->run(direct);
+                     rank(), n, name, static_cast<unsigned long long>(seq), direct.ops.size());
+      p2p_->run(direct.ops);
     }
   } catch (const CollectiveError& e) {
     failed(e);  // peers' counters no longer match ours
