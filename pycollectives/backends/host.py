@@ -91,7 +91,10 @@ def rendezvous(group, opts: Options):
     opts = fit_staging(group, opts)
     # The probe's communicator logs nothing: its calls are not the user's.
     probe_opts = opts.replace(debug=False)
-    rules, _ = host_tuning.tuning_rules(group, opts, lambda: _mapped(group, probe_opts)[0])
+    rules, source = host_tuning.tuning_rules(group, opts, lambda: _mapped(group, probe_opts)[0])
+    if opts.debug and group.rank == 0:
+        print(f"pycollectives INFO: algorithm thresholds for {group.size} ranks: {source}",
+              file=sys.stderr, flush=True)  # fmt: skip
     host, comm_id = _mapped(group, opts)
     flight.attach(host, opts, comm_id, group.rank, group.size)
     host.set_tuning(rules)

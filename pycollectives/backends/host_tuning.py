@@ -262,18 +262,18 @@ def tuning_rules(group, opts, make_host) -> tuple[list, str]:
     if opts.tuning == "shipped" or opts.algorithm is not None or group.size == 1:
         # PYCOLL_ALGO forces what the table would choose (the table stays for the collectives
         # the forced algorithm lacks); one rank moves nothing.
-        return load_tuning(), "shipped"
+        return load_tuning(), "the shipped table"
     if opts.tuning not in ("auto", "calibrate"):
-        return load_tuning(opts.tuning), opts.tuning
+        return load_tuning(opts.tuning), f"{opts.tuning} (PYCOLL_TUNING)"
     key = machine_key(group.size, opts)
     path = cache_file(opts, key)
     cached = read_cached(path, key) if group.rank == 0 and opts.tuning == "auto" else None
     cached = gathered_or_raise(group, "cannot read the tuning cache", cached)[0]
     if cached is not None:
-        return cached, str(path)
+        return cached, f"{path} (measured before)"
     if getattr(group, "members", None) is not None:
         # A shrink after a failure measures nothing: the survivors go on at once.
-        return load_tuning(), "shipped"
+        return load_tuning(), "the shipped table (a shrink measures nothing)"
     started = time.perf_counter()
     host = make_host()
     try:
@@ -295,4 +295,4 @@ def tuning_rules(group, opts, make_host) -> tuple[list, str]:
             file=sys.stderr,
             flush=True,
         )
-    return rules, "measured"
+    return rules, "measured just now"
