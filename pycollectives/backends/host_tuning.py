@@ -288,7 +288,7 @@ def tuning_rules(group, opts, make_host) -> tuple[list, str]:
             write_cached(path, key, measured, rules, seconds)
             where = f"cached in {path}"
         except OSError as e:
-            where = f"not cached ({e})"
+            where = f"not cached ({e}; PYCOLL_CACHE_DIR names a folder to cache in)"
         print(
             f"pycollectives: measured this machine's algorithm thresholds for {group.size} ranks "
             f"in {seconds:.1f} s, {where} (PYCOLL_TUNING)",
