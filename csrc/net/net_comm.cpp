@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "algo/call.h"
 #include "algo/messages.h"
 #include "algo/step_io.h"
 #include "common/errors.h"
@@ -344,16 +345,15 @@ void NetComm::run(const NetCall& call) {
     pool_.resize(static_cast<size_t>(2 * opts_.window + 4));
     for (NetBuffer& b : pool_) b.data.reset(new uint8_t[opts_.piece_bytes]);
   }
-  ScheduleParams p;
-  p.rank = me;
-  p.size = n;
-  p.count = call.count;
-  p.root = call.root;
-  p.acc_bytes = acc_size(call.dtype);
-  p.piece = std::max<size_t>(1, opts_.piece_bytes / p.acc_bytes);
-  call.apply_counts(p);
+  // The algorithm is the caller's (the inter-node algorithm of a hierarchical collective, or
+  // the one a flat call over every rank names): nothing is chosen here.
+  const ResolvedCall rc = resolve_call(call, me, n, false, [](Collective, size_t) -> AlgoChoice {
+    throw InvalidArgument("between nodes a collective runs the algorithm it is given");
+  });
+  // Messages of one piece fill one buffer of the pool (piece_bytes).
+  const ScheduleParams p = rc.schedule(opts_.piece_bytes, ScheduleParams{}.oneshot_max_bytes);
   StepRecorder rec;
-  make_schedule(call.algo, call.collective, p, rec);
+  make_schedule(rc.algo, call.collective, p, rec);
   try {
     NetExecutor(*this, call, rec.steps).run();
   } catch (const CollectiveError& e) {
