@@ -89,8 +89,9 @@ def rendezvous(group, opts: Options):
     thresholds of this machine and rank count (host_tuning). Staging slots shrink where
     /dev/shm is small (fit_staging)."""
     opts = fit_staging(group, opts)
-    # The probe's communicator logs nothing: its calls are not the user's.
-    probe_opts = opts.replace(debug=False)
+    # The probe's communicator logs nothing (its calls are not the user's) and runs every
+    # algorithm as asked: a reproducible one would run each reduction in rank order.
+    probe_opts = opts.replace(debug=False, reproducible=False)
     rules, source = host_tuning.tuning_rules(group, opts, lambda: _mapped(group, probe_opts)[0])
     if opts.debug and group.rank == 0:
         print(f"pycollectives INFO: algorithm thresholds for {group.size} ranks: {source}",

@@ -275,11 +275,7 @@ def tuning_rules(group, opts, make_host) -> tuple[list, str]:
         # A shrink after a failure measures nothing: the survivors go on at once.
         return load_tuning(), "the shipped table (a shrink measures nothing)"
     started = time.perf_counter()
-    host = make_host()
-    try:
-        mine = probe(host, group.size)
-    finally:
-        del host
+    mine = probe(make_host(), group.size)  # the probe's communicator is gone once it returns
     measured = slowest(gathered_or_raise(group, "cannot calibrate the algorithms", mine))
     rules = rules_from(measured, group.size)
     seconds = time.perf_counter() - started

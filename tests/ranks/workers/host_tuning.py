@@ -84,6 +84,23 @@ def main():
     assert rewritten["measured"] != saved["measured"], "PYCOLL_TUNING=calibrate measured nothing"
     rules = [tuple(r) for r in rewritten["rules"]]
     assert again == [(c, s, host_tuning.table_choice(rules, c, world.size, s)) for c, s, _ in again]
+
+    # Under PYCOLL_REPRODUCIBLE=1 the probe still times each algorithm it asks for: its
+    # communicator is not reproducible, which would run every reduction in rank order (and
+    # cache those times for every later job, reproducible or not).
+    os.environ["PYCOLL_REPRODUCIBLE"] = "1"
+    asked = []
+
+    def probe_as_asked(host, *args, **kwargs):
+        asked.append(host.choose("all_reduce", 1 << 20))  # no rules there: ring, unless reordered
+        return measure(host, *args, **kwargs)
+
+    host_tuning.probe = probe_as_asked
+    try:
+        pc.Communicator().close()
+    finally:
+        host_tuning.probe = measure
+    assert asked == ["ring"], asked
     print("host tuning ok", world.size)
 
 
