@@ -63,6 +63,10 @@ class Work:
     @property
     def seq(self) -> int: ...
 
+def table_choice(
+    rules: list[tuple[str, int, int, int, str]], collective: str, size: int, bytes: int
+) -> str: ...
+
 class HostComm:
     def __init__(self, rank: int, size: int, options: HostCommOptions) -> None: ...
     @property

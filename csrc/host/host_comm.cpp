@@ -122,9 +122,14 @@ Algo HostComm::choose(Collective c, size_t bytes) const {
 AlgoChoice HostComm::choose_fastest(Collective c, size_t bytes) const {
   if (forced_ != Algo::Auto && algo_supports(forced_, c)) return {forced_, Reason::Forced};
   if (single_copy_.eligible(c, Algo::Auto, bytes)) return {Algo::Direct, Reason::SingleCopy};
-  for (const TuningRule& r : tuning_)
-    if (r.collective == c && size() >= r.min_ranks && size() <= r.max_ranks &&
-        bytes <= r.max_bytes && algo_supports(r.algo, c))
+  return table_choice(tuning_, c, size(), bytes);
+}
+
+AlgoChoice table_choice(const std::vector<TuningRule>& rules, Collective c, int size,
+                        size_t bytes) {
+  for (const TuningRule& r : rules)
+    if (r.collective == c && size >= r.min_ranks && size <= r.max_ranks && bytes <= r.max_bytes &&
+        algo_supports(r.algo, c))
       return {r.algo, Reason::Table};
   return {algo_supports(Algo::Ring, c) ? Algo::Ring : Algo::Direct, Reason::Default};
 }

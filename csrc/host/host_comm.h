@@ -80,6 +80,10 @@ struct TuningRule {
   Algo algo;
 };
 
+// The algorithm `rules` give collective `c` of `bytes` (the automatic choice's key) on `size`
+// ranks, and whether a rule gave it (else the default: ring, or direct where there is no ring).
+AlgoChoice table_choice(const std::vector<TuningRule>& rules, Collective c, int size, size_t bytes);
+
 // Completion of an asynchronous collective.
 class Work {
  public:

@@ -158,7 +158,28 @@ py::object dispatch(HostComm& c, const CollectiveCall& call, bool async_op) {
   return py::none();
 }
 
+// Tuning rules as Python holds them: (collective, min_ranks, max_ranks, max_bytes, algorithm).
+using RuleTuple = std::tuple<std::string, int, int, size_t, std::string>;
+
+std::vector<TuningRule> tuning_rules(const std::vector<RuleTuple>& rules) {
+  std::vector<TuningRule> out;
+  for (const auto& [coll, lo, hi, max_bytes, algo] : rules)
+    out.push_back({collective_from_name(coll), lo, hi, max_bytes, algo_from_name(algo)});
+  return out;
+}
+
 void bind_host_comm(py::module_& m) {
+  m.def(
+      "table_choice",
+      [](const std::vector<RuleTuple>& rules, const std::string& collective, int size,
+         size_t bytes) {
+        return std::string(algo_name(
+            table_choice(tuning_rules(rules), collective_from_name(collective), size, bytes).algo));
+      },
+      py::arg("rules"), py::arg("collective"), py::arg("size"), py::arg("bytes"),
+      "The algorithm tuning `rules` give `collective` of `bytes` of input on `size` ranks, as "
+      "a host communicator reads them (HostComm.choose without single copy, PYCOLL_ALGO or "
+      "reproducible mode).");
   // Memory the ranks of a machine can map (Communicator.empty wraps it in a numpy array).
   py::class_<SharedBuffer>(m, "SharedBuffer", py::buffer_protocol())
       .def(py::init([](size_t bytes) { return std::make_unique<SharedBuffer>(bytes); }),
@@ -328,12 +349,8 @@ void bind_host_comm(py::module_& m) {
       .def_property_readonly("shared_enabled", &HostComm::shared_enabled)
       .def(
           "set_tuning",
-          [](HostComm& c,
-             const std::vector<std::tuple<std::string, int, int, size_t, std::string>>& rules) {
-            std::vector<TuningRule> out;
-            for (const auto& [coll, lo, hi, max_bytes, algo] : rules)
-              out.push_back({collective_from_name(coll), lo, hi, max_bytes, algo_from_name(algo)});
-            c.set_tuning(std::move(out));
+          [](HostComm& c, const std::vector<RuleTuple>& rules) {
+            c.set_tuning(tuning_rules(rules));
           },
           py::arg("rules"))
       .def(

@@ -14,7 +14,7 @@ measures them (``probe``, on a communicator of its own that the user's never see
   through its two measurements (``fitted_time``); the rules follow the least of the lines,
   switching only to an algorithm at least ``MARGIN`` faster than the one they hold, so that
   near-ties do not split them into slivers (``rules_from``); above the largest size the
-  fastest there holds.
+  algorithm they hold there carries on.
 
 The rules are cached per machine, rank count and staging slots (``cache_file``), in
 ``PYCOLL_CACHE_DIR`` (default ``$XDG_CACHE_HOME/pycollectives``, else
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pycollectives import _C
 from pycollectives.backends.base import Call, gathered_or_raise
 from pycollectives.ops import ALGORITHMS_FOR, SUM, algo_code
 from pycollectives.options import load_tuning
@@ -106,11 +107,8 @@ def rules_from(measured: dict, nranks: int, margin: float = MARGIN) -> list:
 def table_choice(rules: list, collective: str, nranks: int, nbytes: int) -> str:
     """The algorithm `rules` give `collective` of `nbytes` of input on `nranks` ranks, as the
     host communicator reads them (the first rule that matches; ring, else direct, where none
-    does)."""
-    for coll, lo, hi, max_bytes, algo in rules:
-        if coll == collective and lo <= nranks <= hi and nbytes <= max_bytes:
-            return algo
-    return "ring" if "ring" in ALGORITHMS_FOR[collective] else "direct"
+    does): the communicator's own reading (``_C.table_choice``)."""
+    return _C.table_choice(rules, collective, nranks, nbytes)
 
 
 # -- the probe ------------------------------------------------------------------------------------
