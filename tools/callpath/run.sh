@@ -17,7 +17,9 @@ rm -rf "$WORK/pkg" && mkdir -p "$WORK/pkg"
 cp -r "$ROOT/pycollectives" "$WORK/pkg/"
 cp "$WORK"/build/_C.*.so "$WORK/pkg/pycollectives/"
 export CALLPATH_PKG=$WORK/pkg PYCOLL_TUNING=shipped PYCOLL_TIMEOUT=600
-for bytes in "${@:-8 1048576}"; do
+sizes=("$@")
+[ ${#sizes[@]} -gt 0 ] || sizes=(8 1048576)
+for bytes in "${sizes[@]}"; do
   export CALLPATH_BYTES=$bytes CALLPATH_OUT=$WORK/follow-$bytes.json
   rm -f "$CALLPATH_OUT"
   "$ROOT/.venv/bin/mpiexec" -n 1 gdb -batch -x "$ROOT/tools/callpath/gdb_follow.py" \
