@@ -1,12 +1,16 @@
-"""The Python layer's share of a GPU collective, measured without a GPU: an 8 B all-reduce on
+"""The layers above the GPU of a GPU collective, measured without a GPU: an 8 B all-reduce on
 cupy-like arrays through ``Communicator.all_reduce`` and ``CudaComm.all_reduce``, with a
 stand-in for the native CUDA module whose ``run`` does nothing but return a finished Work.
 
     python benchmarks/gpu_python_cost.py [--calls 20000]
 
-What it times is what every GPU call pays in Python before the C++ call (describing the arrays,
-checking the call, choosing the stream, keeping the Work): on a GPU machine the same layers
-are timed for real by benchmarks/gpu_call_cost.py. The stand-in arrays offer both cupy's own
+What it times is what every GPU call pays before the device runs it (describing the arrays,
+checking the call, choosing the stream, keeping the arrays until the device is done). A
+blocking ``Communicator`` call takes the one-step path into C++ (``_C.HostComm.run_now_via``)
+where the emulated device's module is built: the stand-in then offers its C interface over a
+device that checks and records each call and moves nothing (``_emu.NullComm``).
+``CudaComm``'s own methods take the Python path. On a GPU machine the same layers are timed
+for real by benchmarks/gpu_call_cost.py. The stand-in arrays offer both cupy's own
 attributes and ``__cuda_array_interface__``, so any version of the package runs it. One
 process, no mpiexec needed.
 """
@@ -14,11 +18,17 @@ process, no mpiexec needed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 import types
 
 import numpy as np
+
+try:  # the emulated device's module (a checkout's build; not a plain pip install)
+    from pycollectives import _emu
+except ImportError:
+    _emu = None
 
 
 class _Work:
@@ -38,6 +48,9 @@ class _NativeComm:
         self.rank, self.size, self.device, self.timeout, self.seq = rank, size, device, 60.0, 0
         self.ipc_handle, self.shm_name, self.device_uuid = bytes(64), "stand-in", bytes(16)
         self.poisoned = False
+        if _emu is not None:  # the C interface's device: checks and records, moves nothing
+            self.device_comm = _emu.NullComm(rank, size)
+            self.address = self.device_comm.address
 
     def attach(self, handles, shm_names, sync_mode):
         self.sync_mode = sync_mode
@@ -86,13 +99,16 @@ def install_stand_ins():
     native.resident_blocks_per_sm = lambda device: 1
     native.has_stream_value_ops = lambda device: True
     native.CudaComm, native.CudaCommOptions, native.MAX_RANKS = _NativeComm, _Options, 32
+    if _emu is not None:
+        native.device_api = _emu.null_device_api
     sys.modules["pycollectives._cuda"] = native
     if check_args is not None:  # the package is imported: its attribute is the stand-in too
         sys.modules["pycollectives"]._cuda = native
 
     cupy = types.ModuleType("cupy")
     stream = types.SimpleNamespace(ptr=0)
-    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
+    # A builtin, as cupy's (compiled) function is: no Python frame of its own.
+    cupy.cuda = types.SimpleNamespace(get_current_stream=itertools.repeat(stream).__next__)
 
     class ndarray:  # noqa: N801 (cupy's name)
         def __init__(self, ptr, n):

@@ -111,6 +111,19 @@ class HostComm:
         blocking call on numpy arrays (op a ReduceOp or its name, root an int, algorithm None or
         a name) in one step and returns True; returns False, having done nothing, for any other
         call."""
+    def run_now_via(
+        self,
+        device_api: Any,
+        comm: int,
+        keep: Any,
+        array_type: type,
+        current_stream: Any,
+        device: int,
+    ) -> Callable[[int, Any, Any, Any, Any, Any, Any, Any], bool]:
+        """run_now that also queues blocking calls on arrays of exactly `array_type` (read by
+        cupy's attributes) on `device` through a device transport's C interface (`device_api`
+        capsule, `comm` its address, kept alive by `keep`), on the call's stream or
+        `current_stream()`; the arrays stay referenced until the device has finished."""
     def run_call(self, call: Any, outer: CallRecord | None = None) -> Work | None:
         """Any collective: a pycollectives.backends.Call, or a plain tuple of its fields in
         order (collective, x, out, op, root, algorithm, async_op, stream, counts, in_splits,

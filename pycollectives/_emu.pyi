@@ -2,6 +2,27 @@
 (tests only; see csrc/emu/). Built where PYCOLL_EMULATOR=ON, as the Makefile builds a
 checkout; a plain pip install leaves it out."""
 
+from typing import Any
+
+# device/device_capi.h over a device that moves nothing (NullComm).
+null_device_api: Any
+
+class NullComm:
+    """A device that moves nothing: each call is checked as every device checks it and
+    recorded, and ends at once, or with `hold` once finish() is called (tests, benchmarks)."""
+
+    hold: bool
+    def __init__(self, rank: int = 0, size: int = 1) -> None: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def runs(self) -> int: ...
+    def finish(self) -> None: ...
+    @property
+    def last(self) -> tuple:
+        """The last call: (collective, in, out, count, dtype code, op code, root, algorithm,
+        stream)."""
+
 class EmuOptions:
     slot_bytes: int
     nslots: int

@@ -108,7 +108,8 @@ class Communicator:
         # One machine: numpy calls go straight to the host backend's native run (_host_run,
         # see _run), and a blocking call on numpy arrays with no conversion to make runs in one
         # native step (_run_now: False when the call is not that, and the general path takes
-        # it). Traced, every call goes through _run, where it is recorded.
+        # it; once the CUDA communicator exists, blocking calls on cupy arrays too: see
+        # _open_cuda). Traced, every call goes through _run, where it is recorded.
         if isinstance(self._host, HostBackend):
             self._host_run = self._host.run
             if not trace.enabled():
@@ -729,6 +730,10 @@ class Communicator:
             # Every rank failed alike (the setup is one exchange): later GPU calls say why.
             self._cuda_error = str(e)
             raise
+        # Blocking calls on cupy arrays take the one-step path too, straight to the device.
+        route = self._cuda.run_now_route() if self._run_now is not _not_now else None
+        if route is not None:
+            self._run_now = self._host.c.run_now_via(*route)
 
 
 def _cuda_device(device):

@@ -58,6 +58,11 @@ int dtype_code(const py::dtype& dt) {
   }
 }
 
+int dtype_code_of(py::handle dtype) {
+  if (!py::isinstance<py::dtype>(dtype)) return -1;
+  return dtype_code(py::reinterpret_borrow<py::dtype>(dtype));
+}
+
 ArrayArg array_arg(py::handle obj, const char* fn, const char* name, bool writable) {
   if (!py::isinstance<py::array>(obj))
     throw InvalidType(str_cat(fn, ": ", name, " must be a numpy.ndarray, got ",

@@ -75,6 +75,10 @@ CollectiveCall parse_call(const pybind11::tuple& call, int rank, int size,
 // composed in Python (several nodes); returns (count, dtype code) of the call.
 std::pair<size_t, int> check_args(const pybind11::tuple& call, int rank, int size);
 
+// The DType code of `dtype` (a numpy dtype object, as numpy and cupy arrays carry), or -1 for
+// anything else and for a dtype we do not move.
+int dtype_code_of(pybind11::handle dtype);
+
 // An array described elsewhere (a GPU array, described in Python): (pointer, element count,
 // dtype code), or None for an array the call does not take.
 using Described = std::optional<std::tuple<uintptr_t, size_t, int>>;

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -22,6 +23,7 @@
 #include "host/host_capi.h"
 #include "host/host_comm.h"
 #include "python/call_args.h"
+#include "python/device_route.h"
 
 namespace pycoll {
 const pycoll_host_api* host_api();  // host_capi.cpp
@@ -72,16 +74,30 @@ struct NoGil {
   ~NoGil() { PyEval_RestoreThread(state); }
 };
 
+// What a run_now function is bound to: a host communicator (kept alive by `owner`), and the
+// device transport its calls on device arrays go to, once one is attached (run_now_via).
+struct RunNow {
+  HostComm* comm;
+  PyObject* owner;
+  std::unique_ptr<DeviceRoute> route;
+  ~RunNow() {
+    route.reset();
+    Py_XDECREF(owner);
+  }
+};
+
 // run_now(code, x, out, op, root, algorithm, async_op, stream): the common call in one step from
 // the Python layer. numpy arrays, op a ReduceOp or its name, root an int, algorithm None or a
-// name, run now: returns True once done. Anything else returns False before anything is looked
-// at further, and the Python layer takes its general path (conversions, other array types,
-// Work, its own error messages).
-bool run_now(HostComm& c, PyObject* const* a) {
+// name, run now: returns True once done. With a device route, arrays of the route's type go
+// to the device transport instead (queued on the stream, as a blocking GPU call is). Anything
+// else returns False before anything is looked at further, and the Python layer takes its
+// general path (conversions, other array types, Work, its own error messages).
+bool run_now(RunNow& s, PyObject* const* a) {
   const py::handle x(a[1]), out(a[2]), op(a[3]), root(a[4]), algorithm(a[5]);
   const auto* ndarray = py::detail::npy_api::get().PyArray_Type_;
-  if (!PyLong_CheckExact(a[0]) || Py_TYPE(x.ptr()) != ndarray ||
-      (!out.is_none() && Py_TYPE(out.ptr()) != ndarray) || a[6] != Py_False || a[7] != Py_None ||
+  const bool host = Py_TYPE(x.ptr()) == ndarray &&
+                    (out.is_none() || Py_TYPE(out.ptr()) == ndarray) && a[7] == Py_None;
+  if ((!host && s.route == nullptr) || !PyLong_CheckExact(a[0]) || a[6] != Py_False ||
       !PyLong_CheckExact(root.ptr()))
     return false;
   int overflow = 0;
@@ -92,6 +108,9 @@ bool run_now(HostComm& c, PyObject* const* a) {
   const int algo = algo_code_of(algorithm);
   const long r = PyLong_AsLongAndOverflow(root.ptr(), &overflow);
   if (op_code < 0 || algo < 0 || overflow != 0 || r < INT_MIN || r > INT_MAX) return false;
+  if (!host)
+    return s.route->run(coll, x.ptr(), out.ptr(), op_code, static_cast<int>(r), algo, a[7]);
+  HostComm& c = *s.comm;
   const CollectiveCall call =
       parse_call(coll, x, out, static_cast<int>(r), op_code, algo, c.rank(), c.size());
   NoGil nogil;
@@ -110,17 +129,17 @@ PyObject* raise_as_python(std::exception_ptr e) {
   return nullptr;
 }
 
-constexpr const char* kRunNowCapsule = "pycollectives._C.HostComm";
+constexpr const char* kRunNowCapsule = "pycollectives._C.run_now";
 
 PyObject* run_now_fast(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 8) {
     PyErr_SetString(PyExc_TypeError, "run_now takes 8 positional arguments");
     return nullptr;
   }
-  auto* c = static_cast<HostComm*>(PyCapsule_GetPointer(self, kRunNowCapsule));
-  if (c == nullptr) return nullptr;
+  auto* s = static_cast<RunNow*>(PyCapsule_GetPointer(self, kRunNowCapsule));
+  if (s == nullptr) return nullptr;
   try {
-    return PyBool_FromLong(run_now(*c, args));
+    return PyBool_FromLong(run_now(*s, args));
   } catch (...) {
     return raise_as_python(std::current_exception());
   }
@@ -130,19 +149,20 @@ PyMethodDef run_now_def = {
     "run_now", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run_now_fast)),
     METH_FASTCALL, "run_now(code, x, out, op, root, algorithm, async_op, stream) -> bool"};
 
-// run_now bound to the communicator `self` (a HostComm), which it keeps alive. pybind11's own
-// call machinery would cost as much as the rest of an 8-byte call's native part.
-py::object run_now_function(py::object self) {
-  HostComm& c = self.cast<HostComm&>();
-  PyObject* cap = PyCapsule_New(&c, kRunNowCapsule, [](PyObject* capsule) {
-    Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(capsule)));
+// run_now bound to the communicator `self` (a HostComm), which it keeps alive, and to `route`
+// (may be null). pybind11's own call machinery would cost as much as the rest of an 8-byte
+// call's native part.
+py::object run_now_function(py::object self, std::unique_ptr<DeviceRoute> route) {
+  auto state = std::make_unique<RunNow>();
+  state->comm = &self.cast<HostComm&>();
+  state->owner = self.inc_ref().ptr();
+  state->route = std::move(route);
+  PyObject* cap = PyCapsule_New(state.get(), kRunNowCapsule, [](PyObject* capsule) {
+    delete static_cast<RunNow*>(PyCapsule_GetPointer(capsule, kRunNowCapsule));
   });
   if (cap == nullptr) throw py::error_already_set();
+  state.release();  // the capsule's now
   auto capsule = py::reinterpret_steal<py::object>(cap);
-  if (PyCapsule_SetContext(cap, self.inc_ref().ptr()) != 0) {
-    self.dec_ref();
-    throw py::error_already_set();
-  }
   PyObject* fn = PyCFunction_NewEx(&run_now_def, cap, nullptr);
   if (fn == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(fn);
@@ -364,7 +384,20 @@ void bind_host_comm(py::module_& m) {
           },
           py::arg("collective"), py::arg("bytes"))
       // A plain CPython function (run_now_function), bound to this communicator.
-      .def_property_readonly("run_now", [](py::object self) { return run_now_function(self); })
+      .def_property_readonly("run_now",
+                             [](py::object self) { return run_now_function(self, nullptr); })
+      // run_now that also hands blocking calls on one library's device arrays to a device
+      // transport (python/device_route.h): the arguments as DeviceRoute takes them.
+      .def(
+          "run_now_via",
+          [](py::object self, py::capsule api, uintptr_t comm, py::object keep,
+             py::object array_type, py::object current_stream, int device) {
+            return run_now_function(self, std::make_unique<DeviceRoute>(
+                                              api, comm, std::move(keep), std::move(array_type),
+                                              std::move(current_stream), device));
+          },
+          py::arg("device_api"), py::arg("comm"), py::arg("keep"), py::arg("array_type"),
+          py::arg("current_stream"), py::arg("device"))
       .def(
           "run_call",
           [](HostComm& c, const py::tuple& call, const std::optional<CallRecord>& outer) {

@@ -40,6 +40,38 @@ struct EmuDevice {
   static void wait_on(const Work&, uintptr_t) {}
 };
 
+// A device that moves nothing: each call is checked as every device checks it (capi::to_call),
+// recorded, and ends once `finish` says so (held: not before). Tests follow what reaches a
+// device through it, and benchmarks time the layers above a device with it.
+struct NullComm {
+  int rank_ = 0, size_ = 1;
+  bool hold = false;      // new calls stay unfinished until finish()
+  uint64_t runs = 0;      // calls run
+  uint64_t finished = 0;  // calls 1..finished have ended
+  CollectiveCall last;
+  uintptr_t last_stream = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+};
+
+struct NullDevice {
+  struct Work {
+    const NullComm* comm;
+    uint64_t n;
+  };
+  using Comm = NullComm;
+  static std::shared_ptr<Work> run(NullComm& c, const CollectiveCall& call, uintptr_t stream,
+                                   bool) {
+    c.last = call;
+    c.last_stream = stream;
+    if (!c.hold) c.finished = c.runs + 1;
+    return std::make_shared<Work>(Work{&c, ++c.runs});
+  }
+  static bool done(const Work& w) { return w.n <= w.comm->finished; }
+  static void check(NullComm&) {}
+  static void wait_on(const Work&, uintptr_t) {}
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_emu, m) {
@@ -50,6 +82,29 @@ PYBIND11_MODULE(_emu, m) {
   m.attr("device_api") =
       py::capsule(static_cast<const void*>(DeviceApi<EmuDevice>::table()), PYCOLL_DEVICE_API_NAME);
 
+  m.attr("null_device_api") =
+      py::capsule(static_cast<const void*>(DeviceApi<NullDevice>::table()), PYCOLL_DEVICE_API_NAME);
+  py::class_<NullComm>(m, "NullComm")
+      .def(py::init([](int rank, int size) {
+             auto c = std::make_unique<NullComm>();
+             c->rank_ = rank;
+             c->size_ = size;
+             return c;
+           }),
+           py::arg("rank") = 0, py::arg("size") = 1)
+      .def_property_readonly("address", [](NullComm& c) { return reinterpret_cast<uintptr_t>(&c); })
+      .def_readwrite("hold", &NullComm::hold)
+      .def_readonly("runs", &NullComm::runs)
+      .def("finish", [](NullComm& c) { c.finished = c.runs; })
+      // The last call as the device saw it: (collective, in, out, count, dtype, op, root,
+      // algorithm, stream), codes as the core's.
+      .def_property_readonly("last", [](const NullComm& c) {
+        const CollectiveCall& k = c.last;
+        return py::make_tuple(collective_name(k.collective), reinterpret_cast<uintptr_t>(k.in),
+                              reinterpret_cast<uintptr_t>(k.out), k.count,
+                              static_cast<int>(k.dtype), static_cast<int>(k.op), k.root,
+                              algo_name(k.algo), c.last_stream);
+      });
   py::class_<emu::EmuOptions>(m, "EmuOptions")
       .def(py::init<>())
       .def_readwrite("slot_bytes", &emu::EmuOptions::slot_bytes)

@@ -306,6 +306,22 @@ def test_gpu_python_cost_runs_without_a_gpu():
         assert re.search(rf"^{layer} +[0-9.]+ us/call$", proc.stdout, re.M), proc.stdout
 
 
+def test_a_cupy_call_crosses_into_native_code_once():
+    """benchmarks/call_path.py: a blocking cupy all-reduce (cupy and the CUDA module stood in
+    for, the device the emulated module's) takes the one-step path as a numpy one does: one
+    Python frame of the package, one crossing into native code."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pycollectives._emu")
+    script = ROOT / "benchmarks" / "call_path.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for case in ("numpy all_reduce", "cupy all_reduce"):
+        assert re.search(rf"^{case}.* 1 frames +1 crossings$", proc.stdout, re.M), proc.stdout
+
+
 class SlowerPeer:
     """One rank's view of a 2-rank job whose other rank took `peer_s` seconds per call: a
     Barrier that counts itself, and allreduce(MAX) against the peer's figure."""

@@ -27,6 +27,7 @@ Example (``mpiexec -n 2 python example.py``)::
 
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 
@@ -292,6 +293,18 @@ class CudaComm:
     def seq(self) -> int:
         """Number of collectives (and barriers) this rank has queued."""
         return self._native_comm().seq
+
+    def run_now_route(self):
+        """Where the host communicator's one-step path (``_C.HostComm.run_now_via``) sends
+        this rank's blocking calls on cupy arrays: the native transport's C interface, its
+        communicator, cupy's array type, its current stream and this rank's device. None where
+        cupy is not loaded or the native module has no C interface; calls then take ``run``."""
+        cupy = sys.modules.get("cupy")
+        api = getattr(_native(), "device_api", None)
+        c = self._native_comm()
+        if cupy is None or api is None or not hasattr(c, "address"):
+            return None
+        return api, c.address, c, cupy.ndarray, cupy.cuda.get_current_stream, self.device
 
     # -- registered buffers -------------------------------------------------------------------
 
