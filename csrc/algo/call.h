@@ -150,7 +150,9 @@ struct ResolvedCall {
   CallExtents ext;  // elements of the input and output this rank touches
   // Bytes the automatic choices are keyed on: the same on every rank (choice_count).
   size_t choice_bytes = 0;
-  bool in_place = false;  // the input lies within the output (all-gather's block of it too)
+  // The input and output share bytes: the collective's in-place layout (the checks allow no
+  // other overlap), where a later step may overwrite what an earlier one reads.
+  bool in_place = false;
   Algo algo = Algo::Auto;
   Reason why = Reason::Asked;
   bool rank_ordered = false;  // reproducible mode turned a reduction's algorithm to direct
@@ -192,7 +194,8 @@ ResolvedCall resolve_call(const CollectiveCall& call, int rank, int size, bool r
   r.choice_bytes = choice_count(call, size) * r.elem;
   const auto* in = static_cast<const uint8_t*>(call.in);
   const auto* out = static_cast<const uint8_t*>(call.out);
-  r.in_place = in != nullptr && in >= out && in < out + r.ext.out * r.elem;
+  const size_t in_bytes = r.ext.in * r.elem, out_bytes = r.ext.out * r.elem;
+  r.in_place = in_bytes != 0 && out_bytes != 0 && in < out + out_bytes && out < in + in_bytes;
   const AlgoChoice c = call.algo == Algo::Auto ? automatic(call.collective, r.choice_bytes)
                                                : AlgoChoice{call.algo, Reason::Asked};
   r.algo = c.algo;

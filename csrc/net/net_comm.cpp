@@ -40,30 +40,25 @@ int fingerprint_tag(const NetCall& c, int tag_ub) {
   return static_cast<int>(h.h % static_cast<uint64_t>(tag_ub));  // 0 .. tag_ub - 1
 }
 
-bool overlap(const void* a, size_t an, const void* b, size_t bn) {
-  const auto* x = static_cast<const uint8_t*>(a);
-  const auto* y = static_cast<const uint8_t*>(b);
-  return an != 0 && bn != 0 && x < y + bn && y < x + an;
-}
-
 }  // namespace
 
 // Runs one collective's steps (recorded up front, so receives can be posted ahead).
 class NetExecutor {
  public:
-  NetExecutor(NetComm& c, const NetCall& call, const std::vector<Step>& steps)
+  // `rc`: the call resolved for this rank's place in its group (its sizes, extents, in place).
+  NetExecutor(NetComm& c, const NetCall& call, const ResolvedCall& rc,
+              const std::vector<Step>& steps)
       : c_(c),
         call_(call),
         steps_(steps),
         kernels_(reduce_kernels(call.dtype, call.op)),
-        elem_(dtype_size(call.dtype)),
-        acc_(acc_size(call.dtype)),
+        elem_(rc.elem),
+        acc_(rc.acc),
         tag_(fingerprint_tag(call, c.tag_ub_)),
-        me_(static_cast<int>(std::find(call.group.begin(), call.group.end(), c.rank_) -
-                             call.group.begin())),
-        arrays_(arrays_of(call, me_, elem_)),
-        in_place_(
-            overlap(arrays_.in, arrays_.in_count * elem_, arrays_.out, arrays_.out_count * elem_)),
+        me_(rc.rank),
+        arrays_{static_cast<const uint8_t*>(call.in), static_cast<uint8_t*>(call.out), rc.ext.in,
+                rc.ext.out, rc.elem},
+        in_place_(rc.in_place),
         timeout_s_(c.timeout_s_.load()),
         deadline_(deadline_after(timeout_s_)) {
     for (size_t i = 0; i < c_.pool_.size(); ++i) free_.push_back(static_cast<int>(i));
@@ -114,13 +109,6 @@ class NetExecutor {
     int buf;  // -1: sent straight from the caller's input
     int peer;
   };
-
-  // The call's arrays as schedule rank `me` may touch them (call_extents).
-  static StepArrays arrays_of(const NetCall& call, int me, size_t elem) {
-    const CallExtents e = call_extents(call, me, static_cast<int>(call.group.size()));
-    return {static_cast<const uint8_t*>(call.in), static_cast<uint8_t*>(call.out), e.in, e.out,
-            elem};
-  }
 
   const uint8_t* src_ptr(const Step& s) const { return arrays_.src(s); }
   uint8_t* dst_ptr(const Step& s) const { return arrays_.dst(s); }
@@ -355,7 +343,7 @@ void NetComm::run(const NetCall& call) {
   StepRecorder rec;
   make_schedule(rc.algo, call.collective, p, rec);
   try {
-    NetExecutor(*this, call, rec.steps).run();
+    NetExecutor(*this, call, rc, rec.steps).run();
   } catch (const CollectiveError& e) {
     poisoned_ = true;
     poison_reason_ = e.what();
