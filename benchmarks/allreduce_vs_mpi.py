@@ -9,26 +9,18 @@ nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
+from functools import partial
 
-import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
 from pycollectives.bench.formulas import bus_factor
-from pycollectives.bench.peers import mpi_library
+from pycollectives.bench.scripts import float32_sizes, machine, sweep_options, write_json
 from pycollectives.bench.timing import best_per_call
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--min-bytes", type=int, default=8)
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
-    args = ap.parse_args()
+    args = sweep_options(__doc__.splitlines()[0], rounds=5)
 
     mpi = MPI.COMM_WORLD
     n = mpi.Get_size()
@@ -36,28 +28,15 @@ def main():
     factor = bus_factor("all_reduce", n)
     rows = []
     if comm.rank == 0:
-        print(
-            f"# all_reduce float32 sum, {n} ranks, {platform.processor() or platform.machine()}, "
-            f"{mpi_library()}"
-        )
+        print(f"# all_reduce float32 sum, {n} ranks, {', '.join(machine().values())}")
         print(
             f"# {'bytes':>10} {'ours us':>10} {'mpi us':>10} {'ours busbw':>11} "
             f"{'mpi busbw':>10} {'speedup':>8}"
         )
-    nbytes = args.min_bytes
-    while nbytes <= args.max_bytes:
-        count = nbytes // 4
-        x = np.ones(count, np.float32)
-        out = np.empty_like(x)
-        iters = int(min(20000, max(5, (256 << 20) // max(nbytes, 1) // 4)))
-
-        def ours(x=x, out=out):
-            comm.all_reduce(x, out)
-
-        def theirs(x=x, out=out):
-            mpi.Allreduce(x, out)
-
-        best_ours, best_mpi = best_per_call(mpi, (ours, theirs), iters, args.rounds, min(iters, 50))
+    sizes = float32_sizes(args.min_bytes, args.max_bytes, 2, 256 << 20, 5, 20000)
+    for nbytes, x, out, iters in sizes:
+        fns = (partial(comm.all_reduce, x, out), partial(mpi.Allreduce, x, out))
+        best_ours, best_mpi = best_per_call(mpi, fns, iters, args.rounds, min(iters, 50))
         row = {
             "bytes": nbytes,
             "ours_us": best_ours * 1e6,
@@ -74,10 +53,8 @@ def main():
                 f"{row['speedup']:>7.2f}x",
                 flush=True,
             )
-        nbytes *= 2
     if comm.rank == 0 and args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ranks": n, "rows": rows}, f, indent=1)
+        write_json(args.json, {"ranks": n, "rows": rows})
     comm.close()
 
 

@@ -9,14 +9,15 @@ Prints µs per call with and without, the difference and its share of the call w
 
 from __future__ import annotations
 
-import argparse
 import os
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
-from pycollectives.bench.timing import per_call
+from pycollectives.bench.scripts import batch_options
+from pycollectives.bench.timing import best_per_call
 
 
 def communicator(entries: int) -> pc.Communicator:
@@ -28,12 +29,8 @@ def communicator(entries: int) -> pc.Communicator:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--iters", type=int, default=20000)
-    args = ap.parse_args()
+    args = batch_options(__doc__.splitlines()[0], rounds=15)
     mpi = MPI.COMM_WORLD
-    off, on = communicator(0), communicator(1024)
     x = np.ones(2, np.float32)  # 8 B
     calls = {
         "all_reduce": lambda c: c.all_reduce(x),
@@ -43,16 +40,12 @@ def main():
         print(f"# 8 B float32, {mpi.size} ranks, {args.iters} calls a batch: us per call, "
               f"best of {args.rounds} alternating batches")  # fmt: skip
         print(f"{'call':>10} {'off':>8} {'on':>8} {'added':>8} {'share':>7}")
-    for name, fn in calls.items():
-        best = {"off": float("inf"), "on": float("inf")}
-        for _ in range(args.rounds):
-            for key, comm in (("off", off), ("on", on)):
-                best[key] = min(best[key], per_call(mpi, lambda c=comm, f=fn: f(c), args.iters))
-        if mpi.rank == 0:
-            a, b = best["off"] * 1e6, best["on"] * 1e6
-            print(f"{name:>10} {a:>8.3f} {b:>8.3f} {b - a:>8.3f} {(b - a) / a:>7.1%}")
-    on.close()
-    off.close()
+    with communicator(0) as off, communicator(1024) as on:
+        for name, fn in calls.items():
+            sides = (partial(fn, off), partial(fn, on))
+            a, b = (t * 1e6 for t in best_per_call(mpi, sides, args.iters, args.rounds, 0))
+            if mpi.rank == 0:
+                print(f"{name:>10} {a:>8.3f} {b:>8.3f} {b - a:>8.3f} {(b - a) / a:>7.1%}")
 
 
 if __name__ == "__main__":

@@ -163,27 +163,40 @@ def rewrite(page: str, made: dict[str, list[str]], kind: str = "gpu-table") -> s
     return page
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def page_options(argv, description: str, write_help: str) -> argparse.Namespace:
+    """The options of a script that writes the page's tables (this one, perf_page.py): --write
+    or --check, or neither to print the tables."""
+    ap = argparse.ArgumentParser(description=description)
     group = ap.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help="rewrite the page's GPU tables")
+    group.add_argument("--write", action="store_true", help=write_help)
     group.add_argument("--check", action="store_true", help="exit 1 where the page differs")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def update_page(render, write: bool, stale: str) -> int:
+    """Rewrites the page as `render(page)` returns it (`write`), or else prints `stale` and
+    returns 1 where the page differs from that."""
+    page = PAGE.read_text()
+    new = render(page)
+    if write:
+        PAGE.write_text(new)
+        return 0
+    if new != page:
+        print(stale)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    args = page_options(argv, __doc__.split("\n\n")[0], "rewrite the page's GPU tables")
     made = tables()
     if not (args.write or args.check):
         for name, lines in made.items():
             print(f"<!-- gpu-table {name} -->")
             print("\n".join(lines))
         return 0
-    page = PAGE.read_text()
-    new = rewrite(page, made)
-    if args.write:
-        PAGE.write_text(new)
-        return 0
-    if new != page:
-        print("docs/performance.md's GPU tables differ from their files: run gpu_tables.py --write")
-        return 1
-    return 0
+    stale = "docs/performance.md's GPU tables differ from their files: run gpu_tables.py --write"
+    return update_page(lambda page: rewrite(page, made), args.write, stale)
 
 
 if __name__ == "__main__":

@@ -12,26 +12,18 @@ busbw = bytes / time * 2(n-1)/n, as nccl-tests.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
+from functools import partial
 
-import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
 from pycollectives.bench.formulas import bus_factor
-from pycollectives.bench.peers import mpi_library
+from pycollectives.bench.scripts import float32_sizes, machine, sweep_options, write_json
 from pycollectives.bench.timing import best_per_call
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--min-bytes", type=int, default=8)
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
-    args = ap.parse_args()
+    args = sweep_options(__doc__.splitlines()[0], rounds=3)
 
     mpi = MPI.COMM_WORLD
     n = mpi.Get_size()
@@ -42,29 +34,17 @@ def main():
     if comm.rank == 0:
         print(
             f"# all_reduce float32 sum, {n} ranks on {topo.num_nodes} nodes ({topo.describe()}), "
-            f"{platform.processor() or platform.machine()}, "
-            f"{mpi_library()}"
+            f"{', '.join(machine().values())}"
         )
         print(
             f"# {'bytes':>10} {'hier us':>10} {'ring us':>10} {'mpi us':>10} {'hier busbw':>11} "
             f"{'ring busbw':>11} {'mpi busbw':>10} {'vs ring':>8} {'vs mpi':>7}"
         )
-    nbytes = args.min_bytes
-    while nbytes <= args.max_bytes:
-        count = nbytes // 4
-        x = np.ones(count, np.float32)
-        out = np.empty_like(x)
-        iters = int(min(5000, max(3, (64 << 20) // max(nbytes, 1) // 4)))
-
-        def hier(x=x, out=out):
-            comm.all_reduce(x, out)
-
-        def ring(x=x, out=out):
-            comm.all_reduce(x, out, algorithm="ring")
-
-        def theirs(x=x, out=out):
-            mpi.Allreduce(x, out)
-
+    sizes = float32_sizes(args.min_bytes, args.max_bytes, 4, 64 << 20, 3, 5000)
+    for nbytes, x, out, iters in sizes:
+        hier = partial(comm.all_reduce, x, out)
+        ring = partial(comm.all_reduce, x, out, algorithm="ring")
+        theirs = partial(mpi.Allreduce, x, out)
         best = best_per_call(mpi, (hier, ring, theirs), iters, args.rounds, min(iters, 20))
         row = {"bytes": nbytes}
         for name, t in zip(("hier", "ring", "mpi"), best):
@@ -79,10 +59,8 @@ def main():
                 f"{best[1] / best[0]:>7.2f}x {best[2] / best[0]:>6.2f}x",
                 flush=True,
             )
-        nbytes *= 4
     if comm.rank == 0 and args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ranks": n, "nodes": topo.nodes, "rows": rows}, f, indent=1)
+        write_json(args.json, {"ranks": n, "nodes": topo.nodes, "rows": rows})
     comm.close()
 
 

@@ -17,13 +17,7 @@ the two sides alternating per batch; ratio = MPI's time / ours (> 1: we are fast
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 
@@ -78,8 +72,8 @@ def measure(args):
     from mpi4py import MPI
 
     import pycollectives as pc
-    from pycollectives.bench.peers import mpi_library
-    from pycollectives.bench.timing import per_call
+    from pycollectives.bench.scripts import log_row, machine, write_json
+    from pycollectives.bench.timing import best_per_call
 
     mpi = MPI.COMM_WORLD
     if mpi.Get_size() != 2:
@@ -90,38 +84,22 @@ def measure(args):
     for nbytes in (int(s) for s in args.sizes.split(",")):
         iters = int(min(5000, max(3, (64 << 20) // max(nbytes, 1) // INFLIGHT)))
         for name, (sides, check) in patterns(comm, mpi, nbytes).items():
-            best = {}
-            for side, fn in sides.items():  # warm up, then check the data
-                for _ in range(min(iters, 20)):
-                    fn()
-                check()
-                best[side] = float("inf")
-            for _ in range(args.rounds):
-                for side, fn in sides.items():
-                    best[side] = min(best[side], per_call(mpi, fn, iters))
+            # warm up, then check the data
+            times = best_per_call(mpi, sides.values(), iters, args.rounds, min(iters, 20), check)
+            best = dict(zip(sides, times))
             row = {"pattern": name, "bytes": nbytes}
             row.update({f"{side}_us": t * 1e6 for side, t in best.items()})
             row["ratio"] = best["mpi"] / best["ours"]
-            rows.append(row)
-            if mpi.rank == 0:
-                print(json.dumps(row), file=sys.stderr, flush=True)
+            log_row(mpi, rows, row)
     comm.close()
     if mpi.rank == 0:
-        info = {"cpu": platform.processor() or platform.machine(), "mpi": mpi_library()}
-        with open(args.json, "w") as f:
-            json.dump({**info, "rows": rows}, f, indent=1)
+        write_json(args.json, {**machine(), "rows": rows})
 
 
 def launch(args):
-    here = os.path.abspath(__file__)
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "rows.json")
-        cmd = [mpiexec, "-n", "2", sys.executable, here, "--sizes", args.sizes]
-        cmd += ["--rounds", str(args.rounds), "--json", path]
-        subprocess.run(cmd, check=True, env={**os.environ, "PYCOLL_RANKS_PER_NODE": "1"})
-        with open(path) as f:
-            res = json.load(f)
+    from pycollectives.bench.scripts import run_on_two_ranks, write_json
+
+    res = run_on_two_ranks(os.path.abspath(__file__), args, env={"PYCOLL_RANKS_PER_NODE": "1"})
     print(f"# 2 ranks on 2 emulated nodes, {res['cpu']}, {res['mpi']}; best of {args.rounds}")
     print(f"# us per iteration; inflight = {INFLIGHT} messages; ratio = mpi / ours (>1: faster)")
     print(f"# {'pattern':<9} {'bytes':>9} {'ours':>10} {'mpi':>10} {'ratio':>7}")
@@ -131,23 +109,14 @@ def launch(args):
             f" {r['ratio']:>6.2f}x"
         )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(args.json, res)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes, comma-separated")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
-    args = ap.parse_args()
-    under_mpiexec = any(k in os.environ for k in ("PMI_RANK", "PMI_FD", "OMPI_COMM_WORLD_RANK"))
-    if not under_mpiexec:
-        return launch(args)
-    if args.json is None:
-        args.json = os.devnull
-    measure(args)
-    return None
+    from pycollectives.bench.scripts import measure_or_launch, two_rank_options
+
+    args = two_rank_options(__doc__.splitlines()[0], SIZES).parse_args()
+    return measure_or_launch(args, measure, launch)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,7 @@ is bytes moved per rank (all_to_all: the whole 2 x `bytes` array) over time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 
@@ -73,8 +68,8 @@ def measure(args):
     from mpi4py import MPI
 
     import pycollectives as pc
-    from pycollectives.bench.peers import mpi_library
-    from pycollectives.bench.timing import per_call
+    from pycollectives.bench.scripts import log_row, machine, write_json
+    from pycollectives.bench.timing import best_per_call
 
     mpi = MPI.COMM_WORLD
     if mpi.Get_size() != 2:
@@ -84,49 +79,28 @@ def measure(args):
     for nbytes in (int(s) for s in args.sizes.split(",")):
         iters = int(min(20000, max(5, (256 << 20) // max(nbytes, 1) // 8)))
         for op, fns, check, factor, moved in variants(comm, mpi, nbytes, args.mpi_only):
-            best = {}
-            for name, fn in fns.items():  # warm up (page faults, caches), then check the data
-                for _ in range(min(iters, 50)):
-                    fn()
-                check()
-                best[name] = float("inf")
-            for _ in range(args.rounds):
-                for name, fn in fns.items():
-                    best[name] = min(best[name], per_call(mpi, fn, iters))
+            # warm up (page faults, caches), then check the data
+            times = best_per_call(mpi, fns.values(), iters, args.rounds, min(iters, 50), check)
             row = {"op": op, "bytes": nbytes}
-            for name, t in best.items():
+            for name, t in zip(fns, times):
                 row[f"{name}_us"] = t * 1e6
                 row[f"{name}_busbw_GBs"] = moved * factor / t / 1e9
-            rows.append(row)
-            if mpi.rank == 0:
-                print(json.dumps(row), file=sys.stderr, flush=True)
+            log_row(mpi, rows, row)
     if comm is not None:
         comm.close()
     if mpi.rank == 0:
-        info = {
-            "cpu": platform.processor() or platform.machine(),
-            "mpi": mpi_library(),
-            "rows": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(info, f, indent=1)
+        write_json(args.json, {**machine(), "rows": rows})
 
 
 def launch(args):
     """Both runs under mpiexec, then one table."""
+    from pycollectives.bench.scripts import run_on_two_ranks, write_json
+
     here = os.path.abspath(__file__)
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = {"main": {}, "nocma": NO_CMA}
-        res = {}
-        for name, extra in runs.items():
-            path = os.path.join(tmp, name + ".json")
-            cmd = [mpiexec, "-n", "2", sys.executable, here, "--sizes", args.sizes]
-            cmd += ["--rounds", str(args.rounds), "--json", path]
-            cmd += ["--mpi-only"] if name == "nocma" else []
-            subprocess.run(cmd, check=True, env={**os.environ, **extra})
-            with open(path) as f:
-                res[name] = json.load(f)
+    res = {
+        "main": run_on_two_ranks(here, args),
+        "nocma": run_on_two_ranks(here, args, ["--mpi-only"], NO_CMA),
+    }
     nocma = {(r["op"], r["bytes"]): r for r in res["nocma"]["rows"]}
     print(f"# 2 ranks, {res['main']['cpu']}, {res['main']['mpi']}; best of {args.rounds} batches")
     print("# us per call; busbw GB/s (nccl-tests factors); ratio = mpi time / ours (>1: faster)")
@@ -147,24 +121,15 @@ def launch(args):
             f" {r['mpi_nocma_us'] / r['native_us']:>8.2f}x"
         )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ranks": 2, "rows": rows, "mpi": res["main"]["mpi"]}, f, indent=1)
+        write_json(args.json, {"ranks": 2, "rows": rows, "mpi": res["main"]["mpi"]})
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes, comma-separated")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
+    from pycollectives.bench.scripts import measure_or_launch, two_rank_options
+
+    ap = two_rank_options(__doc__.splitlines()[0], SIZES)
     ap.add_argument("--mpi-only", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    under_mpiexec = any(k in os.environ for k in ("PMI_RANK", "PMI_FD", "OMPI_COMM_WORLD_RANK"))
-    if not under_mpiexec:
-        return launch(args)
-    if args.json is None:
-        args.json = os.devnull
-    measure(args)
-    return None
+    return measure_or_launch(ap.parse_args(), measure, launch)
 
 
 if __name__ == "__main__":

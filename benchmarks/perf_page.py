@@ -13,8 +13,6 @@ the blocks is the page's own.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import re
 import statistics
@@ -24,6 +22,10 @@ from pathlib import Path
 from pycollectives.bench.report import percent
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_tables  # noqa: E402 - benchmarks/gpu_tables.py, which writes the page's GPU tables
+
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "performance.md"
 
@@ -89,6 +91,11 @@ def made_from(files: list[str], machine: str) -> str:
 
 def load_json(name: str):
     return json.loads((RESULTS / name).read_text())
+
+
+def rows_by(name: str, key: str) -> dict:
+    """A result file's rows by (row[key], row["bytes"])."""
+    return {(r[key], r["bytes"]): r for r in load_json(name)["rows"]}
 
 
 def text(name: str) -> str:
@@ -255,9 +262,8 @@ def torch_backend() -> list[str]:
 
 def p2p() -> list[str]:
     name = "p2p_vs_mpi-2ranks.json"
-    rows = {(r["op"], r["bytes"]): r for r in load_json(name)["rows"]}
-    sizes = sorted({n for _, n in rows})
-    out = []
+    rows = rows_by(name, "op")
+    sizes, out = sorted({n for _, n in rows}), []
     for op in ("sendrecv", "all_to_all"):
         ours, mpi, nocma = [f"{op}: ours"], [f"{op}: MPI"], [f"{op}: MPI without CMA"]
         for n in sizes:
@@ -344,9 +350,8 @@ def hierarchical() -> list[str]:
 
 def p2p_across_nodes() -> list[str]:
     name = "p2p_across_nodes-2ranks.json"
-    rows = {(r["pattern"], r["bytes"]): r for r in load_json(name)["rows"]}
-    sizes = sorted({n for _, n in rows})
-    out = []
+    rows = rows_by(name, "pattern")
+    sizes, out = sorted({n for _, n in rows}), []
     for pattern in ("sendrecv", "inflight"):
         out.append([f"{pattern}: ours"] + [num(rows[pattern, n]["ours_us"]) for n in sizes])
         out.append(
@@ -366,7 +371,7 @@ def check_across_nodes() -> list[str]:
              ("reduce", 8)]  # fmt: skip
     out = []
     for name, label in zip(files, ["2 nodes × 1 rank", "2 nodes × 2 ranks"]):
-        rows = {(r["collective"], r["bytes"]): r for r in load_json(name)["rows"]}
+        rows = rows_by(name, "collective")
         out.append(
             [label]
             + [f"{num(rows[c]['checked_us'])} ({num(rows[c]['unchecked_us'])})" for c in cells]
@@ -623,47 +628,25 @@ def tables() -> dict[str, list[str]]:
 def rewrite(page: str, made: dict[str, list[str]]) -> str:
     """`page` with each of these tables' blocks (`<!-- perf-table NAME -->`) replaced by
     `made`'s: gpu_tables.py's rewrite, for the other kind of marker."""
-    return gpu_tables().rewrite(page, made, "perf-table")
-
-
-def gpu_tables():
-    """benchmarks/gpu_tables.py, which writes the page's GPU tables."""
-    spec = importlib.util.spec_from_file_location("gpu_tables", ROOT / "benchmarks/gpu_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_tables"] = mod  # its dataclass looks itself up there
-    spec.loader.exec_module(mod)
-    return mod
+    return gpu_tables.rewrite(page, made, "perf-table")
 
 
 def render(page: str) -> str:
     """The page with every table, CPU and GPU, written from its files."""
-    gpu = gpu_tables()
-    return gpu.rewrite(rewrite(page, tables()), gpu.tables())
+    return gpu_tables.rewrite(rewrite(page, tables()), gpu_tables.tables())
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = ap.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help="rewrite docs/performance.md's tables")
-    group.add_argument("--check", action="store_true", help="exit 1 where the page differs")
-    args = ap.parse_args(argv)
+    description = __doc__.split("\n\n")[0]
+    args = gpu_tables.page_options(argv, description, "rewrite docs/performance.md's tables")
     if not (args.write or args.check):
         for name, lines in tables().items():
             print(f"<!-- perf-table {name} -->")
             print("\n".join(lines))
             print()
         return 0
-    page = PAGE.read_text()
-    new = render(page)
-    if args.write:
-        PAGE.write_text(new)
-        return 0
-    if new != page:
-        print(
-            f"{PAGE.relative_to(ROOT)}'s tables differ from their files: run perf_page.py --write"
-        )
-        return 1
-    return 0
+    stale = f"{PAGE.relative_to(ROOT)}'s tables differ from their files: run perf_page.py --write"
+    return gpu_tables.update_page(render, args.write, stale)
 
 
 if __name__ == "__main__":

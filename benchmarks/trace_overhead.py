@@ -6,45 +6,34 @@ ranks, one traced and one not, their batches alternating, best of --rounds.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 import pycollectives as pc
 from pycollectives import trace
-from pycollectives.bench.timing import per_call
+from pycollectives.bench.scripts import batch_options
+from pycollectives.bench.timing import best_per_call
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--iters", type=int, default=20000)
-    args = ap.parse_args()
+    args = batch_options(__doc__.splitlines()[0], rounds=7)
     mpi = MPI.COMM_WORLD
     plain = pc.Communicator(mpi)
     where = tempfile.mkdtemp(prefix="pycoll-trace-") if mpi.rank == 0 else None
     trace.enable(f"{mpi.bcast(where)}/t-{{rank}}.json")
-    traced = pc.Communicator(mpi)
-
-    def timed(comm, x):
-        return per_call(mpi, lambda: comm.all_reduce(x), args.iters)
-
-    if mpi.rank == 0:
-        print(f"# all_reduce float32, {mpi.size} ranks: us per call, best of {args.rounds}")
-        print(f"{'bytes':>8} {'untraced':>10} {'traced':>10} {'added':>8} {'ratio':>6}")
-    for nbytes in (8, 1024, 65536):
-        x = np.ones(nbytes // 4, np.float32)
-        best = {"plain": float("inf"), "traced": float("inf")}
-        for _ in range(args.rounds):
-            best["plain"] = min(best["plain"], timed(plain, x))
-            best["traced"] = min(best["traced"], timed(traced, x))
+    with plain, pc.Communicator(mpi) as traced:
         if mpi.rank == 0:
-            p, t = best["plain"] * 1e6, best["traced"] * 1e6
-            print(f"{nbytes:>8} {p:>10.2f} {t:>10.2f} {t - p:>8.2f} {t / p:>6.2f}")
-    traced.close()
-    plain.close()
+            print(f"# all_reduce float32, {mpi.size} ranks: us per call, best of {args.rounds}")
+            print(f"{'bytes':>8} {'untraced':>10} {'traced':>10} {'added':>8} {'ratio':>6}")
+        for nbytes in (8, 1024, 65536):
+            x = np.ones(nbytes // 4, np.float32)
+            sides = (partial(plain.all_reduce, x), partial(traced.all_reduce, x))
+            p, t = (s * 1e6 for s in best_per_call(mpi, sides, args.iters, args.rounds, 0))
+            if mpi.rank == 0:
+                print(f"{nbytes:>8} {p:>10.2f} {t:>10.2f} {t - p:>8.2f} {t / p:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -36,12 +36,15 @@ def per_call(mpi, fn, calls: int, sync=None, warmup: int = 0) -> float:
     return max_over_ranks(mpi, (time.perf_counter() - t0) / calls)
 
 
-def best_per_call(mpi, fns, calls: int, rounds: int, warmup: int) -> list:
+def best_per_call(mpi, fns, calls: int, rounds: int, warmup: int, check=None) -> list:
     """Each of `fns`' best seconds per call (per_call) over `rounds` rounds in which they
-    alternate, after `warmup` untimed calls of each (page faults, caches)."""
+    alternate, after `warmup` untimed calls of each (page faults, caches); where `check` is
+    given, check() follows each function's untimed calls (that they wrote what they should)."""
     for fn in fns:
         for _ in range(warmup):
             fn()
+        if check is not None:
+            check()
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, fn in enumerate(fns):

@@ -3,11 +3,24 @@ rank can regenerate, and the closing comparison with the same training in one pr
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 from pathlib import Path
 
 import numpy as np
+
+
+def digits_mlp_parser(description: str, epochs: int) -> argparse.ArgumentParser:
+    """The argument parser of an example that trains an MLP on the digits on every rank, with
+    the options they share: --epochs (default `epochs`), --batch-size (per rank), --hidden
+    (units), --lr; the example adds its own."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--epochs", type=int, default=epochs)
+    ap.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=0.1)
+    return ap
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:

@@ -14,14 +14,13 @@ prints the held-out accuracy. ``--backend gloo`` runs the same job on gloo.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 import torch.distributed as dist
 
 import pycollectives.torch as pct
-from pycollectives.examples.common import digits_split
+from pycollectives.examples.common import digits_mlp_parser, digits_split
 
 
 def data(seed: int):
@@ -30,11 +29,7 @@ def data(seed: int):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="stock torch DDP on the pycollectives backend")
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap = digits_mlp_parser("stock torch DDP on the pycollectives backend", epochs=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", choices=(pct.BACKEND, "gloo"), default=pct.BACKEND)
     args = ap.parse_args(argv)

@@ -22,7 +22,6 @@ the first run only (``PYCOLL_RESTART_COUNT`` 0): a drill for the restart.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import signal
@@ -33,7 +32,7 @@ import numpy as np
 
 import pycollectives as pc
 from pycollectives import trace
-from pycollectives.examples.common import digits_split
+from pycollectives.examples.common import digits_mlp_parser, digits_split
 
 
 class MLP:
@@ -137,11 +136,7 @@ def relaunch(ranks: int, argv) -> int:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="data-parallel MLP on sklearn digits")
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap = digits_mlp_parser("data-parallel MLP on sklearn digits", epochs=20)
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0)

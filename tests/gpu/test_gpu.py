@@ -360,6 +360,22 @@ def test_gpu_faults_stepped_mode(fault, check):
     run_fault(fault, check, {"PYCOLL_CUDA_SYNC": "stepped"}, "stepped")
 
 
+# gpu_extras.py's cases that TestKernelMode runs on 2 ranks as they are, and the line each rank
+# prints once the case's checks pass.
+KERNEL_MODE_EXTRAS = {
+    # A mismatch found on the device.
+    "mismatch": "sync=kernel",
+    # The LL format (data and flag in one store) on the path every small all-reduce takes.
+    "ll": "sync=kernel calls=",
+    # Blocking calls launched on their callers' streams, in turn: ordered on the device.
+    "streams": "sync=kernel",
+    # comm.empty / register and the two-shot all-reduce over them (device/twoshot_kernel.h).
+    "registered": "sync=kernel cases=",
+    # Graph capture and replay.
+    "graph": "sync=kernel replays=5",
+}
+
+
 class TestKernelMode:
     """Kernel mode (one launch per collective, device-side waits). Ranks sharing one GPU need
     MPS for it: the class starts a daemon of its own when none runs (kernel_mode_env)."""
@@ -380,19 +396,10 @@ class TestKernelMode:
         assert 0 < got["floors"]["ping_pong"] < 1e-3, got["floors"]  # one flag's round trip
         assert 0 < got["graph_per_call"] < 1e-3, got["graph_per_call"]  # replayed all-reduces
 
-    def test_gpu_mismatch_found_on_the_device(self, kernel_mode_env):
-        out = run_mpi(2, "gpu_extras.py", "mismatch", env=kernel_mode_env)
-        assert out.count("sync=kernel") == 2, out
-
-    def test_gpu_ll_small_all_reduces(self, kernel_mode_env):
-        # The LL format (data and flag in one store) on the path every small all-reduce takes.
-        out = run_mpi(2, "gpu_extras.py", "ll", env=kernel_mode_env)
-        assert out.count("sync=kernel calls=") == 2, out
-
-    def test_gpu_calls_on_several_streams(self, kernel_mode_env):
-        # Blocking calls launched on their callers' streams, in turn: ordered on the device.
-        out = run_mpi(2, "gpu_extras.py", "streams", env=kernel_mode_env)
-        assert out.count("sync=kernel") == 2, out
+    @pytest.mark.parametrize("case", list(KERNEL_MODE_EXTRAS))
+    def test_gpu_extras_on_two_ranks(self, kernel_mode_env, case):
+        out = run_mpi(2, "gpu_extras.py", case, env=kernel_mode_env)
+        assert out.count(KERNEL_MODE_EXTRAS[case]) == 2, out
 
     def test_gpu_four_ranks_auto_blocks_late_rank_two_streams(self, kernel_mode_env):
         # 4 ranks on one GPU under MPS with a block per SM of each one's share (auto, the
@@ -416,20 +423,11 @@ class TestKernelMode:
         out = run_mpi(2, "gpu_extras.py", "first_use", env=env)
         assert out.count("first_use rank=") == 2, out
 
-    def test_gpu_registered_two_shot(self, kernel_mode_env):
-        # comm.empty / register and the two-shot all-reduce over them (device/twoshot_kernel.h).
-        out = run_mpi(2, "gpu_extras.py", "registered", env=kernel_mode_env)
-        assert out.count("sync=kernel cases=") == 2, out
-
     def test_gpu_shapes_past_the_cache_and_replays_between_streams(self, kernel_mode_env):
         # Bounded tighter than the rest (a wrong order waits out the device timeout, 20 s).
         env = {**kernel_mode_env, "PYCOLL_TEST_TIMEOUT": "20"}
         out = run_mpi(2, "gpu_extras.py", "shapes", env=env, timeout=60)
         assert out.count("sync=kernel shapes=300 replays=6") == 2, out
-
-    def test_gpu_graph_capture_and_replay(self, kernel_mode_env):
-        out = run_mpi(2, "gpu_extras.py", "graph", env=kernel_mode_env)
-        assert out.count("sync=kernel replays=5") == 2, out
 
     def test_gpu_call_cost(self, kernel_mode_env):
         script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_call_cost.py"

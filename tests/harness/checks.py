@@ -245,3 +245,35 @@ def run_main(main):
         sys.stderr.flush()
         save_coverage()
         MPI.COMM_WORLD.Abort(1)
+
+
+def run_each(tests, done: str):
+    """Runs each of `tests` (functions of a Communicator) on one communicator over every rank,
+    a barrier after each; then rank 0 prints `done`, formatted with the rank count as
+    ``{size}`` (the line the test looks for)."""
+    import pycollectives as pc
+
+    with pc.Communicator() as comm:
+        for test in tests:
+            test(comm)
+            comm.barrier()
+        if comm.rank == 0:
+            print(done.format(size=comm.size))
+
+
+def run_mode(modes: dict):
+    """Runs the mode named by sys.argv[1], ``modes[name](mpi, comm)``, on MPI_COMM_WORLD and a
+    Communicator over it; closes the communicator, and once every rank is through, rank 0
+    prints the mode's name (the line the test looks for)."""
+    from mpi4py import MPI
+
+    import pycollectives as pc
+
+    mode = sys.argv[1]
+    mpi = MPI.COMM_WORLD
+    c = pc.Communicator(mpi)
+    modes[mode](mpi, c)
+    c.close()
+    mpi.Barrier()
+    if mpi.rank == 0:
+        print(f"{mode}")

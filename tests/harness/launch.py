@@ -28,6 +28,11 @@ TESTS = HARNESS.parent
 WORKER_DIRS = (TESTS / "ranks" / "workers", TESTS / "gpu" / "workers")
 # 4 ranks as 2 nodes x 2 (emulated): shared memory inside each node, MPI between them.
 TWO_NODES = {"PYCOLL_RANKS_PER_NODE": "2"}
+# A test's (nranks, nodes): 2 and 4 ranks on one node, and 4 as two nodes (its `nodes`, the
+# environment to run with).
+ONE_NODE_AND_TWO = pytest.mark.parametrize(
+    "nranks,nodes", [(2, {}), (4, {}), (4, TWO_NODES)], ids=["2", "4", "4-two-nodes"]
+)
 
 
 def worker_path(name: str) -> Path:

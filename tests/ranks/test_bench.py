@@ -376,6 +376,15 @@ if __name__ == "__main__":
 """
 
 
+def run_cuda_sweep(module: str, out, *options: str, **kw) -> tuple[str, dict]:
+    """`module` (pycoll-bench, or a script that runs it) on 2 ranks: every collective on CUDA
+    arrays against NCCL and host-staged MPI, with `options` (sizes, iterations); its stdout
+    and the JSON it wrote to `out`."""
+    compare = ("all", "--device", "cuda", "--compare", "nccl,mpi")
+    stdout = run_mpi(2, "run_module.py", module, *compare, *options, "--json", str(out), **kw)
+    return stdout, json.loads(out.read_text())
+
+
 def test_cuda_plumbing_with_a_fake_cupy(tmp_path):
     fake = tmp_path / "fake"
     (fake / "cupy" / "cuda").mkdir(parents=True)
@@ -386,35 +395,8 @@ def test_cuda_plumbing_with_a_fake_cupy(tmp_path):
     out = tmp_path / "rows.json"
     paths = [str(fake), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {"PYTHONPATH": os.pathsep.join(paths)}
-    stdout = run_mpi(
-        2,
-        "run_module.py",
-        "fake_gpu_bench",
-        "all",
-        "--device",
-        "cuda",
-        "--compare",
-        "nccl,mpi",
-        "-b",
-        "64",
-        "-e",
-        "4K",
-        "-f",
-        "8",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "-c",
-        "1",
-        "-d",
-        "int32",
-        "--json",
-        str(out),
-        env=env,
-        timeout=120,
-    )
-    data = json.loads(out.read_text())
+    sweep = ("-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "-c", "1", "-d", "int32")
+    stdout, data = run_cuda_sweep("fake_gpu_bench", out, *sweep, env=env, timeout=120)
     rows = data["rows"]
     cuda = F.collectives_for("cuda")
     assert {r["collective"] for r in rows} == set(cuda)
@@ -445,32 +427,8 @@ def test_cuda_on_a_gpu(tmp_path):
     if not _bench_can_use_cuda():
         pytest.skip(why or "cupy is not installed")
     out = tmp_path / "rows.json"
-    stdout = run_mpi(
-        2,
-        "run_module.py",
-        "pycollectives.bench",
-        "all",
-        "--device",
-        "cuda",
-        "--compare",
-        "nccl,mpi",
-        "-b",
-        "8",
-        "-e",
-        "4M",
-        "-f",
-        "64",
-        "-n",
-        "5",
-        "-w",
-        "2",
-        "-c",
-        "1",
-        "--json",
-        str(out),
-        timeout=300,
-    )
-    data = json.loads(out.read_text())
+    sweep = ("-b", "8", "-e", "4M", "-f", "64", "-n", "5", "-w", "2", "-c", "1")
+    stdout, data = run_cuda_sweep("pycollectives.bench", out, *sweep, timeout=300)
     rows = data["rows"]
     assert {r["collective"] for r in rows} == set(F.collectives_for("cuda"))
     assert all(r["oop"]["wrong"] == r["ip"]["wrong"] == 0 for r in rows)

@@ -1,14 +1,12 @@
 """Pipeline parallelism (GPipe, 1F1B) against one process's training, and its helpers."""
 
 import pytest
-from harness.launch import TWO_NODES, run_mpi
+from harness.launch import ONE_NODE_AND_TWO, run_mpi
 
 ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-@pytest.mark.parametrize(
-    "nranks,nodes", [(2, {}), (4, {}), (4, TWO_NODES)], ids=["2", "4", "4-two-nodes"]
-)
+@ONE_NODE_AND_TWO
 def test_pipeline_matches_one_process(nranks, nodes):
     """Both schedules: gradients of one step, several optimizer steps, and bad input; on one
     node and on two (every other stage boundary crosses MPI)."""

@@ -1,16 +1,12 @@
 """Tensor parallelism (parallel.tensor) on several ranks, and its example."""
 
-import pytest
-from harness.launch import TWO_NODES, run_mpi
+from harness.launch import ONE_NODE_AND_TWO, run_mpi
 
 
-@pytest.mark.parametrize("nranks", [2, 4])
-def test_tensor_parallel_layers_match_one_process(nranks):
-    run_mpi(nranks, "tensor_parallel.py", timeout=120)
-
-
-def test_tensor_parallel_across_nodes():
-    run_mpi(4, "tensor_parallel.py", timeout=120, env=TWO_NODES)
+@ONE_NODE_AND_TWO
+def test_tensor_parallel_layers_match_one_process(nranks, nodes):
+    """On one node and on two (the all-reduces and all-gathers cross MPI)."""
+    run_mpi(nranks, "tensor_parallel.py", timeout=120, env=nodes)
 
 
 def test_tensor_parallel_example_matches_one_process():

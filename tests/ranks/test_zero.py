@@ -1,16 +1,11 @@
 """ZeRO stages 1-3 against single-process training, on 2 and 4 ranks (numpy)."""
 
-import pytest
-from harness.launch import TWO_NODES, run_mpi
+from harness.launch import ONE_NODE_AND_TWO, run_mpi
 
 
-@pytest.mark.parametrize("nranks", [2, 4])
-def test_zero(nranks):
-    run_mpi(nranks, "zero.py", timeout=180)
-
-
-def test_zero_across_nodes():
-    run_mpi(4, "zero.py", timeout=180, env=TWO_NODES)
+@ONE_NODE_AND_TWO
+def test_zero(nranks, nodes):
+    run_mpi(nranks, "zero.py", timeout=180, env=nodes)
 
 
 def test_zero_example():

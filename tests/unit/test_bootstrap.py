@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
+from harness.unit import on_threads
 
 from pycollectives.errors import CollectiveError
 from pycollectives.runtime import bootstrap
@@ -30,22 +33,7 @@ def _store_groups(n: int, timeout: float):
 
 def _each(groups, fn) -> list:
     """fn(group) on a thread per group: what each returned or raised."""
-    import threading
-
-    out = [None] * len(groups)
-
-    def run(r):
-        try:
-            out[r] = fn(groups[r])
-        except Exception as e:  # noqa: BLE001 - compared by the test
-            out[r] = e
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(groups))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
+    return on_threads([partial(fn, g) for g in groups])
 
 
 def test_store_exchanges_are_bounded_and_name_who_did_not_come():

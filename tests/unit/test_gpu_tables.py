@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from harness.unit import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("gpu_tables", ROOT / "benchmarks/gpu_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_tables"] = mod  # its dataclass looks itself up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_tables")
 
 
 def test_the_page_tables_match_their_files():

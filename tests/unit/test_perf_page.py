@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from harness.unit import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "performance.md"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("perf_page", ROOT / "benchmarks/perf_page.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["perf_page"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("perf_page")
 
 
 def test_the_page_matches_its_files():

@@ -5,10 +5,10 @@ seen by every board, and a survivors' group that sees a lost member alike."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
+from harness.unit import on_threads
 
 from pycollectives.errors import CollectiveError
 from pycollectives.runtime import store_board
@@ -30,36 +30,18 @@ def boards(clients, prefix="t", on_revoke=None) -> list:
     return [StoreBoard(c, prefix, r, INSTANCES, 10.0, on_revoke) for r, c in enumerate(clients)]
 
 
-def each(fns) -> list:
-    """Each fn on a thread of its own: what it returned or raised."""
-    out = [None] * len(fns)
-
-    def run(i):
-        try:
-            out[i] = fns[i]()
-        except Exception as e:  # noqa: BLE001 - compared by the test
-            out[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
-
-
 def test_a_rank_with_a_tombstone_is_left_out_at_once_and_refused_later(stores):
     server, clients = stores
     b = boards(clients)
     server.set(store_board.tombstone_key(INSTANCES[2]), "exited")
     t0 = time.monotonic()
-    got = each([lambda: b[0].board_exchange(6, b"a"), lambda: b[1].board_exchange(3, b"b")])
+    got = on_threads([lambda: b[0].board_exchange(6, b"a"), lambda: b[1].board_exchange(3, b"b")])
     assert time.monotonic() - t0 < 0.5  # the tombstone, not the heartbeat's second
     assert got[0] == got[1] == [(0, 6, b"a"), (1, 3, b"b")], got
     with pytest.raises(CollectiveError, match="rank 2 was taken for dead"):
         b[2].board_exchange(7)
     # Dead for good: the next round leaves it out without looking again.
-    got = each([lambda: b[0].board_exchange(1), lambda: b[1].board_exchange(1)])
+    got = on_threads([lambda: b[0].board_exchange(1), lambda: b[1].board_exchange(1)])
     assert got[0] == got[1] == [(0, 1, b""), (1, 1, b"")], got
     for x in b:
         x.close()
@@ -70,7 +52,7 @@ def test_a_still_heartbeat_is_death_after_its_limit(stores, monkeypatch):
     _, clients = stores
     b = boards(clients)
     t0 = time.monotonic()
-    got = each([lambda: b[0].board_exchange(1), lambda: b[1].board_exchange(1)])
+    got = on_threads([lambda: b[0].board_exchange(1), lambda: b[1].board_exchange(1)])
     took = time.monotonic() - t0
     assert got[0] == got[1] == [(0, 1, b""), (1, 1, b"")], got
     assert 0.3 <= took < 3, took
@@ -86,7 +68,7 @@ def test_a_late_rank_that_is_alive_is_waited_for(stores):
         time.sleep(0.4)
         return b[2].board_exchange(4)
 
-    got = each([lambda: b[0].board_exchange(7), lambda: b[1].board_exchange(5), late])
+    got = on_threads([lambda: b[0].board_exchange(7), lambda: b[1].board_exchange(5), late])
     # 0.4 s of silence is within the heartbeat's limit (1 s): it is waited for, and every
     # rank holds the same round.
     assert got[0] == got[1] == got[2] == [(0, 7, b""), (1, 5, b""), (2, 4, b"")], got
@@ -130,9 +112,9 @@ def test_a_revocation_names_the_first_revoker_whoever_revokes_after(stores):
 def test_a_survivors_group_sees_a_lost_member_alike(stores):
     server, clients = stores
     groups = [BoardStoreGroup(c, INSTANCES, [0, 1, 2], r, "g", 10.0) for r, c in enumerate(clients)]
-    assert each([lambda g=g: g.allgather(g.rank) for g in groups]) == [[0, 1, 2]] * 3
+    assert on_threads([lambda g=g: g.allgather(g.rank) for g in groups]) == [[0, 1, 2]] * 3
     server.set(store_board.tombstone_key(INSTANCES[1]), "exited")
-    got = each([lambda: groups[0].allgather("x"), lambda: groups[2].allgather("x")])
+    got = on_threads([lambda: groups[0].allgather("x"), lambda: groups[2].allgather("x")])
     for e in got:
         assert isinstance(e, CollectiveError) and "rank(s) [1] exited" in str(e), got
     assert groups[0].lost and groups[2].lost

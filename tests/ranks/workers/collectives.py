@@ -74,6 +74,20 @@ class Checker:
                     for count in self.counts(staging):
                         yield dt, op, count
 
+    def copying_cases(self, staging: str):
+        """(dtype, count, case name, every rank's input) of every case of a collective that
+        copies (no op): each dtype with each count. MPI's own collective is a second reference
+        where mpi_copies."""
+        for dt in self.dtypes:
+            for count in self.counts(staging):
+                inputs = [make_input(q, count, dt, "sum") for q in range(self.size)]
+                yield dt, count, f"{dt} count={count}", inputs
+
+    @staticmethod
+    def mpi_copies(dt, count: int) -> bool:
+        # MPI has no float16/bfloat16.
+        return bool(count) and dt.kind in "iuf" and dt.itemsize != 2
+
     def roots(self, dt, count: int) -> list[int]:
         """The roots of a rooted case. The root decides the schedule and the dtype only the
         arithmetic, so every root runs for one integer and one float dtype (short vectors);
@@ -162,45 +176,38 @@ class Checker:
 
     def all_gather(self, staging):
         r, n, lib = self.rank, self.size, self.lib
-        for dt in self.dtypes:
-            for count in self.counts(staging):
-                case = f"{dt} count={count}"
-                inputs = [make_input(q, count, dt, "sum") for q in range(n)]
-                want = np.concatenate(inputs) if count else np.zeros(0, dt)
-                ref = None
-                if count and dt.kind in "iuf" and dt.itemsize != 2:
-                    ref = np.empty(n * count, dt)
-                    self.mpi.Allgather(inputs[r], ref)
-                    assert np.array_equal(want, ref), f"all_gather: MPI gathers {dt} otherwise"
-                for algo, in_place in self.variants():
-                    what = f"all_gather {algo or 'auto'} {case} in_place={in_place}"
-                    out = lib.zeros(n * count, dt)
-                    if in_place:
-                        x = out[r * count : (r + 1) * count]
-                        x[...] = lib.asarray(inputs[r])
-                    else:
-                        x = lib.asarray(inputs[r])
-                    self.comm.all_gather(x, out, algorithm=algo)
-                    same_bytes(lib.numpy(out), want, what)
-                    self.checks += 1
+        for dt, count, case, inputs in self.copying_cases(staging):
+            want = np.concatenate(inputs) if count else np.zeros(0, dt)
+            if self.mpi_copies(dt, count):
+                ref = np.empty(n * count, dt)
+                self.mpi.Allgather(inputs[r], ref)
+                assert np.array_equal(want, ref), f"all_gather: MPI gathers {dt} otherwise"
+            for algo, in_place in self.variants():
+                what = f"all_gather {algo or 'auto'} {case} in_place={in_place}"
+                out = lib.zeros(n * count, dt)
+                if in_place:
+                    x = out[r * count : (r + 1) * count]
+                    x[...] = lib.asarray(inputs[r])
+                else:
+                    x = lib.asarray(inputs[r])
+                self.comm.all_gather(x, out, algorithm=algo)
+                same_bytes(lib.numpy(out), want, what)
+                self.checks += 1
 
     def broadcast(self, staging):
-        r, n, lib = self.rank, self.size, self.lib
-        for dt in self.dtypes:
-            for count in self.counts(staging):
-                case = f"{dt} count={count}"
-                inputs = [make_input(q, count, dt, "sum") for q in range(n)]
-                for root in self.roots(dt, count):
-                    if count and dt.kind in "iuf" and dt.itemsize != 2:
-                        ref = inputs[r].copy()
-                        self.mpi.Bcast(ref, root=root)
-                        assert np.array_equal(ref, inputs[root]), f"MPI broadcasts {dt} otherwise"
-                    for algo, _ in self.variants(in_place=(None,)):
-                        what = f"broadcast {algo or 'auto'} {case} root={root}"
-                        x = lib.asarray(inputs[r])
-                        self.comm.broadcast(x, root=root, algorithm=algo)
-                        same_bytes(lib.numpy(x), inputs[root], what)
-                        self.checks += 1
+        r, lib = self.rank, self.lib
+        for dt, count, case, inputs in self.copying_cases(staging):
+            for root in self.roots(dt, count):
+                if self.mpi_copies(dt, count):
+                    ref = inputs[r].copy()
+                    self.mpi.Bcast(ref, root=root)
+                    assert np.array_equal(ref, inputs[root]), f"MPI broadcasts {dt} otherwise"
+                for algo, _ in self.variants(in_place=(None,)):
+                    what = f"broadcast {algo or 'auto'} {case} root={root}"
+                    x = lib.asarray(inputs[r])
+                    self.comm.broadcast(x, root=root, algorithm=algo)
+                    same_bytes(lib.numpy(x), inputs[root], what)
+                    self.checks += 1
 
     def reduce(self, staging):
         r, n, lib = self.rank, self.size, self.lib

@@ -7,7 +7,7 @@ import tempfile
 import time
 
 import numpy as np
-from checks import run_main
+from checks import run_each, run_main
 from mpi4py import MPI
 
 import pycollectives as pc
@@ -152,20 +152,8 @@ def checkpoint(comm):
 
 
 def main():
-    with pc.Communicator() as comm:
-        for test in (
-            equivalence,
-            overlap,
-            no_sync,
-            missed_gradient,
-            rebuild,
-            shared_buckets,
-            checkpoint,
-        ):
-            test(comm)
-            comm.barrier()
-        if comm.rank == 0:
-            print("ddp_numpy")
+    tests = (equivalence, overlap, no_sync, missed_gradient, rebuild, shared_buckets, checkpoint)
+    run_each(tests, "ddp_numpy")
 
 
 if __name__ == "__main__":

@@ -167,20 +167,17 @@ def main():
     for (name, p), q, t in zip(
         ours_module.named_parameters(), ref.parameters(), theirs.module.parameters()
     ):
-        np.testing.assert_allclose(
-            p.detach().numpy(),
-            q.detach().numpy(),
-            rtol=1e-4,
-            atol=1e-5,
-            err_msg=f"{name} vs 1 rank with the whole batch",
-        )
-        np.testing.assert_allclose(
-            p.detach().numpy(),
-            t.detach().numpy(),
-            rtol=1e-4,
-            atol=1e-5,
-            err_msg=f"{name} vs torch DistributedDataParallel (gloo)",
-        )
+        for want, what in (
+            (q, "1 rank with the whole batch"),
+            (t, "torch DistributedDataParallel (gloo)"),
+        ):
+            np.testing.assert_allclose(
+                p.detach().numpy(),
+                want.detach().numpy(),
+                rtol=1e-4,
+                atol=1e-5,
+                err_msg=f"{name} vs {what}",
+            )
 
     # no_sync: two local backward passes accumulate, the third averages the sum.
     model = OurDDP(make_model(3), comm, first_bucket_mb=0.005)

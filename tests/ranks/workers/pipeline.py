@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from checks import run_main
+from checks import run_each, run_main
 
-import pycollectives as pc
 from pycollectives.parallel import nn, optim
 from pycollectives.parallel.pipeline import SCHEDULES, Pipeline, split_stages, theoretical_bubble
 
@@ -150,12 +149,7 @@ def bad_input(comm):
 
 
 def main():
-    with pc.Communicator() as comm:
-        for test in (gradients, training, bad_input):
-            test(comm)
-            comm.barrier()
-        if comm.rank == 0:
-            print(f"pipeline {comm.size}")
+    run_each((gradients, training, bad_input), "pipeline {size}")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,18 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from checks import DTYPES, OPS, check_close, digest, expect, make_input, reference, run_main, valid
-from mpi4py import MPI
+from checks import (
+    DTYPES,
+    OPS,
+    check_close,
+    digest,
+    expect,
+    make_input,
+    reference,
+    run_main,
+    run_mode,
+    valid,
+)
 
 import pycollectives as pc
 
@@ -198,15 +208,7 @@ def mismatch(mpi, c):
 
 
 def main():
-    mode = sys.argv[1]
-    mpi = MPI.COMM_WORLD
-    c = pc.Communicator(mpi)
-    modes = {"data": data, "others": others, "mixed": mixed, "churn": churn, "mismatch": mismatch}
-    modes[mode](mpi, c)
-    c.close()
-    mpi.Barrier()
-    if mpi.rank == 0:
-        print(f"{mode}")
+    run_mode({"data": data, "others": others, "mixed": mixed, "churn": churn, "mismatch": mismatch})
 
 
 if __name__ == "__main__":

@@ -12,10 +12,8 @@ mismatch: ranks that disagree on the count raise CollectiveMismatch, and neither
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
-from checks import DTYPES, expect, make_input, run_main
+from checks import DTYPES, expect, make_input, run_main, run_mode
 from mpi4py import MPI
 
 import pycollectives as pc
@@ -57,15 +55,8 @@ def mismatch(mpi, c):
 
 
 def main():
-    mode = sys.argv[1]
-    mpi = MPI.COMM_WORLD
-    assert mpi.size == 2
-    c = pc.Communicator(mpi)
-    {"data": data, "mismatch": mismatch}[mode](mpi, c)
-    c.close()
-    mpi.Barrier()
-    if mpi.rank == 0:
-        print(f"{mode}")
+    assert MPI.COMM_WORLD.size == 2
+    run_mode({"data": data, "mismatch": mismatch})
 
 
 if __name__ == "__main__":

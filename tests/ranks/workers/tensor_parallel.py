@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from checks import run_main
+from checks import run_each, run_main
 
-import pycollectives as pc
 from pycollectives.parallel import nn, optim
 from pycollectives.parallel.tensor import (
     ColumnParallelLinear,
@@ -53,28 +52,48 @@ def reference(layer, x, dy):
     return y, layer.backward(dy, cache), layer.grads
 
 
+def sharded(comm, cls, n_in, n_out, seed, what, block_shape, **kw):
+    """A `cls` layer over a CountingComm (its count zeroed), built from the same draws as
+    nn.Linear(n_in, n_out) with `seed`: its block has `block_shape` and its full parameters
+    are the whole layer's."""
+    cc = CountingComm(comm)
+    layer = cls(cc, n_in, n_out, np.random.default_rng(seed), **kw)
+    assert layer.params[0].shape == block_shape
+    for got, want in zip(
+        full_parameters(layer), nn.Linear(n_in, n_out, np.random.default_rng(seed)).params
+    ):
+        assert np.array_equal(got, want), f"{what}: full_parameters"
+    cc.take()
+    return cc, layer
+
+
+def step(cc, layer, x, dy, want, calls, g_ref, what, case):
+    """One forward and backward of `layer` on (x, dy): y and dx against `want` (y, dx), the
+    full gradients against `g_ref`, and the collectives each pass called against `calls`
+    (forward's, backward's)."""
+    y, cache = layer.forward(x)
+    assert cc.take() == calls[0]
+    close(y, want[0], f"{what} forward {case}")
+    dx = layer.backward(dy, cache)
+    assert cc.take() == calls[1]
+    close(dx, want[1], f"{what} dx {case}")
+    for got, want_g in zip(full_gradients(layer), g_ref):
+        close(got, want_g, f"{what} grads {case}")
+
+
 def column(comm):
     n_in, n_out = 10, 4 * comm.size
     x, dy = data(6, n_in, n_out)
     y_ref, dx_ref, g_ref = reference(nn.Linear(n_in, n_out, np.random.default_rng(3)), x, dy)
     for gather in (False, True):
-        cc = CountingComm(comm)
-        col = ColumnParallelLinear(cc, n_in, n_out, np.random.default_rng(3), gather_output=gather)
+        block = (n_in, n_out // comm.size)
+        cc, col = sharded(
+            comm, ColumnParallelLinear, n_in, n_out, 3, "column", block, gather_output=gather
+        )
         lo, hi = col.lo, col.hi
-        assert col.params[0].shape == (n_in, n_out // comm.size)
-        for got, want in zip(
-            full_parameters(col), nn.Linear(n_in, n_out, np.random.default_rng(3)).params
-        ):
-            assert np.array_equal(got, want), "column: full_parameters"
-        cc.take()
-        y, cache = col.forward(x)
-        assert cc.take() == {"all_reduce": 0, "all_gather": int(gather)}
-        close(y, y_ref if gather else y_ref[:, lo:hi], f"column forward gather={gather}")
-        dx = col.backward(dy if gather else dy[:, lo:hi], cache)
-        assert cc.take() == {"all_reduce": 1, "all_gather": 0}
-        close(dx, dx_ref, f"column dx gather={gather}")
-        for got, want in zip(full_gradients(col), g_ref):
-            close(got, want, f"column grads gather={gather}")
+        dy_in, y_want = (dy, y_ref) if gather else (dy[:, lo:hi], y_ref[:, lo:hi])
+        calls = ({"all_reduce": 0, "all_gather": int(gather)}, {"all_reduce": 1, "all_gather": 0})
+        step(cc, col, x, dy_in, (y_want, dx_ref), calls, g_ref, "column", f"gather={gather}")
 
 
 def row(comm):
@@ -82,23 +101,17 @@ def row(comm):
     x, dy = data(6, n_in, n_out)
     y_ref, dx_ref, g_ref = reference(nn.Linear(n_in, n_out, np.random.default_rng(4)), x, dy)
     for parallel in (True, False):
-        cc = CountingComm(comm)
-        r = RowParallelLinear(cc, n_in, n_out, np.random.default_rng(4), input_is_parallel=parallel)
+        block = (n_in // comm.size, n_out)
+        cc, r = sharded(
+            comm, RowParallelLinear, n_in, n_out, 4, "row", block, input_is_parallel=parallel
+        )
         lo, hi = r.lo, r.hi
-        assert r.params[0].shape == (n_in // comm.size, n_out)
-        for got, want in zip(
-            full_parameters(r), nn.Linear(n_in, n_out, np.random.default_rng(4)).params
-        ):
-            assert np.array_equal(got, want), "row: full_parameters"
-        cc.take()
-        y, cache = r.forward(x[:, lo:hi] if parallel else x)
-        assert cc.take() == {"all_reduce": 1, "all_gather": 0}
-        close(y, y_ref, f"row forward parallel={parallel}")
-        dx = r.backward(dy, cache)
-        assert cc.take() == {"all_reduce": 0, "all_gather": int(not parallel)}
-        close(dx, dx_ref[:, lo:hi] if parallel else dx_ref, f"row dx parallel={parallel}")
-        for got, want in zip(full_gradients(r), g_ref):
-            close(got, want, f"row grads parallel={parallel}")
+        x_in, dx_want = (x[:, lo:hi], dx_ref[:, lo:hi]) if parallel else (x, dx_ref)
+        calls = (
+            {"all_reduce": 1, "all_gather": 0},
+            {"all_reduce": 0, "all_gather": int(not parallel)},
+        )
+        step(cc, r, x_in, dy, (y_ref, dx_want), calls, g_ref, "row", f"parallel={parallel}")
     try:
         RowParallelLinear(comm, n_in, n_out).forward(x)  # the full input where a block belongs
     except ValueError as e:
@@ -175,12 +188,7 @@ def indivisible(comm):
 
 
 def main():
-    with pc.Communicator() as comm:
-        for test in (column, row, mlp, training, indivisible):
-            test(comm)
-            comm.barrier()
-        if comm.rank == 0:
-            print("tensor_parallel")
+    run_each((column, row, mlp, training, indivisible), "tensor_parallel")
 
 
 if __name__ == "__main__":

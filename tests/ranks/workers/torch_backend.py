@@ -309,6 +309,16 @@ def _full(params):
     return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in params]
 
 
+def _train(model, opt, r):
+    """Three optimizer steps on rank `r`'s batches (the loss: the output's mean square); the
+    full parameters after."""
+    for x in _batches(r, 3):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model.parameters())
+
+
 def _close(a, b, what):
     for i, (p, q) in enumerate(zip(a, b)):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"{what}: parameter {i}")
@@ -322,11 +332,7 @@ def zero_run(group, r):
     opt = ZeroRedundancyOptimizer(
         model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2, process_group=group
     )
-    for x in _batches(r, 3):
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return _full(model.parameters())
+    return _train(model, opt, r)
 
 
 def fsdp_run(group, r):
@@ -337,12 +343,7 @@ def fsdp_run(group, r):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x in _batches(r, 3):
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return _full(model.parameters())
+    return _train(model, torch.optim.SGD(model.parameters(), lr=0.1), r)
 
 
 def tp_run(group, r):
@@ -359,11 +360,7 @@ def tp_run(group, r):
     )
     parallelize_module(model, _mesh(group), {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x in _batches(0, 3):  # tensor parallel: every rank sees the same batch
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return _full(model.parameters())
+    return _train(model, opt, 0)  # tensor parallel: every rank sees the same batch
 
 
 def pipeline_run(group, r, schedule):
@@ -402,11 +399,7 @@ def mesh2d_run(mesh, r):
     parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x in _batches(mesh["dp"].get_local_rank(), 3):  # a batch per data-parallel replica
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-    return _full(model.parameters())
+    return _train(model, opt, mesh["dp"].get_local_rank())  # a batch per data-parallel replica
 
 
 def check_mesh2d(gloo):

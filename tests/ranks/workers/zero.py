@@ -6,7 +6,7 @@ import os
 import tempfile
 
 import numpy as np
-from checks import run_main
+from checks import run_each, run_main
 
 import pycollectives as pc
 from pycollectives.examples import zero as example
@@ -138,12 +138,7 @@ def bad_input(comm):
 
 
 def main():
-    with pc.Communicator() as comm:
-        for test in (matches_single_process, sharded_state, prefetch, checkpoints, bad_input):
-            test(comm)
-            comm.barrier()
-        if comm.rank == 0:
-            print("zero")
+    run_each((matches_single_process, sharded_state, prefetch, checkpoints, bad_input), "zero")
 
 
 if __name__ == "__main__":
