@@ -171,6 +171,11 @@ class Communicator:
                     if not self._host.failed:
                         raise
             if self._cuda is not None:
+                try:  # what a blocking GPU call's device wait left, if no later call raised it
+                    self._cuda.check()
+                except CollectiveError:
+                    if not self._host.failed:
+                        raise
                 self._cuda.close()  # collective: no peer still reads this rank's GPU memory
         finally:
             self._cuda = self._host_run = self._staged = None

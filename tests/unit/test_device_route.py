@@ -229,3 +229,26 @@ def test_collectives_on_the_emulated_device_agree_with_numpy():
     finally:
         for c in comms:
             c.close()
+
+
+def test_close_raises_what_a_device_wait_left():
+    """A blocking call the route took keeps no Work in Python, so close() asks the transport
+    for what a failed device wait left (the error the next call would have raised)."""
+    (comm,) = pc.Communicator.local(1, timeout=30)
+    dev = _emu.NullComm(0, 1)
+    routed(comm, _emu.null_device_api, dev)
+    comm.all_reduce(f32(4))
+    assert dev.runs == 1 and not comm._inflight._works
+
+    class Transport:  # what close() asks of the CUDA transport
+        closed = False
+
+        def check(self):
+            raise pc.CollectiveError("all_reduce #1: a device wait timed out")
+
+        def close(self):
+            self.closed = True
+
+    comm._cuda = Transport()
+    with pytest.raises(pc.CollectiveError, match="a device wait timed out"):
+        comm.close()

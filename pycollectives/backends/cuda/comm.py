@@ -274,6 +274,11 @@ class CudaComm:
     def __exit__(self, *exc):
         self.close()
 
+    def check(self):
+        """Raises what an earlier device wait left (a timeout, a mismatch found on the device,
+        a dead peer): the error the next call would raise."""
+        self._native_comm().check()
+
     def _native_comm(self):
         if self._c is None:
             raise CollectiveError("the CUDA communicator is closed")
