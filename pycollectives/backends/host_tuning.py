@@ -13,8 +13,10 @@ measures them (``probe``, on a communicator of its own that the user's never see
 - between two measured sizes each algorithm's time is taken as affine in the size, an α–β line
   through its two measurements (``fitted_time``); the rules follow the least of the lines,
   switching only to an algorithm at least ``MARGIN`` faster than the one they hold, so that
-  near-ties do not split them into slivers (``rules_from``); above the largest size the
-  algorithm they hold there carries on.
+  near-ties do not split them into slivers (``rules_from``); for one more factor of 8 above
+  the largest size the lines through the last two measurements go on (large messages are
+  decided by the lines' slopes, the β that the largest sizes measure best), and above that the
+  algorithm the rules hold carries on.
 
 The rules are cached per machine, rank count and staging slots (``cache_file``), in
 ``PYCOLL_CACHE_DIR`` (default ``$XDG_CACHE_HOME/pycollectives``, else
@@ -57,29 +59,41 @@ MIN_BATCH, MAX_BATCH = 2, 16
 MARGIN = 0.03
 UNBOUNDED = 1 << 62
 STEPS_PER_INTERVAL = 8  # sizes the lines are compared at between two measured sizes
+# How far above the largest measured size the lines are compared (a factor of it): far enough to
+# see a slope decide, not so far that a slope's error is multiplied many times over.
+EXTRAPOLATE = 8
+# The fit's version (rules_from and what it reads), in the cache's key: a calibration cached by
+# another fit is measured again.
+FIT = 2
 
 
 # -- the rules from the measurements -------------------------------------------------------------
 
 
 def fitted_time(sizes, times, nbytes) -> float:
-    """An algorithm's time at `nbytes` (within the measured sizes), on the α–β line through its
-    measurements at the two measured sizes around it."""
+    """An algorithm's time at `nbytes`, on the α–β line through its measurements at the two
+    measured sizes around it; above the largest, on the line through the last two, never
+    falling (a time that fell there is noise, not a rate)."""
+    if nbytes > sizes[-1] and len(sizes) > 1:
+        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        return times[-1] + (nbytes - sizes[-1]) * max(slope, 0.0)
     for i in range(len(sizes) - 1):
         lo, hi = sizes[i], sizes[i + 1]
         if lo <= nbytes <= hi:
             return times[i] + (nbytes - lo) * (times[i + 1] - times[i]) / (hi - lo)
-    raise ValueError(f"{nbytes} bytes is outside the measured {sizes[0]}..{sizes[-1]}")
+    raise ValueError(f"{nbytes} bytes is below the measured {sizes[0]}..{sizes[-1]}")
 
 
 def compared_sizes(sizes) -> list:
     """The sizes the lines are compared at: the measured ones and STEPS_PER_INTERVAL - 1
-    between each two, evenly spaced in the logarithm."""
+    between each two, evenly spaced in the logarithm, and as many again up to EXTRAPOLATE
+    times the largest."""
     out = []
-    for lo, hi in zip(sizes, sizes[1:]):
+    bounds = [*sizes, sizes[-1] * EXTRAPOLATE]
+    for lo, hi in zip(bounds, bounds[1:]):
         steps = range(STEPS_PER_INTERVAL)
         out += [round(lo * (hi / lo) ** (j / STEPS_PER_INTERVAL)) for j in steps]
-    return sorted(set(out + [sizes[-1]]))
+    return sorted(set(out + [sizes[-1] * EXTRAPOLATE]))
 
 
 def rules_from(measured: dict, nranks: int, margin: float = MARGIN) -> list:
@@ -192,7 +206,8 @@ def _cpu_model() -> str:
 
 def machine_key(nranks: int, opts) -> dict:
     """What a calibration holds for: this machine (its name, processor and the CPUs this process
-    may run on), the rank count, the staging slots, and this version of the package."""
+    may run on), the rank count, the staging slots, this version of the package, the probe's
+    sizes and the fit."""
     from pycollectives import __version__  # the package imports this module
 
     try:
@@ -208,6 +223,7 @@ def machine_key(nranks: int, opts) -> dict:
         "staging_slots": opts.staging_slots,
         "version": __version__,
         "probe_sizes": list(PROBE_SIZES),
+        "fit": FIT,
     }
 
 

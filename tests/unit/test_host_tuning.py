@@ -22,10 +22,17 @@ def test_lines_between_measured_sizes():
     assert ht.fitted_time(sizes, times, 64) == 2.0
     assert ht.fitted_time(sizes, times, 36) == 1.5  # halfway from 8 to 64
     assert ht.fitted_time(sizes, times, 288) == 5.5  # halfway from 64 to 512
+    # Above the largest size the last line goes on (7 us per 448 B), never falling.
+    assert ht.fitted_time(sizes, times, 1024) == 17.0
+    assert ht.fitted_time(sizes, [1.0, 2.0, 1.5], 4096) == 1.5
     with pytest.raises(ValueError):
-        ht.fitted_time(sizes, times, 1024)
-    # 8 sizes compared in each factor of 8, evenly in the logarithm: 512 * 8 ** (j / 8).
-    assert ht.compared_sizes([512, 4096]) == [512, 664, 861, 1117, 1448, 1878, 2435, 3158, 4096]
+        ht.fitted_time(sizes, times, 4)
+    # 8 sizes compared in each factor of 8, evenly in the logarithm: 512 * 8 ** (j / 8), and as
+    # many again up to 8 times the largest.
+    assert ht.compared_sizes([512, 4096]) == [
+        512, 664, 861, 1117, 1448, 1878, 2435, 3158, 4096,
+        5312, 6889, 8933, 11585, 15024, 19484, 25268, 32768,
+    ]  # fmt: skip
 
 
 def test_rules_by_hand():
@@ -51,6 +58,23 @@ def test_rules_by_hand():
     assert [r[4] for r in rules] == ["direct", "tree", "ring"]
     assert [ht.table_choice(rules, "all_reduce", 3, s) for s in (8, 64, 512, 4096, 1 << 30)] == [
         "direct", "direct", "tree", "ring", "ring"]  # fmt: skip
+
+
+def test_rules_above_the_largest_size_follow_the_slopes():
+    # tree 5, 5, 20, 99 us; ring 10, 10, 30, 100 us: tree is faster at every measured size,
+    # by 1% at 4096 B. Above it the lines go on: tree 99 + 79 d / 3584, ring 100 + 70 d / 3584
+    # (d = size - 4096), ring 3% faster once 100 + 0.01953 d < 0.97 (99 + 0.02204 d), d > 2146:
+    # not at 5312 (d = 1216), at 6889 (d = 2793). Carried on from 4096 B instead, tree would
+    # hold at every size, 1.13x ring's time by 64 KiB.
+    m = measured(ring=[10, 10, 30, 100], tree=[5, 5, 20, 99])
+    assert ht.rules_from(m, 2) == [
+        ("all_reduce", 2, 2, 5312, "tree"),
+        ("all_reduce", 2, 2, ht.UNBOUNDED, "ring"),
+    ]
+    # A line 3% faster only past 8 times the largest size is not followed that far: with ring
+    # at 23.5 us at 512 B, ring's line falls below 0.97x tree's only past about 113 KiB.
+    far = measured(ring=[10, 10, 23.5, 100], tree=[5, 5, 20, 99])
+    assert [r[4] for r in ht.rules_from(far, 2)] == ["tree"]
 
 
 def test_table_choice_reads_rules_as_the_host_does():
