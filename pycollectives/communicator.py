@@ -13,7 +13,7 @@ from pycollectives.backends import Call, HostBackend, P2POp
 from pycollectives.backends.hierarchical import Hierarchical
 from pycollectives.errors import CollectiveError, CollectiveMismatch
 from pycollectives.ops import SUM, algo_code, collective_code, op_code
-from pycollectives.options import Options
+from pycollectives.options import Options, checked_timeout
 from pycollectives.runtime import arrays, bootstrap, shared
 from pycollectives.runtime.store_board import BoardStoreGroup, StoreBoard
 from pycollectives.runtime.topology import Topology, ranks_per_node_from_env
@@ -281,7 +281,6 @@ class Communicator:
         any process started with ``PYCOLL_JOIN=1`` and the job's ``MASTER_ADDR`` and
         ``MASTER_PORT`` does. This one stays usable: close it once the new one is in use.
         Keyword arguments as for ``Communicator``."""
-        import json
         import uuid
         from pathlib import Path
 
@@ -302,15 +301,15 @@ class Communicator:
         if self.rank == 0:
             waiting = sorted(p.name[:-4] for p in where.glob("*.req")) if where.is_dir() else []
             plan = (waiting, f"grow-{uuid.uuid4().hex[:12]}")
-        waiting, prefix = self.broadcast_object(plan, root=0)
-        if not waiting:
+
+        def admit(name, answer):
+            write_atomically(where / f"{name}.admit", lambda f: f.write(answer.encode()))
+            (where / f"{name}.req").unlink(missing_ok=True)
+
+        admitted = self._admit(plan, admit)
+        if admitted is None:
             return None
-        size = self.size + len(waiting)
-        if self.rank == 0:
-            for i, name in enumerate(waiting):
-                text = json.dumps({"rank": self.size + i, "size": size, "prefix": prefix})
-                write_atomically(where / f"{name}.admit", lambda f, t=text: f.write(t.encode()))
-                (where / f"{name}.req").unlink(missing_ok=True)
+        size, prefix = admitted
         kw = self._made_like_this(kw)
         group = bootstrap.FileGroup(folder, self.rank, size, prefix, kw["timeout"])
         return Communicator(group, **kw)
@@ -318,7 +317,6 @@ class Communicator:
     def _grow_over_store(self, store, kw: dict):
         """grow where the ranks meet through a store: rank 0 takes in every process that has
         asked under a ticket (``StoreGroup.join``), in ticket order, and answers each."""
-        import json
         import uuid
 
         join = bootstrap.JOIN
@@ -331,17 +329,30 @@ class Communicator:
                     break  # a ticket taken, its request not yet written: from it next time
                 waiting.append(ticket)
             plan = (waiting, f"pycollectives/grow-{uuid.uuid4().hex[:12]}")
+        admitted = self._admit(plan, lambda ticket, text: store.set(f"{join}/admit/{ticket}", text))
+        if admitted is None:
+            return None
+        size, prefix = admitted
+        if self.rank == 0:
+            store.add(f"{join}/taken", size - self.size)
+        group = bootstrap.StoreGroup(self.rank, size, store, prefix, kw["timeout"])
+        return Communicator(group, **kw)
+
+    def _admit(self, plan, admit):
+        """grow's answer to the processes waiting to join: `plan` is rank 0's (the waiting
+        processes in the order they join, the new communicator's prefix), which every rank
+        receives. Rank 0 hands each its rank, the new size and the prefix, as JSON
+        (``admit(who, answer)``). Returns (new size, prefix), or None where none waits."""
+        import json
+
         waiting, prefix = self.broadcast_object(plan, root=0)
         if not waiting:
             return None
         size = self.size + len(waiting)
         if self.rank == 0:
-            for i, ticket in enumerate(waiting):
-                answer = json.dumps({"rank": self.size + i, "size": size, "prefix": prefix})
-                store.set(f"{join}/admit/{ticket}", answer)
-            store.add(f"{join}/taken", len(waiting))
-        group = bootstrap.StoreGroup(self.rank, size, store, prefix, kw["timeout"])
-        return Communicator(group, **kw)
+            for i, who in enumerate(waiting):
+                admit(who, json.dumps({"rank": self.size + i, "size": size, "prefix": prefix}))
+        return size, prefix
 
     def _made_like_this(self, kw: dict) -> dict:
         """Keyword arguments of a communicator made from this one (split, shrink, grow): `kw`
@@ -394,11 +405,10 @@ class Communicator:
 
     @timeout.setter
     def timeout(self, seconds: float):
-        if seconds <= 0:
-            raise ValueError(f"timeout must be positive, got {seconds}")
-        self._backend().timeout = float(seconds)
+        seconds = checked_timeout(seconds)
+        self._backend().timeout = seconds
         if self._cuda is not None:
-            self._cuda.timeout = float(seconds)
+            self._cuda.timeout = seconds
 
     @property
     def staging_bytes(self) -> int:

@@ -114,6 +114,14 @@ def env_number(name, default, kind, environ=None):
         raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
 
 
+def checked_timeout(seconds) -> float:
+    """`seconds` as a float: how long an operation may wait for a peer; ValueError unless it
+    is positive."""
+    if seconds <= 0:
+        raise ValueError(f"timeout must be positive, got {seconds}")
+    return float(seconds)
+
+
 def _blocks(raw: str) -> int:
     """``PYCOLL_CUDA_BLOCKS``: a count, or ``auto`` (0: chosen per GPU, auto_cuda_blocks)."""
     if raw.strip().lower() == "auto":
@@ -314,8 +322,7 @@ class Options:
         return opts
 
     def check(self):
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {self.timeout}")
+        checked_timeout(self.timeout)
         if self.staging_bytes < 64 or self.staging_bytes % 64:
             raise ValueError(
                 f"staging_bytes must be a positive multiple of 64, got {self.staging_bytes}"

@@ -10,13 +10,18 @@ from .test_emulated_registered import _shard, _traffic
 pytestmark = pytest.mark.emulated
 
 
+def _run(nranks, mode, part):
+    """The worker's `part` on `nranks` ranks in `mode`, which rank 0 ends by naming."""
+    out = run_mpi(nranks, "emulated_first_use.py", mode, part)
+    assert f"first_use {part} {mode} ranks={nranks}" in out, out
+
+
 @pytest.mark.parametrize("mode,nranks", [("kernel", 3), ("stepped", 2)])
 def test_first_use_collectives(mode, nranks):
     # The five collectives that run over shared buffers, every dtype and op, in place and not,
     # at offsets that differ between ranks; each allocation sent and mapped once; below the
     # size, or with a host array on one rank, the staged path on every rank.
-    out = run_mpi(nranks, "emulated_first_use.py", mode, "collectives")
-    assert f"first_use collectives {mode} ranks={nranks}" in out, out
+    _run(nranks, mode, "collectives")
 
 
 @pytest.mark.parametrize("mode", ["kernel", "stepped"])
@@ -25,8 +30,7 @@ def test_first_use_after_free_and_reallocation(mode):
     # address: the peers map the new allocation. (Keyed by address, the mapping of the freed
     # one was reused: every element wrong from the second round; remembering what was sent by
     # address alone: "sent before but is not mapped here".)
-    out = run_mpi(2, "emulated_first_use.py", mode, "realloc")
-    assert f"first_use realloc {mode} ranks=2" in out, out
+    _run(2, mode, "realloc")
 
 
 def test_first_use_traffic():
@@ -44,8 +48,7 @@ def test_first_use_traffic():
 
 @pytest.mark.parametrize("mode", ["kernel", "stepped"])
 def test_first_use_mismatch(mode):
-    out = run_mpi(2, "emulated_first_use.py", mode, "mismatch")
-    assert f"first_use mismatch {mode} ranks=2" in out, out
+    _run(2, mode, "mismatch")
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
@@ -54,5 +57,4 @@ def test_copy_engines_in_stepped_mode(nranks):
     # broadcasts as copies between the fences, no launch; the bytes copied counted; back to
     # back with every queue late in turn. Planted and caught: the second fence skipped (a
     # peer's copy read an input already overwritten: 3000 of 3000 elements wrong).
-    out = run_mpi(nranks, "emulated_first_use.py", "stepped", "copy_engines")
-    assert f"first_use copy_engines stepped ranks={nranks}" in out, out
+    _run(nranks, "stepped", "copy_engines")

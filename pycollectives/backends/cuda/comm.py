@@ -44,7 +44,7 @@ from pycollectives.backends.cuda.env import (
 from pycollectives.backends.cuda.residency import GpuShare, mps_sm_limit, plan_residency
 from pycollectives.errors import CollectiveError
 from pycollectives.ops import ALGORITHMS_FOR, SUM, algo_code, op_code
-from pycollectives.options import Options
+from pycollectives.options import Options, checked_timeout
 from pycollectives.runtime import arrays
 from pycollectives.runtime.bootstrap import as_group
 from pycollectives.trace import flight
@@ -290,9 +290,7 @@ class CudaComm:
 
     @timeout.setter
     def timeout(self, seconds: float):
-        if seconds <= 0:
-            raise ValueError(f"timeout must be positive, got {seconds}")
-        self._native_comm().timeout = float(seconds)
+        self._native_comm().timeout = checked_timeout(seconds)
 
     @property
     def seq(self) -> int:

@@ -111,15 +111,6 @@ class FakeWork:
         pass
 
 
-class FakeOptions:
-    def __init__(self):
-        self.slot_bytes, self.nslots, self.nblocks, self.timeout = 1 << 20, 4, 8, 60.0
-        self.debug, self.check_mismatch = False, True
-        self.oneshot_max_bytes, self.direct_max_bytes = 64 * 1024, 256 * 1024
-        self.ll_max_bytes, self.stepped_twoshot, self.lookahead, self.stepped_events = 0, 1, 0, True
-        self.register_on_use_bytes, self.push, self.copy_engines = 0, False, False
-
-
 REAL_CHECK = None
 
 
@@ -137,7 +128,7 @@ def install_fake_native():
     fake.resident_blocks_per_sm = lambda device: 1
     fake.has_stream_value_ops = lambda device: device == 1  # GPU 1 has them, GPU 0 not
     fake.CudaComm = FakeNativeComm
-    fake.CudaCommOptions = FakeOptions
+    fake.CudaCommOptions = _cuda.CudaCommOptions  # the real one: a field it lacks is refused
     fake.MAX_RANKS = 32
     sys.modules["pycollectives._cuda"] = fake
     pycollectives._cuda = fake
@@ -166,6 +157,11 @@ def expect_everywhere(fn, *words):
     from pycollectives.errors import CollectiveError
 
     return expect(CollectiveError, fn, *words)
+
+
+def fields(opts) -> dict:
+    """The native options' fields and values (for the message of a check that fails)."""
+    return {k: getattr(opts, k) for k in dir(opts) if not k.startswith("_")}
 
 
 def local_default(mpi):
@@ -276,15 +272,15 @@ def residency(mpi, CudaComm):
     # Stepped mode's fences: on counters where every rank's GPU has stream memory operations
     # (all on GPU 1 here), else on interprocess events.
     opts = FakeNativeComm.made[-1].opts
-    assert (opts.stepped_events, opts.fence_counters) == (True, True), vars(opts)
+    assert (opts.stepped_events, opts.fence_counters) == (True, True), fields(opts)
     made(None, "4", sync="stepped")  # ranks 0 and 2 on GPU 0, which has none: events everywhere
     opts = FakeNativeComm.made[-1].opts
-    assert (opts.stepped_events, opts.fence_counters) == (True, False), vars(opts)
+    assert (opts.stepped_events, opts.fence_counters) == (True, False), fields(opts)
     os.environ["PYCOLL_CUDA_FENCE_COUNTERS"] = "0"  # and where the user says so
     made(1, "4", sync="stepped")
     del os.environ["PYCOLL_CUDA_FENCE_COUNTERS"]
     opts = FakeNativeComm.made[-1].opts
-    assert (opts.stepped_events, opts.fence_counters) == (True, False), vars(opts)
+    assert (opts.stepped_events, opts.fence_counters) == (True, False), fields(opts)
     assert r != 0 or "stepped mode instead of kernel mode" in told[0], told
     # Ranks that ask for different counts hear of it before anything is made.
     env = {**os.environ, "PYCOLL_CUDA_BLOCKS": "3" if r == 1 else "4"}

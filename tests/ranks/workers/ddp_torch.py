@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from checks import run_main
 from mpi4py import MPI
+from torch_nets import BranchNet
 
 import pycollectives as pc
 from pycollectives.torch import DistributedDataParallel as OurDDP
@@ -38,22 +39,8 @@ def train(model, batches, lr=0.1):
     return model
 
 
-class BranchNet(torch.nn.Module):
-    """BatchNorm (buffers), and a branch used only on rank 0's even steps (unused parameters)."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(20, 32)
-        self.bn = torch.nn.BatchNorm1d(32)
-        self.b = torch.nn.Linear(32, 5)
-        self.extra = torch.nn.Linear(32, 5)
-
-    def forward(self, x, use_extra=False):
-        h = torch.relu(self.bn(self.a(x)))
-        return self.b(h) + (self.extra(h) if use_extra else 0)
-
-
 def run_semantics(model, r, dtype, steps=4):
+    """Trains a BranchNet whose extra head is used only on rank 0's even steps."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(10 + r)
     for step in range(steps):

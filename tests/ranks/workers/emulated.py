@@ -239,6 +239,18 @@ def leave_with(survivors):
     hard_exit(0)
 
 
+def raises_in_drill(call, what):
+    """Runs a drill's `call`, which must raise CollectiveError on this rank, and says so
+    (RAISED, the error's type, the seconds until it came and its message); returns the error."""
+    t0 = time.monotonic()
+    try:
+        call()
+    except pc.CollectiveError as e:
+        say(f"RAISED {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}")
+        return e
+    raise AssertionError(f"{what}: no error on rank {MPI.COMM_WORLD.rank} (pid {os.getpid()})")
+
+
 # The drills' timeout: every wait in them is for a peer that never comes, so short is safe.
 DRILL_TIMEOUT = 1.5
 
@@ -294,22 +306,16 @@ def faults(mpi, mode, what, size="large"):
     elif what == "mismatch":
         x = np.ones(count if mpi.rank == 0 else count - 16, np.float32)
     ll_before, scratch_before = dev.dev.ll_steps_run, dev.dev.scratch_runs
-    t0 = time.monotonic()
+    raises_in_drill(lambda: dev.all_reduce(x, algorithm=algo), what)
+    if ll and mode == "kernel" and what in ("dies_mid", "stalls_mid"):
+        assert dev.dev.ll_steps_run > ll_before, "the drill's call is not in the LL format"
+    if scratch and what in ("dies_mid", "stalls_mid"):
+        assert dev.dev.scratch_runs > scratch_before, "the drill's call is not through scratch"
     try:
-        dev.all_reduce(x, algorithm=algo)
-    except pc.CollectiveError as e:
-        took = time.monotonic() - t0
-        if ll and mode == "kernel" and what in ("dies_mid", "stalls_mid"):
-            assert dev.dev.ll_steps_run > ll_before, "the drill's call is not in the LL format"
-        if scratch and what in ("dies_mid", "stalls_mid"):
-            assert dev.dev.scratch_runs > scratch_before, "the drill's call is not through scratch"
-        say(f"RAISED {type(e).__name__} after {took:.1f}s: {e}")
-        try:
-            dev.all_reduce(x)
-        except pc.CollectiveError as again:
-            say(f"POISONED {again}")
-        leave_with(survivors)
-    raise AssertionError(f"{what}: no error on rank {mpi.rank}")
+        dev.all_reduce(x)
+    except pc.CollectiveError as again:
+        say(f"POISONED {again}")
+    leave_with(survivors)
 
 
 NEW_COLLECTIVES = ("all_to_all", "gather_scatter", "all_gather_v", "reduce_scatter_v")

@@ -20,6 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from checks import run_main
+from torch_nets import BranchNet
 
 import pycollectives as pc
 import pycollectives.torch as pct
@@ -216,34 +217,20 @@ def check_ops(gloo):
     print(f"torch ops rank={r}")
 
 
-def make_model(seed=0, unused=False):
+def make_model(seed=0):
     torch.manual_seed(seed)
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Linear(12, 32)
-            self.bn = torch.nn.BatchNorm1d(32)
-            self.b = torch.nn.Linear(32, 4)
-            self.spare = torch.nn.Linear(32, 4)  # used only on some steps
-
-        def forward(self, x, step=0):
-            h = torch.relu(self.bn(self.a(x)))
-            out = self.b(h)
-            if not unused or step % 2 == 0:
-                out = out + self.spare(h)
-            return out
-
-    return Net()
+    return BranchNet(12, 4)
 
 
-def train(ddp, steps, rank):
+def train(ddp, steps, rank, unused=False):
+    """`steps` steps of a BranchNet on this rank's data; with `unused`, its extra head only on
+    even steps."""
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(rank)
     for step in range(steps):
         x = torch.randn(16, 12, generator=g) + rank  # ranks see different data
         y = torch.randint(0, 4, (16,), generator=g)
-        loss = torch.nn.functional.cross_entropy(ddp(x, step), y)
+        loss = torch.nn.functional.cross_entropy(ddp(x, use_extra=not unused or step % 2 == 0), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -264,10 +251,10 @@ def check_ddp(gloo):
     for name, (kwargs, hook, unused) in variants.items():
         models = []
         for group in (None, gloo):
-            ddp = DDP(make_model(seed=r, unused=unused), process_group=group, **kwargs)
+            ddp = DDP(make_model(seed=r), process_group=group, **kwargs)
             if hook is not None:
                 ddp.register_comm_hook(group or dist.group.WORLD, hook)
-            models.append(train(ddp, 4, r))
+            models.append(train(ddp, 4, r, unused))
         ours, theirs = models
         for (k, p), q in zip(ours.state_dict().items(), theirs.state_dict().values()):
             # fp16 sums of 3+ ranks round differently in another reduction order
@@ -703,10 +690,10 @@ def check_device_ddp(gloo):
         where = next(ddp.parameters()).device
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         g = torch.Generator().manual_seed(r)
-        for step in range(4):
+        for _ in range(4):
             x = (torch.randn(16, 12, generator=g) + r).to(where)
             y = torch.randint(0, 4, (16,), generator=g).to(where)
-            torch.nn.functional.cross_entropy(ddp(x, step), y).backward()
+            torch.nn.functional.cross_entropy(ddp(x, use_extra=True), y).backward()
             opt.step()
             opt.zero_grad()
     tol = {"rtol": 1e-5, "atol": 1e-6} if dev.type == "cpu" else {"rtol": 1e-3, "atol": 1e-4}
