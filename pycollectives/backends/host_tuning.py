@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from pycollectives import _C
-from pycollectives.backends.base import Call, gathered_or_raise
-from pycollectives.ops import ALGORITHMS_FOR, SUM, algo_code
+from pycollectives.backends.base import gathered_or_raise
+from pycollectives.ops import ALGORITHMS_FOR, SUM, collective_code
 from pycollectives.options import load_tuning
 
 # The collectives whose algorithm is chosen by size.
@@ -62,9 +62,9 @@ STEPS_PER_INTERVAL = 8  # sizes the lines are compared at between two measured s
 # How far above the largest measured size the lines are compared (a factor of it): far enough to
 # see a slope decide, not so far that a slope's error is multiplied many times over.
 EXTRAPOLATE = 8
-# The fit's version (rules_from and what it reads), in the cache's key: a calibration cached by
-# another fit is measured again.
-FIT = 2
+# The version of the probe and the fit (what probe times, how rules_from reads it), in the
+# cache's key: a calibration cached by another is measured again.
+FIT = 3
 
 
 # -- the rules from the measurements -------------------------------------------------------------
@@ -145,28 +145,32 @@ def probe(host, nranks: int, sizes=PROBE_SIZES, rounds: int = ROUNDS) -> dict:
     at each of `sizes`, on `host` (a ``_C.HostComm`` of its own: the calls advance its
     sequence and train its slot stores). Each time is the mean of a batch of calls after one
     untimed call (the batch is the steady state a training loop sees, not the first call
-    after another algorithm's). The same calls in the same order on every rank."""
+    after another algorithm's). The calls go the way a user's blocking call on numpy arrays
+    goes (the one-step ``run_now``), so that the fixed cost of another way in does not dilute
+    the algorithms' differences. The same calls in the same order on every rank."""
     biggest = max(_layout(c, s, nranks)[i] for c in CHOSEN for s in sizes for i in (0, 1))
     src = np.ones(biggest, np.float32)
     dst = np.empty(biggest, np.float32)
+    run_now = host.run_now
     measured = {}
     for collective in CHOSEN:
         algos = ALGORITHMS_FOR[collective]
+        code = collective_code(collective)
         m = measured[collective] = {"bytes": [], **{a: [] for a in algos}}
         for nbytes in sizes:
             n_in, n_out = _layout(collective, nbytes, nranks)
             x, out = src[:n_in], (None if collective == "broadcast" else dst[:n_out])
-            calls = {
-                a: Call(collective, x, out, int(SUM), 0, algo_code(a)) for a in algos
-            }  # fmt: skip
+            args = {a: (code, x, out, SUM, 0, a, False, None) for a in algos}
             batch = max(MIN_BATCH, min(MAX_BATCH, BATCH_BYTES // (4 * n_in)))
             times = {a: [] for a in algos}
             for _ in range(rounds):
                 for a in algos:
-                    host.run_call(calls[a])
+                    call = args[a]
+                    if not run_now(*call):
+                        raise RuntimeError(f"the probe's {collective} did not run in one step")
                     t0 = time.perf_counter()
                     for _ in range(batch):
-                        host.run_call(calls[a])
+                        run_now(*call)
                     times[a].append((time.perf_counter() - t0) / batch)
             m["bytes"].append(4 * n_in)
             for a in algos:
