@@ -1,7 +1,9 @@
 """How deep one small call goes before it reaches the native code: Python frames of the package
 entered and crossings into its native modules, for an 8 B all-reduce on a numpy array and on a
 cupy array (the CUDA module and cupy stood in for, as benchmarks/gpu_python_cost.py does: no
-GPU needed). Counted with sys.setprofile over one call after a warm-up; one process.
+GPU needed; the blocking cupy call's one-step path reaches the emulated module's NullComm, a
+device that checks and records each call). Counted with sys.setprofile over one call after a
+warm-up; one process.
 
     python benchmarks/call_path.py [--show]
 """
