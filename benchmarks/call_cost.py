@@ -5,6 +5,8 @@ for, so the time is the call's own cost (Python and native); on two, the latency
 
     mpiexec -n 1 python benchmarks/call_cost.py
     mpiexec -n 2 python benchmarks/call_cost.py
+    mpiexec -n 1 python benchmarks/call_cost.py --torch   # ours on torch CPU tensors over the
+                                                          # same memory (MPI's on the arrays)
 """
 
 from __future__ import annotations
@@ -24,15 +26,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=50000)
     ap.add_argument("--bytes", type=int, default=8)
+    ap.add_argument("--torch", action="store_true", help="ours on torch CPU tensors")
     args = ap.parse_args()
     mpi = MPI.COMM_WORLD
-    comm = pc.Communicator(mpi)
     x = np.ones(max(1, args.bytes // 4), np.float32)
     gathered = np.empty(mpi.size * x.size, np.float32)
+    ox, ogathered = x, gathered  # what ours is called on
+    if args.torch:
+        import torch
+
+        ox, ogathered = torch.from_numpy(x), torch.from_numpy(gathered)
+    comm = pc.Communicator(mpi)
     calls = {  # (ours, MPI's)
-        "broadcast": (lambda: comm.broadcast(x), lambda: mpi.Bcast(x, root=0)),
-        "all_reduce": (lambda: comm.all_reduce(x), lambda: mpi.Allreduce(MPI.IN_PLACE, x)),
-        "all_gather": (lambda: comm.all_gather(x, gathered), lambda: mpi.Allgather(x, gathered)),
+        "broadcast": (lambda: comm.broadcast(ox), lambda: mpi.Bcast(x, root=0)),
+        "all_reduce": (lambda: comm.all_reduce(ox), lambda: mpi.Allreduce(MPI.IN_PLACE, x)),
+        "all_gather": (lambda: comm.all_gather(ox, ogathered), lambda: mpi.Allgather(x, gathered)),
     }
 
     def timed(fn):
@@ -40,7 +48,8 @@ def main():
 
     if mpi.rank == 0:
         print(
-            f"# {x.nbytes} B float32, {mpi.size} rank(s), {args.iters} calls a batch, "
+            f"# {x.nbytes} B float32{' (ours: torch CPU tensors)' if args.torch else ''}, "
+            f"{mpi.size} rank(s), {args.iters} calls a batch, "
             f"{args.rounds} batches each: us per call (median, best); ratio = MPI / ours"
         )
         print(f"{'call':>12} {'ours':>14} {'mpi4py':>14} {'ratio':>6}")

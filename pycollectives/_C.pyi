@@ -108,9 +108,9 @@ class HostComm:
     @property
     def run_now(self) -> Callable[[int, Any, Any, Any, Any, Any, Any, Any], bool]:
         """run_now(collective code, x, out, op, root, algorithm, async_op, stream): runs a
-        blocking call on numpy arrays (op a ReduceOp or its name, root an int, algorithm None or
-        a name) in one step and returns True; returns False, having done nothing, for any other
-        call."""
+        blocking call on numpy arrays, or on torch CPU tensors once set_torch_tensors has been
+        called (op a ReduceOp or its name, root an int, algorithm None or a name) in one step
+        and returns True; returns False, having done nothing, for any other call."""
     def run_now_via(
         self,
         device_api: Any,
@@ -165,6 +165,11 @@ def schedule(
     send_counts: list[int] | None = None,
     recv_counts: list[int] | None = None,
 ) -> list[dict[str, Any]]: ...
+def set_torch_tensors(tensor_type: type, dtype_codes: dict, strided: Any) -> None:
+    """Lets run_now take blocking calls on CPU tensors of exactly `tensor_type` (torch.Tensor),
+    strided and contiguous, of the dtypes in `dtype_codes` (torch dtype -> DType code), as it
+    takes numpy arrays. Once per process; later calls change nothing."""
+
 def check_p2p(
     ops: list[tuple[str, Any, int, int]], rank: int, size: int
 ) -> list[tuple[bool, int, int, int, int, int]]:

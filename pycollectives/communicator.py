@@ -114,6 +114,7 @@ class Communicator:
             self._host_run = self._host.run
             if not trace.enabled():
                 self._run_now = self._host.c.run_now
+                arrays.torch_to_core()  # torch CPU tensors too, where torch is loaded
         trace.instrument(self)  # PYCOLL_TRACE: a timeline of this communicator's calls
 
     @classmethod
@@ -458,6 +459,7 @@ class Communicator:
         if call.stream is not None:
             raise TypeError("stream= applies to CUDA arrays; these are host arrays")
         if arrays.torch_loaded():  # torch CPU tensors: their memory, seen as numpy arrays
+            arrays.torch_to_core()  # ... and from the next call on, blocking ones in one step
             call = call._replace(x=arrays.host_view(call.x), out=arrays.host_view(call.out))
         return host, call
 

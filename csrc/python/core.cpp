@@ -64,6 +64,59 @@ int op_code_of(py::handle op) {
   return static_cast<int>(PyLong_AsLong(member));
 }
 
+// torch CPU tensors, once the package has met torch (set_torch_tensors): their exact type, the
+// DType codes of the torch dtypes the host moves (dtype -> int), and torch.strided. Kept for
+// good, as torch is.
+PyTypeObject* torch_tensor_type = nullptr;
+PyObject* torch_dtypes = nullptr;
+PyObject* torch_strided = nullptr;
+
+// The names torch_cpu_memory reads, interned once (a lookup by a C string makes a str each time).
+enum TensorName { kIsCpu, kLayout, kIsContiguous, kIsNeg, kDtype, kDataPtr, kNumel, kNumNames };
+PyObject* tensor_names[kNumNames] = {};
+
+// An attribute of `obj`, or a method's result: a null object (the error cleared) on failure.
+py::object attr_of(PyObject* obj, TensorName n) {
+  PyObject* v = PyObject_GetAttr(obj, tensor_names[n]);
+  if (v == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(v);
+}
+
+py::object call_method(PyObject* obj, TensorName n) {
+  PyObject* v = PyObject_CallMethodNoArgs(obj, tensor_names[n]);
+  if (v == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(v);
+}
+
+struct TensorMemory {
+  void* ptr = nullptr;
+  size_t count = 0;
+  int dtype = -1;
+};
+
+// A torch CPU tensor's memory as runtime/arrays.host_view sees it (strided, contiguous, a dtype
+// the host moves, no lazy negation); false for anything else.
+bool torch_cpu_memory(PyObject* t, TensorMemory& m) {
+  if (attr_of(t, kIsCpu).ptr() != Py_True || attr_of(t, kLayout).ptr() != torch_strided ||
+      call_method(t, kIsContiguous).ptr() != Py_True || call_method(t, kIsNeg).ptr() != Py_False)
+    return false;
+  const py::object dtype = attr_of(t, kDtype);
+  PyObject* code = dtype ? PyDict_GetItemWithError(torch_dtypes, dtype.ptr()) : nullptr;
+  const py::object ptr = call_method(t, kDataPtr), count = call_method(t, kNumel);
+  if (code == nullptr || !ptr || !count) {
+    PyErr_Clear();
+    return false;
+  }
+  m.dtype = static_cast<int>(PyLong_AsLong(code));
+  m.ptr = PyLong_AsVoidPtr(ptr.ptr());
+  m.count = PyLong_AsSize_t(count.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
 // Holds the GIL released for its lifetime (what py::gil_scoped_release does, without pybind11's
 // bookkeeping: run_now's calls are the smallest there are).
 struct NoGil {
@@ -97,7 +150,10 @@ bool run_now(RunNow& s, PyObject* const* a) {
   const auto* ndarray = py::detail::npy_api::get().PyArray_Type_;
   const bool host = Py_TYPE(x.ptr()) == ndarray &&
                     (out.is_none() || Py_TYPE(out.ptr()) == ndarray) && a[7] == Py_None;
-  if ((!host && s.route == nullptr) || !PyLong_CheckExact(a[0]) || a[6] != Py_False ||
+  const bool tensors =
+      !host && torch_tensor_type != nullptr && Py_TYPE(x.ptr()) == torch_tensor_type &&
+      (out.is_none() || Py_TYPE(out.ptr()) == torch_tensor_type) && a[7] == Py_None;
+  if ((!host && !tensors && s.route == nullptr) || !PyLong_CheckExact(a[0]) || a[6] != Py_False ||
       !PyLong_CheckExact(root.ptr()))
     return false;
   int overflow = 0;
@@ -108,9 +164,28 @@ bool run_now(RunNow& s, PyObject* const* a) {
   const int algo = algo_code_of(algorithm);
   const long r = PyLong_AsLongAndOverflow(root.ptr(), &overflow);
   if (op_code < 0 || algo < 0 || overflow != 0 || r < INT_MIN || r > INT_MAX) return false;
+  HostComm& c = *s.comm;
+  if (tensors) {  // torch CPU tensors: on the host, as numpy views of them would be
+    if (coll != Collective::AllReduce && coll != Collective::Reduce &&
+        coll != Collective::Broadcast && coll != Collective::ReduceScatter &&
+        coll != Collective::AllGather)
+      return false;
+    TensorMemory xm, om;
+    if (!torch_cpu_memory(x.ptr(), xm) || (!out.is_none() && !torch_cpu_memory(out.ptr(), om)))
+      return false;
+    if (out.is_none())
+      om = xm;  // the single-array forms
+    else if (om.dtype != xm.dtype)
+      return false;  // the general path names both dtypes
+    const CollectiveCall call =
+        described_call(coll, xm.ptr, xm.count, om.ptr, om.count, xm.dtype, static_cast<int>(r),
+                       op_code, algo, c.rank(), c.size());
+    NoGil nogil;
+    c.run(call);
+    return true;
+  }
   if (!host)
     return s.route->run(coll, x.ptr(), out.ptr(), op_code, static_cast<int>(r), algo, a[7]);
-  HostComm& c = *s.comm;
   const CollectiveCall call =
       parse_call(coll, x, out, static_cast<int>(r), op_code, algo, c.rank(), c.size());
   NoGil nogil;
@@ -591,6 +666,29 @@ PYBIND11_MODULE(_C, m) {
     std::rethrow_exception(e);
   });
   raise_pending = py::object(m.attr("_raise_pending")).release().ptr();  // kept for good
+  m.def(
+      "set_torch_tensors",
+      [](py::object tensor_type, py::dict dtype_codes, py::object strided) {
+        if (!PyType_Check(tensor_type.ptr()))
+          throw InvalidType("set_torch_tensors: tensor_type must be a type");
+        for (auto item : dtype_codes)
+          if (!valid_dtype(item.second.cast<int>()))
+            throw InvalidArgument("set_torch_tensors: bad dtype code");
+        if (torch_tensor_type != nullptr) return;  // once: torch is one per process
+        const char* names[kNumNames] = {"is_cpu", "layout",   "is_contiguous", "is_neg",
+                                        "dtype",  "data_ptr", "numel"};
+        for (int i = 0; i < kNumNames; ++i) {
+          tensor_names[i] = PyUnicode_InternFromString(names[i]);
+          if (tensor_names[i] == nullptr) throw py::error_already_set();
+        }
+        torch_dtypes = dtype_codes.release().ptr();
+        torch_strided = strided.release().ptr();
+        torch_tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.release().ptr());
+      },
+      py::arg("tensor_type"), py::arg("dtype_codes"), py::arg("strided"),
+      "Lets run_now take blocking calls on CPU tensors of exactly `tensor_type` (torch.Tensor), "
+      "strided and contiguous, of the dtypes in `dtype_codes` (torch dtype -> DType code), as "
+      "it takes numpy arrays. Once per process; later calls change nothing.");
   m.def(
       "check_p2p",
       [](py::handle ops, int rank, int size) {

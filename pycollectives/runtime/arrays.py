@@ -366,6 +366,22 @@ def torch_loaded() -> bool:
     return "torch" in sys.modules
 
 
+_torch_in_core = False
+
+
+def torch_to_core():
+    """Lets the core's one-step path take blocking calls on torch CPU tensors as it takes numpy
+    arrays (``_C.set_torch_tensors``: their type, the dtypes the host moves, as
+    ``host_view`` moves them), once torch is loaded; anything else stays on the general path."""
+    global _torch_in_core
+    torch = sys.modules.get("torch")
+    if _torch_in_core or torch is None:
+        return
+    codes = {getattr(torch, n): c for n, c in DTYPE_CODES.items() if hasattr(torch, n)}
+    _C.set_torch_tensors(torch.Tensor, codes, torch.strided)
+    _torch_in_core = True
+
+
 def torch_view(a: np.ndarray):
     """A CPU tensor over a numpy array's memory, no copy (bfloat16 through int16 bits): the
     reverse of `host_view`."""

@@ -51,21 +51,21 @@ def test_one_step_calls_and_fallbacks_agree_with_numpy():
         got["rs"] = c.reduce_scatter(np.concatenate([inputs[r]] * n), np.empty(64, np.float32))
         got["bc"] = c.broadcast(inputs[r].copy(), root=1)
         got["red"] = c.reduce(inputs[r].copy(), root=0)
+        t = torch.from_numpy(inputs[r].copy())  # torch CPU tensors too
+        got["torch"] = c.all_reduce(t).numpy()
         one_step = list(seen)
         # Not taken (False, then the general path): torch.distributed's op, async_op, a numpy
-        # integer root, torch tensors, split lists (never offered).
+        # integer root, split lists (never offered).
         got["torch_op"] = c.all_reduce(inputs[r].copy(), op=torch.distributed.ReduceOp.MIN)
         got["async"] = c.all_reduce(inputs[r].copy(), async_op=True).wait() and None
         got["np_root"] = c.broadcast(inputs[r].copy(), root=np.int64(1))
-        t = torch.from_numpy(inputs[r].copy())
-        got["torch"] = c.all_reduce(t).numpy()
         c.all_gather(inputs[r][: r + 1], np.empty(3, np.float32), counts=[1, 2])
         return one_step, seen[len(one_step) :], got
 
     results = run_ranks(comms, body)
     for r, (one_step, general, got) in enumerate(results):
-        assert one_step == [True] * 9
-        assert general == [False] * 4  # counts= never reaches the one-step path
+        assert one_step == [True] * 10
+        assert general == [False] * 3  # counts= never reaches the one-step path
         np.testing.assert_allclose(got["sum"], total, rtol=1e-6)
         np.testing.assert_array_equal(got["max_ring"], np.maximum(*inputs))
         np.testing.assert_allclose(got["oop"], total, rtol=1e-6)
@@ -110,3 +110,66 @@ def test_one_step_errors_are_the_general_paths():
     with pytest.raises(pc.CollectiveError, match="stopped by the test"):
         c.all_reduce(np.ones(4, np.float32))
     c.close()
+
+
+TORCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+
+
+def test_torch_cpu_tensors_in_one_step_agree_with_numpy():
+    """Blocking calls on torch CPU tensors run in one native step, as numpy arrays do, on every
+    dtype the host moves, in place and out of place; what the step does not take (other
+    layouts, dtypes and types, a mix of numpy and torch) takes the general path, which says
+    what is wrong as before."""
+    n, count = 2, 24
+    comms = pc.Communicator.local(n, timeout=30)
+
+    def ref(r, dt):  # small integers: exact in every dtype, sums included
+        return np.random.default_rng(r).integers(0, 5, count).astype(np.float64)
+
+    def tensor(values, dt):
+        return torch.tensor(values, dtype=getattr(torch, dt))
+
+    def body(c):
+        r, seen, got = c.rank, spy(c), {}
+        for dt in TORCH_DTYPES:
+            x = tensor(ref(r, dt), dt)
+            got[dt, "ar"] = c.all_reduce(x.clone()).double().numpy()
+            out = tensor(np.zeros(count), dt)
+            got[dt, "ar_out"] = (c.all_reduce(x, out, op="max") is out) and out.double().numpy()
+            ag = tensor(np.zeros(n * count), dt)
+            got[dt, "ag"] = c.all_gather(x, ag).double().numpy()
+            rs = tensor(np.zeros(count // n), dt)
+            got[dt, "rs"] = c.reduce_scatter(x, rs).double().numpy()
+            got[dt, "bc"] = c.broadcast(x.clone(), root=1).double().numpy()
+            got[dt, "red"] = c.reduce(x.clone(), root=0).double().numpy()
+        one_step = list(seen)
+        # The general path: a strided view, a dtype the host does not move, a Parameter (a
+        # subclass), numpy and torch mixed.
+        with pytest.raises(ValueError, match="C-contiguous"):
+            c.all_reduce(torch.ones(8)[::2])
+        with pytest.raises(TypeError, match="bool"):
+            c.all_reduce(torch.ones(4, dtype=torch.bool))
+        p = torch.nn.Parameter(tensor(ref(r, "float32"), "float32"))
+        got["param"] = c.all_reduce(p).detach().numpy().astype(np.float64)
+        mixed = np.zeros(count, np.float32)
+        got["mixed"] = c.all_reduce(tensor(ref(r, "float32"), "float32"), mixed).astype(np.float64)
+        return one_step, seen[len(one_step) :], got
+
+    results = run_ranks(comms, body)
+    total = ref(0, None) + ref(1, None)
+    for r, (one_step, general, got) in enumerate(results):
+        assert one_step == [True] * (6 * len(TORCH_DTYPES)), one_step
+        assert general == [False] * 4, general
+        for dt in TORCH_DTYPES:
+            np.testing.assert_array_equal(got[dt, "ar"], total, err_msg=dt)
+            np.testing.assert_array_equal(got[dt, "ar_out"], np.maximum(ref(0, dt), ref(1, dt)))
+            np.testing.assert_array_equal(got[dt, "ag"], np.concatenate([ref(0, dt), ref(1, dt)]))
+            half = count // n
+            np.testing.assert_array_equal(got[dt, "rs"], total[r * half : (r + 1) * half])
+            np.testing.assert_array_equal(got[dt, "bc"], ref(1, dt))
+            if r == 0:
+                np.testing.assert_array_equal(got[dt, "red"], total, err_msg=dt)
+        np.testing.assert_array_equal(got["param"], total)
+        np.testing.assert_array_equal(got["mixed"], total)
+    for c in comms:
+        c.close()
