@@ -4,7 +4,8 @@ called through each layer, back to back, with the wall and CPU time per call.
     PYCOLL_CUDA_SYNC=kernel mpiexec -n 2 python benchmarks/gpu_call_cost.py [--calls 2000]
 
 Layers, outermost first:
-  Communicator   comm.all_reduce(x, out): what a user calls
+  Communicator   comm.all_reduce(x, out): what a user calls (blocking, on cupy arrays: the
+                 one-step path, one crossing into C++ that describes, checks and queues it)
   CudaComm       the CUDA transport's Python object (argument description and checks)
   native.run     its C++ call alone: fingerprints, events, the launch
 When wall equals CPU time, the host, not the GPU, sets the pace. Slowest rank; --profile
