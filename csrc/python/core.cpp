@@ -22,6 +22,7 @@
 #include "common/reduce.h"
 #include "host/host_capi.h"
 #include "host/host_comm.h"
+#include "python/array_memory.h"
 #include "python/call_args.h"
 #include "python/device_route.h"
 
@@ -71,50 +72,27 @@ PyTypeObject* torch_tensor_type = nullptr;
 PyObject* torch_dtypes = nullptr;
 PyObject* torch_strided = nullptr;
 
-// The names torch_cpu_memory reads, interned once (a lookup by a C string makes a str each time).
-enum TensorName { kIsCpu, kLayout, kIsContiguous, kIsNeg, kDtype, kDataPtr, kNumel, kNumNames };
-PyObject* tensor_names[kNumNames] = {};
-
-// An attribute of `obj`, or a method's result: a null object (the error cleared) on failure.
-py::object attr_of(PyObject* obj, TensorName n) {
-  PyObject* v = PyObject_GetAttr(obj, tensor_names[n]);
-  if (v == nullptr) PyErr_Clear();
-  return py::reinterpret_steal<py::object>(v);
-}
-
-py::object call_method(PyObject* obj, TensorName n) {
-  PyObject* v = PyObject_CallMethodNoArgs(obj, tensor_names[n]);
-  if (v == nullptr) PyErr_Clear();
-  return py::reinterpret_steal<py::object>(v);
-}
-
-struct TensorMemory {
-  void* ptr = nullptr;
-  size_t count = 0;
-  int dtype = -1;
-};
-
 // A torch CPU tensor's memory as runtime/arrays.host_view sees it (strided, contiguous, a dtype
 // the host moves, no lazy negation); false for anything else.
-bool torch_cpu_memory(PyObject* t, TensorMemory& m) {
-  if (attr_of(t, kIsCpu).ptr() != Py_True || attr_of(t, kLayout).ptr() != torch_strided ||
-      call_method(t, kIsContiguous).ptr() != Py_True || call_method(t, kIsNeg).ptr() != Py_False)
+bool torch_cpu_memory(PyObject* t, ArrayMemory& m) {
+  static PyObject* const kIsCpu = interned("is_cpu");
+  static PyObject* const kLayout = interned("layout");
+  static PyObject* const kIsContiguous = interned("is_contiguous");
+  static PyObject* const kIsNeg = interned("is_neg");
+  static PyObject* const kDtype = interned("dtype");
+  static PyObject* const kDataPtr = interned("data_ptr");
+  static PyObject* const kNumel = interned("numel");
+  if (attr_or_null(t, kIsCpu).ptr() != Py_True || attr_or_null(t, kLayout).ptr() != torch_strided ||
+      call_or_null(t, kIsContiguous).ptr() != Py_True || call_or_null(t, kIsNeg).ptr() != Py_False)
     return false;
-  const py::object dtype = attr_of(t, kDtype);
+  const py::object dtype = attr_or_null(t, kDtype);
   PyObject* code = dtype ? PyDict_GetItemWithError(torch_dtypes, dtype.ptr()) : nullptr;
-  const py::object ptr = call_method(t, kDataPtr), count = call_method(t, kNumel);
-  if (code == nullptr || !ptr || !count) {
+  if (code == nullptr) {
     PyErr_Clear();
     return false;
   }
   m.dtype = static_cast<int>(PyLong_AsLong(code));
-  m.ptr = PyLong_AsVoidPtr(ptr.ptr());
-  m.count = PyLong_AsSize_t(count.ptr());
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  return true;
+  return as_u64(call_or_null(t, kDataPtr), m.ptr) && as_u64(call_or_null(t, kNumel), m.count);
 }
 
 // Holds the GIL released for its lifetime (what py::gil_scoped_release does, without pybind11's
@@ -166,20 +144,14 @@ bool run_now(RunNow& s, PyObject* const* a) {
   if (op_code < 0 || algo < 0 || overflow != 0 || r < INT_MIN || r > INT_MAX) return false;
   HostComm& c = *s.comm;
   if (tensors) {  // torch CPU tensors: on the host, as numpy views of them would be
-    if (coll != Collective::AllReduce && coll != Collective::Reduce &&
-        coll != Collective::Broadcast && coll != Collective::ReduceScatter &&
-        coll != Collective::AllGather)
+    const bool single = out.is_none();
+    ArrayMemory xm, om;
+    if (!one_step_form(coll, single) || !torch_cpu_memory(x.ptr(), xm) ||
+        (!single && !torch_cpu_memory(out.ptr(), om)) || !output_of(xm, single, om))
       return false;
-    TensorMemory xm, om;
-    if (!torch_cpu_memory(x.ptr(), xm) || (!out.is_none() && !torch_cpu_memory(out.ptr(), om)))
-      return false;
-    if (out.is_none())
-      om = xm;  // the single-array forms
-    else if (om.dtype != xm.dtype)
-      return false;  // the general path names both dtypes
-    const CollectiveCall call =
-        described_call(coll, xm.ptr, xm.count, om.ptr, om.count, xm.dtype, static_cast<int>(r),
-                       op_code, algo, c.rank(), c.size());
+    const CollectiveCall call = described_call(
+        coll, reinterpret_cast<const void*>(xm.ptr), xm.count, reinterpret_cast<void*>(om.ptr),
+        om.count, xm.dtype, static_cast<int>(r), op_code, algo, c.rank(), c.size());
     NoGil nogil;
     c.run(call);
     return true;
@@ -675,12 +647,6 @@ PYBIND11_MODULE(_C, m) {
           if (!valid_dtype(item.second.cast<int>()))
             throw InvalidArgument("set_torch_tensors: bad dtype code");
         if (torch_tensor_type != nullptr) return;  // once: torch is one per process
-        const char* names[kNumNames] = {"is_cpu", "layout",   "is_contiguous", "is_neg",
-                                        "dtype",  "data_ptr", "numel"};
-        for (int i = 0; i < kNumNames; ++i) {
-          tensor_names[i] = PyUnicode_InternFromString(names[i]);
-          if (tensor_names[i] == nullptr) throw py::error_already_set();
-        }
         torch_dtypes = dtype_codes.release().ptr();
         torch_strided = strided.release().ptr();
         torch_tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.release().ptr());

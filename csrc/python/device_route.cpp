@@ -1,78 +1,49 @@
 #include "python/device_route.h"
 
-#include <string>
-
 #include "common/errors.h"
+#include "python/array_memory.h"
 #include "python/call_args.h"
+#include "runtime/capi_guard.h"
 
 namespace py = pybind11;
 
 namespace pycoll {
 namespace {
 
-// An attribute of `obj`, or a null object (the error cleared) where it has none.
-py::object attr(PyObject* obj, const char* name) {
-  PyObject* v = PyObject_GetAttrString(obj, name);
-  if (v == nullptr) PyErr_Clear();
-  return py::reinterpret_steal<py::object>(v);
-}
-
-// A Python int as an unsigned 64-bit value; false (the error cleared) for anything else.
-bool as_u64(const py::object& v, uint64_t& out) {
-  if (!v || !PyLong_Check(v.ptr())) return false;
-  out = PyLong_AsUnsignedLongLong(v.ptr());
-  if (out == static_cast<uint64_t>(-1) && PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
-  return true;
-}
-
-struct DeviceArray {
-  uint64_t ptr = 0, count = 0;
-  int dtype = -1;
-};
-
 // `a` as runtime/arrays.py's _from_cupy reads it, when it is a C-contiguous array of a dtype
 // we move on `device`; false otherwise.
-bool describe(PyObject* a, int device, DeviceArray& d) {
-  const py::object data = attr(a, "data");
+bool describe(PyObject* a, int device, ArrayMemory& m) {
+  static PyObject* const kData = interned("data");
+  static PyObject* const kPtr = interned("ptr");
+  static PyObject* const kDeviceId = interned("device_id");
+  static PyObject* const kSize = interned("size");
+  static PyObject* const kDtype = interned("dtype");
+  static PyObject* const kFlags = interned("flags");
+  static PyObject* const kContiguous = interned("c_contiguous");
+  const py::object data = attr_or_null(a, kData);
   if (!data) return false;
   uint64_t dev = 0;
-  if (!as_u64(attr(data.ptr(), "ptr"), d.ptr) || !as_u64(attr(data.ptr(), "device_id"), dev) ||
-      static_cast<int64_t>(dev) != device || !as_u64(attr(a, "size"), d.count))
+  if (!as_u64(attr_or_null(data.ptr(), kPtr), m.ptr) ||
+      !as_u64(attr_or_null(data.ptr(), kDeviceId), dev) || static_cast<int64_t>(dev) != device ||
+      !as_u64(attr_or_null(a, kSize), m.count))
     return false;
-  const py::object dtype = attr(a, "dtype");
-  d.dtype = dtype ? pyargs::dtype_code_of(dtype) : -1;
-  if (d.dtype < 0) return false;
-  const py::object flags = attr(a, "flags");
-  const py::object contiguous = flags ? attr(flags.ptr(), "c_contiguous") : py::object();
+  const py::object dtype = attr_or_null(a, kDtype);
+  m.dtype = dtype ? pyargs::dtype_code_of(dtype) : -1;
+  if (m.dtype < 0) return false;
+  const py::object flags = attr_or_null(a, kFlags);
+  const py::object contiguous = flags ? attr_or_null(flags.ptr(), kContiguous) : py::object();
   return contiguous && contiguous.ptr() == Py_True;
 }
 
 // A stream as runtime/arrays.py's stream_handle reads it: an int, or an object with `ptr`
 // (cupy) or `cuda_stream` (torch); false for anything else.
 bool stream_handle(const py::object& s, uint64_t& out) {
+  static PyObject* const kPtr = interned("ptr");
+  static PyObject* const kCudaStream = interned("cuda_stream");
   if (as_u64(s, out)) return true;
   if (!s) return false;
-  return as_u64(attr(s.ptr(), "ptr"), out) || as_u64(attr(s.ptr(), "cuda_stream"), out);
-}
-
-// A failed status of the C interface as the C++ error it came from.
-[[noreturn]] void throw_status(const pycoll_status& st) {
-  const std::string msg = st.message;
-  switch (st.code) {
-    case PYCOLL_INVALID_TYPE:
-      throw InvalidType(msg);
-    case PYCOLL_INVALID_VALUE:
-      throw InvalidArgument(msg);
-    case PYCOLL_TIMEOUT:
-      throw CollectiveTimeout(msg);
-    case PYCOLL_MISMATCH:
-      throw CollectiveMismatch(msg);
-    default:
-      throw CollectiveError(msg);
-  }
+  return as_u64(attr_or_null(s.ptr(), kPtr), out) ||
+         as_u64(attr_or_null(s.ptr(), kCudaStream), out);
 }
 
 }  // namespace
@@ -97,48 +68,33 @@ DeviceRoute::DeviceRoute(py::handle api, uintptr_t comm, py::object keep, py::ob
 }
 
 DeviceRoute::~DeviceRoute() {
-  for (const Held& h : held_) {
-    api_->release(h.work);
-    Py_XDECREF(h.x);
-    Py_XDECREF(h.out);
-  }
+  for (const Held& h : held_) release(h);
+}
+
+void DeviceRoute::release(const Held& h) {
+  api_->release(h.work);
+  Py_XDECREF(h.x);
+  Py_XDECREF(h.out);
 }
 
 void DeviceRoute::release_finished() {
   while (!held_.empty() && api_->done(held_.front().work) != 0) {
     const Held h = held_.front();
     held_.pop_front();
-    api_->release(h.work);
-    Py_XDECREF(h.x);
-    Py_XDECREF(h.out);
+    release(h);
   }
 }
 
 bool DeviceRoute::run(Collective coll, PyObject* x, PyObject* out, int op, int root, int algo,
                       PyObject* stream) {
   const bool single = out == Py_None;
-  switch (coll) {
-    case Collective::AllReduce:
-    case Collective::Reduce:
-      break;
-    case Collective::Broadcast:
-      if (!single) return false;
-      break;
-    case Collective::ReduceScatter:
-    case Collective::AllGather:
-      if (single) return false;
-      break;
-    default:
-      return false;
-  }
+  if (!one_step_form(coll, single)) return false;
   const auto type = reinterpret_cast<PyTypeObject*>(array_type_.ptr());
   if (Py_TYPE(x) != type || (!single && Py_TYPE(out) != type)) return false;
-  DeviceArray xa, oa;
-  if (!describe(x, device_, xa) || (!single && !describe(out, device_, oa))) return false;
-  if (single)
-    oa = xa;
-  else if (oa.dtype != xa.dtype)
-    return false;  // the general path names both dtypes
+  ArrayMemory xa, oa;
+  if (!describe(x, device_, xa) || (!single && !describe(out, device_, oa)) ||
+      !output_of(xa, single, oa))
+    return false;
   uint64_t s = 0;
   if (stream == Py_None) {
     const py::object current =
@@ -166,7 +122,7 @@ bool DeviceRoute::run(Collective coll, PyObject* x, PyObject* out, int op, int r
     py::gil_scoped_release nogil;
     rc = api_->run(comm_, &k, s, 0, &work, &st);
   }
-  if (rc != PYCOLL_OK) throw_status(st);
+  if (rc != PYCOLL_OK) capi::rethrow(st);
   release_finished();
   Py_INCREF(x);
   if (!single) Py_INCREF(out);

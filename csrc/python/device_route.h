@@ -44,6 +44,7 @@ class DeviceRoute {
     PyObject* x;
     PyObject* out;
   };
+  void release(const Held& h);
   void release_finished();
 
   const pycoll_device_api* api_;

@@ -1,6 +1,6 @@
 // What the C interfaces (host/host_capi.h, device/device_capi.h) share: a pycoll_call turned
 // into a checked CollectiveCall, and the C++ exceptions of a call turned into a status code
-// and message instead of crossing the C boundary.
+// and message instead of crossing the C boundary (and back, on the caller's side).
 #pragma once
 
 #include <cstdio>
@@ -41,6 +41,23 @@ int guarded(pycoll_status* st, F&& fn) {
     return fail(st, PYCOLL_INVALID_VALUE, e.what());
   } catch (const std::exception& e) {
     return fail(st, PYCOLL_FAILED, e.what());
+  }
+}
+
+// A failed status as the C++ error `guarded` turned into it (the error classes of
+// common/errors.h; the status keeps only the message).
+[[noreturn]] inline void rethrow(const pycoll_status& st) {
+  switch (st.code) {
+    case PYCOLL_INVALID_TYPE:
+      throw InvalidType(st.message);
+    case PYCOLL_INVALID_VALUE:
+      throw InvalidArgument(st.message);
+    case PYCOLL_TIMEOUT:
+      throw CollectiveTimeout(st.message);
+    case PYCOLL_MISMATCH:
+      throw CollectiveMismatch(st.message);
+    default:
+      throw CollectiveError(st.message);
   }
 }
 

@@ -173,3 +173,17 @@ def test_torch_cpu_tensors_in_one_step_agree_with_numpy():
         np.testing.assert_array_equal(got["mixed"], total)
     for c in comms:
         c.close()
+
+
+def test_torch_cpu_tensors_without_a_required_out_are_refused_as_numpy_arrays_are():
+    """all_gather and reduce_scatter need `out`: without it a tensor gets the general path's
+    error, as a numpy array does (the single-array form is not theirs)."""
+    (c,) = pc.Communicator.local(1, timeout=30)
+    returned = spy(c)
+    for fn in (c.all_gather, c.reduce_scatter):
+        for x in (np.ones(4, np.float32), torch.ones(4)):
+            with pytest.raises(TypeError, match="out must be a numpy.ndarray, got NoneType"):
+                fn(x, None)
+    # numpy's are refused in the step itself (it raises), the tensors' in the general path
+    assert returned == [False] * 2 and c.seq == 0
+    c.close()
