@@ -7,7 +7,8 @@
 // transport, through _cuda's (device/device_capi.h). all_gather and reduce_scatter on lists of
 // one tensor per rank go the same way through a flat tensor (one copy). Everything else (other
 // lists, all-to-all, gather, scatter, send/recv, communicators over several nodes) goes to the
-// Python backend (pycollectives.torch.backend.ProcessGroup), which this object wraps.
+// Python backend (pycollectives.torch.backend.ProcessGroup), which this object wraps. Every
+// operation, whichever runs it, returns this file's Work.
 //
 // Host: as there, calls on fewer than `async_bytes` run on the calling thread; larger ones are
 // queued on the communicator's progress thread. Device: every call is queued on the device
@@ -244,19 +245,44 @@ struct Pending {
   mutable std::once_flag finish_once_;
 };
 
-// The Work of a natively run operation: complete at once (run on the calling thread) or
-// pending on the progress thread.
-class NativeWork : public c10d::Work {
- public:
-  NativeWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-             std::shared_ptr<Pending> pending)
-      : Work(rank, type), outputs_(std::move(outputs)), pending_(std::move(pending)) {}
+// A Python exception object as a C++ exception that carries it (under the GIL): raised again
+// in Python as itself, wherever torch hands it back (Work.wait, a future's value).
+std::exception_ptr python_error(const py::handle& error) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  return std::make_exception_ptr(py::error_already_set());
+}
 
-  bool isCompleted() override { return !pending_ || pending_->done(); }
+// The one Work torch sees for an operation of this backend, whoever runs it:
+// - natively: its calls (`pending`; none: they ran on the calling thread, and it is complete);
+// - by the Python backend: the package's pycollectives.Work over the communicator's calls
+//   (`python`), whose wait, completion test, error and future it answers with (under the GIL).
+// The Python backend makes it (as `Work(work, outputs)`) when it serves this one; alone
+// (PYCOLL_TORCH_NATIVE=0, or no _torch built) it answers with a Python face of its own.
+class Work : public c10d::Work {
+ public:
+  Work(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+       std::shared_ptr<Pending> pending)
+      : c10d::Work(rank, type), outputs_(std::move(outputs)), pending_(std::move(pending)) {}
+  Work(py::object python, std::vector<at::Tensor> outputs)
+      : outputs_(std::move(outputs)), python_(std::move(python)) {}
+  ~Work() override {
+    if (python_) drop_python(python_);
+  }
+
+  bool isCompleted() override {
+    if (python_) return ask("is_completed").cast<bool>();
+    return !pending_ || pending_->done();
+  }
   bool isSuccess() const override {
+    if (python_) return ask("is_success").cast<bool>();
     return !pending_ || (pending_->future->completed() && !pending_->future->hasError());
   }
   std::exception_ptr exception() const override {
+    if (python_) {
+      py::gil_scoped_acquire gil;
+      const py::object error = python_.attr("exception")();
+      return error.is_none() ? nullptr : python_error(error);
+    }
     return pending_ && pending_->future->completed() && pending_->future->hasError()
                ? pending_->future->exception_ptr()
                : nullptr;
@@ -264,10 +290,15 @@ class NativeWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
 
   // As torch's own backends: on CPU tensors the host waits; on GPU tensors later work on the
-  // current stream does.
+  // current stream does. The timeout's 0 (torch's default) is none.
   bool wait(std::chrono::milliseconds timeout) override {
+    const double seconds = timeout.count() <= 0 ? -1.0 : timeout.count() / 1000.0;
+    if (python_) {
+      py::gil_scoped_acquire gil;
+      python_.attr("wait")(seconds < 0 ? py::none() : py::cast(seconds));
+      return true;
+    }
     if (!pending_) return true;
-    const double seconds = timeout.count() <= 0 ? -1.0 : timeout.count() / 1000.0;  // 0: none
     pycoll_status st = pending_->wait_for_use(seconds);
     if (st.code == PYCOLL_PENDING) {
       st.code = PYCOLL_TIMEOUT;
@@ -282,36 +313,35 @@ class NativeWork : public c10d::Work {
     if (pending_) return pending_->future;
     auto fut =
         c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-    fut->markCompleted(c10::IValue(outputs_));
+    if (!python_) {
+      fut->markCompleted(c10::IValue(outputs_));
+      return fut;
+    }
+    // Marked by a callback on the Python Work's future (once: later calls get the same one).
+    py::gil_scoped_acquire gil;
+    if (future_) return future_;
+    future_ = fut;
+    auto mark = [fut, outputs = outputs_](const py::object& done) {
+      const py::object error = done.attr("exception")();
+      if (error.is_none())
+        fut->markCompleted(c10::IValue(outputs));
+      else
+        fut->setError(python_error(error));
+    };
+    python_.attr("get_future")().attr("add_done_callback")(py::cpp_function(mark));
     return fut;
   }
 
  private:
+  py::object ask(const char* name) const {
+    py::gil_scoped_acquire gil;
+    return python_.attr(name)();
+  }
+
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<Pending> pending_;
-};
-
-// The Work a Python backend method returned, kept alive with its Python object.
-class FallbackWork : public c10d::Work {
- public:
-  explicit FallbackWork(py::object work)
-      : work_(work.cast<c10::intrusive_ptr<c10d::Work>>()), py_(std::move(work)) {}
-  ~FallbackWork() override { drop_python(py_); }
-  bool isCompleted() override {
-    py::gil_scoped_acquire gil;
-    return py_.attr("is_completed")().cast<bool>();
-  }
-  bool isSuccess() const override {
-    py::gil_scoped_acquire gil;
-    return py_.attr("is_success")().cast<bool>();
-  }
-  std::vector<at::Tensor> result() override { return work_->result(); }
-  bool wait(std::chrono::milliseconds timeout) override { return work_->wait(timeout); }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return work_->getFuture(); }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  py::object py_;
+  py::object python_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // python_'s, made under the GIL
 };
 
 // Where an operation's tensors go.
@@ -619,7 +649,7 @@ class Backend : public c10d::Backend {
         host_calls_.fetch_add(1);
       }
       if (then) then();
-      return c10::make_intrusive<NativeWork>(rank_, type, outputs, nullptr);
+      return c10::make_intrusive<Work>(rank_, type, outputs, nullptr);
     }
     const bool on_device = r == Route::Device;
     const c10::Device device = on_device ? outputs[0].device() : c10::Device(c10::kCPU);
@@ -673,7 +703,7 @@ class Backend : public c10d::Backend {
       p->finish = std::move(then);
     }
     track(p);
-    return c10::make_intrusive<NativeWork>(rank_, type, outputs, std::move(p));
+    return c10::make_intrusive<Work>(rank_, type, outputs, std::move(p));
   }
 
   // The completion thread: marks the futures of queued operations in order, then lets their
@@ -724,11 +754,11 @@ class Backend : public c10d::Backend {
     stopping_ = false;
   }
 
-  // The same operation on the Python backend (whose Work keeps its Python object alive).
+  // The same operation on the Python backend, which answers with this file's Work.
   template <class... A>
   c10::intrusive_ptr<c10d::Work> fallback_call(const char* name, A&... args) {
     py::gil_scoped_acquire gil;
-    return c10::make_intrusive<FallbackWork>(fallback_.attr(name)(args...));
+    return fallback_.attr(name)(args...).template cast<c10::intrusive_ptr<Work>>();
   }
 
   py::object fallback_, host_;
@@ -773,6 +803,22 @@ PYBIND11_MODULE(_torch, m) {
   pycoll_torch::g_error = py::object(core.attr("CollectiveError")).release().ptr();
   pycoll_torch::g_timeout = py::object(core.attr("CollectiveTimeout")).release().ptr();
   pycoll_torch::g_mismatch = py::object(core.attr("CollectiveMismatch")).release().ptr();
+
+  // The Python backend's face for an operation it runs (pycollectives.Work `work`, and the
+  // tensors it returns: a list, or a list of lists read as one).
+  py::class_<pycoll_torch::Work, c10::intrusive_ptr<pycoll_torch::Work>, c10d::Work>(m, "Work").def(
+      py::init([](py::object work, const py::list& outputs) {
+        std::vector<at::Tensor> flat;
+        for (const auto& o : outputs) {
+          if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
+            for (const auto& t : o) flat.push_back(t.cast<at::Tensor>());
+          } else {
+            flat.push_back(o.cast<at::Tensor>());
+          }
+        }
+        return c10::make_intrusive<pycoll_torch::Work>(std::move(work), std::move(flat));
+      }),
+      py::arg("work"), py::arg("outputs"));
 
   py::class_<Backend, c10::intrusive_ptr<Backend>, c10d::Backend>(m, "Backend")
       .def(py::init([](py::object fallback, py::object host, int rank, int size, size_t async_bytes,

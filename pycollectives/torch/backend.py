@@ -123,13 +123,13 @@ def _unpacker(flat, tensors):
 
 
 class Work(dist.distributed_c10d.Work):
-    """The torch-side handle of one backend operation: torch's face of one
-    ``pycollectives.Work`` over the communicator's Works (and the step after them)."""
+    """torch's face of one ``pycollectives.Work`` (`work`) where this backend serves alone: a
+    build without ``pycollectives._torch`` (or ``PYCOLL_TORCH_NATIVE=0``). Under the C++
+    backend its ``_torch.Work`` is the face, of these operations as of its own."""
 
-    def __init__(self, works, result, post=None):
+    def __init__(self, work, result):
         super().__init__()
-        works = [w for w in works if isinstance(w, PcWork)]  # not those already done
-        self._work = PcWork(AllOf(works), None, result, post)
+        self._work = work
         self._fut = None
 
     def wait(self, timeout=None):
@@ -147,7 +147,9 @@ class Work(dist.distributed_c10d.Work):
         return self._work.exception()
 
     def result(self):
-        return self._work._result
+        """The output tensors (a list of lists read as one, as torch's Work gives them)."""
+        out = self._work._result
+        return [t for o in out for t in (o if isinstance(o, (list, tuple)) else [o])]
 
     def get_future(self):
         if self._fut is not None:
@@ -168,9 +170,11 @@ class Work(dist.distributed_c10d.Work):
 class ProcessGroup(dist.ProcessGroup):
     """A torch process group over a ``pc.Communicator`` (see the module's docstring)."""
 
-    def __init__(self, comm: Communicator, rank: int, size: int):
+    def __init__(self, comm: Communicator, rank: int, size: int, face=Work):
+        """`face`: the class of the Works it returns, made of (pycollectives.Work, result)."""
         super().__init__(rank, size)
         self.comm = comm
+        self._face = face
         self._name, self._desc = "", ""
         self._emulated = None  # (EmuComm, EmuStream) under PYCOLL_TORCH_DEVICE=emulated
 
@@ -192,7 +196,10 @@ class ProcessGroup(dist.ProcessGroup):
         self._desc = desc
 
     def _work(self, works, result, post=None):
-        return Work(works, result, post)
+        """One Work over `works` (the communicator's; those done already are not Works),
+        returning `result`, `post` run after them."""
+        works = [w for w in works if isinstance(w, PcWork)]
+        return self._face(PcWork(AllOf(works), None, result, post), result)
 
     def shutdown(self):
         self.comm.close()
@@ -435,9 +442,9 @@ def create(opts, backend_options=None):
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     rank, size = opts.group_rank, opts.group_size
     comm = Communicator(_group(opts.store, rank, size), timeout=seconds)
-    pg = ProcessGroup(comm, rank, size)
-    pg.setGroupName(opts.group_id)
     native = _native()
+    pg = ProcessGroup(comm, rank, size, Work if native is None else native.Work)
+    pg.setGroupName(opts.group_id)
     if native is None:
         return pg
     host = comm._host.c if comm._host_run is not None else None  # one machine: shared memory

@@ -187,6 +187,7 @@ def check_ops(gloo):
             dist.recv(b, 0, tag=1)
             same(a, torch.full((5,), 2.0), "recv tag 2")
             same(b, torch.full((3,), 1.0), "recv tag 1")
+        check_one_work(r, n)
     # torch's functional collectives (DTensor's) dispatch to the backend from C++.
     import torch.distributed._functional_collectives as funcol
 
@@ -469,6 +470,62 @@ def check_exchange(gloo):
     took = time.monotonic() - t0
     assert took < 20, f"the exchanges took {took:.1f} s: messages waited for the program"
     print(f"torch exchange rank={r}")
+
+
+def check_one_work(r, n):
+    """Every operation answers with one kind of Work (the C++ backend's, for its own calls and
+    for those the Python backend runs; the Python backend's where it serves alone), and an
+    operation the Python backend runs reports its error through each of that Work's faces."""
+    native = os.environ.get("PYCOLL_TORCH_NATIVE", "1") != "0"
+    face = "pycollectives._torch.Work" if native else "pycollectives.torch.backend.Work"
+    a, b = torch.ones(3), torch.ones(1 << 18)  # run at once; queued
+    kinds = {}
+    for name, work in (
+        ("small", dist.all_reduce(a, async_op=True)),
+        ("large", dist.all_reduce(b, async_op=True)),
+        (
+            "all_to_all",
+            dist.all_to_all_single(torch.empty(2 * n), torch.ones(2 * n), async_op=True),
+        ),
+        ("barrier", dist.barrier(async_op=True)),
+    ):
+        work.wait()
+        kinds[name] = f"{type(work).__module__}.{type(work).__qualname__}"
+    assert set(kinds.values()) == {face}, kinds
+    # result(): the outputs, of an operation the Python backend runs too (a gather's list).
+    outs = [torch.empty(2) for _ in range(n)] if r == 0 else None
+    work = dist.gather(torch.full((2,), float(r)), outs, dst=0, async_op=True)
+    work.wait()
+    got = work.result()
+    assert len(got) == (n if r == 0 else 0), got
+    for q, t in enumerate(got):
+        same(t, torch.full((2,), float(q)), "gather's Work.result()")
+    same(b, torch.full((1 << 18,), float(n)), "one work: large all_reduce")
+    # A send that does not fit its receive (in a group of its own, which it leaves unusable):
+    # both sides' Works fail, and say why in wait(), exception() and their future.
+    pair = dist.new_group([0, 1])
+    if r < 2:
+        x = torch.ones(8)
+        if r == 0:
+            work = dist.isend(x, 1, group=pair, tag=9)
+        else:
+            work = dist.irecv(torch.empty(4), 0, group=pair, tag=9)
+        fut = work.get_future()
+        try:
+            work.wait()
+        except pc.CollectiveError as e:
+            assert "does not fit" in str(e), e
+        else:
+            raise AssertionError("a send that does not fit its receive was waited for")
+        assert work.is_completed() and not work.is_success()
+        assert "does not fit" in str(work.exception()), work.exception()
+        try:
+            fut.wait()
+        except pc.CollectiveError as e:
+            assert "does not fit" in str(e), e
+        else:
+            raise AssertionError("the future of a failed send completed")
+    dist.barrier()
 
 
 def check_async(gloo):
