@@ -6,8 +6,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 NP     ?= 4
-DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes scikit-learn torch==2.13.0 matplotlib \
+DEPS   := mpich mpi4py numpy pytest hypothesis ml_dtypes==0.6.0 scikit-learn torch==2.13.0 matplotlib \
           scikit-build-core pybind11 ninja cmake deepspeed==0.19.8 sphinx myst-parser
+# ml_dtypes pinned: 0.7.0 takes 0.53 s to import (numpy 2.4), 0.6.0 0.056 s, and a test run
+# imports it in about 120 processes (every rank of a pool, the torch workers).
 # oneCCL, a peer of `pycoll-bench --compare`: its C++ packages and the Intel runtimes they load.
 # --no-deps: oneccl-cpu 2022.2 names a libfabric the index does not have (its MPI transport
 # needs none), and the impi-rt that older releases pull in would replace MPICH's libmpi.so.12.
