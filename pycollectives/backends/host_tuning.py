@@ -52,8 +52,11 @@ CHOSEN = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
 PROBE_SIZES = tuple(8 << (3 * i) for i in range(7))  # 8 B ... 2 MiB
 ROUNDS = 5
 # Calls per timed batch: enough that a batch of small calls outlasts the clock's resolution and
-# a wake-up; MIN_BATCH from 32 KiB.
-BATCH_BYTES = 64 << 10
+# a wake-up, and that a batch is the steady state rather than the change from the algorithm
+# before (with batches of 2 calls at 32 KiB, reduce-scatter's direct came out 1-4% faster than
+# its ring on 2 ranks, where the sweep has it 11-14% slower; with 16, 13-16% slower);
+# MIN_BATCH from 1 MiB.
+BATCH_BYTES = 1 << 20
 MIN_BATCH, MAX_BATCH = 2, 16
 # The rules keep an algorithm until another is this much faster (a fraction of its time).
 MARGIN = 0.03
@@ -64,7 +67,7 @@ STEPS_PER_INTERVAL = 8  # sizes the lines are compared at between two measured s
 EXTRAPOLATE = 8
 # The version of the probe and the fit (what probe times, how rules_from reads it), in the
 # cache's key: a calibration cached by another is measured again.
-FIT = 3
+FIT = 4
 
 
 # -- the rules from the measurements -------------------------------------------------------------
