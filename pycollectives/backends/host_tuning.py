@@ -55,7 +55,7 @@ ROUNDS = 5
 # a wake-up, and that a batch is the steady state rather than the change from the algorithm
 # before (with batches of 2 calls at 32 KiB, reduce-scatter's direct came out 1-4% faster than
 # its ring on 2 ranks, where the sweep has it 11-14% slower; with 16, 13-16% slower);
-# MIN_BATCH from 1 MiB.
+# MIN_BATCH from 512 KiB.
 BATCH_BYTES = 1 << 20
 MIN_BATCH, MAX_BATCH = 2, 16
 # The rules keep an algorithm until another is this much faster (a fraction of its time).
