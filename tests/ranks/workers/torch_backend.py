@@ -511,20 +511,15 @@ def check_one_work(r, n):
         else:
             work = dist.irecv(torch.empty(4), 0, group=pair, tag=9)
         fut = work.get_future()
-        try:
-            work.wait()
-        except pc.CollectiveError as e:
-            assert "does not fit" in str(e), e
-        else:
-            raise AssertionError("a send that does not fit its receive was waited for")
-        assert work.is_completed() and not work.is_success()
-        assert "does not fit" in str(work.exception()), work.exception()
-        try:
-            fut.wait()
-        except pc.CollectiveError as e:
-            assert "does not fit" in str(e), e
-        else:
-            raise AssertionError("the future of a failed send completed")
+        for wait, what in ((work.wait, "Work.wait()"), (fut.wait, "its future's wait()")):
+            try:
+                wait()
+            except pc.CollectiveError as e:
+                assert "does not fit" in str(e), (what, e)
+            else:
+                raise AssertionError(f"{what} returned for a send that does not fit its receive")
+            assert work.is_completed() and not work.is_success()
+            assert "does not fit" in str(work.exception()), work.exception()
     dist.barrier()
 
 
