@@ -270,11 +270,11 @@ class Work : public c10d::Work {
   }
 
   bool isCompleted() override {
-    if (python_) return ask("is_completed").cast<bool>();
+    if (python_) return ask("is_completed");
     return !pending_ || pending_->done();
   }
   bool isSuccess() const override {
-    if (python_) return ask("is_success").cast<bool>();
+    if (python_) return ask("is_success");
     return !pending_ || (pending_->future->completed() && !pending_->future->hasError());
   }
   std::exception_ptr exception() const override {
@@ -333,9 +333,10 @@ class Work : public c10d::Work {
   }
 
  private:
-  py::object ask(const char* name) const {
+  // python_'s answer to `name`() (a bool), read under the GIL (the answer is let go there too).
+  bool ask(const char* name) const {
     py::gil_scoped_acquire gil;
-    return python_.attr(name)();
+    return python_.attr(name)().cast<bool>();
   }
 
   std::vector<at::Tensor> outputs_;
