@@ -311,16 +311,19 @@ class Work : public c10d::Work {
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     if (pending_) return pending_->future;
-    auto fut =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    const auto tensors_future = [] {
+      return c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()));
+    };
     if (!python_) {
+      auto fut = tensors_future();
       fut->markCompleted(c10::IValue(outputs_));
       return fut;
     }
     // Marked by a callback on the Python Work's future (once: later calls get the same one).
     py::gil_scoped_acquire gil;
     if (future_) return future_;
-    future_ = fut;
+    auto fut = future_ = tensors_future();
     auto mark = [fut, outputs = outputs_](const py::object& done) {
       const py::object error = done.attr("exception")();
       if (error.is_none())
@@ -807,17 +810,11 @@ PYBIND11_MODULE(_torch, m) {
 
   // The Python backend's face for an operation it runs (pycollectives.Work `work`, and the
   // tensors it returns: a list, or a list of lists read as one).
+  // The Python backend's face for an operation it runs: pycollectives.Work `work` and the
+  // output tensors (ProcessGroup._work reads a list of lists as one list).
   py::class_<pycoll_torch::Work, c10::intrusive_ptr<pycoll_torch::Work>, c10d::Work>(m, "Work").def(
-      py::init([](py::object work, const py::list& outputs) {
-        std::vector<at::Tensor> flat;
-        for (const auto& o : outputs) {
-          if (py::isinstance<py::list>(o) || py::isinstance<py::tuple>(o)) {
-            for (const auto& t : o) flat.push_back(t.cast<at::Tensor>());
-          } else {
-            flat.push_back(o.cast<at::Tensor>());
-          }
-        }
-        return c10::make_intrusive<pycoll_torch::Work>(std::move(work), std::move(flat));
+      py::init([](py::object work, std::vector<at::Tensor> outputs) {
+        return c10::make_intrusive<pycoll_torch::Work>(std::move(work), std::move(outputs));
       }),
       py::arg("work"), py::arg("outputs"));
 

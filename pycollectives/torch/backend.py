@@ -127,9 +127,9 @@ class Work(dist.distributed_c10d.Work):
     build without ``pycollectives._torch`` (or ``PYCOLL_TORCH_NATIVE=0``). Under the C++
     backend its ``_torch.Work`` is the face, of these operations as of its own."""
 
-    def __init__(self, work, result):
+    def __init__(self, work, outputs):
         super().__init__()
-        self._work = work
+        self._work, self._outputs = work, outputs
         self._fut = None
 
     def wait(self, timeout=None):
@@ -147,9 +147,7 @@ class Work(dist.distributed_c10d.Work):
         return self._work.exception()
 
     def result(self):
-        """The output tensors (a list of lists read as one, as torch's Work gives them)."""
-        out = self._work._result
-        return [t for o in out for t in (o if isinstance(o, (list, tuple)) else [o])]
+        return self._outputs
 
     def get_future(self):
         if self._fut is not None:
@@ -171,7 +169,7 @@ class ProcessGroup(dist.ProcessGroup):
     """A torch process group over a ``pc.Communicator`` (see the module's docstring)."""
 
     def __init__(self, comm: Communicator, rank: int, size: int, face=Work):
-        """`face`: the class of the Works it returns, made of (pycollectives.Work, result)."""
+        """`face`: the class of the Works it returns, made of (pycollectives.Work, outputs)."""
         super().__init__(rank, size)
         self.comm = comm
         self._face = face
@@ -197,9 +195,11 @@ class ProcessGroup(dist.ProcessGroup):
 
     def _work(self, works, result, post=None):
         """One Work over `works` (the communicator's; those done already are not Works),
-        returning `result`, `post` run after them."""
+        returning `result`, `post` run after them. Its result() is the output tensors, a list
+        of lists read as one, as torch's Work gives them."""
         works = [w for w in works if isinstance(w, PcWork)]
-        return self._face(PcWork(AllOf(works), None, result, post), result)
+        outputs = [t for r in result for t in (r if isinstance(r, (list, tuple)) else [r])]
+        return self._face(PcWork(AllOf(works), None, result, post), outputs)
 
     def shutdown(self):
         self.comm.close()
