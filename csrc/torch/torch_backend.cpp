@@ -808,8 +808,6 @@ PYBIND11_MODULE(_torch, m) {
   pycoll_torch::g_timeout = py::object(core.attr("CollectiveTimeout")).release().ptr();
   pycoll_torch::g_mismatch = py::object(core.attr("CollectiveMismatch")).release().ptr();
 
-  // The Python backend's face for an operation it runs (pycollectives.Work `work`, and the
-  // tensors it returns: a list, or a list of lists read as one).
   // The Python backend's face for an operation it runs: pycollectives.Work `work` and the
   // output tensors (ProcessGroup._work reads a list of lists as one list).
   py::class_<pycoll_torch::Work, c10::intrusive_ptr<pycoll_torch::Work>, c10d::Work>(m, "Work").def(
